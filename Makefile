@@ -1,0 +1,34 @@
+# The two commands of the README: `make run` (a local cluster on the default model) and
+# `make test` (the whole suite, with fmt and clippy). Both do their own set-up.
+SHELL := /bin/bash
+MODEL := models/smollm2-135m-instruct-q4_1.gguf
+CARGO ?= cargo
+NODES ?= 3
+HTTP ?= 127.0.0.1:8080
+
+.PHONY: run test deps model build lint unit
+
+deps:
+	@scripts/deps.sh
+
+model: $(MODEL)
+
+$(MODEL):
+	@scripts/fetch-model.sh
+
+build: deps model
+	$(CARGO) build --release
+
+run: build
+	./target/release/flotilla up --nodes $(NODES) --http $(HTTP) --model $(MODEL)
+
+lint: deps
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --all-targets -- -D warnings
+
+test: deps model lint
+	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
+		$(CARGO) nextest run --no-fail-fast; \
+	else \
+		$(CARGO) test --no-fail-fast; \
+	fi

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Check (and, as root on Debian/Ubuntu, install) what building and testing Flotilla needs.
+# Rust itself (cargo, rustc, with clippy and rustfmt) must already be installed.
+set -euo pipefail
+# Debian packages the build needs; grows as features land (UCX transport: libucx-dev, libclang-dev).
+pkgs=()
+need=()
+command -v python3 >/dev/null || need+=(python3)
+python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+for p in "${pkgs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing: ${need[*]}" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "error: please install: ${need[*]} (e.g. sudo apt-get install ${need[*]})" >&2
+    exit 1
+  fi
+fi
+for tool in cargo rustc; do
+  command -v "$tool" >/dev/null || { echo "error: $tool not found; install Rust (rustup)" >&2; exit 1; }
+done
+cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
+cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt

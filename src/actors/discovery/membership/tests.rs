@@ -1,0 +1,100 @@
+use super::*;
+
+fn info(id: &str, incarnation: u64) -> NodeInfo {
+    NodeInfo {
+        id: NodeId::new(id),
+        addr: "127.0.0.1:1".into(),
+        http_addr: None,
+        roles: vec![Role::Worker],
+        incarnation,
+        pid: 1,
+        actors: vec![],
+        workers: vec![],
+    }
+}
+
+fn leases() -> Leases {
+    Leases {
+        suspect_after: Duration::from_millis(1000),
+        down_after: Duration::from_millis(3000),
+        retention: Duration::from_millis(10_000),
+    }
+}
+
+#[test]
+fn lease_walks_up_suspect_down_forgotten() {
+    let t0 = Instant::now();
+    let mut m = Membership::new(info("me", 1), leases());
+    assert_eq!(
+        m.on_heartbeat(info("a", 1), t0),
+        vec![MembershipEvent::NodeUp(info("a", 1))]
+    );
+    assert!(
+        m.on_heartbeat(info("a", 1), t0).is_empty(),
+        "a repeat heartbeat is not news"
+    );
+    assert!(m.tick(t0 + Duration::from_millis(999)).is_empty());
+    assert_eq!(
+        m.tick(t0 + Duration::from_millis(1000)),
+        vec![MembershipEvent::NodeSuspect(NodeId::new("a"))]
+    );
+    assert_eq!(
+        m.tick(t0 + Duration::from_millis(3000)),
+        vec![MembershipEvent::NodeDown(NodeId::new("a"))]
+    );
+    assert!(
+        m.tick(t0 + Duration::from_millis(4000)).is_empty(),
+        "down is reported once"
+    );
+    assert_eq!(m.state(&NodeId::new("a")), Some(NodeState::Down));
+    m.tick(t0 + Duration::from_millis(13_000));
+    assert_eq!(
+        m.state(&NodeId::new("a")),
+        None,
+        "forgotten after retention"
+    );
+}
+
+#[test]
+fn down_node_comes_back_and_restart_is_news() {
+    let t0 = Instant::now();
+    let mut m = Membership::new(info("me", 1), leases());
+    m.on_heartbeat(info("a", 1), t0);
+    m.tick(t0 + Duration::from_secs(5));
+    let ev = m.on_heartbeat(info("a", 1), t0 + Duration::from_secs(6));
+    assert_eq!(ev, vec![MembershipEvent::NodeUp(info("a", 1))]);
+    let ev = m.on_heartbeat(info("a", 2), t0 + Duration::from_secs(6));
+    assert_eq!(
+        ev,
+        vec![MembershipEvent::NodeUp(info("a", 2))],
+        "new incarnation"
+    );
+}
+
+#[test]
+fn session_loss_makes_suspect_at_once() {
+    let t0 = Instant::now();
+    let mut m = Membership::new(info("me", 1), leases());
+    m.on_heartbeat(info("a", 1), t0);
+    assert_eq!(
+        m.on_session_lost(&NodeId::new("a")),
+        vec![MembershipEvent::NodeSuspect(NodeId::new("a"))]
+    );
+    assert!(m.on_session_lost(&NodeId::new("a")).is_empty());
+    assert!(m.on_session_lost(&NodeId::new("zz")).is_empty());
+}
+
+#[test]
+fn view_lists_me_first() {
+    let t0 = Instant::now();
+    let mut m = Membership::new(info("me", 1), leases());
+    m.on_heartbeat(info("b", 1), t0);
+    m.on_heartbeat(info("a", 1), t0);
+    let v = m.view(t0);
+    let ids: Vec<_> = v.iter().map(|n| n.id.as_str().to_owned()).collect();
+    assert_eq!(ids, ["me", "a", "b"]);
+    assert!(
+        m.on_heartbeat(info("me", 1), t0).is_empty(),
+        "own heartbeat ignored"
+    );
+}

@@ -1,0 +1,99 @@
+//! HTTP routes: `/live`, `/health`, `/metrics`, `/v1/fleet`; everything else is a 404 in the
+//! OpenAI error shape.
+
+use super::error::{ApiError, ErrorKind};
+use crate::actors::discovery;
+use crate::actors::discovery::membership::{NodeState, NodeView};
+use crate::config::Role;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::json;
+use std::sync::Arc;
+
+/// What the routes share.
+pub struct GatewayShared {
+    /// Name of this node's Discovery actor (looked up per request, so a restarted Discovery
+    /// is found).
+    pub discovery_name: String,
+    /// Metrics renderer.
+    pub metrics: PrometheusHandle,
+    /// Largest accepted body.
+    pub max_body_bytes: usize,
+}
+
+impl GatewayShared {
+    async fn fleet(&self) -> Result<Vec<NodeView>, ApiError> {
+        let discovery = discovery::local(&self.discovery_name).ok_or_else(|| {
+            ApiError::new(ErrorKind::Unavailable, "cluster membership is restarting")
+        })?;
+        discovery::fleet(&discovery).await.map_err(|e| {
+            tracing::warn!(error = %e, "fleet view unavailable");
+            ApiError::new(ErrorKind::Unavailable, "cluster membership is unavailable")
+        })
+    }
+}
+
+/// The gateway's router (no socket: tests drive it with `tower::ServiceExt::oneshot`).
+pub fn app(shared: Arc<GatewayShared>) -> Router {
+    let limit = shared.max_body_bytes;
+    Router::new()
+        .route("/live", get(live))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/v1/fleet", get(fleet))
+        .fallback(not_found)
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(limit))
+        .with_state(shared)
+}
+
+async fn live() -> Json<serde_json::Value> {
+    Json(json!({"status": "alive"}))
+}
+
+async fn health(State(s): State<Arc<GatewayShared>>) -> Response {
+    match s.fleet().await {
+        Ok(nodes) => {
+            let workers = nodes
+                .iter()
+                .filter(|n| n.state == NodeState::Up && n.roles.contains(&Role::Worker))
+                .count();
+            let status = if workers > 0 {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            let word = if workers > 0 { "ready" } else { "not_ready" };
+            (
+                status,
+                Json(json!({"status": word, "live_worker_nodes": workers})),
+            )
+                .into_response()
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn metrics(State(s): State<Arc<GatewayShared>>) -> Response {
+    s.metrics.run_upkeep();
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        s.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn fleet(State(s): State<Arc<GatewayShared>>) -> Result<Json<serde_json::Value>, ApiError> {
+    let nodes = s.fleet().await?;
+    Ok(Json(json!({ "nodes": nodes })))
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::new(ErrorKind::NotFound, format!("no route for {}", uri.path())).code("not_found")
+}

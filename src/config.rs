@@ -1,0 +1,344 @@
+//! One typed configuration tree.
+//!
+//! Sources, lowest precedence first: built-in defaults → a TOML file (`--config PATH` or
+//! `FLOTILLA_CONFIG`) → environment variables `FLOTILLA_<SECTION>__<FIELD>` (for example
+//! `FLOTILLA_CLUSTER__LIVENESS_TIMEOUT_MS=5000`) → command-line flags. Units are in field
+//! names; every section has a `Default`; [`Config::validate`] runs once at start and names
+//! the offending field.
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// What a node runs; roles select the branches of the supervision tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The HTTP gateway (OpenAI API, health, metrics, fleet status).
+    Gateway,
+    /// Request placement.
+    Router,
+    /// Model replicas.
+    Worker,
+    /// Pool sizing.
+    Planner,
+}
+
+impl Role {
+    /// Every role, in display order.
+    pub const ALL: [Role; 4] = [Role::Gateway, Role::Router, Role::Worker, Role::Planner];
+
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Gateway => "gateway",
+            Role::Router => "router",
+            Role::Worker => "worker",
+            Role::Planner => "planner",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Role {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Role::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s.trim())
+            .ok_or_else(|| {
+                format!("unknown role {s:?} (expected gateway, router, worker or planner)")
+            })
+    }
+}
+
+/// The whole configuration.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// This node.
+    pub node: NodeConfig,
+    /// Cluster membership and liveness.
+    pub cluster: ClusterConfig,
+    /// HTTP gateway.
+    pub gateway: GatewayConfig,
+    /// Supervision budgets.
+    pub supervision: SupervisionConfig,
+    /// Worker nodes.
+    pub worker: WorkerConfig,
+}
+
+/// This node's identity and place in the cluster.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Node name, unique in the cluster; defaults to `node@<listen_addr>`.
+    pub name: Option<String>,
+    /// Cluster listen address (TCP).
+    pub listen_addr: SocketAddr,
+    /// Seed nodes to join (`host:port`); empty for the first node.
+    pub join: Vec<String>,
+    /// Roles this node runs.
+    pub roles: Vec<Role>,
+    /// Shared secret every node of the cluster must present (challenge/response; never sent).
+    pub cookie: String,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            name: None,
+            listen_addr: "127.0.0.1:7070".parse().expect("static address"),
+            join: Vec::new(),
+            roles: vec![Role::Gateway, Role::Router, Role::Worker],
+            cookie: String::new(),
+        }
+    }
+}
+
+impl NodeConfig {
+    /// The effective node name.
+    pub fn name(&self) -> String {
+        self.name
+            .clone()
+            .unwrap_or_else(|| format!("node@{}", self.listen_addr))
+    }
+}
+
+/// Membership, heartbeats and liveness.
+///
+/// A peer that has not been heard from for `suspect_after_ms` is *suspect* (still routed to);
+/// after `liveness_timeout_ms` it is *down*: subscribers are told and its workers leave
+/// routing. With the defaults a killed node is declared down at most 3 s + one heartbeat
+/// interval after its last heartbeat.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Interval between heartbeats sent to every peer.
+    pub heartbeat_interval_ms: u64,
+    /// Silence after which a peer is suspect.
+    pub suspect_after_ms: u64,
+    /// Silence after which a peer is declared down (the liveness timeout).
+    pub liveness_timeout_ms: u64,
+    /// How long a down node stays listed (as `down`) in the fleet view.
+    pub down_retention_ms: u64,
+    /// How long a joining node keeps trying to reach its seeds before giving up.
+    pub connect_timeout_ms: u64,
+    /// Largest inbound cluster frame accepted (ractor_cluster's default is 16 MiB; a larger
+    /// frame tears the session down, so every node must use the same value).
+    pub max_frame_bytes: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval_ms: 250,
+            suspect_after_ms: 1_000,
+            liveness_timeout_ms: 3_000,
+            down_retention_ms: 60_000,
+            connect_timeout_ms: 15_000,
+            max_frame_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// Heartbeat interval.
+    pub fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_interval_ms)
+    }
+}
+
+/// HTTP gateway.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// HTTP listen address (port 0 picks a free port, reported in the node's ready line).
+    pub http_addr: SocketAddr,
+    /// Largest accepted request body; larger bodies get 413 without being buffered.
+    pub max_body_bytes: usize,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            http_addr: "127.0.0.1:8080".parse().expect("static address"),
+            max_body_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+/// Restart budgets (see `supervisors::spec::SupervisorFlags`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SupervisionConfig {
+    /// The node supervisor's budget: more restarts than this within `node_period_ms` and
+    /// the node process exits non-zero.
+    pub node_max_restarts: u32,
+    /// Window of the node budget.
+    pub node_period_ms: u64,
+    /// Budget of every inner supervisor.
+    pub max_restarts: u32,
+    /// Window of the inner budgets.
+    pub period_ms: u64,
+    /// First restart delay; doubles per restart within the window.
+    pub backoff_base_ms: u64,
+    /// Largest restart delay.
+    pub backoff_max_ms: u64,
+    /// Time a child is given to stop before it is killed.
+    pub shutdown_timeout_ms: u64,
+}
+
+impl Default for SupervisionConfig {
+    fn default() -> Self {
+        Self {
+            node_max_restarts: 3,
+            node_period_ms: 60_000,
+            max_restarts: 10,
+            period_ms: 60_000,
+            backoff_base_ms: 10,
+            backoff_max_ms: 1_000,
+            shutdown_timeout_ms: 5_000,
+        }
+    }
+}
+
+/// Worker nodes.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Replicas per worker node.
+    pub replicas: u32,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self { replicas: 1 }
+    }
+}
+
+/// A configuration that cannot be used, naming the field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A source could not be read or parsed.
+    #[error("configuration: {0}")]
+    Load(#[from] Box<figment::Error>),
+    /// A value is out of range or inconsistent.
+    #[error("configuration: {field}: {message}")]
+    Invalid {
+        /// Dotted field path.
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field,
+        message: message.into(),
+    }
+}
+
+impl Config {
+    /// Load defaults → `file` (if any) → `FLOTILLA_*` env → `overrides` (flags, as a partial
+    /// tree), then validate.
+    pub fn load(file: Option<&Path>, overrides: serde_json::Value) -> Result<Self, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(invalid(
+                    "--config",
+                    format!("file {} does not exist", path.display()),
+                ));
+            }
+            fig = fig.merge(Toml::file(path));
+        }
+        // Only `SECTION__FIELD` variables belong to the tree; FLOTILLA_MODEL, FLOTILLA_CONFIG
+        // and friends are read by the CLI itself.
+        fig = fig.merge(
+            Env::prefixed("FLOTILLA_")
+                .filter(|k| k.as_str().contains("__"))
+                .split("__"),
+        );
+        fig = fig.merge(Serialized::defaults(overrides));
+        let cfg: Config = fig.extract().map_err(Box::new)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Check ranges and consistency.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let c = &self.cluster;
+        if c.heartbeat_interval_ms == 0 {
+            return Err(invalid(
+                "cluster.heartbeat_interval_ms",
+                "must be at least 1",
+            ));
+        }
+        if c.suspect_after_ms <= c.heartbeat_interval_ms {
+            return Err(invalid(
+                "cluster.suspect_after_ms",
+                format!(
+                    "must exceed cluster.heartbeat_interval_ms ({} <= {})",
+                    c.suspect_after_ms, c.heartbeat_interval_ms
+                ),
+            ));
+        }
+        if c.liveness_timeout_ms < c.suspect_after_ms {
+            return Err(invalid(
+                "cluster.liveness_timeout_ms",
+                format!(
+                    "must be at least cluster.suspect_after_ms ({} < {})",
+                    c.liveness_timeout_ms, c.suspect_after_ms
+                ),
+            ));
+        }
+        if c.max_frame_bytes < 1024 * 1024 {
+            return Err(invalid("cluster.max_frame_bytes", "must be at least 1 MiB"));
+        }
+        if self.node.roles.is_empty() {
+            return Err(invalid("node.roles", "at least one role is required"));
+        }
+        if self.node.cookie.is_empty() {
+            return Err(invalid(
+                "node.cookie",
+                "a cluster cookie is required (--cookie or FLOTILLA_NODE__COOKIE)",
+            ));
+        }
+        if self.gateway.max_body_bytes < 1024 {
+            return Err(invalid("gateway.max_body_bytes", "must be at least 1024"));
+        }
+        if self.supervision.node_max_restarts == 0 && self.supervision.node_period_ms == 0 {
+            return Err(invalid("supervision.node_period_ms", "must be positive"));
+        }
+        if self.supervision.backoff_max_ms < self.supervision.backoff_base_ms {
+            return Err(invalid(
+                "supervision.backoff_max_ms",
+                "must be at least supervision.backoff_base_ms",
+            ));
+        }
+        if self.worker.replicas == 0 {
+            return Err(invalid("worker.replicas", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// Whether this node runs `role`.
+    pub fn has_role(&self, role: Role) -> bool {
+        self.node.roles.contains(&role)
+    }
+}
+
+#[cfg(test)]
+mod tests;

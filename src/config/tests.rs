@@ -1,0 +1,59 @@
+use super::*;
+
+fn with_cookie() -> serde_json::Value {
+    serde_json::json!({"node": {"cookie": "s3cret"}})
+}
+
+#[test]
+fn defaults_need_a_cookie() {
+    let err = Config::load(None, serde_json::json!({})).unwrap_err();
+    assert!(err.to_string().contains("node.cookie"), "{err}");
+}
+
+#[test]
+fn flags_override_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f.toml");
+    std::fs::write(
+        &path,
+        "[cluster]\nliveness_timeout_ms = 9000\n[node]\nroles = [\"worker\"]\ncookie = \"a\"\n",
+    )
+    .unwrap();
+    let cfg = Config::load(
+        Some(&path),
+        serde_json::json!({"node": {"cookie": "b"}, "cluster": {"suspect_after_ms": 2000}}),
+    )
+    .unwrap();
+    assert_eq!(cfg.cluster.liveness_timeout_ms, 9000);
+    assert_eq!(cfg.cluster.suspect_after_ms, 2000);
+    assert_eq!(cfg.node.cookie, "b");
+    assert_eq!(cfg.node.roles, vec![Role::Worker]);
+}
+
+#[test]
+fn inconsistent_timeouts_name_the_field() {
+    let err = Config::load(
+        None,
+        serde_json::json!({"node": {"cookie": "x"}, "cluster": {"liveness_timeout_ms": 10}}),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("cluster.liveness_timeout_ms"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unknown_fields_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f.toml");
+    std::fs::write(&path, "[cluster]\nliveness_timeout = 9000\n").unwrap();
+    let err = Config::load(Some(&path), with_cookie()).unwrap_err();
+    assert!(err.to_string().contains("liveness_timeout"), "{err}");
+}
+
+#[test]
+fn roles_parse() {
+    assert_eq!("worker".parse::<Role>().unwrap(), Role::Worker);
+    assert!("nope".parse::<Role>().is_err());
+}

@@ -1,0 +1,237 @@
+//! `flotilla up`: a local cluster of node processes on loopback.
+//!
+//! Node 0 runs the gateway and router roles; nodes 1.. run workers and join node 0 (with a
+//! single node, it runs every role). Every child gets a fresh random cookie, a free loopback
+//! cluster port, and `PR_SET_PDEATHSIG` so it dies with this process even on SIGKILL. Once the
+//! gateway reports every node up, the summary is printed (and a machine-readable
+//! `FLOTILLA_UP {"gateway": URL}` line). On Ctrl-C / SIGTERM each child gets SIGTERM, is given
+//! `STOP_GRACE` to stop in order, then SIGKILL; `up` exits 0 with no child left behind.
+
+use crate::node::{READY_PREFIX, ReadyLine};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Time children get to stop after SIGTERM before they are killed.
+pub const STOP_GRACE: Duration = Duration::from_secs(20);
+/// Time allowed for the cluster to form.
+pub const FORM_TIMEOUT: Duration = Duration::from_secs(90);
+/// Prefix of the machine-readable line printed once the cluster is up.
+pub const UP_PREFIX: &str = "FLOTILLA_UP ";
+
+/// Options of `flotilla up`.
+#[derive(Debug, Clone)]
+pub struct UpOptions {
+    /// Node processes.
+    pub nodes: usize,
+    /// Gateway HTTP address (port 0: any free port).
+    pub http: SocketAddr,
+    /// Model file for the workers (passed on as `--model`).
+    pub model: Option<PathBuf>,
+    /// Config file passed to every node.
+    pub config: Option<PathBuf>,
+    /// Extra `--set`-style flags for every node (`key=value`).
+    pub node_args: Vec<String>,
+}
+
+struct NodeProc {
+    name: String,
+    child: Child,
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn cookie() -> String {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    (0..32)
+        .map(|_| char::from(b"0123456789abcdef"[rng.random_range(0..16)]))
+        .collect()
+}
+
+/// Run a local cluster until Ctrl-C / SIGTERM.
+pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
+    anyhow::ensure!(opts.nodes >= 1, "--nodes must be at least 1");
+    let exe = std::env::current_exe()?;
+    let cookie = cookie();
+    let mut ports = Vec::new();
+    for _ in 0..opts.nodes {
+        ports.push(free_port()?);
+    }
+    let seed = format!("127.0.0.1:{}", ports[0]);
+    let mut procs: Vec<NodeProc> = Vec::new();
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::unbounded_channel::<ReadyLine>();
+    for (i, port) in ports.iter().enumerate() {
+        let name = format!("node-{i}");
+        let roles = match (i, opts.nodes) {
+            (_, 1) => "gateway,router,worker",
+            (0, _) => "gateway,router",
+            _ => "worker",
+        };
+        let mut cmd = Command::new(&exe);
+        cmd.arg("node")
+            .arg("--name")
+            .arg(&name)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--roles")
+            .arg(roles)
+            .env("FLOTILLA_NODE__COOKIE", &cookie);
+        if i == 0 {
+            cmd.arg("--http").arg(opts.http.to_string());
+        } else {
+            cmd.arg("--join").arg(&seed);
+        }
+        if let Some(m) = &opts.model {
+            cmd.arg("--model").arg(m);
+        }
+        if let Some(c) = &opts.config {
+            cmd.arg("--config").arg(c);
+        }
+        for a in &opts.node_args {
+            cmd.arg("--set").arg(a);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .process_group(0);
+        // SAFETY: prctl is async-signal-safe; the closure only calls it.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                    .map_err(std::io::Error::other)
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("cannot start {name}: {e}"))?;
+        if let Some(out) = child.stdout.take() {
+            let tx = ready_tx.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(out).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    match line.strip_prefix(READY_PREFIX) {
+                        Some(json) => {
+                            if let Ok(r) = serde_json::from_str::<ReadyLine>(json) {
+                                let _ = tx.send(r);
+                            }
+                        }
+                        None => println!("{line}"),
+                    }
+                }
+            });
+        }
+        procs.push(NodeProc { name, child });
+    }
+    drop(ready_tx);
+
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let formed = async {
+        let mut gateway = None;
+        while gateway.is_none() {
+            let r = ready_rx
+                .recv()
+                .await
+                .ok_or_else(|| anyhow::anyhow!("every node exited before the gateway was ready"))?;
+            if let Some(h) = r.http_addr {
+                gateway = Some(format!("http://{h}"));
+            }
+        }
+        let gateway = gateway.unwrap_or_default();
+        loop {
+            if let Ok((fleet, _)) = crate::status::fetch(&gateway).await {
+                let up = fleet
+                    .nodes
+                    .iter()
+                    .filter(|n| n.state == crate::actors::discovery::membership::NodeState::Up)
+                    .count();
+                if up >= opts.nodes {
+                    return Ok::<_, anyhow::Error>((gateway, fleet));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let result = tokio::select! {
+        r = tokio::time::timeout(FORM_TIMEOUT, formed) => Some(r),
+        _ = tokio::signal::ctrl_c() => None,
+        _ = sigterm.recv() => None,
+    };
+    match result {
+        Some(Ok(Ok((gateway, fleet)))) => {
+            println!("Flotilla is up: {} node(s)", opts.nodes);
+            println!("gateway: {gateway}");
+            if let Some(m) = &opts.model {
+                println!("model:   {}", m.display());
+            }
+            println!();
+            print!("{}", crate::status::render(&fleet));
+            println!("{UP_PREFIX}{}", serde_json::json!({ "gateway": gateway }));
+            println!("Ctrl-C stops the cluster.");
+        }
+        Some(Ok(Err(e))) => {
+            stop_all(&mut procs).await;
+            return Err(e);
+        }
+        Some(Err(_)) => {
+            stop_all(&mut procs).await;
+            anyhow::bail!(
+                "the cluster did not form within {} s",
+                FORM_TIMEOUT.as_secs()
+            );
+        }
+        None => {
+            stop_all(&mut procs).await;
+            return Ok(());
+        }
+    }
+
+    // Supervise until asked to stop: report nodes that exit on their own.
+    let mut reported = vec![false; procs.len()];
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = sigterm.recv() => break,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                for (i, p) in procs.iter_mut().enumerate() {
+                    if !reported[i] && let Ok(Some(status)) = p.child.try_wait() {
+                        reported[i] = true;
+                        eprintln!("flotilla up: {} exited ({status})", p.name);
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("flotilla up: stopping {} node(s)…", procs.len());
+    stop_all(&mut procs).await;
+    Ok(())
+}
+
+async fn stop_all(procs: &mut [NodeProc]) {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    for p in procs.iter() {
+        if let Some(pid) = p.child.id() {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+        }
+    }
+    let deadline = tokio::time::Instant::now() + STOP_GRACE;
+    for p in procs.iter_mut() {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, p.child.wait()).await {
+            Ok(_) => {}
+            Err(_) => {
+                eprintln!("flotilla up: {} did not stop in time; killing it", p.name);
+                let _ = p.child.kill().await;
+            }
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! The `flotilla` binary: parses flags and calls the library.
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use flotilla::config::{Config, Role};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "flotilla",
+    version,
+    about = "Serve one LLM from a fleet of replicas"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start a local cluster of node processes on loopback and print the gateway URL.
+    Up(UpArgs),
+    /// Start one node of a cluster.
+    Node(NodeArgs),
+    /// Print the fleet (nodes, roles, actors, states) from a gateway.
+    Status(StatusArgs),
+}
+
+#[derive(Args)]
+struct UpArgs {
+    /// Number of node processes (node 0: gateway + router; the others: workers).
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// Model file served by the workers.
+    #[arg(long, env = "FLOTILLA_MODEL")]
+    model: Option<PathBuf>,
+    /// Gateway HTTP address (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    http: SocketAddr,
+    /// Configuration file given to every node.
+    #[arg(long, env = "FLOTILLA_CONFIG")]
+    config: Option<PathBuf>,
+    /// Set a configuration value on every node, `section.field=value` (repeatable).
+    #[arg(long = "set")]
+    set: Vec<String>,
+}
+
+#[derive(Args)]
+struct NodeArgs {
+    /// Configuration file (TOML).
+    #[arg(long, env = "FLOTILLA_CONFIG")]
+    config: Option<PathBuf>,
+    /// Node name, unique in the cluster.
+    #[arg(long)]
+    name: Option<String>,
+    /// Cluster listen address.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Seed nodes to join, comma-separated `host:port`.
+    #[arg(long, value_delimiter = ',')]
+    join: Vec<String>,
+    /// Roles, comma-separated: gateway, router, worker, planner.
+    #[arg(long, value_delimiter = ',')]
+    roles: Vec<Role>,
+    /// Cluster cookie (shared secret); also FLOTILLA_NODE__COOKIE.
+    #[arg(long)]
+    cookie: Option<String>,
+    /// Gateway HTTP address.
+    #[arg(long)]
+    http: Option<SocketAddr>,
+    /// Replicas on a worker node.
+    #[arg(long)]
+    replicas: Option<u32>,
+    /// Model file (served once the serving path lands; checked to exist now).
+    #[arg(long, env = "FLOTILLA_MODEL")]
+    model: Option<PathBuf>,
+    /// Set a configuration value, `section.field=value` (repeatable; value parsed as JSON
+    /// when it can be, else taken as a string).
+    #[arg(long = "set")]
+    set: Vec<String>,
+}
+
+#[derive(Args)]
+struct StatusArgs {
+    /// Gateway base URL.
+    #[arg(
+        long,
+        env = "FLOTILLA_GATEWAY",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    gateway: String,
+    /// Print the raw JSON of `/v1/fleet`.
+    #[arg(long)]
+    json: bool,
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("FLOTILLA_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("info,ractor_cluster=warn,ractor=warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn set_path(root: &mut serde_json::Value, path: &str, value: serde_json::Value) {
+    let mut cur = root;
+    let parts: Vec<&str> = path.split('.').collect();
+    for (i, p) in parts.iter().enumerate() {
+        if i + 1 == parts.len() {
+            cur[*p] = value;
+            return;
+        }
+        if !cur[*p].is_object() {
+            cur[*p] = serde_json::json!({});
+        }
+        cur = &mut cur[*p];
+    }
+}
+
+fn node_overrides(a: &NodeArgs) -> anyhow::Result<serde_json::Value> {
+    let mut o = serde_json::json!({});
+    if let Some(n) = &a.name {
+        set_path(&mut o, "node.name", n.clone().into());
+    }
+    if let Some(l) = a.listen {
+        set_path(&mut o, "node.listen_addr", l.to_string().into());
+    }
+    if !a.join.is_empty() {
+        set_path(&mut o, "node.join", serde_json::to_value(&a.join)?);
+    }
+    if !a.roles.is_empty() {
+        set_path(&mut o, "node.roles", serde_json::to_value(&a.roles)?);
+    }
+    if let Some(c) = &a.cookie {
+        set_path(&mut o, "node.cookie", c.clone().into());
+    }
+    if let Some(h) = a.http {
+        set_path(&mut o, "gateway.http_addr", h.to_string().into());
+    }
+    if let Some(r) = a.replicas {
+        set_path(&mut o, "worker.replicas", r.into());
+    }
+    for kv in &a.set {
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--set {kv}: expected section.field=value"))?;
+        let v = serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.into()));
+        set_path(&mut o, k, v);
+    }
+    Ok(o)
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+async fn run_node(a: NodeArgs) -> anyhow::Result<std::process::ExitCode> {
+    if let Some(m) = &a.model {
+        anyhow::ensure!(
+            m.exists(),
+            "model file {} does not exist (run `make model`)",
+            m.display()
+        );
+    }
+    let cfg = Config::load(a.config.as_deref(), node_overrides(&a)?)?;
+    let node = flotilla::node::start(cfg).await?;
+    let ready = node.ready_line();
+    println!(
+        "{}{}",
+        flotilla::node::READY_PREFIX,
+        serde_json::to_string(&ready)?
+    );
+    tracing::info!(node = %ready.node, cluster = %ready.cluster_addr, http = ?ready.http_addr, "node ready");
+    match node.wait(shutdown_signal()).await {
+        flotilla::node::NodeExit::Stopped => Ok(std::process::ExitCode::SUCCESS),
+        flotilla::node::NodeExit::Escalated => Ok(std::process::ExitCode::from(1)),
+    }
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    init_tracing();
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Up(a) => flotilla::launcher::up(flotilla::launcher::UpOptions {
+            nodes: a.nodes,
+            http: a.http,
+            model: a.model,
+            config: a.config,
+            node_args: a.set,
+        })
+        .await
+        .map(|_| std::process::ExitCode::SUCCESS),
+        Cmd::Node(a) => run_node(a).await,
+        Cmd::Status(a) => {
+            async {
+                let (fleet, raw) = flotilla::status::fetch(&a.gateway).await?;
+                if a.json {
+                    println!("{}", serde_json::to_string_pretty(&raw)?);
+                } else {
+                    print!("{}", flotilla::status::render(&fleet));
+                }
+                Ok(std::process::ExitCode::SUCCESS)
+            }
+            .await
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("flotilla: error: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}

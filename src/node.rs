@@ -1,0 +1,188 @@
+//! One node process: its NodeServer, its supervision tree, and how it starts and stops.
+
+use crate::actors::discovery::membership::MembershipEvent;
+use crate::clock::SharedClock;
+use crate::cluster::{self, ClusterError, ClusterHandle};
+use crate::config::Config;
+use crate::ids::NodeId;
+use crate::supervisors::{Supervisor, SupervisorMsg, tree};
+use ractor::{Actor, ActorRef};
+use serde::Serialize;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// Everything the tree's start functions need, cloned into them.
+#[derive(Clone)]
+pub struct NodeContext {
+    /// Validated configuration.
+    pub config: Arc<Config>,
+    /// This node's name.
+    pub node_id: NodeId,
+    /// Prefix of every registered actor name: `<node>/`. Names must be unique cluster-wide,
+    /// not only per process: ractor unregisters a *name* when any actor bearing it stops, and
+    /// the proxies of a peer's actors bear the peer's names, so a peer going away would
+    /// otherwise erase our own registrations.
+    pub prefix: String,
+    /// The cluster server.
+    pub cluster: ClusterHandle,
+    /// Membership changes (a lagging subscriber re-reads the fleet view).
+    pub membership: tokio::sync::broadcast::Sender<MembershipEvent>,
+    /// The gateway's bound HTTP address, once bound.
+    pub http_addr: Arc<Mutex<Option<String>>>,
+    /// Process start, ms since the Unix epoch.
+    pub incarnation: u64,
+    /// Injected clock.
+    pub clock: SharedClock,
+}
+
+impl NodeContext {
+    /// Registered name for a node-local actor.
+    pub fn name(&self, base: &str) -> String {
+        format!("{}{}", self.prefix, base)
+    }
+}
+
+/// Errors starting a node.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// Cluster layer.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// The supervision tree failed to start.
+    #[error("supervision tree failed to start: {0}")]
+    Tree(String),
+}
+
+/// The line a node prints on stdout once it is up, prefixed by [`READY_PREFIX`].
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct ReadyLine {
+    /// Node name.
+    pub node: String,
+    /// Cluster address.
+    pub cluster_addr: String,
+    /// HTTP address, when the node runs a gateway.
+    pub http_addr: Option<String>,
+}
+
+/// Prefix of the ready line.
+pub const READY_PREFIX: &str = "FLOTILLA_READY ";
+
+/// A started node.
+pub struct RunningNode {
+    /// Shared context.
+    pub ctx: NodeContext,
+    /// Root supervisor.
+    pub root: ActorRef<SupervisorMsg>,
+    root_task: JoinHandle<()>,
+}
+
+/// How a node ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeExit {
+    /// Asked to stop; everything stopped in order.
+    Stopped,
+    /// The root supervisor exceeded its restart budget.
+    Escalated,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+/// Start a node: NodeServer, tree, then join the seeds (an authentication failure is fatal).
+pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
+    crate::metrics::handle();
+    let config = Arc::new(config);
+    let node_id = NodeId::new(config.node.name());
+    let cluster = cluster::start_node_server(
+        node_id.clone(),
+        config.node.listen_addr,
+        config.node.cookie.clone(),
+        config.cluster.max_frame_bytes,
+    )
+    .await?;
+    let ctx = NodeContext {
+        config: config.clone(),
+        node_id: node_id.clone(),
+        prefix: format!("{node_id}/"),
+        cluster: cluster.clone(),
+        membership: tokio::sync::broadcast::channel(1024).0,
+        http_addr: Arc::new(Mutex::new(None)),
+        incarnation: now_ms(),
+        clock: crate::clock::system(),
+    };
+    let spec = tree::node_tree(&ctx);
+    let (root, root_task) = match Actor::spawn(spec.actor_name.clone(), Supervisor, spec).await {
+        Ok(x) => x,
+        Err(e) => {
+            cluster.server.stop(None);
+            return Err(NodeError::Tree(e.to_string()));
+        }
+    };
+    let node = RunningNode {
+        ctx,
+        root,
+        root_task,
+    };
+    if !config.node.join.is_empty() {
+        let timeout = Duration::from_millis(config.cluster.connect_timeout_ms);
+        if let Err(e) = cluster::join_any(&cluster.server, &config.node.join, timeout).await {
+            node.stop().await;
+            return Err(e.into());
+        }
+    }
+    Ok(node)
+}
+
+impl RunningNode {
+    /// The ready line for this node.
+    pub fn ready_line(&self) -> ReadyLine {
+        ReadyLine {
+            node: self.ctx.node_id.to_string(),
+            cluster_addr: self.ctx.cluster.addr.to_string(),
+            http_addr: self
+                .ctx
+                .http_addr
+                .lock()
+                .map(|g| g.clone())
+                .unwrap_or_else(|p| p.into_inner().clone()),
+        }
+    }
+
+    /// Run until `shutdown` resolves (then stop in order) or the root supervisor dies.
+    pub async fn wait(mut self, shutdown: impl std::future::Future<Output = ()>) -> NodeExit {
+        tokio::select! {
+            _ = shutdown => {
+                self.stop_ref().await;
+                NodeExit::Stopped
+            }
+            _ = &mut self.root_task => {
+                tracing::error!("node supervisor exceeded its restart budget; node exits");
+                self.ctx.cluster.server.stop(None);
+                NodeExit::Escalated
+            }
+        }
+    }
+
+    async fn stop_ref(&mut self) {
+        let _ = self
+            .root
+            .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(60)))
+            .await;
+        let _ = self
+            .ctx
+            .cluster
+            .server
+            .stop_and_wait(None, Some(Duration::from_secs(5)))
+            .await;
+    }
+
+    /// Stop the tree (reverse start order) and the cluster server.
+    pub async fn stop(mut self) {
+        self.stop_ref().await;
+    }
+}

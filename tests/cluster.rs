@@ -1,0 +1,160 @@
+//! Cluster formation in one process: two nodes on loopback form a cluster, see each other's
+//! role groups and heartbeats; a wrong cookie is a clear error.
+
+mod common;
+
+use common::{free_port, poll_until};
+use flotilla::actors::discovery::membership::NodeState;
+use flotilla::actors::discovery::{self, DiscoveryMsg, role_group};
+use flotilla::cluster::ClusterError;
+use flotilla::config::{Config, Role};
+use flotilla::node::{self, NodeError};
+use std::time::Duration;
+
+fn config(name: &str, port: u16, roles: &[Role], join: Option<u16>, cookie: &str) -> Config {
+    let mut c = Config::default();
+    c.node.name = Some(name.into());
+    c.node.listen_addr = format!("127.0.0.1:{port}").parse().unwrap();
+    c.node.roles = roles.to_vec();
+    c.node.cookie = cookie.into();
+    c.node.join = join
+        .map(|p| vec![format!("127.0.0.1:{p}")])
+        .unwrap_or_default();
+    c.gateway.http_addr = "127.0.0.1:0".parse().unwrap();
+    c.cluster.connect_timeout_ms = 5_000;
+    c.validate().unwrap();
+    c
+}
+
+fn discovery_of(prefix: &str) -> ractor::ActorRef<DiscoveryMsg> {
+    discovery::local(&format!("{prefix}discovery")).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_form_a_cluster_and_see_each_others_roles() {
+    common::init_tracing();
+    let (pa, pb) = (free_port(), free_port());
+    let a = node::start(config(
+        "alpha",
+        pa,
+        &[Role::Gateway, Role::Router],
+        None,
+        "c00kie",
+    ))
+    .await
+    .unwrap();
+    let b = node::start(config("beta", pb, &[Role::Worker], Some(pa), "c00kie"))
+        .await
+        .unwrap();
+
+    // Role groups of each node are visible from the other, as remote members.
+    poll_until(
+        Duration::from_secs(10),
+        "remote worker and gateway pg members",
+        || async {
+            let remote = |g: String| {
+                ractor::pg::get_members(&g)
+                    .iter()
+                    .any(|c| !c.get_id().is_local())
+            };
+            (remote(role_group(Role::Worker)) && remote(role_group(Role::Gateway))).then_some(())
+        },
+    )
+    .await;
+
+    // Heartbeats make each node list the other as up, with its roles and workers.
+    let fa = poll_until(Duration::from_secs(10), "alpha sees beta up", || async {
+        let f = discovery::fleet(&discovery_of("alpha/")).await.ok()?;
+        f.iter()
+            .any(|n| n.id.as_str() == "beta" && n.state == NodeState::Up)
+            .then_some(f)
+    })
+    .await;
+    let beta = fa.iter().find(|n| n.id.as_str() == "beta").unwrap();
+    assert_eq!(beta.roles, vec![Role::Worker]);
+    assert_eq!(
+        beta.workers.len(),
+        1,
+        "one (empty) replica by default: {beta:?}"
+    );
+    assert_eq!(beta.workers[0].id, "beta/replica-0");
+    assert!(
+        beta.actors.iter().any(|x| x.path == "node/worker_pool"),
+        "{:?}",
+        beta.actors
+    );
+    poll_until(Duration::from_secs(10), "beta sees alpha up", || async {
+        let f = discovery::fleet(&discovery_of("beta/")).await.ok()?;
+        f.iter()
+            .any(|n| n.id.as_str() == "alpha" && n.state == NodeState::Up && n.http_addr.is_some())
+            .then_some(())
+    })
+    .await;
+
+    b.stop().await;
+    // Stopping beta is noticed: the session drop makes it suspect, then the lease makes it down.
+    poll_until(Duration::from_secs(10), "alpha sees beta down", || async {
+        let f = discovery::fleet(&discovery_of("alpha/")).await.ok()?;
+        f.iter()
+            .any(|n| n.id.as_str() == "beta" && n.state == NodeState::Down)
+            .then_some(())
+    })
+    .await;
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_cookie_is_a_clear_error() {
+    common::init_tracing();
+    let (pa, pc) = (free_port(), free_port());
+    let a = node::start(config("gamma", pa, &[Role::Gateway], None, "right"))
+        .await
+        .unwrap();
+    let err = match node::start(config("delta", pc, &[Role::Worker], Some(pa), "wrong")).await {
+        Ok(_) => panic!("joined with a wrong cookie"),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(err, NodeError::Cluster(ClusterError::AuthFailed { .. })),
+        "unexpected error: {err}"
+    );
+    assert!(err.to_string().contains("cookie"), "{err}");
+    // The failed node cleaned up after itself: its names are free again.
+    assert!(discovery::local("delta/discovery").is_none());
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_seed_is_a_clear_error() {
+    let (dead, pc) = (free_port(), free_port());
+    let mut cfg = config("eps", pc, &[Role::Worker], Some(dead), "x");
+    cfg.cluster.connect_timeout_ms = 500;
+    let err = match node::start(cfg).await {
+        Ok(_) => panic!("joined a seed that does not exist"),
+        Err(e) => e,
+    };
+    assert!(err.to_string().contains("could not join"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_heartbeat_is_counted_not_fatal() {
+    flotilla::metrics::handle();
+    let p = free_port();
+    let a = node::start(config("zeta", p, &[Role::Worker], None, "k"))
+        .await
+        .unwrap();
+    let d = discovery_of("zeta/");
+    d.cast(DiscoveryMsg::Heartbeat(flotilla::wire::Wire::from_raw(
+        vec![0xc1, 0xff, 0x00],
+    )))
+    .unwrap();
+    // Still answers.
+    let f = discovery::fleet(&d).await.unwrap();
+    assert_eq!(f.len(), 1);
+    let rendered = flotilla::metrics::handle().render();
+    assert!(
+        rendered.contains("flotilla_wire_decode_errors_total"),
+        "{rendered}"
+    );
+    a.stop().await;
+}
