@@ -3,6 +3,11 @@
 //! - `discovery.rs` — membership, heartbeats, liveness, pg groups per role
 //!   (`discovery/membership.rs`: the lease table).
 //! - `gateway.rs` — the HTTP gateway (`gateway/routes.rs`, `gateway/error.rs`).
+//! - `kv_block_manager.rs` — the paged KV block pool, block/sequence hashes, KV events
+//!   (pure logic in `kv_block_manager/`; the actor lands with the serving path).
+//! - `scheduler.rs` — the continuous-batching batch former (pure logic in `scheduler/`).
 
 pub mod discovery;
 pub mod gateway;
+pub mod kv_block_manager;
+pub mod scheduler;
