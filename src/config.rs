@@ -213,17 +213,39 @@ impl Default for SupervisionConfig {
     }
 }
 
-/// Worker nodes.
+/// Worker nodes: replicas and their engines.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct WorkerConfig {
     /// Replicas per worker node.
     pub replicas: u32,
+    /// Model file (GGUF) or Hugging Face directory; `None`: `FLOTILLA_MODEL`, else
+    /// `models/smollm2-135m-instruct-q4_1.gguf` (what `make model` fetches).
+    pub model_path: Option<std::path::PathBuf>,
+    /// KV blocks per replica. The default model's KV is 46 KiB per token in f32 (30 layers ×
+    /// K,V × 3 heads × 64 × 4 bytes), so 512 blocks of 16 tokens take 360 MiB.
+    pub kv_blocks: usize,
+    /// Tokens per KV block.
+    pub block_size_tokens: usize,
+    /// Sequences batched at once per replica.
+    pub max_num_seqs: usize,
+    /// Tokens per engine step (prefill chunks + decode tokens).
+    pub max_num_batched_tokens: usize,
+    /// Context limit (capped by the model's own).
+    pub max_model_len_tokens: usize,
 }
 
 impl Default for WorkerConfig {
     fn default() -> Self {
-        Self { replicas: 1 }
+        Self {
+            replicas: 1,
+            model_path: None,
+            kv_blocks: 512,
+            block_size_tokens: 16,
+            max_num_seqs: 64,
+            max_num_batched_tokens: 512,
+            max_model_len_tokens: 8192,
+        }
     }
 }
 
@@ -328,8 +350,24 @@ impl Config {
                 "must be at least supervision.backoff_base_ms",
             ));
         }
-        if self.worker.replicas == 0 {
+        let w = &self.worker;
+        if w.replicas == 0 {
             return Err(invalid("worker.replicas", "must be at least 1"));
+        }
+        if w.kv_blocks == 0 {
+            return Err(invalid("worker.kv_blocks", "must be at least 1"));
+        }
+        if w.block_size_tokens == 0 {
+            return Err(invalid("worker.block_size_tokens", "must be at least 1"));
+        }
+        if w.max_num_seqs == 0 || w.max_num_batched_tokens == 0 {
+            return Err(invalid(
+                "worker.max_num_seqs",
+                "batch limits must be at least 1",
+            ));
+        }
+        if w.max_model_len_tokens < 2 {
+            return Err(invalid("worker.max_model_len_tokens", "must be at least 2"));
         }
         Ok(())
     }

@@ -3,7 +3,9 @@
 //! Layout (one line per module; DESIGN.md and `docs/architecture.md` give the whole picture):
 //! - `actors/` — one actor per file, its messages beside it: discovery, gateway, …
 //! - `supervisors/` — OTP-style supervision: specs, the generic supervisor, the node's tree.
-//! - `kernels/` — compute kernels behind a device boundary (CPU reference; CUDA later).
+//! - `kernels/` — compute kernels behind a device boundary (CPU; CUDA later), sampling.
+//! - `model/` — GGUF / Hugging Face loading, tokenizer, chat template, KV pools, forward pass.
+//! - `generate.rs` — `flotilla generate`: the engine in-process, no cluster.
 //! - `transport/` — moving KV blocks between nodes (UCX / TCP; later).
 //! - `cluster.rs` — the `ractor_cluster` NodeServer, joining, cookie errors.
 //! - `node.rs` — one node process: start, ready line, ordered stop.
@@ -17,9 +19,12 @@ pub mod actors;
 pub mod clock;
 pub mod cluster;
 pub mod config;
+pub mod generate;
 pub mod ids;
+pub mod kernels;
 pub mod launcher;
 pub mod metrics;
+pub mod model;
 pub mod node;
 pub mod status;
 pub mod supervisors;

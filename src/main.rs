@@ -72,7 +72,7 @@ struct NodeArgs {
     /// Replicas on a worker node.
     #[arg(long)]
     replicas: Option<u32>,
-    /// Model file (served once the serving path lands; checked to exist now).
+    /// Model file (GGUF) or Hugging Face directory served by worker roles.
     #[arg(long, env = "FLOTILLA_MODEL")]
     model: Option<PathBuf>,
     /// Set a configuration value, `section.field=value` (repeatable; value parsed as JSON
@@ -142,6 +142,9 @@ fn node_overrides(a: &NodeArgs) -> anyhow::Result<serde_json::Value> {
     }
     if let Some(r) = a.replicas {
         set_path(&mut o, "worker.replicas", r.into());
+    }
+    if let Some(m) = &a.model {
+        set_path(&mut o, "worker.model_path", m.display().to_string().into());
     }
     for kv in &a.set {
         let (k, v) = kv

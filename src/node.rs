@@ -5,6 +5,7 @@ use crate::clock::SharedClock;
 use crate::cluster::{self, ClusterError, ClusterHandle};
 use crate::config::Config;
 use crate::ids::NodeId;
+use crate::model::LoadedModel;
 use crate::supervisors::{Supervisor, SupervisorMsg, tree};
 use ractor::{Actor, ActorRef};
 use serde::Serialize;
@@ -34,6 +35,8 @@ pub struct NodeContext {
     pub incarnation: u64,
     /// Injected clock.
     pub clock: SharedClock,
+    /// The model, loaded once per process, when this node runs workers.
+    pub model: Option<Arc<LoadedModel>>,
 }
 
 impl NodeContext {
@@ -49,6 +52,9 @@ pub enum NodeError {
     /// Cluster layer.
     #[error(transparent)]
     Cluster(#[from] ClusterError),
+    /// The model could not be loaded.
+    #[error("model: {0}")]
+    Model(#[from] crate::model::ModelError),
     /// The supervision tree failed to start.
     #[error("supervision tree failed to start: {0}")]
     Tree(String),
@@ -98,6 +104,14 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     crate::metrics::handle();
     let config = Arc::new(config);
     let node_id = NodeId::new(config.node.name());
+    let model = if config.has_role(crate::config::Role::Worker) {
+        let path = crate::model::resolve_model_path(config.worker.model_path.as_deref())?;
+        let loaded = crate::model::load_model(&path)?;
+        tracing::info!(model = %path.display(), "model loaded");
+        Some(Arc::new(loaded))
+    } else {
+        None
+    };
     let cluster = cluster::start_node_server(
         node_id.clone(),
         config.node.listen_addr,
@@ -114,6 +128,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         http_addr: Arc::new(Mutex::new(None)),
         incarnation: now_ms(),
         clock: crate::clock::system(),
+        model,
     };
     let spec = tree::node_tree(&ctx);
     let (root, root_task) = match Actor::spawn(spec.actor_name.clone(), Supervisor, spec).await {

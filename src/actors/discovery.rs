@@ -102,7 +102,7 @@ impl DiscoveryState {
             .lock()
             .map(|g| g.clone())
             .unwrap_or_else(|p| p.into_inner().clone());
-        let (actors, workers) = describe_tree(me, &self.args.node_id, &self.args.worker_pool_name);
+        let (actors, workers) = describe_tree(me, &self.args.worker_pool_name);
 
         let info = NodeInfo {
             id: self.args.node_id.clone(),
@@ -141,18 +141,13 @@ impl DiscoveryState {
 }
 
 /// List the actors of this node's tree (from its root supervisor) and its workers.
-fn describe_tree(
-    me: &ActorCell,
-    node: &NodeId,
-    worker_pool: &str,
-) -> (Vec<ActorView>, Vec<WorkerView>) {
+fn describe_tree(me: &ActorCell, worker_pool: &str) -> (Vec<ActorView>, Vec<WorkerView>) {
     let mut actors = Vec::new();
     let mut workers = Vec::new();
     let root = me.try_get_supervisor().unwrap_or_else(|| me.clone());
     fn walk(
         cell: &ActorCell,
         prefix: &str,
-        node: &NodeId,
         worker_pool: &str,
         actors: &mut Vec<ActorView>,
         workers: &mut Vec<WorkerView>,
@@ -160,11 +155,8 @@ fn describe_tree(
         let full = cell
             .get_name()
             .unwrap_or_else(|| format!("<{}>", cell.get_id()));
-        // Registered names are `<node>/<name>`; show the short name.
-        let name = full
-            .strip_prefix(&format!("{node}/"))
-            .unwrap_or(&full)
-            .to_owned();
+        // Registered names are `<node>/…/<name>`; show the last segment.
+        let name = full.rsplit('/').next().unwrap_or(&full).to_owned();
         let path = if prefix.is_empty() {
             name.clone()
         } else {
@@ -179,17 +171,16 @@ fn describe_tree(
         children.sort_by_key(|c| c.get_id().pid());
         for child in children {
             if full == worker_pool {
-                let wname = child.get_name().unwrap_or_default();
-                let short = wname.rsplit('/').next().unwrap_or(&wname).to_owned();
+                // A replica supervisor's registered name is its worker id.
                 workers.push(WorkerView {
-                    id: format!("{node}/{short}"),
+                    id: child.get_name().unwrap_or_default(),
                     state: format!("{:?}", child.get_status()).to_lowercase(),
                 });
             }
-            walk(&child, &path, node, worker_pool, actors, workers);
+            walk(&child, &path, worker_pool, actors, workers);
         }
     }
-    walk(&root, "", node, worker_pool, &mut actors, &mut workers);
+    walk(&root, "", worker_pool, &mut actors, &mut workers);
     (actors, workers)
 }
 

@@ -7,6 +7,7 @@
 //! same port (the first bind's port when configured as 0).
 
 pub mod error;
+pub mod openai;
 pub mod routes;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};

@@ -7,17 +7,24 @@
 //! │  ├─ http_gateway   permanent   axum server: /live /health /metrics /v1/fleet
 //! │  └─ request_sup    permanent   one temporary child per in-flight request (serving path)
 //! └─ worker_pool       (worker)    one_for_one
-//!    └─ replica-<k>    ×worker.replicas, one_for_all: KV block manager, engine worker,
-//!                      scheduler (empty until the serving path lands)
+//!    └─ replica-<k>    ×worker.replicas, one_for_all (the parts share device memory)
+//!       ├─ kv_manager  KV events out to subscribers, snapshots
+//!       ├─ engine      weights (shared per process) + this replica's KV pools
+//!       └─ scheduler   continuous batching over the block pool; drives the engine
 //! ```
 //! Actor names are registered per node (prefixed by `NodeContext::prefix`, empty in a real
 //! node process) and are what `/v1/fleet` lists.
 
 use super::spec::{ChildSpec, Strategy, SupervisorFlags, SupervisorSpec};
 use crate::actors::discovery::{Discovery, DiscoveryArgs};
+use crate::actors::engine_worker::{EngineConfig, EngineWorker, EngineWorkerArgs};
 use crate::actors::gateway::routes::GatewayShared;
 use crate::actors::gateway::{GatewayArgs, HttpGateway};
+use crate::actors::kv_block_manager::KvBlockManager;
+use crate::actors::scheduler::{Scheduler, SchedulerArgs, SchedulerConfig};
 use crate::config::Role;
+use crate::ids::WorkerId;
+use crate::model::LoadedModel;
 use crate::node::NodeContext;
 use std::sync::Arc;
 use std::time::Duration;
@@ -109,12 +116,95 @@ fn gateway(ctx: &NodeContext) -> SupervisorSpec {
 }
 
 fn worker_pool(ctx: &NodeContext) -> SupervisorSpec {
-    let replicas = (0..ctx.config.worker.replicas).map(|k| {
-        let replica = SupervisorSpec::new(
-            ctx.name(&format!("replica-{k}")),
-            flags(ctx, Strategy::OneForAll),
-        );
-        ChildSpec::supervisor(replica)
+    let w = &ctx.config.worker;
+    let replicas = (0..w.replicas).map(|k| {
+        let name = ctx.name(&format!("replica-{k}"));
+        let spec = match &ctx.model {
+            Some(model) => replica(ReplicaParams {
+                worker: WorkerId::new(name.clone()),
+                model: model.clone(),
+                engine: EngineConfig {
+                    num_blocks: w.kv_blocks,
+                    block_size: w.block_size_tokens,
+                    ..EngineConfig::default()
+                },
+                scheduler: SchedulerConfig {
+                    max_num_seqs: w.max_num_seqs,
+                    max_num_batched_tokens: w.max_num_batched_tokens,
+                    max_model_len: w.max_model_len_tokens.min(model.config().max_context),
+                },
+                flags: flags(ctx, Strategy::OneForAll),
+                shutdown: shutdown(ctx),
+            }),
+            None => SupervisorSpec::new(name, flags(ctx, Strategy::OneForAll)),
+        };
+        ChildSpec::supervisor(spec)
     });
     SupervisorSpec::new(ctx.name("worker_pool"), flags(ctx, Strategy::OneForOne)).children(replicas)
+}
+
+/// What one replica needs.
+#[derive(Clone)]
+pub struct ReplicaParams {
+    /// Worker id; also the replica supervisor's registered name and the prefix of its
+    /// children's names (`<worker>/kv_manager`, `<worker>/engine`, `<worker>/scheduler`).
+    pub worker: WorkerId,
+    /// The model, shared read-only by every replica of the process.
+    pub model: Arc<LoadedModel>,
+    /// KV pool geometry.
+    pub engine: EngineConfig,
+    /// Batch limits.
+    pub scheduler: SchedulerConfig,
+    /// The replica supervisor's flags (one_for_all: its parts share device memory).
+    pub flags: SupervisorFlags,
+    /// Shutdown of each part.
+    pub shutdown: super::Shutdown,
+}
+
+/// The model identity salted into every block hash, so that blocks of different models never
+/// match: XXH3-64 of the model's configuration (architecture, shapes, vocabulary size).
+pub fn model_salt(model: &LoadedModel) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(format!("{:?}", model.config()).as_bytes())
+}
+
+/// A replica: KV block manager, engine worker, scheduler, under a one_for_all supervisor.
+pub fn replica(p: ReplicaParams) -> SupervisorSpec {
+    let worker = p.worker.clone();
+    let kv_name = format!("{worker}/kv_manager");
+    let engine_name = format!("{worker}/engine");
+    let sched_name = format!("{worker}/scheduler");
+    let kv = {
+        let w = worker.clone();
+        ChildSpec::actor("kv_manager", Some(kv_name.clone()), move || {
+            (KvBlockManager, w.clone())
+        })
+        .shutdown(p.shutdown)
+    };
+    let engine = {
+        let args = EngineWorkerArgs {
+            weights: p.model.weights.clone(),
+            config: p.engine,
+        };
+        ChildSpec::actor("engine", Some(engine_name.clone()), move || {
+            (EngineWorker, args.clone())
+        })
+        .shutdown(p.shutdown)
+    };
+    let scheduler = {
+        let args = SchedulerArgs {
+            worker: worker.clone(),
+            engine_name,
+            kv_manager_name: Some(kv_name),
+            config: p.scheduler,
+            num_blocks: p.engine.num_blocks,
+            block_size: p.engine.block_size,
+            salt: model_salt(&p.model),
+            eos_token_id: p.model.tokenizer.eos_ids.first().copied(),
+        };
+        ChildSpec::actor("scheduler", Some(sched_name), move || {
+            (Scheduler, args.clone())
+        })
+        .shutdown(p.shutdown)
+    };
+    SupervisorSpec::new(worker.to_string(), p.flags).children([kv, engine, scheduler])
 }

@@ -1,0 +1,389 @@
+//! Response bodies for both routes, non-streaming and streaming, in the shapes of the OpenAI
+//! API reference (<https://platform.openai.com/docs/api-reference/chat/object>,
+//! <https://platform.openai.com/docs/api-reference/chat/streaming>,
+//! <https://platform.openai.com/docs/api-reference/completions/object>).
+//! `created` is passed in (Unix seconds); nothing here reads a clock.
+//!
+//! Non-streaming:
+//! ```text
+//! chat: {"id":"chatcmpl-…","object":"chat.completion","created","model",
+//!        "choices":[{"index","message":{"role":"assistant","content"},"logprobs","finish_reason"}],
+//!        "usage":{"prompt_tokens","completion_tokens","total_tokens",
+//!                 "prompt_tokens_details":{"cached_tokens"}}}
+//! completions: {"id":"cmpl-…","object":"text_completion","created","model",
+//!        "choices":[{"index","text","logprobs","finish_reason"}],"usage":{…}}
+//! ```
+//! `logprobs` is `null` unless the request asked for it: chat `{"content":[{"token","logprob",
+//! "bytes","top_logprobs":[{"token","logprob","bytes"}]}]}`, completions `{"tokens",
+//! "token_logprobs","top_logprobs":[{token: logprob}],"text_offset"}`. A non-finite logprob is
+//! written as -9999.0, as OpenAI does.
+//!
+//! Streaming ([`StreamState`], rules of cases B01–B04):
+//! - every chunk has the same `id`, `created` and `model`; `object` is `"chat.completion.chunk"`
+//!   (chat) or `"text_completion"` (completions);
+//! - a content chunk is `choices:[{"index","delta":{…},"logprobs","finish_reason":null}]`
+//!   (completions: `"text"` instead of `"delta"`); every choice object has the key
+//!   `finish_reason`, `null` until that index's finish chunk, never `""`;
+//! - chat `delta.role = "assistant"` appears only in the first chunk of each index, together
+//!   with that chunk's content (or alone, via [`StreamState::role_chunk`]);
+//! - **finish chunk choice**: the finishing chunk always has an empty delta (`{}` for chat,
+//!   `"text": ""` for completions), as OpenAI's API does; all text goes out in content chunks
+//!   before it. A choice whose finish chunk is its first chunk gets
+//!   `{"role":"assistant","content":""}` there;
+//! - **usage key choice**: chunks other than the usage chunk carry **no `usage` key at all**;
+//!   with `include_usage`, one extra chunk `{"choices":[],"usage":{…}}` comes after every
+//!   choice has finished, and only then ([`StreamState::usage`] returns `None` before that).
+
+use std::fmt::Display;
+
+use serde_json::{Map, Value, json};
+
+use super::request::RequestKind;
+
+#[cfg(test)]
+mod tests;
+
+/// Why a choice ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// End-of-sequence or a stop string.
+    Stop,
+    /// `max_tokens` or the context limit.
+    Length,
+}
+
+impl FinishReason {
+    /// The OpenAI string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// Token counts of a request, summed over its choices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens (once, not per choice).
+    pub prompt_tokens: u32,
+    /// Generated tokens, all choices together.
+    pub completion_tokens: u32,
+    /// Prompt tokens served from a prefix cache.
+    pub cached_tokens: u32,
+}
+
+impl Usage {
+    /// The `usage` object; `total_tokens` is the sum of the two counts.
+    pub fn to_json(&self) -> Value {
+        let total = u64::from(self.prompt_tokens) + u64::from(self.completion_tokens);
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": total,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        })
+    }
+}
+
+/// One generated token with its log-probability and the top alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely alternatives, best first.
+    pub top: Vec<(String, f32)>,
+}
+
+/// What every body of one request shares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResponseMeta {
+    /// `chatcmpl-…` or `cmpl-…`, see [`response_id`].
+    pub id: String,
+    /// Unix seconds, passed in by the caller.
+    pub created: u64,
+    /// The served model's name (never a name the request made up that no worker serves).
+    pub model: String,
+}
+
+/// A finished choice of a non-streaming response.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChoiceOutput {
+    /// The generated text (stop strings already cut).
+    pub text: String,
+    /// Why it ended.
+    pub finish_reason: FinishReason,
+    /// Per-token logprobs when the request asked for them.
+    pub logprobs: Option<Vec<TokenLogprob>>,
+}
+
+/// `chatcmpl-{unique}` for chat, `cmpl-{unique}` for completions.
+pub fn response_id(kind: RequestKind, unique: impl Display) -> String {
+    match kind {
+        RequestKind::Chat => format!("chatcmpl-{unique}"),
+        RequestKind::Completion => format!("cmpl-{unique}"),
+    }
+}
+
+fn logprob_json(x: f32) -> f64 {
+    if x.is_finite() { f64::from(x) } else { -9999.0 }
+}
+
+/// Chat `logprobs` object for `tokens`.
+pub fn chat_logprobs(tokens: &[TokenLogprob]) -> Value {
+    let entry = |token: &str, lp: f32| json!({"token": token, "logprob": logprob_json(lp), "bytes": token.as_bytes()});
+    let content: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            let mut e = entry(&t.token, t.logprob);
+            let top: Vec<Value> = t.top.iter().map(|(tok, lp)| entry(tok, *lp)).collect();
+            e["top_logprobs"] = Value::Array(top);
+            e
+        })
+        .collect();
+    json!({"content": content})
+}
+
+/// Completions `logprobs` object for `tokens`, whose text starts at char `offset` of the
+/// choice's text.
+pub fn completion_logprobs(tokens: &[TokenLogprob], offset: usize) -> Value {
+    let mut text_offset = Vec::with_capacity(tokens.len());
+    let mut at = offset;
+    for t in tokens {
+        text_offset.push(at);
+        at += t.token.chars().count();
+    }
+    let top: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            let m: Map<String, Value> = t
+                .top
+                .iter()
+                .map(|(tok, lp)| (tok.clone(), json!(logprob_json(*lp))))
+                .collect();
+            Value::Object(m)
+        })
+        .collect();
+    json!({
+        "tokens": tokens.iter().map(|t| t.token.as_str()).collect::<Vec<_>>(),
+        "token_logprobs": tokens.iter().map(|t| logprob_json(t.logprob)).collect::<Vec<_>>(),
+        "top_logprobs": top,
+        "text_offset": text_offset,
+    })
+}
+
+fn object_name(kind: RequestKind, stream: bool) -> &'static str {
+    match (kind, stream) {
+        (RequestKind::Chat, false) => "chat.completion",
+        (RequestKind::Chat, true) => "chat.completion.chunk",
+        (RequestKind::Completion, _) => "text_completion",
+    }
+}
+
+/// The non-streaming body of route `kind`.
+pub fn completion_body(
+    kind: RequestKind,
+    meta: &ResponseMeta,
+    choices: &[ChoiceOutput],
+    usage: &Usage,
+) -> Value {
+    let choices: Vec<Value> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| match kind {
+            RequestKind::Chat => json!({
+                "index": i,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": c.logprobs.as_deref().map(chat_logprobs),
+                "finish_reason": c.finish_reason.as_str(),
+            }),
+            RequestKind::Completion => json!({
+                "index": i,
+                "text": c.text,
+                "logprobs": c.logprobs.as_deref().map(|t| completion_logprobs(t, 0)),
+                "finish_reason": c.finish_reason.as_str(),
+            }),
+        })
+        .collect();
+    json!({
+        "id": meta.id,
+        "object": object_name(kind, false),
+        "created": meta.created,
+        "model": meta.model,
+        "choices": choices,
+        "usage": usage.to_json(),
+    })
+}
+
+/// Non-streaming `chat.completion` body.
+pub fn chat_completion(meta: &ResponseMeta, choices: &[ChoiceOutput], usage: &Usage) -> Value {
+    completion_body(RequestKind::Chat, meta, choices, usage)
+}
+
+/// Non-streaming `text_completion` body.
+pub fn text_completion(meta: &ResponseMeta, choices: &[ChoiceOutput], usage: &Usage) -> Value {
+    completion_body(RequestKind::Completion, meta, choices, usage)
+}
+
+#[derive(Clone, Debug, Default)]
+struct ChoiceStream {
+    role_sent: bool,
+    finished: bool,
+    /// Chars of text sent so far (completions `text_offset`).
+    chars_sent: usize,
+}
+
+/// Per-request streaming state: produces the chunk objects of one stream in order and enforces
+/// the rules in the module doc. Calls that would break a rule (content after a choice's finish,
+/// a second finish, an index ≥ `n`, usage before every choice finished or twice) return `None`
+/// and change nothing.
+#[derive(Clone, Debug)]
+pub struct StreamState {
+    kind: RequestKind,
+    meta: ResponseMeta,
+    include_usage: bool,
+    choices: Vec<ChoiceStream>,
+    usage_sent: bool,
+}
+
+impl StreamState {
+    /// State for a stream of `n` choices (at least 1).
+    pub fn new(kind: RequestKind, meta: ResponseMeta, n: u32, include_usage: bool) -> Self {
+        let n = usize::try_from(n.max(1)).unwrap_or(1);
+        Self {
+            kind,
+            meta,
+            include_usage,
+            choices: vec![ChoiceStream::default(); n],
+            usage_sent: false,
+        }
+    }
+
+    /// The id all chunks share.
+    pub fn id(&self) -> &str {
+        &self.meta.id
+    }
+
+    /// Whether every choice has sent its finish chunk.
+    pub fn all_finished(&self) -> bool {
+        self.choices.iter().all(|c| c.finished)
+    }
+
+    fn open(&mut self, index: u32) -> Option<&mut ChoiceStream> {
+        let c = self.choices.get_mut(usize::try_from(index).ok()?)?;
+        (!c.finished).then_some(c)
+    }
+
+    fn chunk(&self, choice: Value) -> Value {
+        json!({
+            "id": self.meta.id,
+            "object": object_name(self.kind, true),
+            "created": self.meta.created,
+            "model": self.meta.model,
+            "choices": [choice],
+        })
+    }
+
+    /// A role-only first chunk (`{"role":"assistant","content":""}`) for a chat choice that has
+    /// sent nothing yet, e.g. to start the stream before the first token. `None` on
+    /// completions or when the role was already sent.
+    pub fn role_chunk(&mut self, index: u32) -> Option<Value> {
+        if self.kind != RequestKind::Chat {
+            return None;
+        }
+        let c = self.open(index)?;
+        if c.role_sent {
+            return None;
+        }
+        c.role_sent = true;
+        let choice = json!({
+            "index": index,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": null,
+            "finish_reason": null,
+        });
+        Some(self.chunk(choice))
+    }
+
+    /// A content chunk carrying `text` (and `logprobs`, when the request asked for them) for
+    /// choice `index`. `None` when there is nothing to send (empty text and no logprobs).
+    pub fn delta(
+        &mut self,
+        index: u32,
+        text: &str,
+        logprobs: Option<&[TokenLogprob]>,
+    ) -> Option<Value> {
+        let kind = self.kind;
+        let logprobs = logprobs.filter(|l| !l.is_empty());
+        if text.is_empty() && logprobs.is_none() {
+            return None;
+        }
+        let c = self.open(index)?;
+        let offset = c.chars_sent;
+        c.chars_sent += text.chars().count();
+        let choice = match kind {
+            RequestKind::Chat => {
+                let delta = if c.role_sent {
+                    json!({"content": text})
+                } else {
+                    json!({"role": "assistant", "content": text})
+                };
+                c.role_sent = true;
+                json!({
+                    "index": index,
+                    "delta": delta,
+                    "logprobs": logprobs.map(chat_logprobs),
+                    "finish_reason": null,
+                })
+            }
+            RequestKind::Completion => json!({
+                "index": index,
+                "text": text,
+                "logprobs": logprobs.map(|l| completion_logprobs(l, offset)),
+                "finish_reason": null,
+            }),
+        };
+        Some(self.chunk(choice))
+    }
+
+    /// The finish chunk of choice `index`: empty delta, `finish_reason` set.
+    pub fn finish(&mut self, index: u32, reason: FinishReason) -> Option<Value> {
+        let kind = self.kind;
+        let c = self.open(index)?;
+        c.finished = true;
+        let choice = match kind {
+            RequestKind::Chat => {
+                let delta = if c.role_sent {
+                    json!({})
+                } else {
+                    json!({"role": "assistant", "content": ""})
+                };
+                c.role_sent = true;
+                json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": reason.as_str()})
+            }
+            RequestKind::Completion => {
+                json!({"index": index, "text": "", "logprobs": null, "finish_reason": reason.as_str()})
+            }
+        };
+        Some(self.chunk(choice))
+    }
+
+    /// The usage chunk (`choices: []`), once, only with `include_usage` and only after every
+    /// choice has finished.
+    pub fn usage(&mut self, usage: &Usage) -> Option<Value> {
+        if !self.include_usage || self.usage_sent || !self.all_finished() {
+            return None;
+        }
+        self.usage_sent = true;
+        Some(json!({
+            "id": self.meta.id,
+            "object": object_name(self.kind, true),
+            "created": self.meta.created,
+            "model": self.meta.model,
+            "choices": [],
+            "usage": usage.to_json(),
+        }))
+    }
+}

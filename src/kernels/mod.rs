@@ -1,0 +1,68 @@
+//! Compute kernels of the forward pass, behind a small device boundary.
+//!
+//! Layout:
+//! - `mod.rs`: the [`Backend`] trait (one method per op) and [`Device`] selection.
+//! - `quant.rs`: weight storage ([`quant::WeightMatrix`]: f32 / Q8_0 / Q4_1 blocks) and (de)quantisation.
+//! - `sample.rs`: greedy / temperature / top-k / top-p sampling with per-sequence seeded RNGs.
+//! - `cpu/mod.rs`: [`cpu::CpuBackend`], the CPU implementation (rayon over rows / heads).
+//! - `cpu/matmul.rs`: `y = x·Wᵀ` (gemm for f32 and large batches, AVX-512 in-register dequant for decode).
+//! - `cpu/simd.rs`: the AVX-512 register-tile kernels behind `cpu/matmul.rs` and attention.
+//! - `cpu/simd_avx2.rs`: their AVX2 + FMA twins for CPUs without AVX-512.
+//! - `cpu/norm.rs`: RMSNorm.
+//! - `cpu/rope.rs`: rotary embeddings, adjacent-pair (GGUF) and half-split (HF) layouts.
+//! - `cpu/attention.rs`: paged causal attention with grouped-query heads.
+//! - `cpu/activation.rs`: SwiGLU and softmax.
+//!
+//! All activations are host f32 slices. A CUDA backend would implement [`Backend`] beside
+//! [`cpu::CpuBackend`]; the forward pass only talks to the trait.
+
+pub mod cpu;
+pub mod quant;
+pub mod sample;
+
+use std::sync::Arc;
+
+pub use cpu::attention::{AttnGeometry, AttnToken};
+pub use cpu::rope::{Rope, RopeLayout};
+pub use quant::{MatrixData, WeightMatrix};
+
+/// The ops one forward pass needs. Shapes are row-major; every tensor is f32 unless stated.
+pub trait Backend: Send + Sync + std::fmt::Debug {
+    /// Short name for logs ("cpu").
+    fn name(&self) -> &'static str;
+    /// `y[m, w.rows] = x[m, w.cols] · Wᵀ`.
+    fn matmul(&self, x: &[f32], m: usize, w: &WeightMatrix, y: &mut [f32]);
+    /// RMSNorm of each row of `x` (`[n, d]`) with gain `w` (`[d]`) into `out` (`[n, d]`).
+    fn rms_norm(&self, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]);
+    /// Rotates `x` (`[n, heads, head_dim]`) in place; row `i` is at position `positions[i]`.
+    fn rope(&self, rope: &Rope, x: &mut [f32], positions: &[usize]);
+    /// Paged attention, see [`cpu::attention::paged_attention`].
+    fn paged_attention(
+        &self,
+        q: &[f32],
+        tokens: &[AttnToken<'_>],
+        k_pool: &[f32],
+        v_pool: &[f32],
+        geometry: AttnGeometry,
+        out: &mut [f32],
+    );
+    /// `gate = silu(gate) · up`, both `[n, ffn]`.
+    fn swiglu(&self, gate: &mut [f32], up: &[f32]);
+}
+
+/// Where the engine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Device {
+    /// Host CPU (rayon thread pool).
+    #[default]
+    Cpu,
+}
+
+impl Device {
+    /// The backend implementing this device.
+    pub fn backend(self) -> Arc<dyn Backend> {
+        match self {
+            Device::Cpu => Arc::new(cpu::CpuBackend),
+        }
+    }
+}

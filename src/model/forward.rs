@@ -1,0 +1,191 @@
+//! One forward pass of a Llama-family decoder over a batch that mixes prefill chunks and
+//! decode tokens. All tokens of the batch go through each weight matrix together, so every
+//! weight is read once per step however many sequences run.
+//!
+//! Per layer: `h = RMSNorm(x)`, `q,k,v = h·Wqᵀ, h·Wkᵀ, h·Wvᵀ (+bias)`, RoPE on q and k, write k/v
+//! into the paged cache, paged GQA attention, `x += attn·Woᵀ`, `h = RMSNorm(x)`,
+//! `x += (silu(h·Wgᵀ) ⊙ h·Wuᵀ)·Wdᵀ`. Final RMSNorm and the output projection run only for the
+//! rows whose logits are wanted.
+
+use crate::ids::BlockId;
+use crate::kernels::{AttnGeometry, AttnToken, Backend, Rope};
+use crate::model::kv_cache::KvCache;
+use crate::model::weights::ModelWeights;
+
+/// Errors for a malformed batch (checked before any KV write).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ForwardError {
+    #[error("sequence {seq}: token id {token} is outside the vocabulary ({vocab})")]
+    BadToken {
+        seq: usize,
+        token: u32,
+        vocab: usize,
+    },
+    #[error(
+        "sequence {seq}: block table has {have} blocks, positions up to {last_pos} need {need}"
+    )]
+    ShortBlockTable {
+        seq: usize,
+        have: usize,
+        need: usize,
+        last_pos: usize,
+    },
+    #[error("sequence {seq}: block {block} is outside the pool ({num_blocks} blocks)")]
+    BadBlock {
+        seq: usize,
+        block: BlockId,
+        num_blocks: usize,
+    },
+    #[error("sequence {seq}: no tokens to run")]
+    Empty { seq: usize },
+}
+
+/// One sequence's slice of the batch.
+#[derive(Debug, Clone, Copy)]
+pub struct ForwardSeq<'a> {
+    /// New tokens, at positions `start_pos..start_pos + tokens.len()`.
+    pub tokens: &'a [u32],
+    pub start_pos: usize,
+    /// Covers positions `0..start_pos + tokens.len()`.
+    pub block_table: &'a [BlockId],
+    /// Compute the logits of this sequence's last token.
+    pub want_logits: bool,
+}
+
+/// Checks a batch against the model and the cache.
+pub fn validate(
+    w: &ModelWeights,
+    kv: &KvCache,
+    seqs: &[ForwardSeq<'_>],
+) -> Result<(), ForwardError> {
+    let vocab = w.config.vocab_size;
+    for (i, s) in seqs.iter().enumerate() {
+        if s.tokens.is_empty() {
+            return Err(ForwardError::Empty { seq: i });
+        }
+        if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ForwardError::BadToken {
+                seq: i,
+                token: t,
+                vocab,
+            });
+        }
+        let last_pos = s.start_pos + s.tokens.len() - 1;
+        let need = last_pos / kv.block_size + 1;
+        if s.block_table.len() < need {
+            return Err(ForwardError::ShortBlockTable {
+                seq: i,
+                have: s.block_table.len(),
+                need,
+                last_pos,
+            });
+        }
+        if let Some(&b) = s.block_table[..need]
+            .iter()
+            .find(|b| b.0 as usize >= kv.num_blocks)
+        {
+            return Err(ForwardError::BadBlock {
+                seq: i,
+                block: b,
+                num_blocks: kv.num_blocks,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Runs the batch; returns the logits (`[n_wanted, vocab]` f32, in batch order) of the last
+/// token of every sequence with `want_logits`.
+pub fn forward(
+    w: &ModelWeights,
+    be: &dyn Backend,
+    rope: &Rope,
+    kv: &mut KvCache,
+    seqs: &[ForwardSeq<'_>],
+) -> Result<Vec<f32>, ForwardError> {
+    validate(w, kv, seqs)?;
+    let c = &w.config;
+    let (h, hd) = (c.hidden_size, c.head_dim);
+    let (qd, kvd, ffn) = (c.n_heads * hd, c.n_kv_heads * hd, c.intermediate_size);
+    let mut positions = Vec::new();
+    let mut attn_tokens = Vec::new();
+    let mut slots = Vec::new();
+    for s in seqs {
+        for i in 0..s.tokens.len() {
+            let p = s.start_pos + i;
+            positions.push(p);
+            attn_tokens.push(AttnToken {
+                pos: p,
+                block_table: s.block_table,
+            });
+            slots.push(kv.slot_offset(s.block_table[p / kv.block_size], p % kv.block_size));
+        }
+    }
+    let n = positions.len();
+    let mut x = vec![0f32; n * h];
+    for (row, &t) in x
+        .chunks_exact_mut(h)
+        .zip(seqs.iter().flat_map(|s| s.tokens.iter()))
+    {
+        w.embed.dequant_row(t as usize, row);
+    }
+    let geo = AttnGeometry {
+        n_heads: c.n_heads,
+        n_kv_heads: c.n_kv_heads,
+        head_dim: hd,
+        block_size: kv.block_size,
+    };
+    let mut hbuf = vec![0f32; n * h];
+    let mut q = vec![0f32; n * qd];
+    let mut k = vec![0f32; n * kvd];
+    let mut v = vec![0f32; n * kvd];
+    let mut att = vec![0f32; n * qd];
+    let mut o = vec![0f32; n * h];
+    let mut gate = vec![0f32; n * ffn];
+    let mut up = vec![0f32; n * ffn];
+    for (l, lw) in w.layers.iter().enumerate() {
+        be.rms_norm(&x, &lw.attn_norm, c.rms_eps, &mut hbuf);
+        be.matmul(&hbuf, n, &lw.wq, &mut q);
+        be.matmul(&hbuf, n, &lw.wk, &mut k);
+        be.matmul(&hbuf, n, &lw.wv, &mut v);
+        for (buf, bias) in [(&mut q, &lw.bq), (&mut k, &lw.bk), (&mut v, &lw.bv)] {
+            if let Some(b) = bias {
+                for row in buf.chunks_exact_mut(b.len()) {
+                    row.iter_mut().zip(b).for_each(|(a, &bb)| *a += bb);
+                }
+            }
+        }
+        be.rope(rope, &mut q, &positions);
+        be.rope(rope, &mut k, &positions);
+        let layer = &mut kv.layers[l];
+        for (i, &off) in slots.iter().enumerate() {
+            layer.k[off..off + kvd].copy_from_slice(&k[i * kvd..(i + 1) * kvd]);
+            layer.v[off..off + kvd].copy_from_slice(&v[i * kvd..(i + 1) * kvd]);
+        }
+        be.paged_attention(&q, &attn_tokens, &layer.k, &layer.v, geo, &mut att);
+        be.matmul(&att, n, &lw.wo, &mut o);
+        x.iter_mut().zip(&o).for_each(|(a, &b)| *a += b);
+        be.rms_norm(&x, &lw.ffn_norm, c.rms_eps, &mut hbuf);
+        be.matmul(&hbuf, n, &lw.w_gate, &mut gate);
+        be.matmul(&hbuf, n, &lw.w_up, &mut up);
+        be.swiglu(&mut gate, &up);
+        be.matmul(&gate, n, &lw.w_down, &mut o);
+        x.iter_mut().zip(&o).for_each(|(a, &b)| *a += b);
+    }
+    // Rows whose logits are wanted: the last token of each flagged sequence.
+    let mut sel = Vec::new();
+    let mut end = 0;
+    for s in seqs {
+        end += s.tokens.len();
+        if s.want_logits {
+            sel.extend_from_slice(&x[(end - 1) * h..end * h]);
+        }
+    }
+    let m = sel.len() / h;
+    let mut normed = vec![0f32; sel.len()];
+    be.rms_norm(&sel, &w.norm, c.rms_eps, &mut normed);
+    let head = w.lm_head();
+    let mut logits = vec![0f32; m * head.rows];
+    be.matmul(&normed, m, head, &mut logits);
+    Ok(logits)
+}

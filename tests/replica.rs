@@ -1,0 +1,280 @@
+//! One replica in-process — KV block manager, engine worker and scheduler under their
+//! one_for_all supervisor — driven through its real messages: submissions come in as
+//! `SchedulerMsg::Submit`, tokens go out through a TokenSink, exactly as across nodes.
+
+mod common;
+
+use common::poll_until;
+use flotilla::actors::engine_worker::{EngineConfig, SamplingParams};
+use flotilla::actors::kv_block_manager::KvBlockManagerMsg;
+use flotilla::actors::scheduler::{SchedulerConfig, SchedulerMsg, SchedulerStats, SubmitRequest};
+use flotilla::actors::token_sink::{Finish, SinkRegistry, TokenEventKind, TokenSink, sink_name};
+use flotilla::ids::{NodeId, RequestId, WorkerId};
+use flotilla::model::{LoadedModel, load_model, resolve_model_path};
+use flotilla::supervisors::tree::{ReplicaParams, replica};
+use flotilla::supervisors::{Shutdown, Strategy, Supervisor, SupervisorFlags};
+use flotilla::wire::Wire;
+use ractor::{Actor, ActorRef};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+const GOLDEN: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../shared/models/smollm2-golden.json"
+);
+
+fn model() -> Arc<LoadedModel> {
+    static M: OnceLock<Arc<LoadedModel>> = OnceLock::new();
+    M.get_or_init(|| {
+        let path = resolve_model_path(None).expect("model (run `make model`)");
+        Arc::new(load_model(&path).expect("model loads"))
+    })
+    .clone()
+}
+
+fn golden(name: &str) -> (Vec<u32>, Vec<u32>) {
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(GOLDEN).unwrap()).unwrap();
+    let case = j["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap();
+    let ids = |v: &serde_json::Value| {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    (ids(&case["prompt_ids"]), ids(&case["greedy_ids"]))
+}
+
+struct Harness {
+    node: NodeId,
+    worker: WorkerId,
+    registry: SinkRegistry,
+    sup: ActorRef<flotilla::supervisors::SupervisorMsg>,
+    sink: ActorRef<flotilla::actors::token_sink::TokenSinkMsg>,
+}
+
+impl Harness {
+    async fn start(name: &str, num_blocks: usize) -> Self {
+        let node = NodeId::new(name);
+        let worker = WorkerId::new(format!("{name}/replica-0"));
+        let registry = SinkRegistry::default();
+        let (sink, _) = Actor::spawn(Some(sink_name(&node)), TokenSink, registry.clone())
+            .await
+            .unwrap();
+        let spec = replica(ReplicaParams {
+            worker: worker.clone(),
+            model: model(),
+            engine: EngineConfig {
+                num_blocks,
+                block_size: 16,
+                ..EngineConfig::default()
+            },
+            scheduler: SchedulerConfig {
+                max_num_seqs: 16,
+                max_num_batched_tokens: 128,
+                max_model_len: 2048,
+            },
+            flags: SupervisorFlags::new(Strategy::OneForAll, 3, Duration::from_secs(60)),
+            shutdown: Shutdown::Timeout(Duration::from_secs(5)),
+        });
+        let (sup, _) = Actor::spawn(spec.actor_name.clone(), Supervisor, spec)
+            .await
+            .unwrap();
+        Self {
+            node,
+            worker,
+            registry,
+            sup,
+            sink,
+        }
+    }
+
+    fn scheduler(&self) -> ActorRef<SchedulerMsg> {
+        ractor::registry::where_is(format!("{}/scheduler", self.worker))
+            .unwrap()
+            .into()
+    }
+
+    fn submit(
+        &self,
+        id: u64,
+        prompt: Vec<u32>,
+        max_tokens: u32,
+    ) -> tokio::sync::mpsc::UnboundedReceiver<TokenEventKind> {
+        let rx = self.registry.register(RequestId(id));
+        let req = SubmitRequest {
+            request: RequestId(id),
+            reply_to: self.node.clone(),
+            prompt,
+            max_tokens,
+            sampling: SamplingParams::default(),
+            stop_token_ids: vec![],
+            ignore_eos: false,
+        };
+        self.scheduler()
+            .cast(SchedulerMsg::Submit(Wire::encode(&req)))
+            .unwrap();
+        rx
+    }
+
+    async fn stats(&self) -> SchedulerStats {
+        ractor::call!(self.scheduler(), SchedulerMsg::Stats)
+            .unwrap()
+            .decode()
+            .unwrap()
+    }
+
+    async fn stop(self) {
+        self.sup.stop_and_wait(None, None).await.unwrap();
+        self.sink.stop_and_wait(None, None).await.unwrap();
+    }
+}
+
+/// Collect a request's tokens until it finishes (or fails).
+async fn collect(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<TokenEventKind>,
+) -> (Vec<u32>, Option<Finish>, u32) {
+    let mut ids = Vec::new();
+    let mut cached = 0;
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(60), rx.recv())
+            .await
+            .expect("token within 60 s")
+            .expect("stream open");
+        match ev {
+            TokenEventKind::Admitted { cached_tokens, .. } => cached = cached_tokens,
+            TokenEventKind::Token { id, finish, .. } => {
+                ids.push(id);
+                if finish.is_some() {
+                    return (ids, finish, cached);
+                }
+            }
+            TokenEventKind::Failed { message } => panic!("request failed: {message}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_serves_the_golden_cases_alone_and_batched() {
+    let h = Harness::start("rep-a", 256).await;
+    let (p1, g1) = golden("chat_capital");
+    let (p2, g2) = golden("chat_list");
+    let (p3, g3) = golden("long_prompt");
+    // Alone.
+    let mut rx = h.submit(1, p1.clone(), g1.len() as u32);
+    let (ids, finish, _) = collect(&mut rx).await;
+    assert_eq!(ids, g1);
+    assert_eq!(
+        finish,
+        Some(Finish::Stop),
+        "chat_capital ends on <|im_end|>"
+    );
+    // Batched together (mixed prefill and decode in the same steps).
+    let mut rx2 = h.submit(2, p2.clone(), g2.len() as u32);
+    let mut rx3 = h.submit(3, p3.clone(), g3.len() as u32);
+    let mut rx1 = h.submit(4, p1.clone(), g1.len() as u32);
+    let (a, b, c) = tokio::join!(collect(&mut rx2), collect(&mut rx3), collect(&mut rx1));
+    assert_eq!(a.0, g2);
+    assert_eq!(a.1, Some(Finish::Length));
+    assert_eq!(b.0, g3);
+    assert_eq!(c.0, g1);
+    // The long prompt again: its 18 full leading blocks come from the prefix cache, and the
+    // output is unchanged.
+    let mut rx = h.submit(5, p3.clone(), g3.len() as u32);
+    let (ids, _, cached) = collect(&mut rx).await;
+    assert_eq!(ids, g3);
+    assert_eq!(
+        cached,
+        (303 - 1) / 16 * 16,
+        "cached tokens of the repeated long prompt"
+    );
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_frees_the_blocks_and_events_reach_the_kv_manager() {
+    let h = Harness::start("rep-b", 128).await;
+    let baseline = h.stats().await.kv_blocks_used;
+    let (p3, _) = golden("long_prompt");
+    let mut rx = h.submit(7, p3, 1000);
+    // Wait for a few tokens, then cancel.
+    let mut got = 0;
+    while got < 3 {
+        if let Some(TokenEventKind::Token { .. }) = rx.recv().await {
+            got += 1;
+        }
+    }
+    let used = h.stats().await.kv_blocks_used;
+    assert!(used > baseline, "the request holds blocks while it runs");
+    h.scheduler()
+        .cast(SchedulerMsg::Cancel(Wire::encode(&(
+            h.node.clone(),
+            RequestId(7),
+        ))))
+        .unwrap();
+    poll_until(
+        Duration::from_secs(5),
+        "blocks freed after cancel",
+        || async { (h.stats().await.kv_blocks_used == baseline).then_some(()) },
+    )
+    .await;
+    // The prompt's full blocks were registered and mirrored by the KV block manager.
+    let kvm: ActorRef<KvBlockManagerMsg> =
+        ractor::registry::where_is(format!("{}/kv_manager", h.worker))
+            .unwrap()
+            .into();
+    let snap = ractor::call!(kvm, KvBlockManagerMsg::Snapshot)
+        .unwrap()
+        .decode()
+        .unwrap();
+    assert!(
+        snap.blocks.len() >= 303 / 16,
+        "{} blocks registered",
+        snap.blocks.len()
+    );
+    assert!(snap.last_event.is_some());
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_requests_fail_cleanly_and_stopping_fails_the_rest() {
+    let h = Harness::start("rep-c", 8).await;
+    // 8 blocks × 16 tokens = 128 slots: a 303-token prompt can never fit.
+    let (p3, _) = golden("long_prompt");
+    let mut rx = h.submit(9, p3, 10);
+    match tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        TokenEventKind::Failed { message } => assert!(message.contains("token slots"), "{message}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // A running request hears about it when the replica stops.
+    let (p1, _) = golden("chat_capital");
+    let mut rx = h.submit(10, p1, 100_000);
+    loop {
+        if let Some(TokenEventKind::Token { .. }) = rx.recv().await {
+            break;
+        }
+    }
+    let sched = h.scheduler();
+    h.sup.stop_and_wait(None, None).await.unwrap();
+    let mut failed = false;
+    while let Ok(Some(ev)) = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
+        if let TokenEventKind::Failed { message } = ev {
+            assert!(message.contains("stopped"), "{message}");
+            failed = true;
+            break;
+        }
+    }
+    assert!(failed, "the stopped replica told its request");
+    assert_eq!(sched.get_status(), ractor::ActorStatus::Stopped);
+    h.sink.stop_and_wait(None, None).await.unwrap();
+}
