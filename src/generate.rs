@@ -56,6 +56,15 @@ pub struct Generation {
 
 /// Loads the model and generates (used by [`run`]; callable from tests and tools).
 pub fn generate(args: &GenerateArgs) -> anyhow::Result<Generation> {
+    generate_streaming(args, |_| {})
+}
+
+/// Like [`generate`], calling `on_text` with each new piece of decoded text as it is produced
+/// (end-of-sequence tokens are not shown).
+pub fn generate_streaming(
+    args: &GenerateArgs,
+    mut on_text: impl FnMut(&str),
+) -> anyhow::Result<Generation> {
     let path = resolve_model_path(args.model.as_deref())?;
     let model = load_model(&path).with_context(|| format!("loading {}", path.display()))?;
     let text = if args.chat {
@@ -85,6 +94,7 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<Generation> {
         logprobs: false,
     };
     let mut output_ids = Vec::new();
+    let mut stream = tok.inner().decode_stream(false);
     let mut next = prompt_ids.clone();
     let mut pos = 0;
     while output_ids.len() < args.max_tokens {
@@ -109,6 +119,12 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<Generation> {
         if tok.is_eos(t) {
             break;
         }
+        if let Some(piece) = stream
+            .step(t)
+            .map_err(|e| anyhow::anyhow!("decoding: {e}"))?
+        {
+            on_text(&piece);
+        }
         next = vec![t];
     }
     let visible: Vec<u32> = output_ids
@@ -125,12 +141,19 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<Generation> {
 }
 
 /// Runs `flotilla generate`: prints the completion text, or with `--json` one JSON object.
+/// Plain mode streams the text to stdout as it is generated.
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
-    let g = generate(&args)?;
+    use std::io::Write;
     if args.json {
+        let g = generate(&args)?;
         println!("{}", serde_json::to_string(&g)?);
-    } else {
-        println!("{}", g.text);
+        return Ok(());
     }
+    let mut out = std::io::stdout().lock();
+    generate_streaming(&args, |piece| {
+        // A closed stdout (e.g. `| head`) must not abort generation with a panic.
+        let _ = out.write_all(piece.as_bytes()).and_then(|()| out.flush());
+    })?;
+    writeln!(out)?;
     Ok(())
 }

@@ -25,6 +25,8 @@ enum Cmd {
     Node(NodeArgs),
     /// Print the fleet (nodes, roles, actors, states) from a gateway.
     Status(StatusArgs),
+    /// Run the engine in-process (no cluster) and print the completion.
+    Generate(flotilla::generate::GenerateArgs),
 }
 
 #[derive(Args)]
@@ -208,6 +210,11 @@ async fn main() -> std::process::ExitCode {
         .await
         .map(|_| std::process::ExitCode::SUCCESS),
         Cmd::Node(a) => run_node(a).await,
+        Cmd::Generate(a) => tokio::task::spawn_blocking(move || flotilla::generate::run(a))
+            .await
+            .map_err(anyhow::Error::from)
+            .and_then(|r| r)
+            .map(|_| std::process::ExitCode::SUCCESS),
         Cmd::Status(a) => {
             async {
                 let (fleet, raw) = flotilla::status::fetch(&a.gateway).await?;

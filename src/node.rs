@@ -37,6 +37,8 @@ pub struct NodeContext {
     pub clock: SharedClock,
     /// The model, loaded once per process, when this node runs workers.
     pub model: Option<Arc<LoadedModel>>,
+    /// The model's tokenizer, template and limits, when this node runs a gateway.
+    pub frontend: Option<Arc<crate::actors::gateway::frontend::Frontend>>,
 }
 
 impl NodeContext {
@@ -112,6 +114,17 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     } else {
         None
     };
+    let frontend = if config.has_role(crate::config::Role::Gateway) {
+        let path = crate::model::resolve_model_path(config.worker.model_path.as_deref())?;
+        let fe = crate::actors::gateway::frontend::Frontend::load(
+            &path,
+            config.worker.max_model_len_tokens,
+        )?;
+        tracing::info!(model = %fe.model_id, context = fe.context_len, "serving model");
+        Some(Arc::new(fe))
+    } else {
+        None
+    };
     let cluster = cluster::start_node_server(
         node_id.clone(),
         config.node.listen_addr,
@@ -129,6 +142,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         incarnation: now_ms(),
         clock: crate::clock::system(),
         model,
+        frontend,
     };
     let spec = tree::node_tree(&ctx);
     let (root, root_task) = match Actor::spawn(spec.actor_name.clone(), Supervisor, spec).await {

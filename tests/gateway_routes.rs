@@ -11,6 +11,7 @@ fn shared(discovery_name: &str) -> Arc<GatewayShared> {
         discovery_name: discovery_name.into(),
         metrics: flotilla::metrics::handle(),
         max_body_bytes: 4096,
+        serving: None,
     })
 }
 

@@ -155,7 +155,7 @@ async fn collect(
                     return (ids, finish, cached);
                 }
             }
-            TokenEventKind::Failed { message } => panic!("request failed: {message}"),
+            TokenEventKind::Failed { message, .. } => panic!("request failed: {message}"),
         }
     }
 }
@@ -253,7 +253,9 @@ async fn refused_requests_fail_cleanly_and_stopping_fails_the_rest() {
         .unwrap()
         .unwrap()
     {
-        TokenEventKind::Failed { message } => assert!(message.contains("token slots"), "{message}"),
+        TokenEventKind::Failed { message, .. } => {
+            assert!(message.contains("token slots"), "{message}")
+        }
         other => panic!("expected a refusal, got {other:?}"),
     }
     // A running request hears about it when the replica stops.
@@ -268,7 +270,7 @@ async fn refused_requests_fail_cleanly_and_stopping_fails_the_rest() {
     h.sup.stop_and_wait(None, None).await.unwrap();
     let mut failed = false;
     while let Ok(Some(ev)) = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
-        if let TokenEventKind::Failed { message } = ev {
+        if let TokenEventKind::Failed { message, .. } = ev {
             assert!(message.contains("stopped"), "{message}");
             failed = true;
             break;

@@ -95,15 +95,15 @@ pub struct DiscoveryState {
 }
 
 impl DiscoveryState {
-    fn refresh_me(&mut self, me: &ActorCell) {
+    async fn refresh_me(&mut self, me: &ActorCell) {
         let http = self
             .args
             .http_addr
             .lock()
             .map(|g| g.clone())
             .unwrap_or_else(|p| p.into_inner().clone());
-        let (actors, workers) = describe_tree(me, &self.args.worker_pool_name);
-
+        let (actors, mut workers) = describe_tree(me, &self.args.worker_pool_name);
+        fill_worker_stats(&mut workers).await;
         let info = NodeInfo {
             id: self.args.node_id.clone(),
             addr: self.args.addr.clone(),
@@ -136,6 +136,31 @@ impl DiscoveryState {
             metrics::counter!("flotilla_membership_events_total", "kind" => kind).increment(1);
             // No subscriber yet is fine: the fleet view is always available on request.
             let _ = self.args.events.send(ev);
+        }
+    }
+}
+
+/// Fill each local worker's load from its scheduler (a quick local call; a scheduler that does
+/// not answer within 100 ms keeps zeros).
+async fn fill_worker_stats(workers: &mut [WorkerView]) {
+    use crate::actors::scheduler::{SCHEDULER_GROUP, SchedulerMsg};
+    let locals = ractor::pg::get_local_members(&SCHEDULER_GROUP.to_owned());
+    for w in workers.iter_mut() {
+        let name = format!("{}/scheduler", w.id);
+        let Some(cell) = locals
+            .iter()
+            .find(|c| c.get_name().as_deref() == Some(name.as_str()))
+        else {
+            continue;
+        };
+        let sched: ActorRef<SchedulerMsg> = cell.clone().into();
+        if let Ok(wire) = ractor::call_t!(sched, SchedulerMsg::Stats, 100)
+            && let Ok(st) = wire.decode()
+        {
+            w.running = st.running;
+            w.waiting = st.waiting;
+            w.kv_blocks_used = st.kv_blocks_used;
+            w.kv_blocks_total = st.kv_blocks_total;
         }
     }
 }
@@ -175,6 +200,7 @@ fn describe_tree(me: &ActorCell, worker_pool: &str) -> (Vec<ActorView>, Vec<Work
                 workers.push(WorkerView {
                     id: child.get_name().unwrap_or_default(),
                     state: format!("{:?}", child.get_status()).to_lowercase(),
+                    ..WorkerView::default()
                 });
             }
             walk(&child, &path, worker_pool, actors, workers);
@@ -253,7 +279,7 @@ impl Actor for Discovery {
             });
             state.session_sub = Some((id, task));
         }
-        state.refresh_me(&myself.get_cell());
+        state.refresh_me(&myself.get_cell()).await;
         Ok(())
     }
 
@@ -295,7 +321,7 @@ impl Actor for Discovery {
             }
             DiscoveryMsg::Tick(_) => {
                 state.tick_no += 1;
-                state.refresh_me(&myself.get_cell());
+                state.refresh_me(&myself.get_cell()).await;
                 let hb = Wire::encode(state.membership.me());
                 for cell in ractor::pg::get_members(&DISCOVERY_GROUP.to_owned()) {
                     if cell.get_id().is_local() {
@@ -333,7 +359,7 @@ impl Actor for Discovery {
                 }
             }
             DiscoveryMsg::GetFleet(reply) => {
-                state.refresh_me(&myself.get_cell());
+                state.refresh_me(&myself.get_cell()).await;
                 let _ = reply.send(Wire::encode(&state.membership.view(now)));
             }
         }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-pub use engine::{Engine, EngineConfig, EngineError};
+pub use engine::{Engine, EngineConfig, EngineError, ErrorKind};
 pub use types::{EngineInfo, SampledToken, SamplingParams, StepBatch, StepOutput, StepSeq};
 
 use crate::ids::SeqId;

@@ -7,8 +7,10 @@
 //! same port (the first bind's port when configured as 0).
 
 pub mod error;
+pub mod frontend;
 pub mod openai;
 pub mod routes;
+pub mod serve;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use routes::GatewayShared;

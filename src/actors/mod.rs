@@ -8,11 +8,15 @@
 //! - `gateway.rs` — the HTTP gateway (`gateway/routes.rs`, `gateway/error.rs`).
 //! - `kv_block_manager.rs` — the paged KV block pool, block/sequence hashes, KV events
 //!   (pure logic in `kv_block_manager/`; the actor lands with the serving path).
+//! - `request.rs` — one actor per in-flight request: placement, submission, tokens, cancel.
+//! - `router.rs` — placement (first version: least outstanding, round-robin ties; `router/select.rs`).
 //! - `scheduler.rs` — the continuous-batching batch former (pure logic in `scheduler/`).
 
 pub mod discovery;
 pub mod engine_worker;
 pub mod gateway;
 pub mod kv_block_manager;
+pub mod request;
+pub mod router;
 pub mod scheduler;
 pub mod token_sink;

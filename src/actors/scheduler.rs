@@ -303,6 +303,7 @@ impl SchedulerState {
                             req,
                             TokenEventKind::Failed {
                                 message: "the engine failed".into(),
+                                status: 500,
                             },
                         );
                     }
@@ -409,6 +410,7 @@ impl Actor for Scheduler {
                 req,
                 TokenEventKind::Failed {
                     message: "the replica stopped".into(),
+                    status: 503,
                 },
             );
         }
@@ -463,6 +465,7 @@ impl Actor for Scheduler {
                             req.request,
                             TokenEventKind::Failed {
                                 message: e.to_string(),
+                                status: 400,
                             },
                         );
                     }

@@ -66,10 +66,13 @@ pub enum TokenEventKind {
         /// Set on the request's last token.
         finish: Option<Finish>,
     },
-    /// The worker gave up on the request (it will send nothing more).
+    /// The request cannot be served (it will receive nothing more).
     Failed {
         /// Client-safe description.
         message: String,
+        /// HTTP status that fits when no byte has reached the client yet: 400 (the request
+        /// can never be served), 503 (try again), 500 (a fault).
+        status: u16,
     },
 }
 

@@ -32,6 +32,13 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn name(&self) -> &'static str;
     /// `y[m, w.rows] = x[m, w.cols] · Wᵀ`.
     fn matmul(&self, x: &[f32], m: usize, w: &WeightMatrix, y: &mut [f32]);
+    /// `ys[i] = x · ws[i]ᵀ` for several matrices of the same input width (one pass when the
+    /// backend can fuse them). Default: one [`Backend::matmul`] per matrix.
+    fn matmul_many(&self, x: &[f32], m: usize, ws: &[&WeightMatrix], ys: &mut [&mut [f32]]) {
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            self.matmul(x, m, w, y);
+        }
+    }
     /// RMSNorm of each row of `x` (`[n, d]`) with gain `w` (`[d]`) into `out` (`[n, d]`).
     fn rms_norm(&self, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]);
     /// Rotates `x` (`[n, heads, head_dim]`) in place; row `i` is at position `positions[i]`.

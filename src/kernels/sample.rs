@@ -83,12 +83,18 @@ pub fn log_prob(logits: &[f32], idx: u32) -> f32 {
 /// Picks one token from `logits` (`[vocab]` f32). Returns `(token, logprob)` where logprob is
 /// under the unmodified model distribution ([`log_prob`]).
 pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut impl Rng) -> (u32, f32) {
-    let tok = if p.is_greedy() {
+    let tok = choose(logits, p, rng);
+    (tok, log_prob(logits, tok))
+}
+
+/// Picks one token from `logits` (`[vocab]` f32) without computing its logprob; the generator
+/// is only advanced for non-greedy parameters.
+pub fn choose(logits: &[f32], p: &SamplingParams, rng: &mut impl Rng) -> u32 {
+    if p.is_greedy() {
         argmax(logits)
     } else {
         sample_stochastic(logits, p, rng)
-    };
-    (tok, log_prob(logits, tok))
+    }
 }
 
 fn sample_stochastic(logits: &[f32], p: &SamplingParams, rng: &mut impl Rng) -> u32 {

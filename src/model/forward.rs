@@ -38,6 +38,12 @@ pub enum ForwardError {
     },
     #[error("sequence {seq}: no tokens to run")]
     Empty { seq: usize },
+    #[error("sequence {seq}: start_pos {start_pos} + {len} tokens overflows")]
+    PositionOverflow {
+        seq: usize,
+        start_pos: usize,
+        len: usize,
+    },
 }
 
 /// One sequence's slice of the batch.
@@ -52,7 +58,8 @@ pub struct ForwardSeq<'a> {
     pub want_logits: bool,
 }
 
-/// Checks a batch against the model and the cache.
+/// Checks a batch against the model and the cache. Sequences of one batch must not write the
+/// same KV slots (distinct blocks for the new positions); that is the caller's contract.
 pub fn validate(
     w: &ModelWeights,
     kv: &KvCache,
@@ -70,7 +77,15 @@ pub fn validate(
                 vocab,
             });
         }
-        let last_pos = s.start_pos + s.tokens.len() - 1;
+        let last_pos = s
+            .start_pos
+            .checked_add(s.tokens.len() - 1)
+            .filter(|p| p.checked_add(kv.block_size).is_some())
+            .ok_or(ForwardError::PositionOverflow {
+                seq: i,
+                start_pos: s.start_pos,
+                len: s.tokens.len(),
+            })?;
         let need = last_pos / kv.block_size + 1;
         if s.block_table.len() < need {
             return Err(ForwardError::ShortBlockTable {
@@ -145,9 +160,12 @@ pub fn forward(
     let mut up = vec![0f32; n * ffn];
     for (l, lw) in w.layers.iter().enumerate() {
         be.rms_norm(&x, &lw.attn_norm, c.rms_eps, &mut hbuf);
-        be.matmul(&hbuf, n, &lw.wq, &mut q);
-        be.matmul(&hbuf, n, &lw.wk, &mut k);
-        be.matmul(&hbuf, n, &lw.wv, &mut v);
+        be.matmul_many(
+            &hbuf,
+            n,
+            &[&lw.wq, &lw.wk, &lw.wv],
+            &mut [&mut q, &mut k, &mut v],
+        );
         for (buf, bias) in [(&mut q, &lw.bq), (&mut k, &lw.bk), (&mut v, &lw.bv)] {
             if let Some(b) = bias {
                 for row in buf.chunks_exact_mut(b.len()) {
@@ -166,8 +184,7 @@ pub fn forward(
         be.matmul(&att, n, &lw.wo, &mut o);
         x.iter_mut().zip(&o).for_each(|(a, &b)| *a += b);
         be.rms_norm(&x, &lw.ffn_norm, c.rms_eps, &mut hbuf);
-        be.matmul(&hbuf, n, &lw.w_gate, &mut gate);
-        be.matmul(&hbuf, n, &lw.w_up, &mut up);
+        be.matmul_many(&hbuf, n, &[&lw.w_gate, &lw.w_up], &mut [&mut gate, &mut up]);
         be.swiglu(&mut gate, &up);
         be.matmul(&gate, n, &lw.w_down, &mut o);
         x.iter_mut().zip(&o).for_each(|(a, &b)| *a += b);

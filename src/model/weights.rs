@@ -184,6 +184,15 @@ fn gguf_matrix(
     let info = f.tensor(name)?;
     check_shape(info, &[rows, cols])?;
     let bytes = f.tensor_bytes(info);
+    let quantised = matches!(info.dtype, GgmlType::Q8_0 | GgmlType::Q4_1);
+    if quantised && !cols.is_multiple_of(crate::kernels::quant::QK) {
+        // Rows must be whole blocks for the kernels (ggml requires the same).
+        return Err(GgufError::BadShape {
+            tensor: name.to_owned(),
+            shape: info.dims.clone(),
+            expected: vec![cols.div_ceil(32) * 32, rows],
+        });
+    }
     let data = match info.dtype {
         GgmlType::Q8_0 => MatrixData::Q8_0(parse_q8_0(bytes)),
         GgmlType::Q4_1 => MatrixData::Q4_1(parse_q4_1(bytes)),

@@ -3,9 +3,12 @@
 //! ```text
 //! node                 one_for_one, supervision.node_max_restarts in node_period_ms → node exits non-zero
 //! ├─ discovery         permanent   membership, heartbeats, liveness, pg groups per role
+//! ├─ router            (router)    placement: least outstanding, round-robin ties
 //! ├─ gateway_sup       (gateway)   one_for_one
-//! │  ├─ http_gateway   permanent   axum server: /live /health /metrics /v1/fleet
-//! │  └─ request_sup    permanent   one temporary child per in-flight request (serving path)
+//! │  ├─ token_sink     permanent   receives this node's requests' tokens, one message per step
+//! │  ├─ request_sup    permanent   one temporary Request child per in-flight request
+//! │  └─ http_gateway   permanent   axum: OpenAI API, /live /health /metrics /v1/fleet
+//! │                                (starts last, stops first)
 //! └─ worker_pool       (worker)    one_for_one
 //!    └─ replica-<k>    ×worker.replicas, one_for_all (the parts share device memory)
 //!       ├─ kv_manager  KV events out to subscribers, snapshots
@@ -19,14 +22,18 @@ use super::spec::{ChildSpec, Strategy, SupervisorFlags, SupervisorSpec};
 use crate::actors::discovery::{Discovery, DiscoveryArgs};
 use crate::actors::engine_worker::{EngineConfig, EngineWorker, EngineWorkerArgs};
 use crate::actors::gateway::routes::GatewayShared;
+use crate::actors::gateway::serve::Serving;
 use crate::actors::gateway::{GatewayArgs, HttpGateway};
 use crate::actors::kv_block_manager::KvBlockManager;
+use crate::actors::router::Router;
 use crate::actors::scheduler::{Scheduler, SchedulerArgs, SchedulerConfig};
+use crate::actors::token_sink::{SinkRegistry, TokenSink, sink_name};
 use crate::config::Role;
 use crate::ids::WorkerId;
 use crate::model::LoadedModel;
 use crate::node::NodeContext;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 fn flags(ctx: &NodeContext, strategy: Strategy) -> SupervisorFlags {
@@ -56,6 +63,9 @@ pub fn node_tree(ctx: &NodeContext) -> SupervisorSpec {
         Duration::from_millis(s.backoff_max_ms),
     );
     let mut node = SupervisorSpec::new(ctx.name("node"), node_flags).child(discovery(ctx));
+    if ctx.config.has_role(Role::Router) {
+        node = node.child(router(ctx));
+    }
     if ctx.config.has_role(Role::Gateway) {
         node = node.child(ChildSpec::supervisor(gateway(ctx)));
     }
@@ -95,24 +105,45 @@ fn discovery(ctx: &NodeContext) -> ChildSpec {
 }
 
 fn gateway(ctx: &NodeContext) -> SupervisorSpec {
+    let registry = SinkRegistry::default();
+    let serving = ctx.frontend.as_ref().map(|fe| {
+        Arc::new(Serving {
+            frontend: fe.clone(),
+            node: ctx.node_id.clone(),
+            registry: registry.clone(),
+            request_sup: ctx.name("request_sup"),
+            next_id: AtomicU64::new(1),
+        })
+    });
     let shared = Arc::new(GatewayShared {
         discovery_name: ctx.name("discovery"),
         metrics: crate::metrics::handle(),
         max_body_bytes: ctx.config.gateway.max_body_bytes,
+        serving,
     });
     let args = GatewayArgs {
         addr: ctx.config.gateway.http_addr,
         bound: ctx.http_addr.clone(),
         shared,
     };
+    let sink = ChildSpec::actor("token_sink", Some(sink_name(&ctx.node_id)), move || {
+        (TokenSink, registry.clone())
+    })
+    .shutdown(shutdown(ctx));
+    let requests = SupervisorSpec::new(ctx.name("request_sup"), flags(ctx, Strategy::OneForOne));
     let http = ChildSpec::actor("http_gateway", Some(ctx.name("http_gateway")), move || {
         (HttpGateway, args.clone())
     })
     .shutdown(shutdown(ctx));
-    let requests = SupervisorSpec::new(ctx.name("request_sup"), flags(ctx, Strategy::OneForOne));
+    // The listener starts last and stops first.
     SupervisorSpec::new(ctx.name("gateway_sup"), flags(ctx, Strategy::OneForOne))
-        .child(http)
+        .child(sink)
         .child(ChildSpec::supervisor(requests))
+        .child(http)
+}
+
+fn router(ctx: &NodeContext) -> ChildSpec {
+    ChildSpec::actor("router", Some(ctx.name("router")), || (Router, ())).shutdown(shutdown(ctx))
 }
 
 fn worker_pool(ctx: &NodeContext) -> SupervisorSpec {

@@ -1,5 +1,6 @@
-//! Shared helpers for integration tests: poll for conditions (never a fixed sleep), spawn
-//! node processes, find the model.
+//! Shared helpers for integration tests: poll for conditions (never a fixed sleep), clusters
+//! of node processes, HTTP and SSE helpers; the model, golden cases and a greedy driver over
+//! the synchronous engine API. Each test binary uses a subset.
 #![allow(dead_code)]
 
 use std::future::Future;
@@ -40,4 +41,252 @@ pub fn init_tracing() {
             .with_test_writer()
             .try_init();
     }
+}
+
+/// A `flotilla up` cluster on loopback for a test; stopped (SIGTERM, then SIGKILL) on drop.
+pub struct Cluster {
+    /// The `flotilla up` process.
+    pub child: std::process::Child,
+    /// Gateway base URL.
+    pub gateway: String,
+}
+
+impl Cluster {
+    /// Start `flotilla up --nodes N --http 127.0.0.1:0` with extra `--set` values.
+    pub fn start(nodes: usize, sets: &[&str]) -> Self {
+        use std::io::BufRead;
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"));
+        cmd.args(["up", "--nodes", &nodes.to_string(), "--http", "127.0.0.1:0"]);
+        for s in sets {
+            cmd.args(["--set", s]);
+        }
+        let mut child = cmd
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("flotilla up starts");
+        let out = child.stdout.take().unwrap();
+        let mut lines = std::io::BufReader::new(out).lines();
+        let gateway = loop {
+            match lines.next() {
+                Some(Ok(line)) => {
+                    if let Some(j) = line.strip_prefix("FLOTILLA_UP ") {
+                        let v: serde_json::Value = serde_json::from_str(j).unwrap();
+                        break v["gateway"].as_str().unwrap().to_owned();
+                    }
+                }
+                _ => panic!("flotilla up ended before the cluster was ready"),
+            }
+        };
+        std::thread::spawn(move || for _ in lines.by_ref() {});
+        Self { child, gateway }
+    }
+
+    /// `gateway` + `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.gateway)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        for _ in 0..200 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The served model's name (the default model file's stem).
+pub const MODEL: &str = "smollm2-135m-instruct-q4_1";
+
+/// POST JSON, returning status, content type and body text.
+pub async fn post(url: &str, body: &serde_json::Value) -> (u16, String, String) {
+    post_raw(url, serde_json::to_vec(body).unwrap()).await
+}
+
+/// POST raw bytes as JSON.
+pub async fn post_raw(url: &str, body: Vec<u8>) -> (u16, String, String) {
+    let r = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let ctype = r
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (status, ctype, r.text().await.unwrap())
+}
+
+/// Parse an SSE body into its data records (JSON values; `[DONE]` as the string "[DONE]"),
+/// checking the framing: every record is `data: <payload>` followed by a blank line, or a
+/// comment line starting with `:`.
+pub fn sse_records(body: &str) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    for block in body.split("\n\n") {
+        if block.is_empty() {
+            continue;
+        }
+        if block.starts_with(':') {
+            continue;
+        }
+        let payload = block
+            .strip_prefix("data: ")
+            .unwrap_or_else(|| panic!("record is not `data: `: {block:?}"));
+        assert!(!payload.contains('\n'), "multi-line record: {block:?}");
+        if payload == "[DONE]" {
+            out.push(serde_json::Value::String("[DONE]".into()));
+        } else {
+            out.push(
+                serde_json::from_str(payload)
+                    .unwrap_or_else(|e| panic!("bad JSON {payload:?}: {e}")),
+            );
+        }
+    }
+    out
+}
+
+/// Joined text of a stream's chunks (chat deltas or completion texts) for choice `index`.
+pub fn joined_text(records: &[serde_json::Value], index: u64) -> String {
+    let mut s = String::new();
+    for r in records {
+        for c in r["choices"].as_array().into_iter().flatten() {
+            if c["index"].as_u64() == Some(index) {
+                if let Some(t) = c["delta"]["content"].as_str() {
+                    s.push_str(t);
+                }
+                if let Some(t) = c["text"].as_str() {
+                    s.push_str(t);
+                }
+            }
+        }
+    }
+    s
+}
+
+// ----- engine helpers -----
+
+use std::sync::{Arc, OnceLock};
+
+use flotilla::actors::engine_worker::{Engine, EngineConfig, SamplingParams, StepBatch, StepSeq};
+use flotilla::ids::{BlockId, SeqId};
+use flotilla::model::{LoadedModel, load_model, resolve_model_path};
+
+pub const GOLDEN: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../shared/models/smollm2-golden.json"
+);
+
+#[derive(Debug, Clone)]
+pub struct Case {
+    pub name: String,
+    pub prompt: String,
+    pub prompt_ids: Vec<u32>,
+    pub greedy_ids: Vec<u32>,
+    pub top5: Vec<(u32, f32)>,
+}
+
+pub fn golden() -> Vec<Case> {
+    let text = std::fs::read_to_string(GOLDEN).expect("golden file");
+    let j: serde_json::Value = serde_json::from_str(&text).expect("golden json");
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .expect("array")
+            .iter()
+            .map(|x| x.as_u64().expect("id") as u32)
+            .collect()
+    };
+    j["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| Case {
+            name: c["name"].as_str().expect("name").to_owned(),
+            prompt: c["prompt"].as_str().expect("prompt").to_owned(),
+            prompt_ids: ids(&c["prompt_ids"]),
+            greedy_ids: ids(&c["greedy_ids"]),
+            top5: c["step0_top5_logits"]
+                .as_array()
+                .expect("top5")
+                .iter()
+                .map(|p| {
+                    (
+                        p[0].as_u64().expect("id") as u32,
+                        p[1].as_f64().expect("logit") as f32,
+                    )
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+pub fn model() -> &'static LoadedModel {
+    static M: OnceLock<LoadedModel> = OnceLock::new();
+    M.get_or_init(|| {
+        let p = resolve_model_path(None).expect("model path (run `make model`)");
+        load_model(&p).expect("load model")
+    })
+}
+
+pub fn engine(m: &LoadedModel, num_blocks: usize) -> Engine {
+    Engine::new(
+        Arc::clone(&m.weights),
+        EngineConfig {
+            num_blocks,
+            ..EngineConfig::default()
+        },
+    )
+    .expect("engine")
+}
+
+pub fn seq(id: u64, tokens: &[u32], start_pos: usize, table: &[BlockId], sample: bool) -> StepSeq {
+    StepSeq {
+        seq_id: SeqId(id),
+        tokens: tokens.to_vec(),
+        start_pos,
+        block_table: table.to_vec(),
+        sampling: SamplingParams::default(),
+        sample,
+    }
+}
+
+pub fn blocks(range: std::ops::Range<u32>) -> Vec<BlockId> {
+    range.map(BlockId).collect()
+}
+
+/// Prefills `prompt` in one chunk, returns (step-0 logits, greedy ids up to `n` or EOS).
+pub fn greedy(engine: &mut Engine, prompt: &[u32], n: usize, eos: &[u32]) -> (Vec<f32>, Vec<u32>) {
+    let table = blocks(0..((prompt.len() + n) / 16 + 1) as u32);
+    let batch = StepBatch {
+        seqs: vec![seq(1, prompt, 0, &table, true)],
+    };
+    let logits = engine.logits(&batch).expect("prefill").remove(0);
+    let mut out = vec![flotilla::kernels::sample::argmax(&logits)];
+    let mut pos = prompt.len();
+    while out.len() < n && !eos.contains(out.last().expect("nonempty")) {
+        let last = *out.last().expect("nonempty");
+        let b = StepBatch {
+            seqs: vec![seq(1, &[last], pos, &table, true)],
+        };
+        let o = engine.step(&b).expect("decode");
+        out.push(o.tokens[0].token);
+        pos += 1;
+    }
+    (logits, out)
+}
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).fold(0.0, |m, (x, y)| m.max((x - y).abs()))
 }

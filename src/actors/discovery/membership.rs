@@ -33,13 +33,25 @@ pub struct ActorView {
     pub state: String,
 }
 
-/// One worker (replica) of a node.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One worker (replica) of a node, with its load as of the node's last heartbeat.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct WorkerView {
-    /// Worker id (`<node>/r<k>`).
+    /// Worker id (`<node>/replica-<k>`).
     pub id: String,
     /// ractor status of the replica supervisor.
     pub state: String,
+    /// Sequences running (admitted) on its scheduler.
+    #[serde(default)]
+    pub running: usize,
+    /// Sequences waiting for admission.
+    #[serde(default)]
+    pub waiting: usize,
+    /// KV blocks pinned by live sequences.
+    #[serde(default)]
+    pub kv_blocks_used: usize,
+    /// KV blocks in its pool.
+    #[serde(default)]
+    pub kv_blocks_total: usize,
 }
 
 /// What a node says about itself in every heartbeat.

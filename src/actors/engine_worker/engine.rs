@@ -4,9 +4,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use super::types::{EngineInfo, SampledToken, StepBatch, StepOutput};
 use crate::ids::SeqId;
-use crate::kernels::sample::{SeqRng, sample, seq_rng};
+use crate::kernels::sample::{SeqRng, choose, log_prob, seq_rng};
 use crate::kernels::{Backend, Device, Rope};
 use crate::model::forward::{ForwardError, ForwardSeq, forward};
 use crate::model::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache};
@@ -21,6 +23,24 @@ pub enum EngineError {
     InvalidBatch(#[from] ForwardError),
     #[error("engine worker unavailable: {0}")]
     Unavailable(String),
+}
+
+impl EngineError {
+    /// Coarse class for metrics, retries and HTTP status: a bad batch or config is the
+    /// caller's fault (`InvalidRequest`), an unavailable worker may be retried elsewhere.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            EngineError::Config(_) | EngineError::InvalidBatch(_) => ErrorKind::InvalidRequest,
+            EngineError::Unavailable(_) => ErrorKind::Unavailable,
+        }
+    }
+}
+
+/// See [`EngineError::kind`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    InvalidRequest,
+    Unavailable,
 }
 
 /// Engine construction parameters.
@@ -123,13 +143,15 @@ impl Engine {
                 want_logits: all_logits || s.sample,
             })
             .collect();
-        Ok(forward(
+        let (w, be, rope, kv) = (
             &self.weights,
             self.backend.as_ref(),
             &self.rope,
             &mut self.kv,
-            &seqs,
-        )?)
+        );
+        // Run the whole pass on a rayon worker: nested parallel ops then fork-join by work
+        // stealing instead of handing every op from this thread to the pool and back.
+        Ok(rayon::scope(|_| forward(w, be, rope, kv, &seqs))?)
     }
 
     /// Runs one batched forward pass and samples one token for every sequence with
@@ -138,21 +160,28 @@ impl Engine {
     pub fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, EngineError> {
         let logits = self.run(batch, false)?;
         let vocab = self.weights.lm_head().rows;
-        let mut rows = logits.chunks_exact(vocab);
-        let mut tokens = Vec::new();
-        for s in batch.seqs.iter().filter(|s| s.sample) {
-            let Some(row) = rows.next() else { break };
-            let rng = self
-                .rngs
-                .entry(s.seq_id)
-                .or_insert_with(|| seq_rng(s.sampling.seed));
-            let (token, logprob) = sample(row, &s.sampling, rng);
-            tokens.push(SampledToken {
-                seq_id: s.seq_id,
-                token,
-                logprob,
-            });
-        }
+        let mut tokens: Vec<SampledToken> = batch
+            .seqs
+            .iter()
+            .filter(|s| s.sample)
+            .zip(logits.chunks_exact(vocab))
+            .map(|(s, row)| {
+                let rng = self
+                    .rngs
+                    .entry(s.seq_id)
+                    .or_insert_with(|| seq_rng(s.sampling.seed));
+                SampledToken {
+                    seq_id: s.seq_id,
+                    token: choose(row, &s.sampling, rng),
+                    logprob: 0.0,
+                }
+            })
+            .collect();
+        // Logprobs (a pass over the vocabulary each) in parallel across sequences.
+        tokens
+            .par_iter_mut()
+            .zip(logits.par_chunks_exact(vocab))
+            .for_each(|(t, row)| t.logprob = log_prob(row, t.token));
         Ok(StepOutput { tokens })
     }
 

@@ -1,5 +1,5 @@
-//! HTTP routes: `/live`, `/health`, `/metrics`, `/v1/fleet`; everything else is a 404 in the
-//! OpenAI error shape.
+//! HTTP routes: the OpenAI routes (`serve.rs`), `/live`, `/health`, `/metrics`, `/v1/fleet`;
+//! everything else is a 404 in the OpenAI error shape.
 
 use super::error::{ApiError, ErrorKind};
 use crate::actors::discovery;
@@ -23,6 +23,8 @@ pub struct GatewayShared {
     pub metrics: PrometheusHandle,
     /// Largest accepted body.
     pub max_body_bytes: usize,
+    /// The generation routes' state; `None` when this gateway serves no model (they answer 503).
+    pub serving: Option<Arc<super::serve::Serving>>,
 }
 
 impl GatewayShared {
@@ -39,14 +41,17 @@ impl GatewayShared {
 
 /// The gateway's router (no socket: tests drive it with `tower::ServiceExt::oneshot`).
 pub fn app(shared: Arc<GatewayShared>) -> Router {
-    let limit = shared.max_body_bytes;
+    use super::serve;
     Router::new()
+        .route("/v1/chat/completions", axum::routing::post(serve::chat))
+        .route("/v1/completions", axum::routing::post(serve::completions))
+        .route("/v1/models", get(serve::models))
+        .route("/v1/models/{id}", get(serve::model))
         .route("/live", get(live))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/fleet", get(fleet))
         .fallback(not_found)
-        .layer(tower_http::limit::RequestBodyLimitLayer::new(limit))
         .with_state(shared)
 }
 

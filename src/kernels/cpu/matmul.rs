@@ -1,9 +1,10 @@
 //! `y = x·Wᵀ` on the CPU for every [`WeightMatrix`] storage.
 //!
 //! - f32 weights: the `gemm` crate (AVX-512 kernels, rayon).
-//! - Quantised weights, `m == 1` (single-stream decode): weights are dequantised *in
-//!   registers* block by block and multiplied with f32 activations, 4 weight rows at a time.
-//! - Quantised weights, `1 < m <` [`GEMM_MIN_M`] (batched decode, short prefill chunks): a
+//! - Quantised weights, `m <= 32` (decode batches): weights are dequantised *in
+//!   registers* block by block and multiplied with f32 activations, 4 weight rows × up to 4
+//!   activation rows per register tile, prefetching 4 tiles ahead (AVX2: `m == 1` only).
+//! - Quantised weights, `32 < m <` [`GEMM_MIN_M`] (larger batches, prefill chunks): a
 //!   panel of 64 weight rows is dequantised into an L2-resident f32 scratch, then swept by a
 //!   4×4 register tile for every group of 4 activation rows.
 //! - Quantised weights, large `m` (prefill): tiles of rows are dequantised to f32 and multiplied
@@ -78,6 +79,29 @@ pub fn matmul(x: &[f32], m: usize, w: &WeightMatrix, y: &mut [f32]) {
     matmul_impl(x, m, w, y, isa());
 }
 
+/// `ys[i][m, ws[i].rows] = x[m, k] · ws[i]ᵀ` for matrices sharing the input width `k`
+/// (e.g. the q/k/v or gate/up projections): one parallel region for all of them when they are
+/// quantised and `m` is small.
+pub fn matmul_many(x: &[f32], m: usize, ws: &[&WeightMatrix], ys: &mut [&mut [f32]]) {
+    assert_eq!(ws.len(), ys.len(), "matmul_many: one output per matrix");
+    let fused = m > 0
+        && m < GEMM_MIN_M
+        && ws
+            .iter()
+            .all(|w| !matches!(w.data, MatrixData::F32(_)) && w.cols == ws[0].cols);
+    if !fused {
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            matmul(x, m, w, y);
+        }
+        return;
+    }
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        assert_eq!(x.len(), m * w.cols, "matmul_many: x has wrong length");
+        assert_eq!(y.len(), m * w.rows, "matmul_many: y has wrong length");
+    }
+    quant_small_m(x, m, ws, ys, isa());
+}
+
 /// [`matmul`] with an explicit instruction set (must be supported by this CPU: at most
 /// [`isa()`]; anything else falls back to portable code).
 pub fn matmul_with(x: &[f32], m: usize, w: &WeightMatrix, y: &mut [f32], want: Isa) {
@@ -112,7 +136,7 @@ fn matmul_impl(x: &[f32], m: usize, w: &WeightMatrix, y: &mut [f32], simd: Isa) 
                 r0 += t;
             }
         }
-        _ => quant_small_m(x, m, w, y, simd),
+        _ => quant_small_m(x, m, &[w], &mut [y], simd),
     }
 }
 
@@ -168,99 +192,121 @@ pub(super) const R: usize = 4;
 const PANEL: usize = 64;
 /// Activation rows handled per register tile.
 pub(super) const C: usize = 4;
+/// Up to this many activation rows, AVX-512 runs the in-register dequantising kernels (each
+/// block dequantised once per `C` rows; measured faster than the panel path for batches of 8
+/// and 32 on the project's VM); above it, the f32 panel path.
+const Q_PATH_MAX_M: usize = 32;
 
-fn quant_small_m(x: &[f32], m: usize, w: &WeightMatrix, y: &mut [f32], simd: Isa) {
-    let (n, k) = (w.rows, w.cols);
-    let nb = k / QK;
-    let threads = rayon::current_num_threads().max(1);
-    let rows_per_task = (n / (threads * 8)).clamp(R * 4, 256) / R * R;
-    if m == 1 {
-        small_m_into(x, 1, w, y, rows_per_task, nb, simd);
-        return;
+/// Whether `rows_task` uses the dequantised f32 panel path.
+fn panel_path(simd: Isa, m: usize) -> bool {
+    match simd {
+        Isa::Avx512 => m > Q_PATH_MAX_M,
+        Isa::Avx2 => m > 1,
+        Isa::Portable => false,
     }
-    // yt[n][m]: each task owns a contiguous slab of output rows; transposed at the end.
-    let mut yt = vec![0f32; n * m];
-    small_m_into(x, m, w, &mut yt, rows_per_task, nb, simd);
-    for i in 0..n {
-        for j in 0..m {
-            y[j * n + i] = yt[i * m + j];
+}
+
+/// `ys[i] = x · ws[i]ᵀ` for quantised `ws` and `m < GEMM_MIN_M`, as one parallel region
+/// (fewer fork-joins per layer, better balance for small matrices).
+fn quant_small_m(x: &[f32], m: usize, ws: &[&WeightMatrix], ys: &mut [&mut [f32]], simd: Isa) {
+    let total: usize = ws.iter().map(|w| w.rows).sum();
+    let threads = rayon::current_num_threads().max(1);
+    let rows_per_task = (total / (threads * 8)).clamp(R * 4, 256) / R * R;
+    let kmax = ws.iter().map(|w| w.cols).max().unwrap_or(0);
+    // Outputs as yt[n][m] (rows of W contiguous); for m == 1 that is y itself.
+    let mut yts: Vec<Vec<f32>> = if m > 1 {
+        ws.iter().map(|w| vec![0f32; w.rows * m]).collect()
+    } else {
+        Vec::new()
+    };
+    let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
+    let outs: Vec<&mut [f32]> = if m > 1 {
+        yts.iter_mut().map(Vec::as_mut_slice).collect()
+    } else {
+        ys.iter_mut().map(|y| &mut **y).collect()
+    };
+    for (i, out) in outs.into_iter().enumerate() {
+        for (t, chunk) in out.chunks_mut(rows_per_task * m).enumerate() {
+            tasks.push((i, t * rows_per_task, chunk));
+        }
+    }
+    let panel = if panel_path(simd, m) { PANEL * kmax } else { 0 };
+    tasks.into_par_iter().for_each_init(
+        || vec![0f32; panel],
+        |wbuf, (i, r_start, out)| rows_task(x, m, ws[i], out, r_start, simd, wbuf),
+    );
+    if m > 1 {
+        for ((w, yt), y) in ws.iter().zip(&yts).zip(ys.iter_mut()) {
+            let n = w.rows;
+            for r in 0..n {
+                for j in 0..m {
+                    y[j * n + r] = yt[r * m + j];
+                }
+            }
         }
     }
 }
 
-/// Fills `yt[n][m]` (`yt[r][j] = W[r]·x[j]`).
-fn small_m_into(
+/// Fills `out` = rows `r_start..` of `yt[n][m]` (`yt[r][j] = W[r]·x[j]`).
+fn rows_task(
     x: &[f32],
     m: usize,
     w: &WeightMatrix,
-    yt: &mut [f32],
-    rows_per_task: usize,
-    nb: usize,
+    out: &mut [f32],
+    r_start: usize,
     simd: Isa,
+    wbuf: &mut [f32],
 ) {
     let k = w.cols;
-    if simd != Isa::Portable && m > 1 {
+    let nb = k / QK;
+    let rows = out.len() / m;
+    if panel_path(simd, m) {
         // Dequantise a panel of PANEL rows once into f32 scratch (L2), then sweep it with
         // each C-row tile of x held in L1: x is streamed once per panel, not once per R rows.
-        yt.par_chunks_mut(rows_per_task * m)
-            .enumerate()
-            .for_each_init(
-                || vec![0f32; PANEL * k],
-                |wbuf, (t, out)| {
-                    let r_start = t * rows_per_task;
-                    let rows = out.len() / m;
-                    for p0 in (0..rows).step_by(PANEL) {
-                        let pr = PANEL.min(rows - p0);
-                        for i in 0..pr {
-                            dequant_row(w, r_start + p0 + i, &mut wbuf[i * k..(i + 1) * k], simd);
-                        }
-                        let mut c = 0;
-                        while c < m {
-                            let cc = (m - c).min(C);
-                            let xs = &x[c * k..(c + cc) * k];
-                            let mut r = 0;
-                            while r < pr {
-                                let rr = if pr - r >= R { R } else { 1 };
-                                let mut acc = [[0f32; C]; R];
-                                f32_tile(&wbuf[r * k..(r + rr) * k], rr, xs, cc, k, &mut acc, simd);
-                                for i in 0..rr {
-                                    for j in 0..cc {
-                                        out[(p0 + r + i) * m + c + j] = acc[i][j];
-                                    }
-                                }
-                                r += rr;
-                            }
-                            c += cc;
-                        }
-                    }
-                },
-            );
-        return;
-    }
-    yt.par_chunks_mut(rows_per_task * m)
-        .enumerate()
-        .for_each(|(t, out)| {
-            let r_start = t * rows_per_task;
-            let rows = out.len() / m;
-            let mut r = 0;
-            while r < rows {
-                let rr = if rows - r >= R { R } else { 1 };
-                let mut c = 0;
-                while c < m {
-                    let cc = (m - c).min(C);
-                    let xs = &x[c * k..(c + cc) * k];
+        for p0 in (0..rows).step_by(PANEL) {
+            let pr = PANEL.min(rows - p0);
+            for i in 0..pr {
+                dequant_row(w, r_start + p0 + i, &mut wbuf[i * k..(i + 1) * k], simd);
+            }
+            let mut c = 0;
+            while c < m {
+                let cc = (m - c).min(C);
+                let xs = &x[c * k..(c + cc) * k];
+                let mut r = 0;
+                while r < pr {
+                    let rr = if pr - r >= R { R } else { 1 };
                     let mut acc = [[0f32; C]; R];
-                    tile(w, r_start + r, rr, nb, xs, cc, k, &mut acc, simd);
+                    f32_tile(&wbuf[r * k..(r + rr) * k], rr, xs, cc, k, &mut acc, simd);
                     for i in 0..rr {
                         for j in 0..cc {
-                            out[(r + i) * m + c + j] = acc[i][j];
+                            out[(p0 + r + i) * m + c + j] = acc[i][j];
                         }
                     }
-                    c += cc;
+                    r += rr;
                 }
-                r += rr;
+                c += cc;
             }
-        });
+        }
+        return;
+    }
+    let mut r = 0;
+    while r < rows {
+        let rr = if rows - r >= R { R } else { 1 };
+        let mut c = 0;
+        while c < m {
+            let cc = (m - c).min(C);
+            let xs = &x[c * k..(c + cc) * k];
+            let mut acc = [[0f32; C]; R];
+            tile(w, r_start + r, rr, nb, xs, cc, k, &mut acc, simd);
+            for i in 0..rr {
+                for j in 0..cc {
+                    out[(r + i) * m + c + j] = acc[i][j];
+                }
+            }
+            c += cc;
+        }
+        r += rr;
+    }
 }
 
 /// Dequantises row `r` of `w` into `out` (`[cols]` f32) with the given instruction set.
@@ -363,34 +409,52 @@ fn tile(
     simd: Isa,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if cc == 1 {
+    if cc == 1 || simd == Isa::Avx512 {
         let b0 = row0 * nb;
         // SAFETY: `simd` never names an instruction set the CPU lacks; slices cover `rr` rows
-        // of `nb` blocks and one activation row of `k` floats (asserted inside the kernels).
+        // of `nb` blocks and `cc` activation rows of `k` floats (asserted inside the kernels).
         unsafe {
-            match (&w.data, simd, rr) {
-                (MatrixData::Q4_1(b), Isa::Avx512, R) => {
+            match (&w.data, simd, rr, cc) {
+                (MatrixData::Q4_1(b), Isa::Avx512, R, 4) => {
+                    return avx512::q4_1::<R, 4>(&b[b0..], nb, xs, k, acc);
+                }
+                (MatrixData::Q4_1(b), Isa::Avx512, R, 3) => {
+                    return avx512::q4_1::<R, 3>(&b[b0..], nb, xs, k, acc);
+                }
+                (MatrixData::Q4_1(b), Isa::Avx512, R, 2) => {
+                    return avx512::q4_1::<R, 2>(&b[b0..], nb, xs, k, acc);
+                }
+                (MatrixData::Q4_1(b), Isa::Avx512, R, 1) => {
                     return avx512::q4_1::<R, 1>(&b[b0..], nb, xs, k, acc);
                 }
-                (MatrixData::Q4_1(b), Isa::Avx512, _) => {
+                (MatrixData::Q4_1(b), Isa::Avx512, 1, 1) => {
                     return avx512::q4_1::<1, 1>(&b[b0..], nb, xs, k, acc);
                 }
-                (MatrixData::Q8_0(b), Isa::Avx512, R) => {
+                (MatrixData::Q8_0(b), Isa::Avx512, R, 4) => {
+                    return avx512::q8_0::<R, 4>(&b[b0..], nb, xs, k, acc);
+                }
+                (MatrixData::Q8_0(b), Isa::Avx512, R, 3) => {
+                    return avx512::q8_0::<R, 3>(&b[b0..], nb, xs, k, acc);
+                }
+                (MatrixData::Q8_0(b), Isa::Avx512, R, 2) => {
+                    return avx512::q8_0::<R, 2>(&b[b0..], nb, xs, k, acc);
+                }
+                (MatrixData::Q8_0(b), Isa::Avx512, R, 1) => {
                     return avx512::q8_0::<R, 1>(&b[b0..], nb, xs, k, acc);
                 }
-                (MatrixData::Q8_0(b), Isa::Avx512, _) => {
+                (MatrixData::Q8_0(b), Isa::Avx512, 1, 1) => {
                     return avx512::q8_0::<1, 1>(&b[b0..], nb, xs, k, acc);
                 }
-                (MatrixData::Q4_1(b), Isa::Avx2, R) => {
+                (MatrixData::Q4_1(b), Isa::Avx2, R, 1) => {
                     return avx2::q4_1::<R>(&b[b0..], nb, xs, acc);
                 }
-                (MatrixData::Q4_1(b), Isa::Avx2, _) => {
+                (MatrixData::Q4_1(b), Isa::Avx2, _, 1) => {
                     return avx2::q4_1::<1>(&b[b0..], nb, xs, acc);
                 }
-                (MatrixData::Q8_0(b), Isa::Avx2, R) => {
+                (MatrixData::Q8_0(b), Isa::Avx2, R, 1) => {
                     return avx2::q8_0::<R>(&b[b0..], nb, xs, acc);
                 }
-                (MatrixData::Q8_0(b), Isa::Avx2, _) => {
+                (MatrixData::Q8_0(b), Isa::Avx2, _, 1) => {
                     return avx2::q8_0::<1>(&b[b0..], nb, xs, acc);
                 }
                 _ => {}
@@ -500,6 +564,32 @@ mod tests {
                         assert!((a - b).abs() < 1e-4, "m={m} {simd:?} {a} vs {b}");
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn matmul_many_matches_single() {
+        let k = 64;
+        let mats: Vec<WeightMatrix> = [40usize, 8, 24]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| WeightMatrix {
+                rows: n,
+                cols: k,
+                data: MatrixData::Q4_1(quantize_q4_1(&data(n * k, 11 + i as u32))),
+            })
+            .collect();
+        for m in [1, 3, 9] {
+            let x = data(m * k, 5);
+            let mut ys: Vec<Vec<f32>> = mats.iter().map(|w| vec![0.0; m * w.rows]).collect();
+            let refs: Vec<&WeightMatrix> = mats.iter().collect();
+            let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(Vec::as_mut_slice).collect();
+            matmul_many(&x, m, &refs, &mut outs);
+            for (w, y) in mats.iter().zip(&ys) {
+                let mut single = vec![0.0; m * w.rows];
+                matmul(&x, m, w, &mut single);
+                assert_eq!(y, &single, "m={m}");
             }
         }
     }

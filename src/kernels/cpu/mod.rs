@@ -1,4 +1,4 @@
-//! CPU implementation of [`Backend`](super::Backend); see the parent module for the file map.
+//! CPU implementation of [`super::Backend`]; see the parent module for the file map.
 
 pub mod activation;
 pub mod attention;
@@ -25,6 +25,9 @@ impl Backend for CpuBackend {
     fn matmul(&self, x: &[f32], m: usize, w: &WeightMatrix, y: &mut [f32]) {
         matmul::matmul(x, m, w, y);
     }
+    fn matmul_many(&self, x: &[f32], m: usize, ws: &[&WeightMatrix], ys: &mut [&mut [f32]]) {
+        matmul::matmul_many(x, m, ws, ys);
+    }
     fn rms_norm(&self, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
         norm::rms_norm(x, w, eps, out);
     }
@@ -33,6 +36,12 @@ impl Backend for CpuBackend {
             return;
         }
         let row = x.len() / positions.len();
+        if positions.len() < 16 {
+            for (r, &p) in x.chunks_mut(row).zip(positions) {
+                rope.apply(r, p);
+            }
+            return;
+        }
         x.par_chunks_mut(row)
             .zip(positions.par_iter())
             .for_each(|(r, &p)| rope.apply(r, p));

@@ -9,6 +9,9 @@ use std::arch::x86_64::*;
 use super::matmul::{C, R};
 use crate::kernels::quant::{BlockQ4_1, BlockQ8_0};
 
+/// How many register tiles ahead the weight blocks are prefetched.
+const PF_TILES: usize = 4;
+
 #[inline(always)]
 unsafe fn f16_to_f32(bits: u16) -> f32 {
     unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) }
@@ -89,6 +92,10 @@ macro_rules! q_rows_times_x {
                         _mm256_loadu_ps(xb.wrapping_add(24)),
                     ];
                     for i in 0..RR {
+                        // Same block, PF_TILES tiles ahead (see `simd.rs`); never faults.
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            wp.wrapping_add((PF_TILES * RR + i) * nb + b).cast(),
+                        );
                         let wv = $deq(&*wp.wrapping_add(i * nb + b));
                         for q in 0..4 {
                             acc[i] = _mm256_fmadd_ps(wv[q], xv[q], acc[i]);

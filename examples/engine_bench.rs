@@ -1,0 +1,136 @@
+//! Engine throughput next to the memory-bandwidth bound, measured interleaved in one run.
+//!
+//! `cargo run --example engine_bench [-- ROUNDS]`: per round, measures (1) read bandwidth of
+//! a 1 GiB buffer with all rayon threads, (2) prefill of a 512-token prompt, (3) decode at
+//! batch 1, 8 and 32 (greedy, 32 steps after a 16-token prefill per sequence). Prints the
+//! median of each row over the rounds as a Markdown table.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use flotilla::actors::engine_worker::{Engine, EngineConfig, SamplingParams, StepBatch, StepSeq};
+use flotilla::ids::{BlockId, SeqId};
+use flotilla::model::{load_model, resolve_model_path};
+use rayon::prelude::*;
+
+fn bandwidth_gbs(buf: &[u64]) -> f64 {
+    let t = Instant::now();
+    let s: u64 = buf
+        .par_chunks(1 << 16)
+        .map(|c| c.iter().fold(0u64, |a, &v| a.wrapping_add(v)))
+        .reduce(|| 0, u64::wrapping_add);
+    let dt = t.elapsed().as_secs_f64();
+    std::hint::black_box(s);
+    (buf.len() * 8) as f64 / dt / 1e9
+}
+
+fn seq(id: u64, tokens: Vec<u32>, start_pos: usize, table: &[BlockId], sample: bool) -> StepSeq {
+    StepSeq {
+        seq_id: SeqId(id),
+        tokens,
+        start_pos,
+        block_table: table.to_vec(),
+        sampling: SamplingParams::default(),
+        sample,
+    }
+}
+
+fn prefill_tps(e: &mut Engine, prompt: &[u32]) -> anyhow::Result<f64> {
+    let table: Vec<BlockId> = (0..(prompt.len() / 16 + 1) as u32).map(BlockId).collect();
+    let t = Instant::now();
+    e.step(&StepBatch {
+        seqs: vec![seq(0, prompt.to_vec(), 0, &table, true)],
+    })?;
+    Ok(prompt.len() as f64 / t.elapsed().as_secs_f64())
+}
+
+fn decode_tps(e: &mut Engine, prompt: &[u32], batch: usize, steps: usize) -> anyhow::Result<f64> {
+    let per = (prompt.len() + steps) / 16 + 1;
+    let tables: Vec<Vec<BlockId>> = (0..batch)
+        .map(|i| (0..per).map(|b| BlockId((i * per + b) as u32)).collect())
+        .collect();
+    let pre: Vec<StepSeq> = (0..batch)
+        .map(|i| seq(i as u64, prompt.to_vec(), 0, &tables[i], true))
+        .collect();
+    let mut last: Vec<u32> = e
+        .step(&StepBatch { seqs: pre })?
+        .tokens
+        .iter()
+        .map(|t| t.token)
+        .collect();
+    let t = Instant::now();
+    for s in 0..steps {
+        let seqs = (0..batch)
+            .map(|i| seq(i as u64, vec![last[i]], prompt.len() + s, &tables[i], true))
+            .collect();
+        last = e
+            .step(&StepBatch { seqs })?
+            .tokens
+            .iter()
+            .map(|t| t.token)
+            .collect();
+    }
+    Ok((batch * steps) as f64 / t.elapsed().as_secs_f64())
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() -> anyhow::Result<()> {
+    let rounds: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(3);
+    let model = load_model(&resolve_model_path(None)?)?;
+    let bytes_per_step = model.weights.bytes_per_decode_step();
+    let mut e = Engine::new(
+        Arc::clone(&model.weights),
+        EngineConfig {
+            num_blocks: 32 * 4 + 40,
+            ..Default::default()
+        },
+    )?;
+    let text = "The history of the printing press begins in the fifteenth century, when movable type changed how books were made and read across Europe. ".repeat(30);
+    let ids = model.tokenizer.encode(&text)?;
+    let p512 = &ids[..512];
+    let p16 = &ids[..16];
+    let names = [
+        "bandwidth GB/s",
+        "decode bound tok/s",
+        "prefill 512 tok/s",
+        "decode b=1 tok/s",
+        "decode b=8 tok/s",
+        "decode b=32 tok/s",
+    ];
+    let mut rows: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
+    let buf: Vec<u64> = (0..(1u64 << 27)).collect();
+    for r in 0..rounds {
+        let bw = bandwidth_gbs(&buf);
+        rows[0].push(bw);
+        rows[1].push(bw * 1e9 / bytes_per_step as f64);
+        rows[2].push(prefill_tps(&mut e, p512)?);
+        rows[3].push(decode_tps(&mut e, p16, 1, 32)?);
+        rows[4].push(decode_tps(&mut e, p16, 8, 32)?);
+        rows[5].push(decode_tps(&mut e, p16, 32, 32)?);
+        eprintln!(
+            "round {r}: {:?}",
+            rows.iter()
+                .map(|v| v.last().copied().unwrap_or(0.0))
+                .collect::<Vec<_>>()
+        );
+    }
+    println!(
+        "weights read per decode step: {:.1} MB; threads: {}; kernels: {:?}",
+        bytes_per_step as f64 / 1e6,
+        rayon::current_num_threads(),
+        flotilla::kernels::cpu::matmul::isa()
+    );
+    println!("| metric | median of {rounds} | all rounds |\n|---|---|---|");
+    for (n, v) in names.iter().zip(rows.iter_mut()) {
+        let all: Vec<String> = v.iter().map(|x| format!("{x:.1}")).collect();
+        println!("| {n} | {:.1} | {} |", median(v), all.join(", "));
+    }
+    Ok(())
+}

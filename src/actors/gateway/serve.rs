@@ -1,0 +1,538 @@
+//! The generation routes: `POST /v1/chat/completions`, `POST /v1/completions`, streaming (SSE)
+//! and not, plus `GET /v1/models[/{id}]`.
+//!
+//! Order of work for one request: read the body (413 past `gateway.max_body_bytes`, without
+//! buffering more) → parse and validate (`openai::request`) → check the model (404) →
+//! tokenize (`frontend.rs`) → check the context (400) → one Request actor per choice → wait
+//! for each choice's first event, so that a refusal (no worker: 503; can never fit: 400) is
+//! an HTTP status before any stream header → stream or collect.
+//!
+//! Per choice, tokens go through the incremental detokenizer, then the stop-string matcher
+//! (text that might start a stop string is held back, never sent); a stop-string match cancels
+//! the request at its worker. Documented choices: `completion_tokens` counts every token the
+//! model generated for the choice, including the end-of-sequence token and the token that
+//! completed a stop string; `logprobs` carry the chosen token's logprob and no alternatives
+//! (`top_logprobs` lists are empty); a failure after the stream started is one SSE error
+//! record, then the stream ends without `[DONE]`; keep-alive comments are sent every
+//! [`KEEP_ALIVE`] while a stream waits for tokens.
+
+use super::error::{ApiError, ErrorKind};
+use super::frontend::{Frontend, TokRef};
+use super::openai::detok::IncrementalDetokenizer;
+use super::openai::request::{RequestKind, check_model, model_not_found, parse_request};
+use super::openai::response::{
+    self, ChoiceOutput, FinishReason, ResponseMeta, StreamState, TokenLogprob, Usage,
+};
+use super::openai::sse;
+use super::openai::stop::StopMatcher;
+use super::routes::GatewayShared;
+use crate::actors::engine_worker::SamplingParams;
+use crate::actors::request::{Job, Request, RequestArgs, RequestMsg};
+use crate::actors::token_sink::{Finish, SinkRegistry, TokenEventKind};
+use crate::ids::{NodeId, RequestId};
+use crate::supervisors::{ChildSpec, Restart, Shutdown, SupervisorMsg};
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use ractor::ActorRef;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// Interval of SSE keep-alive comments while a stream waits.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(10);
+
+/// What the generation routes share.
+pub struct Serving {
+    /// The model.
+    pub frontend: Arc<Frontend>,
+    /// This node.
+    pub node: NodeId,
+    /// Where this node's TokenSink delivers.
+    pub registry: SinkRegistry,
+    /// Registered name of the request supervisor.
+    pub request_sup: String,
+    /// Request id counter.
+    pub next_id: AtomicU64,
+}
+
+fn unavailable(msg: &str) -> ApiError {
+    let mut e = ApiError::new(ErrorKind::Unavailable, msg);
+    e.retry_after_s = Some(1);
+    e
+}
+
+fn status_error(status: u16, message: String) -> ApiError {
+    let kind = match status {
+        400 => ErrorKind::InvalidRequest,
+        503 => ErrorKind::Unavailable,
+        _ => ErrorKind::Internal,
+    };
+    let mut e = ApiError::new(kind, message);
+    if kind == ErrorKind::Unavailable {
+        e.retry_after_s = Some(1);
+    }
+    e
+}
+
+async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<axum::body::Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            ErrorKind::PayloadTooLarge,
+            format!("request body exceeds the limit of {limit} bytes"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| too_large())
+}
+
+/// Cancels every choice still running when dropped (client gone, error, or done).
+struct CancelGuard(Vec<ActorRef<RequestMsg>>);
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        for r in &self.0 {
+            let _ = r.cast(RequestMsg::Cancel);
+        }
+    }
+}
+
+/// One choice's decoding state.
+struct Choice {
+    detok: IncrementalDetokenizer<TokRef>,
+    stop: StopMatcher,
+    tokenizer: TokRef,
+    want_logprobs: bool,
+    completion_tokens: u32,
+    cached_tokens: u32,
+    finish: Option<FinishReason>,
+}
+
+/// What one event produced for the client.
+struct Produced {
+    text: String,
+    logprobs: Vec<TokenLogprob>,
+}
+
+impl Choice {
+    fn on_event(&mut self, ev: TokenEventKind) -> Result<Produced, ApiError> {
+        let mut out = Produced {
+            text: String::new(),
+            logprobs: Vec::new(),
+        };
+        match ev {
+            TokenEventKind::Admitted { cached_tokens, .. } => self.cached_tokens = cached_tokens,
+            TokenEventKind::Failed { message, status } => {
+                return Err(status_error(status, message));
+            }
+            TokenEventKind::Token {
+                id,
+                logprob,
+                finish,
+            } => {
+                if self.finish.is_some() {
+                    return Ok(out);
+                }
+                self.completion_tokens += 1;
+                let mut piece = self.detok.step(id)?;
+                if finish.is_some() {
+                    piece.push_str(&self.detok.finish()?);
+                }
+                let step = self.stop.feed(&piece);
+                out.text = step.release;
+                if step.stopped.is_some() {
+                    self.finish = Some(FinishReason::Stop);
+                } else if let Some(f) = finish {
+                    out.text.push_str(&self.stop.finish());
+                    self.finish = Some(match f {
+                        Finish::Stop => FinishReason::Stop,
+                        Finish::Length | Finish::ContextLimit => FinishReason::Length,
+                    });
+                }
+                if self.want_logprobs {
+                    let token = self.tokenizer.0.decode(&[id], false).unwrap_or_default();
+                    out.logprobs.push(TokenLogprob {
+                        token,
+                        logprob,
+                        top: vec![],
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+struct Started {
+    kind: RequestKind,
+    stream: bool,
+    include_usage: bool,
+    meta: ResponseMeta,
+    prompt_tokens: u32,
+    choices: Vec<Choice>,
+    rx: mpsc::UnboundedReceiver<(u32, TokenEventKind)>,
+    pending: Vec<(u32, TokenEventKind)>,
+    guard: CancelGuard,
+    t0: Instant,
+}
+
+async fn spawn_choice(
+    serving: &Serving,
+    job: Job,
+    index: u32,
+    merged: mpsc::UnboundedSender<(u32, TokenEventKind)>,
+) -> Result<ActorRef<RequestMsg>, ApiError> {
+    let sup: ActorRef<SupervisorMsg> = ractor::registry::where_is(serving.request_sup.clone())
+        .ok_or_else(|| unavailable("the gateway is restarting"))?
+        .into();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(ev) = rx.recv().await {
+            if merged.send((index, ev)).is_err() {
+                break;
+            }
+        }
+    });
+    let name = format!("{}/request-{}", serving.node, job.request);
+    let args = RequestArgs {
+        job: job.clone(),
+        registry: serving.registry.clone(),
+        events: tx,
+    };
+    let spec = ChildSpec::actor(format!("request-{}", job.request), Some(name), move || {
+        (Request, args.clone())
+    })
+    .restart(Restart::Temporary)
+    .shutdown(Shutdown::Timeout(Duration::from_secs(1)));
+    let cell = ractor::call!(sup, SupervisorMsg::StartChild, spec)
+        .map_err(|_| unavailable("the gateway is restarting"))?
+        .map_err(|e| {
+            tracing::error!(error = %e, "request actor failed to start");
+            ApiError::new(ErrorKind::Internal, "internal error starting the request")
+        })?;
+    Ok(cell.into())
+}
+
+async fn start(
+    s: &GatewayShared,
+    kind: RequestKind,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Started, ApiError> {
+    let serving = s
+        .serving
+        .as_ref()
+        .ok_or_else(|| unavailable("this gateway serves no model"))?;
+    let bytes = read_body(headers, body, s.max_body_bytes).await?;
+    let req = parse_request(kind, &bytes)?;
+    let fe = &serving.frontend;
+    check_model(&req.model, &[fe.model_id.as_str()])?;
+    let prompt = fe.prompt_ids(&req)?;
+    let max_tokens = req.check_context(prompt.len(), fe.context_len)?;
+    let t0 = Instant::now();
+    let first_id = serving
+        .next_id
+        .fetch_add(u64::from(req.n), Ordering::Relaxed);
+    let (merged_tx, rx) = mpsc::unbounded_channel();
+    let mut guard = CancelGuard(Vec::new());
+    let mut choices = Vec::new();
+    for i in 0..req.n {
+        let sp = &req.sampling;
+        let job = Job {
+            node: serving.node.clone(),
+            request: RequestId(first_id + u64::from(i)),
+            prompt: prompt.clone(),
+            max_tokens,
+            sampling: SamplingParams {
+                temperature: sp.temperature,
+                top_p: sp.top_p,
+                top_k: sp.top_k.unwrap_or(0) as usize,
+                seed: sp.seed.map(|x| x.wrapping_add(u64::from(i))),
+                logprobs: req.logprobs.is_some(),
+            },
+            stop_token_ids: vec![],
+            ignore_eos: req.ignore_eos,
+        };
+        guard
+            .0
+            .push(spawn_choice(serving, job, i, merged_tx.clone()).await?);
+        let tok = TokRef(fe.tokenizer.clone());
+        choices.push(Choice {
+            detok: IncrementalDetokenizer::with_context(tok.clone(), &prompt),
+            stop: StopMatcher::new(&req.stop),
+            tokenizer: tok,
+            want_logprobs: req.logprobs.is_some(),
+            completion_tokens: 0,
+            cached_tokens: 0,
+            finish: None,
+        });
+    }
+    drop(merged_tx);
+    let mut started = Started {
+        kind,
+        stream: req.stream,
+        include_usage: req.include_usage,
+        meta: ResponseMeta {
+            id: response::response_id(kind, format!("{}-{first_id}", serving.node)),
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or_default(),
+            model: fe.model_id.clone(),
+        },
+        prompt_tokens: prompt.len() as u32,
+        choices,
+        rx,
+        pending: Vec::new(),
+        guard,
+        t0,
+    };
+    // Each choice's first event decides between an HTTP error and a response.
+    let mut heard = vec![false; req.n as usize];
+    while heard.iter().any(|h| !h) {
+        let (i, ev) = started
+            .rx
+            .recv()
+            .await
+            .ok_or_else(|| unavailable("the request ended unexpectedly"))?;
+        if let TokenEventKind::Failed { message, status } = ev {
+            return Err(status_error(status, message));
+        }
+        heard[i as usize] = true;
+        started.pending.push((i, ev));
+    }
+    Ok(started)
+}
+
+fn usage_of(st: &Started) -> Usage {
+    Usage {
+        prompt_tokens: st.prompt_tokens,
+        completion_tokens: st.choices.iter().map(|c| c.completion_tokens).sum(),
+        cached_tokens: st.choices.first().map(|c| c.cached_tokens).unwrap_or(0),
+    }
+}
+
+fn record(route: &'static str, outcome: &'static str, st: &Started) {
+    metrics::counter!("flotilla_requests_total", "route" => route, "outcome" => outcome)
+        .increment(1);
+    metrics::counter!("flotilla_prompt_tokens_total").increment(u64::from(st.prompt_tokens));
+    let completion: u32 = st.choices.iter().map(|c| c.completion_tokens).sum();
+    metrics::counter!("flotilla_completion_tokens_total").increment(u64::from(completion));
+    metrics::histogram!("flotilla_e2e_latency_seconds").record(st.t0.elapsed().as_secs_f64());
+}
+
+async fn collect(mut st: Started) -> Result<Response, ApiError> {
+    let n = st.choices.len();
+    let mut texts = vec![String::new(); n];
+    let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
+    let mut queue = std::mem::take(&mut st.pending);
+    let route = if st.kind == RequestKind::Chat {
+        "chat"
+    } else {
+        "completions"
+    };
+    loop {
+        if st.choices.iter().all(|c| c.finish.is_some()) {
+            break;
+        }
+        let (i, ev) = if queue.is_empty() {
+            st.rx
+                .recv()
+                .await
+                .ok_or_else(|| unavailable("the request ended unexpectedly"))?
+        } else {
+            queue.remove(0)
+        };
+        let c = &mut st.choices[i as usize];
+        let p = c
+            .on_event(ev)
+            .inspect_err(|_| record(route, "error", &st))?;
+        let c = &st.choices[i as usize];
+        if c.finish.is_some()
+            && let Some(r) = st.guard.0.get(i as usize)
+        {
+            let _ = r.cast(RequestMsg::Cancel); // a stop string may have ended it early
+        }
+        texts[i as usize].push_str(&p.text);
+        lps[i as usize].extend(p.logprobs);
+    }
+    let outputs: Vec<ChoiceOutput> = st
+        .choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| ChoiceOutput {
+            text: std::mem::take(&mut texts[i]),
+            finish_reason: c.finish.unwrap_or(FinishReason::Stop),
+            logprobs: c.want_logprobs.then(|| std::mem::take(&mut lps[i])),
+        })
+        .collect();
+    let usage = usage_of(&st);
+    record(route, "ok", &st);
+    Ok(Json(response::completion_body(
+        st.kind, &st.meta, &outputs, &usage,
+    ))
+    .into_response())
+}
+
+fn stream(st: Started) -> Response {
+    let route = if st.kind == RequestKind::Chat {
+        "chat"
+    } else {
+        "completions"
+    };
+    let body = async_stream::stream! {
+        let mut st = st;
+        let mut state = StreamState::new(st.kind, st.meta.clone(), st.choices.len() as u32, st.include_usage);
+        let mut queue = std::mem::take(&mut st.pending);
+        let mut first_token = true;
+        let mut last = Instant::now();
+        loop {
+            if st.choices.iter().all(|c| c.finish.is_some()) {
+                break;
+            }
+            let next = if queue.is_empty() {
+                tokio::select! {
+                    ev = st.rx.recv() => ev,
+                    _ = tokio::time::sleep(KEEP_ALIVE) => {
+                        yield Ok::<_, std::convert::Infallible>(sse::KEEP_ALIVE.to_owned());
+                        continue;
+                    }
+                }
+            } else {
+                Some(queue.remove(0))
+            };
+            let Some((i, ev)) = next else {
+                yield Ok(sse::error(&unavailable("the request ended unexpectedly")));
+                record(route, "error", &st);
+                return;
+            };
+            let is_token = matches!(ev, TokenEventKind::Token { .. });
+            let p = match st.choices[i as usize].on_event(ev) {
+                Ok(p) => p,
+                Err(e) => {
+                    yield Ok(sse::error(&e));
+                    record(route, "error", &st);
+                    return;
+                }
+            };
+            if is_token {
+                let now = Instant::now();
+                if first_token {
+                    metrics::histogram!("flotilla_ttft_seconds").record(st.t0.elapsed().as_secs_f64());
+                    first_token = false;
+                } else {
+                    metrics::histogram!("flotilla_itl_seconds").record((now - last).as_secs_f64());
+                }
+                last = now;
+            }
+            let lp = (!p.logprobs.is_empty()).then_some(p.logprobs.as_slice());
+            if let Some(chunk) = state.delta(i, &p.text, lp) {
+                yield Ok(sse::data(&chunk));
+            }
+            if let Some(reason) = st.choices[i as usize].finish {
+                if let Some(r) = st.guard.0.get(i as usize) {
+                    let _ = r.cast(RequestMsg::Cancel);
+                }
+                if let Some(chunk) = state.finish(i, reason) {
+                    yield Ok(sse::data(&chunk));
+                }
+            }
+        }
+        if let Some(chunk) = state.usage(&usage_of(&st)) {
+            yield Ok(sse::data(&chunk));
+        }
+        record(route, "ok", &st);
+        yield Ok(sse::DONE.to_owned());
+    };
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, sse::CONTENT_TYPE),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+async fn generate(
+    s: Arc<GatewayShared>,
+    kind: RequestKind,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let route = if kind == RequestKind::Chat {
+        "chat"
+    } else {
+        "completions"
+    };
+    let result = async {
+        let st = start(&s, kind, &headers, body).await?;
+        if st.stream {
+            Ok(stream(st))
+        } else {
+            collect(st).await
+        }
+    }
+    .await;
+    match result {
+        Ok(r) => r,
+        Err(e) => {
+            metrics::counter!("flotilla_requests_total", "route" => route, "outcome" => "rejected")
+                .increment(1);
+            e.into_response()
+        }
+    }
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat(State(s): State<Arc<GatewayShared>>, headers: HeaderMap, body: Body) -> Response {
+    generate(s, RequestKind::Chat, headers, body).await
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(
+    State(s): State<Arc<GatewayShared>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    generate(s, RequestKind::Completion, headers, body).await
+}
+
+/// `GET /v1/models`.
+pub async fn models(State(s): State<Arc<GatewayShared>>) -> Response {
+    let data: Vec<_> = s
+        .serving
+        .iter()
+        .map(|v| v.frontend.model_object())
+        .collect();
+    Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /v1/models/{id}`.
+pub async fn model(State(s): State<Arc<GatewayShared>>, Path(id): Path<String>) -> Response {
+    match s.serving.as_ref().filter(|v| v.frontend.model_id == id) {
+        Some(v) => Json(v.frontend.model_object()).into_response(),
+        None => model_not_found(&id).into_response(),
+    }
+}
+
+/// Requests in flight on this gateway.
+pub fn in_flight(serving: &Serving) -> usize {
+    serving.registry.len()
+}

@@ -1,0 +1,240 @@
+//! Request: one actor per in-flight request, a temporary child of the gateway's
+//! `request_sup`. It owns the request from placement to the last token: asks a Router for a
+//! worker, submits to that worker's Scheduler, receives the tokens through this node's
+//! TokenSink and hands them to the HTTP handler, and on the way out releases the placement.
+//!
+//! Cancellation: when the client goes away the handler's stream is dropped, which casts
+//! [`RequestMsg::Cancel`] (and the event channel closes, which is detected on the next
+//! event). The actor then cancels at the scheduler, which frees the sequence's KV blocks at
+//! once — the step already running completes, its token for this sequence is discarded. So
+//! the worker's KV usage is back where it was within one engine step of the disconnect.
+
+use crate::actors::engine_worker::SamplingParams;
+use crate::actors::router::{RouteRequest, RouterMsg, find_router};
+use crate::actors::scheduler::{SCHEDULER_GROUP, SchedulerMsg, SubmitRequest};
+use crate::actors::token_sink::{SinkRegistry, TokenEventKind};
+use crate::ids::{NodeId, RequestId, WorkerId};
+use crate::wire::Wire;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// How long placement may take before the request fails with 503 (ms).
+pub const ROUTE_TIMEOUT_MS: u64 = 5_000;
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// This (gateway) node.
+    pub node: NodeId,
+    /// Request id, unique on this node.
+    pub request: RequestId,
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Tokens to generate at most.
+    pub max_tokens: u32,
+    /// Sampling.
+    pub sampling: SamplingParams,
+    /// Extra stop token ids.
+    pub stop_token_ids: Vec<u32>,
+    /// Keep going past EOS.
+    pub ignore_eos: bool,
+}
+
+/// Spawn inputs.
+#[derive(Clone)]
+pub struct RequestArgs {
+    /// The job.
+    pub job: Job,
+    /// This node's sink registry.
+    pub registry: SinkRegistry,
+    /// Where events go (the HTTP handler).
+    pub events: mpsc::UnboundedSender<TokenEventKind>,
+}
+
+/// Request messages (local).
+#[derive(Debug)]
+pub enum RequestMsg {
+    /// An event from the worker.
+    Event(TokenEventKind),
+    /// The client is gone or the handler is done: cancel downstream and stop.
+    Cancel,
+}
+
+impl ractor::Message for RequestMsg {}
+
+/// The Request actor.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Request;
+
+/// Request state.
+pub struct RequestState {
+    args: RequestArgs,
+    worker: Option<WorkerId>,
+    done: bool,
+    forwarder: Option<JoinHandle<()>>,
+}
+
+fn scheduler_of(worker: &WorkerId) -> Option<ActorRef<SchedulerMsg>> {
+    let name = format!("{worker}/scheduler");
+    ractor::pg::get_members(&SCHEDULER_GROUP.to_owned())
+        .into_iter()
+        .find(|c| c.get_name().as_deref() == Some(name.as_str()))
+        .map(Into::into)
+}
+
+impl RequestState {
+    fn key(&self) -> (NodeId, RequestId) {
+        (self.args.job.node.clone(), self.args.job.request)
+    }
+
+    fn fail(&mut self, message: &str, status: u16) {
+        let _ = self.args.events.send(TokenEventKind::Failed {
+            message: message.to_owned(),
+            status,
+        });
+        self.done = true;
+    }
+
+    /// Cancel downstream (if still running) and release the placement; idempotent.
+    fn finish(&mut self, cancel: bool) {
+        if let Some(w) = self.worker.take() {
+            if cancel && let Some(s) = scheduler_of(&w) {
+                let _ = s.cast(SchedulerMsg::Cancel(Wire::encode(&self.key())));
+            }
+            if let Some(r) = find_router() {
+                let _ = r.cast(RouterMsg::Release(Wire::encode(&self.key())));
+            }
+        }
+        self.done = true;
+    }
+
+    async fn place(&mut self) -> Result<(), (String, u16)> {
+        let job = &self.args.job;
+        let router = find_router().ok_or(("no router is available".to_owned(), 503))?;
+        let req = RouteRequest {
+            node: job.node.clone(),
+            request: job.request,
+            prompt_tokens: job.prompt.len() as u32,
+        };
+        let pick = ractor::call_t!(
+            router,
+            RouterMsg::Route,
+            ROUTE_TIMEOUT_MS,
+            Wire::encode(&req)
+        )
+        .map_err(|_| ("the router did not answer".to_owned(), 503))?
+        .decode()
+        .map_err(|_| ("the router sent a malformed reply".to_owned(), 500))?;
+        let worker = pick.ok_or(("no worker is available".to_owned(), 503))?;
+        let scheduler =
+            scheduler_of(&worker).ok_or(("the chosen worker went away".to_owned(), 503))?;
+        self.worker = Some(worker);
+        let submit = SubmitRequest {
+            request: job.request,
+            reply_to: job.node.clone(),
+            prompt: job.prompt.clone(),
+            max_tokens: job.max_tokens,
+            sampling: job.sampling.clone(),
+            stop_token_ids: job.stop_token_ids.clone(),
+            ignore_eos: job.ignore_eos,
+        };
+        scheduler
+            .cast(SchedulerMsg::Submit(Wire::encode(&submit)))
+            .map_err(|_| ("the chosen worker went away".to_owned(), 503))
+    }
+}
+
+impl Actor for Request {
+    type Msg = RequestMsg;
+    type State = RequestState;
+    type Arguments = RequestArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: RequestArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let mut rx = args.registry.register(args.job.request);
+        let forwarder = tokio::spawn(async move {
+            while let Some(ev) = rx.recv().await {
+                if myself.cast(RequestMsg::Event(ev)).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(RequestState {
+            args,
+            worker: None,
+            done: false,
+            forwarder: Some(forwarder),
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Err((message, status)) = state.place().await {
+            state.fail(&message, status);
+            state.finish(false);
+            myself.stop(None);
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let running = !state.done;
+        state.finish(running);
+        state.args.registry.unregister(state.args.job.request);
+        if let Some(f) = state.forwarder.take() {
+            f.abort();
+        }
+        if running {
+            // Stopped from outside (node shutdown) while running: tell the handler.
+            let _ = state.args.events.send(TokenEventKind::Failed {
+                message: "the gateway is shutting down".into(),
+                status: 503,
+            });
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            RequestMsg::Event(ev) => {
+                let last = matches!(
+                    ev,
+                    TokenEventKind::Failed { .. }
+                        | TokenEventKind::Token {
+                            finish: Some(_),
+                            ..
+                        }
+                );
+                if state.args.events.send(ev).is_err() {
+                    // The handler is gone: the client disconnected.
+                    state.finish(true);
+                    myself.stop(None);
+                } else if last {
+                    state.finish(false);
+                    myself.stop(None);
+                }
+            }
+            RequestMsg::Cancel => {
+                state.finish(true);
+                myself.stop(None);
+            }
+        }
+        Ok(())
+    }
+}

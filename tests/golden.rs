@@ -1,0 +1,103 @@
+//! Golden cases of `smollm2-golden.json` through the tokenizer, the engine API and
+//! `flotilla generate --json`.
+
+mod common;
+
+use common::{engine, golden, greedy, model};
+
+#[test]
+fn tokenizer_matches_golden_prompt_ids() {
+    let m = model();
+    for c in golden() {
+        assert_eq!(
+            m.tokenizer.encode(&c.prompt).expect("encode"),
+            c.prompt_ids,
+            "case {}",
+            c.name
+        );
+    }
+}
+
+#[test]
+fn engine_matches_golden_greedy_and_logits() {
+    let m = model();
+    let mut e = engine(m, 64);
+    for c in golden() {
+        let (logits, ids) = greedy(
+            &mut e,
+            &c.prompt_ids,
+            c.greedy_ids.len(),
+            &m.tokenizer.eos_ids,
+        );
+        for &(id, want) in &c.top5 {
+            let got = logits[id as usize];
+            assert!(
+                (got - want).abs() < 2e-2,
+                "case {} token {id}: {got} vs {want}",
+                c.name
+            );
+        }
+        assert_eq!(ids, c.greedy_ids, "case {}", c.name);
+    }
+}
+
+#[test]
+fn generate_json_matches_golden() {
+    for c in golden() {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args([
+                "generate",
+                "--json",
+                "--temperature",
+                "0",
+                "--prompt",
+                &c.prompt,
+            ])
+            .args(["--max-tokens", &c.greedy_ids.len().to_string()])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("run flotilla");
+        assert!(
+            out.status.success(),
+            "stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json output");
+        let ids = |k: &str| -> Vec<u32> {
+            j[k].as_array()
+                .expect(k)
+                .iter()
+                .map(|v| v.as_u64().expect("id") as u32)
+                .collect()
+        };
+        assert_eq!(ids("prompt_ids"), c.prompt_ids, "case {}", c.name);
+        assert_eq!(ids("output_ids"), c.greedy_ids, "case {}", c.name);
+        assert!(!j["text"].as_str().expect("text").contains("<|im_end|>"));
+    }
+}
+
+#[test]
+fn generate_chat_answers_paris() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args([
+            "generate",
+            "--chat",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "32",
+        ])
+        .args(["--prompt", "What is the capital of France?"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run flotilla");
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "The capital of France is Paris."
+    );
+}
