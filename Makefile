@@ -6,7 +6,7 @@ CARGO ?= cargo
 NODES ?= 3
 HTTP ?= 127.0.0.1:8080
 
-.PHONY: run test deps model build lint unit
+.PHONY: run test deps model build lint venv
 
 deps:
 	@scripts/deps.sh
@@ -22,11 +22,20 @@ build: deps model
 run: build
 	./target/release/flotilla up --nodes $(NODES) --http $(HTTP) --model $(MODEL)
 
+# The official OpenAI Python client, for the client-compatibility tests.
+OPENAI_VERSION := 3.57.0
+venv: .venv/.openai-$(OPENAI_VERSION)
+
+.venv/.openai-$(OPENAI_VERSION):
+	python3 -m venv .venv
+	.venv/bin/pip install --quiet openai==$(OPENAI_VERSION)
+	touch $@
+
 lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 
-test: deps model lint
+test: deps model venv lint
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
 		$(CARGO) nextest run --no-fail-fast; \
 	else \
