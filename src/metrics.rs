@@ -8,11 +8,22 @@ use std::sync::OnceLock;
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
+/// Bucket bounds (seconds) of every `*_seconds` histogram: 5 ms to 60 s, roughly ×2.
+pub const LATENCY_BUCKETS_S: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
 /// The process's recorder, installed on first use.
 pub fn handle() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
-            let builder = PrometheusBuilder::new();
+            // Latency histograms get real buckets (the exporter's default is a summary).
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
+                    LATENCY_BUCKETS_S,
+                )
+                .unwrap_or_else(|_| PrometheusBuilder::new());
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
             // Another recorder may already be installed (a test harness): keep ours for
@@ -49,4 +60,50 @@ fn describe() {
         "Membership changes seen by discovery"
     );
     describe_gauge!("flotilla_cluster_nodes", "Known nodes by state");
+    use metrics::describe_histogram;
+    describe_histogram!(
+        "flotilla_ttft_seconds",
+        "Time to first token, request received → first token"
+    );
+    describe_histogram!(
+        "flotilla_itl_seconds",
+        "Inter-token latency within one choice"
+    );
+    describe_histogram!(
+        "flotilla_e2e_latency_seconds",
+        "Request received → last token"
+    );
+    describe_counter!(
+        "flotilla_requests_total",
+        "Requests by route and outcome (ok, error, rejected)"
+    );
+    describe_counter!(
+        "flotilla_prompt_tokens_total",
+        "Prompt tokens of finished requests"
+    );
+    describe_counter!(
+        "flotilla_completion_tokens_total",
+        "Generated tokens of finished requests"
+    );
+    describe_counter!(
+        "flotilla_prefix_hit_tokens_total",
+        "Prompt tokens served from a worker's prefix cache"
+    );
+    describe_gauge!(
+        "flotilla_requests_in_flight",
+        "Choices in flight on this gateway"
+    );
+    describe_gauge!(
+        "flotilla_worker_waiting",
+        "Sequences waiting for admission (queue depth), per worker"
+    );
+    describe_gauge!("flotilla_worker_running", "Sequences running, per worker");
+    describe_gauge!(
+        "flotilla_worker_kv_blocks_used",
+        "KV blocks pinned by live sequences, per worker"
+    );
+    describe_gauge!(
+        "flotilla_worker_kv_blocks_total",
+        "KV blocks in the pool, per worker"
+    );
 }

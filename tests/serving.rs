@@ -84,6 +84,68 @@ async fn golden_answers_and_models() {
     let v2: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v2["choices"][0]["text"], want_text);
 
+    // B07: one BOS and the system prompt once — the chat route's prompt_tokens equals an
+    // offline count (template + tokenizer, no extra special tokens), and the same text sent
+    // to /v1/completions counts the same.
+    let fe = flotilla::actors::gateway::frontend::Frontend::load(
+        &flotilla::model::resolve_model_path(None).unwrap(),
+        8192,
+    )
+    .unwrap();
+    let msgs = vec![
+        flotilla::model::chat_template::ChatMessage {
+            role: "system".into(),
+            content: "You are terse.".into(),
+        },
+        flotilla::model::chat_template::ChatMessage {
+            role: "user".into(),
+            content: "Hello".into(),
+        },
+    ];
+    let templated = fe.template.as_ref().unwrap().render(&msgs, true).unwrap();
+    let offline = fe.tokenizer.encode(&templated).unwrap();
+    let body = json!({"model": MODEL, "max_tokens": 1, "messages": [
+        {"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello"}]});
+    let (_, _, t) = post(&c.url("/v1/chat/completions"), &body).await;
+    let v: Value = serde_json::from_str(&t).unwrap();
+    assert_eq!(v["usage"]["prompt_tokens"], offline.len());
+    assert_eq!(
+        templated.matches("You are terse.").count(),
+        1,
+        "system prompt once"
+    );
+    let (_, _, t) = post(
+        &c.url("/v1/completions"),
+        &json!({"model": MODEL, "prompt": templated, "max_tokens": 1}),
+    )
+    .await;
+    let v: Value = serde_json::from_str(&t).unwrap();
+    assert_eq!(
+        v["usage"]["prompt_tokens"],
+        offline.len(),
+        "completions counts the same"
+    );
+
+    // Metrics: latency histograms, outcomes, per-worker gauges.
+    let m = reqwest::get(c.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for want in [
+        "flotilla_ttft_seconds_bucket",
+        "flotilla_itl_seconds_bucket",
+        "flotilla_e2e_latency_seconds_bucket",
+        "flotilla_requests_total{route=\"chat\",outcome=\"ok\"}",
+        "flotilla_prompt_tokens_total",
+        "flotilla_worker_kv_blocks_total{worker=\"node-1/replica-0\"} 128",
+        "flotilla_worker_waiting",
+        "flotilla_requests_in_flight",
+    ] {
+        assert!(m.contains(want), "/metrics lacks {want}");
+    }
+
     // Models.
     let m: Value = reqwest::get(c.url("/v1/models"))
         .await
@@ -397,7 +459,7 @@ async fn batching_never_changes_results_and_prefixes_are_reused() {
                 .to_owned(),
         );
     }
-    // All at once, streaming.
+    // All 64 at once, streaming.
     let futs = prompts.iter().map(|(p, n)| {
         let url = url.clone();
         let body = chat(p, json!({"max_tokens": n, "stream": true}));

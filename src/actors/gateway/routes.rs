@@ -83,6 +83,27 @@ async fn health(State(s): State<Arc<GatewayShared>>) -> Response {
 }
 
 async fn metrics(State(s): State<Arc<GatewayShared>>) -> Response {
+    // Per-worker gauges from the fleet view (workers report through heartbeats).
+    if let Ok(nodes) = s.fleet().await {
+        for w in nodes
+            .iter()
+            .filter(|n| n.state == NodeState::Up)
+            .flat_map(|n| &n.workers)
+        {
+            let id = w.id.clone();
+            metrics::gauge!("flotilla_worker_waiting", "worker" => id.clone())
+                .set(w.waiting as f64);
+            metrics::gauge!("flotilla_worker_running", "worker" => id.clone())
+                .set(w.running as f64);
+            metrics::gauge!("flotilla_worker_kv_blocks_used", "worker" => id.clone())
+                .set(w.kv_blocks_used as f64);
+            metrics::gauge!("flotilla_worker_kv_blocks_total", "worker" => id)
+                .set(w.kv_blocks_total as f64);
+        }
+    }
+    if let Some(serving) = &s.serving {
+        metrics::gauge!("flotilla_requests_in_flight").set(serving.registry.len() as f64);
+    }
     s.metrics.run_upkeep();
     (
         [(

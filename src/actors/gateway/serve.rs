@@ -121,6 +121,10 @@ struct Choice {
     completion_tokens: u32,
     cached_tokens: u32,
     finish: Option<FinishReason>,
+    /// When the request was received.
+    t0: Instant,
+    /// When the previous token arrived.
+    last: Option<Instant>,
 }
 
 /// What one event produced for the client.
@@ -136,7 +140,14 @@ impl Choice {
             logprobs: Vec::new(),
         };
         match ev {
-            TokenEventKind::Admitted { cached_tokens, .. } => self.cached_tokens = cached_tokens,
+            TokenEventKind::Admitted {
+                cached_tokens,
+                worker,
+            } => {
+                self.cached_tokens = cached_tokens;
+                metrics::counter!("flotilla_prefix_hit_tokens_total", "worker" => worker.to_string())
+                    .increment(u64::from(cached_tokens));
+            }
             TokenEventKind::Failed { message, status } => {
                 return Err(status_error(status, message));
             }
@@ -148,6 +159,14 @@ impl Choice {
                 if self.finish.is_some() {
                     return Ok(out);
                 }
+                let now = Instant::now();
+                match self.last {
+                    None => metrics::histogram!("flotilla_ttft_seconds")
+                        .record((now - self.t0).as_secs_f64()),
+                    Some(prev) => metrics::histogram!("flotilla_itl_seconds")
+                        .record((now - prev).as_secs_f64()),
+                }
+                self.last = Some(now);
                 self.completion_tokens += 1;
                 let mut piece = self.detok.step(id)?;
                 if finish.is_some() {
@@ -234,6 +253,7 @@ async fn start(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Started, ApiError> {
+    let t0 = Instant::now();
     let serving = s
         .serving
         .as_ref()
@@ -244,7 +264,6 @@ async fn start(
     check_model(&req.model, &[fe.model_id.as_str()])?;
     let prompt = fe.prompt_ids(&req)?;
     let max_tokens = req.check_context(prompt.len(), fe.context_len)?;
-    let t0 = Instant::now();
     let first_id = serving
         .next_id
         .fetch_add(u64::from(req.n), Ordering::Relaxed);
@@ -280,6 +299,8 @@ async fn start(
             completion_tokens: 0,
             cached_tokens: 0,
             finish: None,
+            t0,
+            last: None,
         });
     }
     drop(merged_tx);
@@ -399,8 +420,6 @@ fn stream(st: Started) -> Response {
         let mut st = st;
         let mut state = StreamState::new(st.kind, st.meta.clone(), st.choices.len() as u32, st.include_usage);
         let mut queue = std::mem::take(&mut st.pending);
-        let mut first_token = true;
-        let mut last = Instant::now();
         loop {
             if st.choices.iter().all(|c| c.finish.is_some()) {
                 break;
@@ -421,7 +440,6 @@ fn stream(st: Started) -> Response {
                 record(route, "error", &st);
                 return;
             };
-            let is_token = matches!(ev, TokenEventKind::Token { .. });
             let p = match st.choices[i as usize].on_event(ev) {
                 Ok(p) => p,
                 Err(e) => {
@@ -430,16 +448,6 @@ fn stream(st: Started) -> Response {
                     return;
                 }
             };
-            if is_token {
-                let now = Instant::now();
-                if first_token {
-                    metrics::histogram!("flotilla_ttft_seconds").record(st.t0.elapsed().as_secs_f64());
-                    first_token = false;
-                } else {
-                    metrics::histogram!("flotilla_itl_seconds").record((now - last).as_secs_f64());
-                }
-                last = now;
-            }
             let lp = (!p.logprobs.is_empty()).then_some(p.logprobs.as_slice());
             if let Some(chunk) = state.delta(i, &p.text, lp) {
                 yield Ok(sse::data(&chunk));
