@@ -9,7 +9,6 @@
 //! once — the step already running completes, its token for this sequence is discarded. So
 //! the worker's KV usage is back where it was within one engine step of the disconnect.
 
-use crate::actors::engine_worker::SamplingParams;
 use crate::actors::router::{RouteRequest, RouterMsg, find_router};
 use crate::actors::scheduler::{SCHEDULER_GROUP, SchedulerMsg, SubmitRequest};
 use crate::actors::token_sink::{SinkRegistry, TokenEventKind};
@@ -22,24 +21,9 @@ use tokio::task::JoinHandle;
 /// How long placement may take before the request fails with 503 (ms).
 pub const ROUTE_TIMEOUT_MS: u64 = 5_000;
 
-/// What to generate.
-#[derive(Clone, Debug)]
-pub struct Job {
-    /// This (gateway) node.
-    pub node: NodeId,
-    /// Request id, unique on this node.
-    pub request: RequestId,
-    /// Prompt token ids.
-    pub prompt: Vec<u32>,
-    /// Tokens to generate at most.
-    pub max_tokens: u32,
-    /// Sampling.
-    pub sampling: SamplingParams,
-    /// Extra stop token ids.
-    pub stop_token_ids: Vec<u32>,
-    /// Keep going past EOS.
-    pub ignore_eos: bool,
-}
+/// What to generate: exactly what is submitted to the chosen worker's scheduler
+/// (`reply_to` is this gateway node).
+pub type Job = SubmitRequest;
 
 /// Spawn inputs.
 #[derive(Clone)]
@@ -85,7 +69,7 @@ fn scheduler_of(worker: &WorkerId) -> Option<ActorRef<SchedulerMsg>> {
 
 impl RequestState {
     fn key(&self) -> (NodeId, RequestId) {
-        (self.args.job.node.clone(), self.args.job.request)
+        (self.args.job.reply_to.clone(), self.args.job.request)
     }
 
     fn fail(&mut self, message: &str, status: u16) {
@@ -113,7 +97,7 @@ impl RequestState {
         let job = &self.args.job;
         let router = find_router().ok_or(("no router is available".to_owned(), 503))?;
         let req = RouteRequest {
-            node: job.node.clone(),
+            node: job.reply_to.clone(),
             request: job.request,
             prompt_tokens: job.prompt.len() as u32,
         };
@@ -130,17 +114,8 @@ impl RequestState {
         let scheduler =
             scheduler_of(&worker).ok_or(("the chosen worker went away".to_owned(), 503))?;
         self.worker = Some(worker);
-        let submit = SubmitRequest {
-            request: job.request,
-            reply_to: job.node.clone(),
-            prompt: job.prompt.clone(),
-            max_tokens: job.max_tokens,
-            sampling: job.sampling.clone(),
-            stop_token_ids: job.stop_token_ids.clone(),
-            ignore_eos: job.ignore_eos,
-        };
         scheduler
-            .cast(SchedulerMsg::Submit(Wire::encode(&submit)))
+            .cast(SchedulerMsg::Submit(Wire::encode(job)))
             .map_err(|_| ("the chosen worker went away".to_owned(), 503))
     }
 }

@@ -273,7 +273,7 @@ async fn start(
     for i in 0..req.n {
         let sp = &req.sampling;
         let job = Job {
-            node: serving.node.clone(),
+            reply_to: serving.node.clone(),
             request: RequestId(first_id + u64::from(i)),
             prompt: prompt.clone(),
             max_tokens,
