@@ -76,6 +76,19 @@ pub struct Config {
     pub supervision: SupervisionConfig,
     /// Worker nodes.
     pub worker: WorkerConfig,
+    /// The chaos API.
+    pub chaos: ChaosConfig,
+}
+
+/// The chaos API (fault injection), off by default.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ChaosConfig {
+    /// Serve `/chaos/faults` on the gateway.
+    pub enabled: bool,
+    /// Bearer token the chaos routes require; mandatory when the gateway listens beyond
+    /// loopback.
+    pub token: Option<String>,
 }
 
 /// This node's identity and place in the cluster.
@@ -167,6 +180,8 @@ pub struct GatewayConfig {
     pub http_addr: SocketAddr,
     /// Largest accepted request body; larger bodies get 413 without being buffered.
     pub max_body_bytes: usize,
+    /// Interval of SSE keep-alive comments while a stream waits for tokens.
+    pub keep_alive_ms: u64,
 }
 
 impl Default for GatewayConfig {
@@ -174,6 +189,7 @@ impl Default for GatewayConfig {
         Self {
             http_addr: "127.0.0.1:8080".parse().expect("static address"),
             max_body_bytes: 4 * 1024 * 1024,
+            keep_alive_ms: 10_000,
         }
     }
 }
@@ -337,6 +353,18 @@ impl Config {
                 "node.cookie",
                 "a cluster cookie is required (--cookie or FLOTILLA_NODE__COOKIE)",
             ));
+        }
+        if self.chaos.enabled
+            && !self.gateway.http_addr.ip().is_loopback()
+            && self.chaos.token.as_deref().is_none_or(str::is_empty)
+        {
+            return Err(invalid(
+                "chaos.token",
+                "required when chaos.enabled and the gateway listens beyond loopback",
+            ));
+        }
+        if self.gateway.keep_alive_ms == 0 {
+            return Err(invalid("gateway.keep_alive_ms", "must be at least 1"));
         }
         if self.gateway.max_body_bytes < 1024 {
             return Err(invalid("gateway.max_body_bytes", "must be at least 1024"));

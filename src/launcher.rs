@@ -35,6 +35,8 @@ pub struct UpOptions {
     pub config: Option<PathBuf>,
     /// Extra `--set`-style flags for every node (`key=value`).
     pub node_args: Vec<String>,
+    /// Serve the chaos API on the gateway.
+    pub chaos: bool,
 }
 
 struct NodeProc {
@@ -97,6 +99,9 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
         }
         for a in &opts.node_args {
             cmd.arg("--set").arg(a);
+        }
+        if opts.chaos {
+            cmd.arg("--set").arg("chaos.enabled=true");
         }
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -46,6 +46,9 @@ struct UpArgs {
     /// Set a configuration value on every node, `section.field=value` (repeatable).
     #[arg(long = "set")]
     set: Vec<String>,
+    /// Serve the chaos API (`/chaos/faults`) on the gateway.
+    #[arg(long)]
+    chaos: bool,
 }
 
 #[derive(Args)]
@@ -206,6 +209,7 @@ async fn main() -> std::process::ExitCode {
             model: a.model,
             config: a.config,
             node_args: a.set,
+            chaos: a.chaos,
         })
         .await
         .map(|_| std::process::ExitCode::SUCCESS),

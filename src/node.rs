@@ -37,6 +37,8 @@ pub struct NodeContext {
     pub clock: SharedClock,
     /// The model, loaded once per process, when this node runs workers.
     pub model: Option<Arc<LoadedModel>>,
+    /// Faults injected on this node (read by schedulers, written by the Chaos actor).
+    pub faults: crate::actors::chaos::FaultBook,
     /// The model's tokenizer, template and limits, when this node runs a gateway.
     pub frontend: Option<Arc<crate::actors::gateway::frontend::Frontend>>,
 }
@@ -142,6 +144,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         incarnation: now_ms(),
         clock: crate::clock::system(),
         model,
+        faults: Default::default(),
         frontend,
     };
     let spec = tree::node_tree(&ctx);

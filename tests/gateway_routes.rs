@@ -12,6 +12,7 @@ fn shared(discovery_name: &str) -> Arc<GatewayShared> {
         metrics: flotilla::metrics::handle(),
         max_body_bytes: 4096,
         serving: None,
+        chaos: None,
     })
 }
 

@@ -82,6 +82,7 @@ impl Harness {
             },
             flags: SupervisorFlags::new(Strategy::OneForAll, 3, Duration::from_secs(60)),
             shutdown: Shutdown::Timeout(Duration::from_secs(5)),
+            faults: Default::default(),
         });
         let (sup, _) = Actor::spawn(spec.actor_name.clone(), Supervisor, spec)
             .await

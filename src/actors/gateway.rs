@@ -6,6 +6,7 @@
 //! task ends on its own, the actor fails so its supervisor restarts it; a restart re-binds the
 //! same port (the first bind's port when configured as 0).
 
+pub mod chaos_routes;
 pub mod error;
 pub mod frontend;
 pub mod openai;

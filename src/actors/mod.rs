@@ -1,5 +1,6 @@
 //! Actors, one per file, each with its message enum beside it; pure logic they drive sits in
 //! a sibling folder.
+//! - `chaos.rs` — faults injected on purpose: the node's fault book and Chaos actor.
 //! - `discovery.rs` — membership, heartbeats, liveness, pg groups per role
 //!   (`discovery/membership.rs`: the lease table).
 //! - `engine_worker.rs` — one device's engine: weights + KV pools, batched steps
@@ -12,6 +13,7 @@
 //! - `router.rs` — placement (first version: least outstanding, round-robin ties; `router/select.rs`).
 //! - `scheduler.rs` — the continuous-batching batch former (pure logic in `scheduler/`).
 
+pub mod chaos;
 pub mod discovery;
 pub mod engine_worker;
 pub mod gateway;

@@ -145,6 +145,8 @@ pub struct SchedulerArgs {
     pub salt: u64,
     /// End-of-sequence token.
     pub eos_token_id: Option<u32>,
+    /// Faults injected on this node (chaos): step delays and step failures.
+    pub faults: crate::actors::chaos::FaultBook,
 }
 
 struct Live {
@@ -269,12 +271,20 @@ impl SchedulerState {
             let step = self.steps;
             let engine = self.engine.clone();
             let me = myself.clone();
+            let delay = self.args.faults.step_delay(&self.args.worker);
+            let injected_failure = self.args.faults.step_fails(&self.args.worker);
             tokio::spawn(async move {
-                let output = match ractor::call!(engine, EngineWorkerMsg::Step, StepBatch { seqs })
-                {
-                    Ok(Ok(out)) => Ok(out),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(e) => Err(format!("engine unavailable: {e}")),
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                let output = if injected_failure {
+                    Err("injected engine failure (chaos)".to_owned())
+                } else {
+                    match ractor::call!(engine, EngineWorkerMsg::Step, StepBatch { seqs }) {
+                        Ok(Ok(out)) => Ok(out),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(e) => Err(format!("engine unavailable: {e}")),
+                    }
                 };
                 let _ = me.cast(SchedulerMsg::StepDone(Wire::encode(&StepResult {
                     step,

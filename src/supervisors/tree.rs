@@ -3,6 +3,7 @@
 //! ```text
 //! node                 one_for_one, supervision.node_max_restarts in node_period_ms → node exits non-zero
 //! ├─ discovery         permanent   membership, heartbeats, liveness, pg groups per role
+//! ├─ chaos             permanent   installs and clears injected faults on this node
 //! ├─ router            (router)    placement: least outstanding, round-robin ties
 //! ├─ gateway_sup       (gateway)   one_for_one
 //! │  ├─ token_sink     permanent   receives this node's requests' tokens, one message per step
@@ -19,8 +20,10 @@
 //! node process) and are what `/v1/fleet` lists.
 
 use super::spec::{ChildSpec, Strategy, SupervisorFlags, SupervisorSpec};
+use crate::actors::chaos::{Chaos, FaultBook};
 use crate::actors::discovery::{Discovery, DiscoveryArgs};
 use crate::actors::engine_worker::{EngineConfig, EngineWorker, EngineWorkerArgs};
+use crate::actors::gateway::chaos_routes::ChaosController;
 use crate::actors::gateway::routes::GatewayShared;
 use crate::actors::gateway::serve::Serving;
 use crate::actors::gateway::{GatewayArgs, HttpGateway};
@@ -62,7 +65,14 @@ pub fn node_tree(ctx: &NodeContext) -> SupervisorSpec {
         Duration::from_millis(s.backoff_base_ms),
         Duration::from_millis(s.backoff_max_ms),
     );
-    let mut node = SupervisorSpec::new(ctx.name("node"), node_flags).child(discovery(ctx));
+    let faults = ctx.faults.clone();
+    let chaos = ChildSpec::actor("chaos", Some(ctx.name("chaos")), move || {
+        (Chaos, faults.clone())
+    })
+    .shutdown(shutdown(ctx));
+    let mut node = SupervisorSpec::new(ctx.name("node"), node_flags)
+        .child(discovery(ctx))
+        .child(chaos);
     if ctx.config.has_role(Role::Router) {
         node = node.child(router(ctx));
     }
@@ -113,13 +123,20 @@ fn gateway(ctx: &NodeContext) -> SupervisorSpec {
             registry: registry.clone(),
             request_sup: ctx.name("request_sup"),
             next_id: AtomicU64::new(1),
+            keep_alive: Duration::from_millis(ctx.config.gateway.keep_alive_ms),
         })
     });
+    let chaos = ctx
+        .config
+        .chaos
+        .enabled
+        .then(|| Arc::new(ChaosController::new(ctx.config.chaos.token.clone())));
     let shared = Arc::new(GatewayShared {
         discovery_name: ctx.name("discovery"),
         metrics: crate::metrics::handle(),
         max_body_bytes: ctx.config.gateway.max_body_bytes,
         serving,
+        chaos,
     });
     let args = GatewayArgs {
         addr: ctx.config.gateway.http_addr,
@@ -166,6 +183,7 @@ fn worker_pool(ctx: &NodeContext) -> SupervisorSpec {
                 },
                 flags: flags(ctx, Strategy::OneForAll),
                 shutdown: shutdown(ctx),
+                faults: ctx.faults.clone(),
             }),
             None => SupervisorSpec::new(name, flags(ctx, Strategy::OneForAll)),
         };
@@ -190,6 +208,8 @@ pub struct ReplicaParams {
     pub flags: SupervisorFlags,
     /// Shutdown of each part.
     pub shutdown: super::Shutdown,
+    /// Faults injected on this node.
+    pub faults: FaultBook,
 }
 
 /// The model identity salted into every block hash, so that blocks of different models never
@@ -231,6 +251,7 @@ pub fn replica(p: ReplicaParams) -> SupervisorSpec {
             block_size: p.engine.block_size,
             salt: model_salt(&p.model),
             eos_token_id: p.model.tokenizer.eos_ids.first().copied(),
+            faults: p.faults.clone(),
         };
         ChildSpec::actor("scheduler", Some(sched_name), move || {
             (Scheduler, args.clone())

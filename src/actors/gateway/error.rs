@@ -13,6 +13,8 @@ use serde_json::json;
 pub enum ErrorKind {
     /// 400: the request is malformed or out of range.
     InvalidRequest,
+    /// 401: missing or wrong credentials.
+    Unauthorized,
     /// 404: unknown model or route.
     NotFound,
     /// 413: body too large.
@@ -68,6 +70,7 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self.kind {
             ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
+            ErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
@@ -81,6 +84,7 @@ impl ApiError {
         match self.kind {
             ErrorKind::InvalidRequest | ErrorKind::PayloadTooLarge => "invalid_request_error",
             ErrorKind::NotFound => "invalid_request_error",
+            ErrorKind::Unauthorized => "authentication_error",
             ErrorKind::RateLimited => "rate_limit_error",
             ErrorKind::Unavailable => "service_unavailable",
             ErrorKind::Internal => "internal_error",

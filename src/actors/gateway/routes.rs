@@ -25,10 +25,12 @@ pub struct GatewayShared {
     pub max_body_bytes: usize,
     /// The generation routes' state; `None` when this gateway serves no model (they answer 503).
     pub serving: Option<Arc<super::serve::Serving>>,
+    /// The chaos API; `None` when disabled (its routes answer 404).
+    pub chaos: Option<Arc<super::chaos_routes::ChaosController>>,
 }
 
 impl GatewayShared {
-    async fn fleet(&self) -> Result<Vec<NodeView>, ApiError> {
+    pub(crate) async fn fleet(&self) -> Result<Vec<NodeView>, ApiError> {
         let discovery = discovery::local(&self.discovery_name).ok_or_else(|| {
             ApiError::new(ErrorKind::Unavailable, "cluster membership is restarting")
         })?;
@@ -47,6 +49,14 @@ pub fn app(shared: Arc<GatewayShared>) -> Router {
         .route("/v1/completions", axum::routing::post(serve::completions))
         .route("/v1/models", get(serve::models))
         .route("/v1/models/{id}", get(serve::model))
+        .route(
+            "/chaos/faults",
+            get(super::chaos_routes::list).post(super::chaos_routes::create),
+        )
+        .route(
+            "/chaos/faults/{id}",
+            axum::routing::delete(super::chaos_routes::delete),
+        )
         .route("/live", get(live))
         .route("/health", get(health))
         .route("/metrics", get(metrics))

@@ -14,7 +14,7 @@
 //! completed a stop string; `logprobs` carry the chosen token's logprob and no alternatives
 //! (`top_logprobs` lists are empty); a failure after the stream started is one SSE error
 //! record, then the stream ends without `[DONE]`; keep-alive comments are sent every
-//! [`KEEP_ALIVE`] while a stream waits for tokens.
+//! `gateway.keep_alive_ms` (10 s) while a stream waits for tokens.
 
 use super::error::{ApiError, ErrorKind};
 use super::frontend::{Frontend, TokRef};
@@ -42,9 +42,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
-/// Interval of SSE keep-alive comments while a stream waits.
-pub const KEEP_ALIVE: Duration = Duration::from_secs(10);
-
 /// What the generation routes share.
 pub struct Serving {
     /// The model.
@@ -57,6 +54,8 @@ pub struct Serving {
     pub request_sup: String,
     /// Request id counter.
     pub next_id: AtomicU64,
+    /// Interval of SSE keep-alive comments while a stream waits (`gateway.keep_alive_ms`).
+    pub keep_alive: Duration,
 }
 
 fn unavailable(msg: &str) -> ApiError {
@@ -410,7 +409,7 @@ async fn collect(mut st: Started) -> Result<Response, ApiError> {
     .into_response())
 }
 
-fn stream(st: Started) -> Response {
+fn stream(st: Started, keep_alive: Duration) -> Response {
     let route = if st.kind == RequestKind::Chat {
         "chat"
     } else {
@@ -427,7 +426,7 @@ fn stream(st: Started) -> Response {
             let next = if queue.is_empty() {
                 tokio::select! {
                     ev = st.rx.recv() => ev,
-                    _ = tokio::time::sleep(KEEP_ALIVE) => {
+                    _ = tokio::time::sleep(keep_alive) => {
                         yield Ok::<_, std::convert::Infallible>(sse::KEEP_ALIVE.to_owned());
                         continue;
                     }
@@ -492,7 +491,12 @@ async fn generate(
     let result = async {
         let st = start(&s, kind, &headers, body).await?;
         if st.stream {
-            Ok(stream(st))
+            let keep_alive = s
+                .serving
+                .as_ref()
+                .map(|v| v.keep_alive)
+                .unwrap_or(Duration::from_secs(10));
+            Ok(stream(st, keep_alive))
         } else {
             collect(st).await
         }

@@ -1,0 +1,240 @@
+//! Chaos: faults injected on purpose while load runs (first step of the chaos API).
+//!
+//! The gateway's `/chaos/faults` routes ([`ChaosController`]) resolve a fault's target to
+//! workers from the fleet view and send it to the Chaos actor of each affected node (process
+//! group [`CHAOS_GROUP`], name `<node>/chaos`), which records it in the node's [`FaultBook`].
+//! The replica's scheduler consults the book on its step path: `slow` adds a delay before
+//! every engine step of the worker; `fail_engine` makes the engine step fail after a number
+//! of further steps (every sequence of that worker then fails with an error record). A
+//! fault with `duration_ms` clears itself; `DELETE /chaos/faults/{id}` clears it at once.
+//! The routes exist only when `chaos.enabled` (`flotilla up --chaos`).
+
+use crate::ids::{NodeId, WorkerId};
+use crate::wire::Wire;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use ractor_cluster::RactorClusterMessage;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Process group of every Chaos actor.
+pub const CHAOS_GROUP: &str = "flotilla.chaos";
+
+/// What a fault does.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum FaultKind {
+    /// Add `delay_ms` before every engine step of the target workers.
+    Slow {
+        /// Added delay per step (ms).
+        delay_ms: u64,
+    },
+    /// Fail the engine step of the target workers after `after_steps` more steps.
+    FailEngine {
+        /// Steps that still succeed.
+        #[serde(default)]
+        after_steps: u64,
+    },
+}
+
+/// Whom a fault hits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    /// One worker by id (`node-1/replica-0`).
+    Worker(WorkerId),
+    /// Every worker of a node.
+    Node(NodeId),
+    /// A worker with in-flight requests (the busiest).
+    AnyBusy,
+}
+
+/// A fault as the API receives it: `{"kind": "slow", "delay_ms": 2000, "target": {"worker":
+/// "node-1/replica-0"} | {"node": "node-1"} | "any_busy", "duration_ms": 5000}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FaultSpec {
+    /// What it does.
+    #[serde(flatten)]
+    pub kind: FaultKind,
+    /// Whom it hits.
+    pub target: Target,
+    /// Clears itself after this long; `None`: until deleted.
+    #[serde(default)]
+    pub duration_ms: Option<u64>,
+    /// Seed for randomised kinds (none yet).
+    #[serde(default)]
+    pub seed: Option<u64>,
+}
+
+/// A fault sent to a node: its id, what it does, and the workers it hits there.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Injection {
+    /// Fault id.
+    pub id: u64,
+    /// What it does.
+    pub kind: FaultKind,
+    /// Workers hit.
+    pub workers: Vec<WorkerId>,
+}
+
+/// Fault id → (workers hit, what it does).
+type Faults = HashMap<u64, (Vec<WorkerId>, FaultKind)>;
+
+/// The faults active in this process, by fault id; read by the schedulers' step path.
+#[derive(Clone, Default, Debug)]
+pub struct FaultBook {
+    inner: Arc<Mutex<Faults>>,
+}
+
+impl FaultBook {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Faults> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Record an injection.
+    pub fn apply(&self, inj: Injection) {
+        self.lock().insert(inj.id, (inj.workers, inj.kind));
+    }
+
+    /// Remove a fault; false when unknown.
+    pub fn clear(&self, id: u64) -> bool {
+        self.lock().remove(&id).is_some()
+    }
+
+    /// Total added delay before `worker`'s next step.
+    pub fn step_delay(&self, worker: &WorkerId) -> Duration {
+        let ms: u64 = self
+            .lock()
+            .values()
+            .filter(|(ws, _)| ws.contains(worker))
+            .map(|(_, k)| match k {
+                FaultKind::Slow { delay_ms } => *delay_ms,
+                FaultKind::FailEngine { .. } => 0,
+            })
+            .sum();
+        Duration::from_millis(ms)
+    }
+
+    /// Whether `worker`'s next step must fail (counts the step down otherwise).
+    pub fn step_fails(&self, worker: &WorkerId) -> bool {
+        let mut book = self.lock();
+        let mut fail = false;
+        for (ws, k) in book.values_mut() {
+            if let FaultKind::FailEngine { after_steps } = k
+                && ws.contains(worker)
+            {
+                if *after_steps == 0 {
+                    fail = true;
+                } else {
+                    *after_steps -= 1;
+                }
+            }
+        }
+        fail
+    }
+}
+
+/// Chaos messages (serializable: the gateway on any node sends them).
+#[derive(RactorClusterMessage)]
+pub enum ChaosMsg {
+    /// Install a fault on this node (cast).
+    Apply(Wire<Injection>),
+    /// Remove a fault (cast; unknown ids ignored).
+    Clear(Wire<u64>),
+}
+
+/// The Chaos actor; its argument is the node's fault book.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Chaos;
+
+impl Actor for Chaos {
+    type Msg = ChaosMsg;
+    type State = FaultBook;
+    type Arguments = FaultBook;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        book: FaultBook,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        ractor::pg::join(CHAOS_GROUP.to_owned(), vec![myself.get_cell()]);
+        Ok(book)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        book: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ChaosMsg::Apply(w) => {
+                if let Ok(inj) = w.decode() {
+                    tracing::warn!(fault = inj.id, kind = ?inj.kind, workers = ?inj.workers, "chaos: fault installed");
+                    book.apply(inj);
+                }
+            }
+            ChaosMsg::Clear(w) => {
+                if let Ok(id) = w.decode()
+                    && book.clear(id)
+                {
+                    tracing::warn!(fault = id, "chaos: fault cleared");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The Chaos actor of `node`, wherever it runs.
+pub fn find_chaos(node: &str) -> Option<ActorRef<ChaosMsg>> {
+    let name = format!("{node}/chaos");
+    ractor::pg::get_members(&CHAOS_GROUP.to_owned())
+        .into_iter()
+        .find(|c| c.get_name().as_deref() == Some(name.as_str()))
+        .map(Into::into)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_apply_to_their_workers_and_clear() {
+        let book = FaultBook::default();
+        let (a, b) = (WorkerId::new("n/a"), WorkerId::new("n/b"));
+        book.apply(Injection {
+            id: 1,
+            kind: FaultKind::Slow { delay_ms: 5 },
+            workers: vec![a.clone()],
+        });
+        book.apply(Injection {
+            id: 2,
+            kind: FaultKind::FailEngine { after_steps: 1 },
+            workers: vec![b.clone()],
+        });
+        assert_eq!(book.step_delay(&a), Duration::from_millis(5));
+        assert_eq!(book.step_delay(&b), Duration::ZERO);
+        assert!(!book.step_fails(&b), "one step still succeeds");
+        assert!(book.step_fails(&b));
+        assert!(!book.step_fails(&a));
+        assert!(book.clear(1) && !book.clear(1));
+        assert_eq!(book.step_delay(&a), Duration::ZERO);
+    }
+
+    #[test]
+    fn specs_parse_from_the_documented_json() {
+        let f: FaultSpec = serde_json::from_str(
+            r#"{"kind": "slow", "delay_ms": 2000, "target": {"worker": "node-1/replica-0"}, "duration_ms": 5000}"#,
+        )
+        .unwrap();
+        assert_eq!(f.kind, FaultKind::Slow { delay_ms: 2000 });
+        assert_eq!(f.target, Target::Worker(WorkerId::new("node-1/replica-0")));
+        let f: FaultSpec = serde_json::from_str(
+            r#"{"kind": "fail_engine", "after_steps": 10, "target": "any_busy"}"#,
+        )
+        .unwrap();
+        assert_eq!(f.target, Target::AnyBusy);
+    }
+}

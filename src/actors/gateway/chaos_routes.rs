@@ -1,0 +1,219 @@
+//! The chaos API on the gateway: `POST /chaos/faults`, `GET /chaos/faults`,
+//! `DELETE /chaos/faults/{id}` (see `actors/chaos.rs` for what faults do). Present only when
+//! `chaos.enabled`; when `chaos.token` is set every call needs `Authorization: Bearer <token>`
+//! (configuration refuses a gateway beyond loopback with chaos on and no token).
+
+use super::error::{ApiError, ErrorKind};
+use super::routes::GatewayShared;
+use crate::actors::chaos::{ChaosMsg, FaultSpec, Injection, Target, find_chaos};
+use crate::actors::discovery::membership::{NodeState, NodeView};
+use crate::ids::WorkerId;
+use crate::wire::Wire;
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// One fault as listed by `GET /chaos/faults`.
+#[derive(Clone, Debug, Serialize)]
+pub struct FaultRecord {
+    /// Id.
+    pub id: u64,
+    /// The fault as posted.
+    pub spec: FaultSpec,
+    /// Workers it hit.
+    pub hit: Vec<WorkerId>,
+    /// Still installed.
+    pub active: bool,
+}
+
+/// The gateway's fault registry.
+pub struct ChaosController {
+    next_id: AtomicU64,
+    faults: Mutex<Vec<FaultRecord>>,
+    token: Option<String>,
+}
+
+impl ChaosController {
+    /// A controller; `token`: the bearer token every call must present, if any.
+    pub fn new(token: Option<String>) -> Self {
+        Self {
+            next_id: AtomicU64::new(1),
+            faults: Mutex::new(Vec::new()),
+            token,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<FaultRecord>> {
+        self.faults.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Clear fault `id` on every node it hit; false when unknown or already cleared.
+    pub fn clear(&self, id: u64) -> bool {
+        let hit = {
+            let mut faults = self.lock();
+            match faults.iter_mut().find(|f| f.id == id && f.active) {
+                Some(f) => {
+                    f.active = false;
+                    f.hit.clone()
+                }
+                None => return false,
+            }
+        };
+        for node in nodes_of(&hit).keys() {
+            if let Some(c) = find_chaos(node) {
+                let _ = c.cast(ChaosMsg::Clear(Wire::encode(&id)));
+            }
+        }
+        true
+    }
+}
+
+fn nodes_of(workers: &[WorkerId]) -> BTreeMap<String, Vec<WorkerId>> {
+    let mut by_node: BTreeMap<String, Vec<WorkerId>> = BTreeMap::new();
+    for w in workers {
+        let node = w.as_str().split('/').next().unwrap_or_default().to_owned();
+        by_node.entry(node).or_default().push(w.clone());
+    }
+    by_node
+}
+
+fn resolve(target: &Target, fleet: &[NodeView]) -> Vec<WorkerId> {
+    let live = fleet.iter().filter(|n| n.state == NodeState::Up);
+    match target {
+        Target::Worker(w) => live
+            .flat_map(|n| &n.workers)
+            .filter(|x| x.id == w.as_str())
+            .map(|x| WorkerId::new(x.id.clone()))
+            .collect(),
+        Target::Node(node) => live
+            .filter(|n| n.id == *node)
+            .flat_map(|n| &n.workers)
+            .map(|x| WorkerId::new(x.id.clone()))
+            .collect(),
+        Target::AnyBusy => live
+            .flat_map(|n| &n.workers)
+            .filter(|x| x.running + x.waiting > 0)
+            .max_by_key(|x| x.running + x.waiting)
+            .map(|x| vec![WorkerId::new(x.id.clone())])
+            .unwrap_or_default(),
+    }
+}
+
+fn controller(s: &GatewayShared, headers: &HeaderMap) -> Result<Arc<ChaosController>, ApiError> {
+    let c = s.chaos.clone().ok_or_else(|| {
+        ApiError::new(
+            ErrorKind::NotFound,
+            "the chaos API is disabled (start with `flotilla up --chaos` or set chaos.enabled)",
+        )
+        .code("chaos_disabled")
+    })?;
+    if let Some(token) = &c.token {
+        let ok = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|t| t == token);
+        if !ok {
+            return Err(ApiError::new(
+                ErrorKind::Unauthorized,
+                "the chaos API needs `Authorization: Bearer <chaos.token>`",
+            ));
+        }
+    }
+    Ok(c)
+}
+
+/// `POST /chaos/faults`.
+pub async fn create(
+    State(s): State<Arc<GatewayShared>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let result = async {
+        let c = controller(&s, &headers)?;
+        let spec: FaultSpec = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::new(ErrorKind::InvalidRequest, format!("invalid fault: {e}")))?;
+        let fleet = s.fleet().await?;
+        let hit = resolve(&spec.target, &fleet);
+        if hit.is_empty() {
+            return Err(ApiError::new(
+                ErrorKind::InvalidRequest,
+                "the target matches no live worker",
+            )
+            .param("target"));
+        }
+        let id = c.next_id.fetch_add(1, Ordering::Relaxed);
+        for (node, workers) in nodes_of(&hit) {
+            let chaos = find_chaos(&node).ok_or_else(|| {
+                ApiError::new(
+                    ErrorKind::Unavailable,
+                    format!("node {node} runs no chaos actor"),
+                )
+            })?;
+            let inj = Injection {
+                id,
+                kind: spec.kind.clone(),
+                workers,
+            };
+            chaos
+                .cast(ChaosMsg::Apply(Wire::encode(&inj)))
+                .map_err(|_| {
+                    ApiError::new(
+                        ErrorKind::Unavailable,
+                        format!("node {node} is unreachable"),
+                    )
+                })?;
+        }
+        c.lock().push(FaultRecord {
+            id,
+            spec: spec.clone(),
+            hit: hit.clone(),
+            active: true,
+        });
+        if let Some(ms) = spec.duration_ms {
+            let c2 = c.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                c2.clear(id);
+            });
+        }
+        Ok((
+            StatusCode::CREATED,
+            Json(serde_json::json!({"id": id, "hit": hit})),
+        )
+            .into_response())
+    }
+    .await;
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `GET /chaos/faults`.
+pub async fn list(State(s): State<Arc<GatewayShared>>, headers: HeaderMap) -> Response {
+    match controller(&s, &headers) {
+        Ok(c) => Json(serde_json::json!({"faults": *c.lock()})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `DELETE /chaos/faults/{id}`.
+pub async fn delete(
+    State(s): State<Arc<GatewayShared>>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+) -> Response {
+    match controller(&s, &headers) {
+        Ok(c) if c.clear(id) => {
+            Json(serde_json::json!({"id": id, "cleared": true})).into_response()
+        }
+        Ok(_) => {
+            ApiError::new(ErrorKind::NotFound, format!("no active fault {id}")).into_response()
+        }
+        Err(e) => e.into_response(),
+    }
+}

@@ -1,0 +1,153 @@
+//! The chaos API (first kinds: `slow`, `fail_engine`) and the streaming cases that need it:
+//! B01(3) keep-alives while a slowed worker stalls the stream, B05(C) an engine failure after
+//! the stream started becomes one SSE error record, never a normal finish.
+
+mod common;
+
+use common::{Cluster, MODEL, post, sse_records};
+use serde_json::{Value, json};
+
+async fn fault(c: &Cluster, body: Value) -> u64 {
+    let r = reqwest::Client::new()
+        .post(c.url("/chaos/faults"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let v: Value = r.json().await.unwrap();
+    v["id"].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_is_off_unless_enabled() {
+    let c = Cluster::start(2, &["worker.kv_blocks=64"]);
+    let r = reqwest::get(c.url("/chaos/faults")).await.unwrap();
+    assert_eq!(r.status(), 404);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "chaos_disabled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_streams_get_keep_alives_and_failures_become_error_records() {
+    let c = Cluster::start(
+        2,
+        &[
+            "worker.kv_blocks=128",
+            "gateway.keep_alive_ms=300",
+            "chaos.enabled=true",
+        ],
+    );
+    let url = c.url("/v1/chat/completions");
+    let worker = "node-1/replica-0";
+
+    // Bad faults are refused.
+    let r = reqwest::Client::new()
+        .post(c.url("/chaos/faults"))
+        .json(&json!({"kind": "slow", "delay_ms": 5, "target": {"worker": "nope/replica-9"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let r = reqwest::Client::new()
+        .post(c.url("/chaos/faults"))
+        .body("{")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+
+    // B01(3): a worker slowed to one step a second for 3 s; the stream carries keep-alive
+    // comments, stays well framed and ends with [DONE].
+    let id = fault(&c, json!({"kind": "slow", "delay_ms": 1000, "target": {"worker": worker}, "duration_ms": 3000})).await;
+    let listed: Value = reqwest::get(c.url("/chaos/faults"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let f = listed["faults"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["id"] == id)
+        .unwrap();
+    assert_eq!(f["hit"], json!([worker]));
+    assert_eq!(f["active"], true);
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 8, "stream": true, "temperature": 0});
+    let (s, _, text) = post(&url, &body).await;
+    assert_eq!(s, 200);
+    assert!(
+        text.contains(": keep-alive\n\n"),
+        "no keep-alive comment in {text:?}"
+    );
+    let recs = sse_records(&text);
+    assert_eq!(recs.last().unwrap(), "[DONE]");
+    let listed: Value = reqwest::get(c.url("/chaos/faults"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        listed["faults"][0]["active"], false,
+        "the timed fault cleared itself"
+    );
+
+    // B05(C): the engine fails after 10 steps, mid-stream: one error record, no finish.
+    let id = fault(
+        &c,
+        json!({"kind": "fail_engine", "after_steps": 10, "target": {"node": "node-1"}}),
+    )
+    .await;
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 200, "ignore_eos": true, "stream": true});
+    let (s, _, text) = post(&url, &body).await;
+    assert_eq!(s, 200, "the failure comes after the headers");
+    let recs = sse_records(&text);
+    let errors: Vec<_> = recs.iter().filter(|r| r.get("error").is_some()).collect();
+    assert_eq!(errors.len(), 1, "{text}");
+    assert!(errors[0]["error"]["message"].is_string() && errors[0]["error"]["type"].is_string());
+    let content = recs
+        .iter()
+        .filter(|r| {
+            r["choices"]
+                .get(0)
+                .is_some_and(|c| c["delta"]["content"].is_string())
+        })
+        .count();
+    assert!(
+        content >= 5,
+        "tokens were streamed before the failure ({content})"
+    );
+    assert!(
+        recs.iter()
+            .filter_map(|r| r["choices"].get(0))
+            .all(|c| c["finish_reason"].is_null()),
+        "a failure is never masked by a normal finish_reason"
+    );
+    // Non-streaming, the same failure is a 500 in the error shape.
+    let mut b = body.clone();
+    b["stream"] = json!(false);
+    let (s, ctype, t) = post(&url, &b).await;
+    assert_eq!(s, 500, "{t}");
+    assert!(ctype.starts_with("application/json"));
+    // Cleared, the worker serves again.
+    let r = reqwest::Client::new()
+        .delete(c.url(&format!("/chaos/faults/{id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = reqwest::Client::new()
+        .delete(c.url(&format!("/chaos/faults/{id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let (s, _, _) = post(
+        &url,
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(s, 200);
+}
