@@ -137,6 +137,35 @@ impl Harness {
     }
 }
 
+/// A KV event subscriber: joins the group and records what it is published.
+struct Subscriber;
+impl Actor for Subscriber {
+    type Msg = flotilla::actors::kv_block_manager::KvEventsMsg;
+    type State = Arc<std::sync::Mutex<Vec<flotilla::actors::kv_block_manager::KvEvent>>>;
+    type Arguments = Self::State;
+    async fn pre_start(
+        &self,
+        me: ActorRef<Self::Msg>,
+        s: Self::State,
+    ) -> Result<Self::State, ractor::ActorProcessingErr> {
+        ractor::pg::join(
+            flotilla::actors::kv_block_manager::KV_EVENTS_GROUP.to_owned(),
+            vec![me.get_cell()],
+        );
+        Ok(s)
+    }
+    async fn handle(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        s: &mut Self::State,
+    ) -> Result<(), ractor::ActorProcessingErr> {
+        let flotilla::actors::kv_block_manager::KvEventsMsg::Publish(w) = msg;
+        s.lock().unwrap().extend(w.decode().unwrap());
+        Ok(())
+    }
+}
+
 /// Collect a request's tokens until it finishes (or fails).
 async fn collect(
     rx: &mut tokio::sync::mpsc::UnboundedReceiver<TokenEventKind>,
@@ -200,6 +229,11 @@ async fn a_replica_serves_the_golden_cases_alone_and_batched() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_frees_the_blocks_and_events_reach_the_kv_manager() {
+    let sub_events: Arc<std::sync::Mutex<Vec<flotilla::actors::kv_block_manager::KvEvent>>> =
+        Default::default();
+    let (_sub, _) = Actor::spawn(None, Subscriber, sub_events.clone())
+        .await
+        .unwrap();
     let h = Harness::start("rep-b", 128).await;
     let baseline = h.stats().await.kv_blocks_used;
     let (p3, _) = golden("long_prompt");
@@ -225,6 +259,17 @@ async fn cancel_frees_the_blocks_and_events_reach_the_kv_manager() {
         || async { (h.stats().await.kv_blocks_used == baseline).then_some(()) },
     )
     .await;
+    // Subscribers in the KV events group received the same events, in order, from 1.
+    let got = sub_events.lock().unwrap().clone();
+    assert!(!got.is_empty(), "KV events reached the subscriber");
+    for (i, e) in got.iter().enumerate() {
+        assert_eq!(
+            e.event_id.0,
+            i as u64 + 1,
+            "event ids are consecutive from 1"
+        );
+        assert_eq!(e.worker, h.worker);
+    }
     // The prompt's full blocks were registered and mirrored by the KV block manager.
     let kvm: ActorRef<KvBlockManagerMsg> =
         ractor::registry::where_is(format!("{}/kv_manager", h.worker))

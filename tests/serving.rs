@@ -274,6 +274,46 @@ async fn streaming_framing_usage_roles_and_finish_reasons() {
             .all(|r| r["object"] == "text_completion")
     );
 
+    // B03(3): the legacy route follows the same rules — "length" with completion_tokens 5,
+    // and "stop" on a prompt that ends on its own.
+    let comp = c.url("/v1/completions");
+    let body = json!({"model": MODEL, "prompt": "Write a long essay about the sea.", "stream": true, "max_tokens": 5, "stream_options": {"include_usage": true}});
+    let recs = sse_records(&post(&comp, &body).await.2);
+    let fins: Vec<_> = recs
+        .iter()
+        .filter_map(|r| r["choices"].get(0))
+        .map(|c| c["finish_reason"].clone())
+        .collect();
+    assert!(fins[..fins.len() - 1].iter().all(Value::is_null));
+    assert_eq!(fins.last().unwrap(), "length");
+    let u = recs
+        .iter()
+        .find(|r| r.get("usage").is_some_and(|u| !u.is_null()))
+        .unwrap();
+    assert_eq!(u["usage"]["completion_tokens"], 5);
+    let g = golden("chat_capital");
+    let body = json!({"model": MODEL, "prompt": g["prompt"], "stream": true, "max_tokens": 50, "temperature": 0});
+    let recs = sse_records(&post(&comp, &body).await.2);
+    let fin = recs
+        .iter()
+        .filter_map(|r| r["choices"].get(0))
+        .find(|c| !c["finish_reason"].is_null())
+        .unwrap();
+    assert_eq!(fin["finish_reason"], "stop");
+    assert_eq!(joined_text(&recs, 0), "The capital of France is Paris.");
+
+    // B04(2): a choice whose only chunk is the finish chunk gets the role there (the first
+    // token's text is all held back by a matching stop string).
+    let body = chat(
+        "What is the capital of France?",
+        json!({"stream": true, "max_tokens": 1, "stop": ["The"]}),
+    );
+    let recs = sse_records(&post(&url, &body).await.2);
+    let choices: Vec<_> = recs.iter().filter_map(|r| r["choices"].get(0)).collect();
+    assert_eq!(choices.len(), 1, "{recs:?}");
+    assert_eq!(choices[0]["delta"]["role"], "assistant");
+    assert_eq!(choices[0]["finish_reason"], "stop");
+
     // n = 2: one role per choice, each choice finishes once.
     let body = chat(
         "Say hi",
@@ -336,6 +376,47 @@ async fn stop_strings_and_validation_errors() {
             }
         }
     }
+    // B06(2): a chat stream with a multi-token stop string.
+    let chat_url0 = c.url("/v1/chat/completions");
+    let body = chat(
+        "Repeat exactly: alpha beta gamma delta",
+        json!({"stop": ["beta gamma"], "max_tokens": 20, "seed": 1}),
+    );
+    let (_, _, t) = post(&chat_url0, &body).await;
+    let v: Value = serde_json::from_str(&t).unwrap();
+    let whole = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut sb = body.clone();
+    sb["stream"] = json!(true);
+    assert_eq!(
+        joined_text(&sse_records(&post(&chat_url0, &sb).await.2), 0),
+        whole
+    );
+    assert!(!whole.contains("beta gamma"), "{whole:?}");
+    // B06(4): generation that ends on length while a possible stop prefix is held back
+    // releases it: the text equals the same request without stop strings.
+    let base = json!({"model": MODEL, "prompt": "Here is the English alphabet: ABC", "max_tokens": 3, "temperature": 0});
+    let (_, _, t) = post(&comp, &base).await;
+    let plain: Value = serde_json::from_str(&t).unwrap();
+    let mut with_stop = base.clone();
+    with_stop["stop"] = json!(["DEFGHIJ"]);
+    with_stop["stream"] = json!(true);
+    let recs = sse_records(&post(&comp, &with_stop).await.2);
+    let fin = recs
+        .iter()
+        .filter_map(|r| r["choices"].get(0))
+        .find(|c| !c["finish_reason"].is_null())
+        .unwrap();
+    if fin["finish_reason"] == "length" {
+        assert_eq!(
+            joined_text(&recs, 0),
+            plain["choices"][0]["text"].as_str().unwrap(),
+            "held-back text released"
+        );
+    }
+
     // B06(3): no special-token text in chat deltas.
     let recs = sse_records(
         &post(

@@ -159,6 +159,7 @@ async fn fill_worker_stats(workers: &mut [WorkerView]) {
         {
             w.running = st.running;
             w.waiting = st.waiting;
+            w.in_flight = st.running + st.waiting;
             w.kv_blocks_used = st.kv_blocks_used;
             w.kv_blocks_total = st.kv_blocks_total;
         }

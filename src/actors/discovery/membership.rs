@@ -46,6 +46,9 @@ pub struct WorkerView {
     /// Sequences waiting for admission.
     #[serde(default)]
     pub waiting: usize,
+    /// Requests in flight on it (running + waiting).
+    #[serde(default)]
+    pub in_flight: usize,
     /// KV blocks pinned by live sequences.
     #[serde(default)]
     pub kv_blocks_used: usize,
