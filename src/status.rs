@@ -13,7 +13,12 @@ pub struct Fleet {
 
 /// Fetch `/v1/fleet` from `gateway` (a base URL such as `http://127.0.0.1:8080`).
 pub async fn fetch(gateway: &str) -> anyhow::Result<(Fleet, serde_json::Value)> {
-    let url = format!("{}/v1/fleet", gateway.trim_end_matches('/'));
+    let base = if gateway.contains("://") {
+        gateway.trim_end_matches('/').to_owned()
+    } else {
+        format!("http://{}", gateway.trim_end_matches('/'))
+    };
+    let url = format!("{base}/v1/fleet");
     let client = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(5))
         .build()?;

@@ -94,6 +94,58 @@ async fn slow_streams_get_keep_alives_and_failures_become_error_records() {
         "the timed fault cleared itself"
     );
 
+    // Deleting a slow fault ends the stall at once (the delay is not slept out).
+    let id = fault(
+        &c,
+        json!({"kind": "slow", "delay_ms": 600000, "target": {"worker": worker}}),
+    )
+    .await;
+    let slow = tokio::spawn({
+        let url = url.clone();
+        async move {
+            let t0 = std::time::Instant::now();
+            let (s, _, _) = post(&url, &json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})).await;
+            (s, t0.elapsed())
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let r = reqwest::Client::new()
+        .delete(c.url(&format!("/chaos/faults/{id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (s, took) = slow.await.unwrap();
+    assert_eq!(s, 200);
+    assert!(
+        took < std::time::Duration::from_secs(30),
+        "stalled {took:?} after the fault was deleted"
+    );
+    // Bad ids and methods get JSON errors.
+    let r = reqwest::Client::new()
+        .delete(c.url("/chaos/faults/abc"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/json")
+    );
+    let r = reqwest::get(c.url("/v1/chat/completions")).await.unwrap();
+    assert_eq!(r.status(), 405);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "method_not_allowed");
+    let r = reqwest::Client::new()
+        .post(c.url("/chaos/faults"))
+        .json(&json!({"kind": "slow", "delay_ms": u64::MAX, "target": "any_busy"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+
     // B05(C): the engine fails after 10 steps, mid-stream: one error record, no finish.
     let id = fault(
         &c,

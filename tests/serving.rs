@@ -417,6 +417,12 @@ async fn stop_strings_and_validation_errors() {
         );
     }
 
+    // Logprobs never carry the text of a stop match either.
+    let body = json!({"model": MODEL, "prompt": "The capital of France is", "stop": ["Paris"], "max_tokens": 5, "temperature": 0, "logprobs": 1});
+    let (s, _, t) = post(&comp, &body).await;
+    assert_eq!(s, 200, "{t}");
+    assert!(!t.contains("Paris"), "{t}");
+
     // B06(3): no special-token text in chat deltas.
     let recs = sse_records(
         &post(
@@ -508,9 +514,26 @@ async fn stop_strings_and_validation_errors() {
         let e: Value = serde_json::from_str(&t).unwrap();
         assert_eq!(e["error"]["code"], "model_not_found");
     }
-    let big = vec![b'a'; 5 * 1024 * 1024];
-    let (s, _, _) = post_raw(&chat_url, big).await;
-    assert_eq!(s, 413);
+    // f: a body over the limit is refused from its headers alone — the 413 arrives without
+    // the body ever being sent.
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = c.gateway.trim_start_matches("http://").to_owned();
+        let mut sock = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            50 * 1024 * 1024
+        );
+        sock.write_all(head.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        let resp = String::from_utf8_lossy(&buf[..n]);
+        assert!(resp.starts_with("HTTP/1.1 413"), "{resp}");
+        assert!(resp.contains("application/json"), "{resp}");
+    }
     let (s, _, _) = post(&chat_url, &chat("hi", json!({"max_tokens": 2}))).await;
     assert_eq!(s, 200);
 }

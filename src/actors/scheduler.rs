@@ -273,9 +273,13 @@ impl SchedulerState {
             let me = myself.clone();
             let delay = self.args.faults.step_delay(&self.args.worker);
             let injected_failure = self.args.faults.step_fails(&self.args.worker);
+            let (faults, worker) = (self.args.faults.clone(), self.args.worker.clone());
             tokio::spawn(async move {
-                if !delay.is_zero() {
-                    tokio::time::sleep(delay).await;
+                // An injected delay is slept in slices so that clearing the fault ends it.
+                let until = tokio::time::Instant::now() + delay;
+                while tokio::time::Instant::now() < until && !faults.step_delay(&worker).is_zero() {
+                    let left = until.saturating_duration_since(tokio::time::Instant::now());
+                    tokio::time::sleep(left.min(std::time::Duration::from_millis(50))).await;
                 }
                 let output = if injected_failure {
                     Err("injected engine failure (chaos)".to_owned())

@@ -19,6 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// Largest accepted `slow` delay (ms): 10 minutes.
+pub const MAX_DELAY_MS: u64 = 600_000;
+
 /// One fault as listed by `GET /chaos/faults`.
 #[derive(Clone, Debug, Serialize)]
 pub struct FaultRecord {
@@ -137,8 +140,17 @@ pub async fn create(
 ) -> Response {
     let result = async {
         let c = controller(&s, &headers)?;
-        let spec: FaultSpec = serde_json::from_slice(&body)
-            .map_err(|e| ApiError::new(ErrorKind::InvalidRequest, format!("invalid fault: {e}")))?;
+        let spec: FaultSpec = serde_json::from_slice(&body).map_err(|e| {
+            ApiError::new(
+                ErrorKind::InvalidRequest,
+                format!("invalid fault ({e}); expected {{\"kind\": \"slow\"|\"fail_engine\", …, \"target\": {{\"worker\": ID}} | {{\"node\": ID}} | \"any_busy\"}}"),
+            )
+        })?;
+        if let crate::actors::chaos::FaultKind::Slow { delay_ms } = spec.kind
+            && delay_ms > MAX_DELAY_MS
+        {
+            return Err(ApiError::new(ErrorKind::InvalidRequest, format!("delay_ms must be at most {MAX_DELAY_MS}")).param("delay_ms"));
+        }
         let fleet = s.fleet().await?;
         let hit = resolve(&spec.target, &fleet);
         if hit.is_empty() {
@@ -201,19 +213,19 @@ pub async fn list(State(s): State<Arc<GatewayShared>>, headers: HeaderMap) -> Re
     }
 }
 
-/// `DELETE /chaos/faults/{id}`.
+/// `DELETE /chaos/faults/{id}`: 200 when it was active, 404 when unknown or already cleared
+/// (expired and cleared faults stay listed by `GET`, with `active: false`).
 pub async fn delete(
     State(s): State<Arc<GatewayShared>>,
     headers: HeaderMap,
-    Path(id): Path<u64>,
+    Path(id): Path<String>,
 ) -> Response {
-    match controller(&s, &headers) {
-        Ok(c) if c.clear(id) => {
-            Json(serde_json::json!({"id": id, "cleared": true})).into_response()
-        }
-        Ok(_) => {
-            ApiError::new(ErrorKind::NotFound, format!("no active fault {id}")).into_response()
-        }
-        Err(e) => e.into_response(),
+    let c = match controller(&s, &headers) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    match id.parse::<u64>() {
+        Ok(n) if c.clear(n) => Json(serde_json::json!({"id": n, "cleared": true})).into_response(),
+        _ => ApiError::new(ErrorKind::NotFound, format!("no active fault {id}")).into_response(),
     }
 }

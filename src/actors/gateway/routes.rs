@@ -62,6 +62,7 @@ pub fn app(shared: Arc<GatewayShared>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/fleet", get(fleet))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(shared)
 }
 
@@ -128,6 +129,17 @@ async fn metrics(State(s): State<Arc<GatewayShared>>) -> Response {
 async fn fleet(State(s): State<Arc<GatewayShared>>) -> Result<Json<serde_json::Value>, ApiError> {
     let nodes = s.fleet().await?;
     Ok(Json(json!({ "nodes": nodes })))
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let mut r = ApiError::new(
+        ErrorKind::InvalidRequest,
+        format!("method {method} is not allowed on {}", uri.path()),
+    )
+    .code("method_not_allowed")
+    .into_response();
+    *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    r
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {

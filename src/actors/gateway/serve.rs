@@ -124,6 +124,8 @@ struct Choice {
     t0: Instant,
     /// When the previous token arrived.
     last: Option<Instant>,
+    /// Logprobs of tokens whose text the stop matcher still holds back.
+    held_logprobs: Vec<TokenLogprob>,
 }
 
 /// What one event produced for the client.
@@ -171,10 +173,20 @@ impl Choice {
                 if finish.is_some() {
                     piece.push_str(&self.detok.finish()?);
                 }
+                if self.want_logprobs {
+                    let token = self.tokenizer.0.decode(&[id], false).unwrap_or_default();
+                    self.held_logprobs.push(TokenLogprob {
+                        token,
+                        logprob,
+                        top: vec![],
+                    });
+                }
                 let step = self.stop.feed(&piece);
                 out.text = step.release;
                 if step.stopped.is_some() {
                     self.finish = Some(FinishReason::Stop);
+                    // Tokens whose text is (part of) the stop match are never shown.
+                    self.held_logprobs.clear();
                 } else if let Some(f) = finish {
                     out.text.push_str(&self.stop.finish());
                     self.finish = Some(match f {
@@ -182,13 +194,9 @@ impl Choice {
                         Finish::Length | Finish::ContextLimit => FinishReason::Length,
                     });
                 }
-                if self.want_logprobs {
-                    let token = self.tokenizer.0.decode(&[id], false).unwrap_or_default();
-                    out.logprobs.push(TokenLogprob {
-                        token,
-                        logprob,
-                        top: vec![],
-                    });
+                // A token's logprob goes out with its text: not while the text is held back.
+                if self.finish.is_some() || self.stop.held().is_empty() {
+                    out.logprobs.append(&mut self.held_logprobs);
                 }
             }
         }
@@ -300,6 +308,7 @@ async fn start(
             finish: None,
             t0,
             last: None,
+            held_logprobs: Vec::new(),
         });
     }
     drop(merged_tx);
