@@ -3,6 +3,11 @@
 //! worker, submits to that worker's Scheduler, receives the tokens through this node's
 //! TokenSink and hands them to the HTTP handler, and on the way out releases the placement.
 //!
+//! Worker loss: the actor checks every [`WORKER_CHECK_INTERVAL_MS`] that the scheduler it
+//! submitted to is still in the schedulers' group; when it is gone (node down, replica
+//! restarted), the client gets a 503 or, once streaming, an error record — never a stream that
+//! waits forever. (Migration to another worker replaces this failure in a later step.)
+//!
 //! Cancellation: when the client goes away the handler's stream is dropped, which casts
 //! [`RequestMsg::Cancel`] (and the event channel closes, which is detected on the next
 //! event). The actor then cancels at the scheduler, which frees the sequence's KV blocks at
@@ -43,6 +48,9 @@ pub enum RequestMsg {
     Event(TokenEventKind),
     /// The client is gone or the handler is done: cancel downstream and stop.
     Cancel,
+    /// Internal: the scheduler serving the request is gone (its node died or its replica
+    /// restarted), so no more tokens will come.
+    WorkerLost,
 }
 
 impl ractor::Message for RequestMsg {}
@@ -57,7 +65,11 @@ pub struct RequestState {
     worker: Option<WorkerId>,
     done: bool,
     forwarder: Option<JoinHandle<()>>,
+    watchdog: Option<JoinHandle<()>>,
 }
+
+/// How often a Request checks that its scheduler still exists.
+pub const WORKER_CHECK_INTERVAL_MS: u64 = 250;
 
 fn scheduler_of(worker: &WorkerId) -> Option<ActorRef<SchedulerMsg>> {
     let name = format!("{worker}/scheduler");
@@ -93,7 +105,25 @@ impl RequestState {
         self.done = true;
     }
 
-    async fn place(&mut self) -> Result<(), (String, u16)> {
+    /// Watch the scheduler the request was submitted to: when it leaves the schedulers' group
+    /// (node down: its session dropped; replica restarted: a new actor), report it.
+    fn watch(&mut self, scheduler: ractor::ActorId, me: ActorRef<RequestMsg>) {
+        self.watchdog = Some(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_millis(WORKER_CHECK_INTERVAL_MS))
+                    .await;
+                let alive = ractor::pg::get_members(&SCHEDULER_GROUP.to_owned())
+                    .iter()
+                    .any(|c| c.get_id() == scheduler);
+                if !alive {
+                    let _ = me.cast(RequestMsg::WorkerLost);
+                    break;
+                }
+            }
+        }));
+    }
+
+    async fn place(&mut self) -> Result<ractor::ActorId, (String, u16)> {
         let job = &self.args.job;
         let router = find_router().ok_or(("no router is available".to_owned(), 503))?;
         let req = RouteRequest {
@@ -116,7 +146,8 @@ impl RequestState {
         self.worker = Some(worker);
         scheduler
             .cast(SchedulerMsg::Submit(Wire::encode(job)))
-            .map_err(|_| ("the chosen worker went away".to_owned(), 503))
+            .map_err(|_| ("the chosen worker went away".to_owned(), 503))?;
+        Ok(scheduler.get_id())
     }
 }
 
@@ -143,6 +174,7 @@ impl Actor for Request {
             worker: None,
             done: false,
             forwarder: Some(forwarder),
+            watchdog: None,
         })
     }
 
@@ -151,10 +183,13 @@ impl Actor for Request {
         myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        if let Err((message, status)) = state.place().await {
-            state.fail(&message, status);
-            state.finish(false);
-            myself.stop(None);
+        match state.place().await {
+            Ok(scheduler) => state.watch(scheduler, myself.clone()),
+            Err((message, status)) => {
+                state.fail(&message, status);
+                state.finish(false);
+                myself.stop(None);
+            }
         }
         Ok(())
     }
@@ -169,6 +204,9 @@ impl Actor for Request {
         state.args.registry.unregister(state.args.job.request);
         if let Some(f) = state.forwarder.take() {
             f.abort();
+        }
+        if let Some(w) = state.watchdog.take() {
+            w.abort();
         }
         if running {
             // Stopped from outside (node shutdown) while running: tell the handler.
@@ -207,6 +245,14 @@ impl Actor for Request {
             }
             RequestMsg::Cancel => {
                 state.finish(true);
+                myself.stop(None);
+            }
+            RequestMsg::WorkerLost => {
+                if !state.done {
+                    tracing::warn!(request = %state.args.job.request, worker = ?state.worker, "worker lost mid-request");
+                    state.fail("the worker serving this request was lost", 503);
+                    state.finish(false);
+                }
                 myself.stop(None);
             }
         }

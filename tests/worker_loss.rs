@@ -1,0 +1,88 @@
+//! A worker lost mid-request (its node process SIGKILLed) never leaves a stream waiting: the
+//! client gets one SSE error record within a bounded time, and new requests get a clean 503
+//! while no worker is left.
+
+mod common;
+
+use common::{Cluster, MODEL, post};
+use futures::StreamExt;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_node_ends_its_streams_with_an_error() {
+    let c = Cluster::start(
+        2,
+        &["worker.kv_blocks=128", "cluster.heartbeat_interval_ms=100"],
+    );
+    let fleet: Value = reqwest::get(c.url("/v1/fleet"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let pid = fleet["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == "node-1")
+        .unwrap()["pid"]
+        .as_i64()
+        .unwrap() as i32;
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}],
+                      "max_tokens": 4000, "ignore_eos": true, "stream": true});
+    let resp = reqwest::Client::new()
+        .post(c.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.bytes_stream();
+    let mut text = String::new();
+    while text.matches("data: ").count() < 3 {
+        text.push_str(&String::from_utf8_lossy(
+            &stream.next().await.unwrap().unwrap(),
+        ));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let rest = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(b) = stream.next().await {
+            match b {
+                Ok(b) => text.push_str(&String::from_utf8_lossy(&b)),
+                Err(_) => break,
+            }
+        }
+    })
+    .await;
+    assert!(
+        rest.is_ok(),
+        "the stream was still open 20 s after its worker died"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        t0.elapsed()
+    );
+    let last = text.trim_end().rsplit("\n\n").next().unwrap().to_owned();
+    assert!(
+        last.starts_with("data: {\"error\""),
+        "the stream ends with an error record: {last}"
+    );
+    assert!(
+        !text.contains("\"finish_reason\":\"length\""),
+        "no normal finish masks the loss"
+    );
+    // With no worker left, a new request is refused cleanly.
+    let (s, _, t) = post(
+        &c.url("/v1/chat/completions"),
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(s, 503, "{t}");
+}
