@@ -182,6 +182,13 @@ pub struct GatewayConfig {
     pub max_body_bytes: usize,
     /// Interval of SSE keep-alive comments while a stream waits for tokens.
     pub keep_alive_ms: u64,
+    /// Admission: a worker is busy when this fraction of its KV blocks is in use…
+    pub busy_kv_ratio: f64,
+    /// …or when this many sequences wait for admission on it. When every live worker is
+    /// busy, new requests get 503 with `Retry-After` before any work is done.
+    pub busy_waiting: usize,
+    /// Admission: most choices in flight on this gateway; beyond, 503.
+    pub max_in_flight: usize,
 }
 
 impl Default for GatewayConfig {
@@ -190,6 +197,9 @@ impl Default for GatewayConfig {
             http_addr: "127.0.0.1:8080".parse().expect("static address"),
             max_body_bytes: 4 * 1024 * 1024,
             keep_alive_ms: 10_000,
+            busy_kv_ratio: 0.95,
+            busy_waiting: 64,
+            max_in_flight: 4096,
         }
     }
 }
@@ -361,6 +371,15 @@ impl Config {
             return Err(invalid(
                 "chaos.token",
                 "required when chaos.enabled and the gateway listens beyond loopback",
+            ));
+        }
+        if !(self.gateway.busy_kv_ratio > 0.0 && self.gateway.busy_kv_ratio <= 1.0) {
+            return Err(invalid("gateway.busy_kv_ratio", "must be in (0, 1]"));
+        }
+        if self.gateway.max_in_flight == 0 || self.gateway.busy_waiting == 0 {
+            return Err(invalid(
+                "gateway.max_in_flight",
+                "admission bounds must be at least 1",
             ));
         }
         if self.gateway.keep_alive_ms == 0 {

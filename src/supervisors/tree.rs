@@ -25,7 +25,7 @@ use crate::actors::discovery::{Discovery, DiscoveryArgs};
 use crate::actors::engine_worker::{EngineConfig, EngineWorker, EngineWorkerArgs};
 use crate::actors::gateway::chaos_routes::ChaosController;
 use crate::actors::gateway::routes::GatewayShared;
-use crate::actors::gateway::serve::Serving;
+use crate::actors::gateway::serve::{Admission, Serving};
 use crate::actors::gateway::{GatewayArgs, HttpGateway};
 use crate::actors::kv_block_manager::KvBlockManager;
 use crate::actors::router::Router;
@@ -124,6 +124,11 @@ fn gateway(ctx: &NodeContext) -> SupervisorSpec {
             request_sup: ctx.name("request_sup"),
             next_id: AtomicU64::new(1),
             keep_alive: Duration::from_millis(ctx.config.gateway.keep_alive_ms),
+            admission: Admission {
+                busy_kv_ratio: ctx.config.gateway.busy_kv_ratio,
+                busy_waiting: ctx.config.gateway.busy_waiting,
+                max_in_flight: ctx.config.gateway.max_in_flight,
+            },
         })
     });
     let chaos = ctx

@@ -56,6 +56,50 @@ pub struct Serving {
     pub next_id: AtomicU64,
     /// Interval of SSE keep-alive comments while a stream waits (`gateway.keep_alive_ms`).
     pub keep_alive: Duration,
+    /// Admission thresholds.
+    pub admission: Admission,
+}
+
+/// Admission control (load shedding), checked before the body is read: a worker is busy when
+/// `kv_blocks_used / kv_blocks_total ≥ busy_kv_ratio` or `waiting ≥ busy_waiting` (as of its
+/// node's last heartbeat, ≤ `cluster.heartbeat_interval_ms` old); when every live worker is
+/// busy, or this gateway has `max_in_flight` choices in flight, the request gets **503** with
+/// `Retry-After: 1` and no work is done. (429 is reserved for per-key rate limits, which do
+/// not exist yet.)
+#[derive(Clone, Copy, Debug)]
+pub struct Admission {
+    /// See `gateway.busy_kv_ratio`.
+    pub busy_kv_ratio: f64,
+    /// See `gateway.busy_waiting`.
+    pub busy_waiting: usize,
+    /// See `gateway.max_in_flight`.
+    pub max_in_flight: usize,
+}
+
+async fn admit(s: &GatewayShared, serving: &Serving) -> Result<(), ApiError> {
+    let a = serving.admission;
+    if serving.registry.len() >= a.max_in_flight {
+        metrics::counter!("flotilla_shed_total", "reason" => "gateway_queue").increment(1);
+        return Err(unavailable(
+            "the gateway is at its in-flight limit; retry shortly",
+        ));
+    }
+    let fleet = s.fleet().await?;
+    let workers: Vec<_> = fleet
+        .iter()
+        .filter(|n| n.state == crate::actors::discovery::membership::NodeState::Up)
+        .flat_map(|n| &n.workers)
+        .collect();
+    let busy = |w: &&crate::actors::discovery::membership::WorkerView| {
+        w.waiting >= a.busy_waiting
+            || (w.kv_blocks_total > 0
+                && w.kv_blocks_used as f64 >= a.busy_kv_ratio * w.kv_blocks_total as f64)
+    };
+    if !workers.is_empty() && workers.iter().all(busy) {
+        metrics::counter!("flotilla_shed_total", "reason" => "all_workers_busy").increment(1);
+        return Err(unavailable("every worker is busy; retry shortly"));
+    }
+    Ok(())
 }
 
 fn unavailable(msg: &str) -> ApiError {
@@ -265,6 +309,7 @@ async fn start(
         .serving
         .as_ref()
         .ok_or_else(|| unavailable("this gateway serves no model"))?;
+    admit(s, serving).await?;
     let bytes = read_body(headers, body, s.max_body_bytes).await?;
     let req = parse_request(kind, &bytes)?;
     let fe = &serving.frontend;
