@@ -277,7 +277,8 @@ async fn streaming_framing_usage_roles_and_finish_reasons() {
     // B03(3): the legacy route follows the same rules — "length" with completion_tokens 5,
     // and "stop" on a prompt that ends on its own.
     let comp = c.url("/v1/completions");
-    let body = json!({"model": MODEL, "prompt": "Write a long essay about the sea.", "stream": true, "max_tokens": 5, "stream_options": {"include_usage": true}});
+    let body = json!({"model": MODEL, "prompt": "Write a long essay about the sea.", "stream": true, "max_tokens": 5,
+                      "temperature": 0, "ignore_eos": true, "stream_options": {"include_usage": true}});
     let recs = sse_records(&post(&comp, &body).await.2);
     let fins: Vec<_> = recs
         .iter()

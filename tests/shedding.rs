@@ -36,8 +36,9 @@ async fn requests_are_shed_with_503_when_every_worker_is_busy() {
         ],
     );
     let client = reqwest::Client::new();
-    // One long request fills more than half of the only worker's 16 blocks.
-    let body = json!({"model": MODEL, "prompt": "word ".repeat(140), "max_tokens": 100, "ignore_eos": true, "stream": true});
+    // One long request (≈ 9 blocks of prompt, 800 tokens to generate: seconds of work) holds
+    // more than a tenth of the only worker's 64 blocks.
+    let body = json!({"model": MODEL, "prompt": "word ".repeat(140), "max_tokens": 800, "ignore_eos": true, "stream": true});
     let resp = client
         .post(c.url("/v1/completions"))
         .json(&body)

@@ -44,7 +44,7 @@ for kw in ({"stream_options": {"include_usage": False}}, {}):
     check(all(c.choices and c.usage is None for c in s), "B02 no usage chunk without include_usage")
 
 # B03: finish_reason null until the last chunk; "length" with max_tokens 5.
-s = list(client.chat.completions.create(model=model, stream=True, max_tokens=5,
+s = list(client.chat.completions.create(model=model, stream=True, max_tokens=5, temperature=0,
          messages=[{"role": "user", "content": "Write a long essay about the sea."}],
          stream_options={"include_usage": True}))
 reasons = [c.choices[0].finish_reason for c in s if c.choices]
