@@ -11,11 +11,13 @@
 //! - `node.rs` — one node process: start, ready line, ordered stop.
 //! - `launcher.rs` — `flotilla up`: a local cluster of node processes.
 //! - `status.rs` — `flotilla status`: the fleet view from a gateway.
+//! - `chaos_cli.rs` — `flotilla chaos`: a client of the gateway's chaos API.
 //! - `config.rs` — the typed configuration tree (TOML + env + flags).
 //! - `ids.rs`, `clock.rs`, `wire.rs`, `metrics.rs` — newtypes, injected time, payloads
 //!   between nodes, the Prometheus recorder.
 
 pub mod actors;
+pub mod chaos_cli;
 pub mod clock;
 pub mod cluster;
 pub mod config;

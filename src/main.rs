@@ -27,6 +27,8 @@ enum Cmd {
     Status(StatusArgs),
     /// Run the engine in-process (no cluster) and print the completion.
     Generate(flotilla::generate::GenerateArgs),
+    /// Inject and clear faults through the gateway's chaos API.
+    Chaos(flotilla::chaos_cli::ChaosArgs),
 }
 
 #[derive(Args)]
@@ -214,6 +216,9 @@ async fn main() -> std::process::ExitCode {
         .await
         .map(|_| std::process::ExitCode::SUCCESS),
         Cmd::Node(a) => run_node(a).await,
+        Cmd::Chaos(a) => flotilla::chaos_cli::run(a)
+            .await
+            .map(|_| std::process::ExitCode::SUCCESS),
         Cmd::Generate(a) => tokio::task::spawn_blocking(move || flotilla::generate::run(a))
             .await
             .map_err(anyhow::Error::from)

@@ -41,6 +41,31 @@ async fn slow_streams_get_keep_alives_and_failures_become_error_records() {
     let url = c.url("/v1/chat/completions");
     let worker = "node-1/replica-0";
 
+    // The CLI client: add, list, clear.
+    let cli = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .arg("chaos")
+            .args(args)
+            .args(["--gateway", &c.gateway])
+            .output()
+            .unwrap()
+    };
+    let out = cli(&["slow", "--target", worker, "--delay-ms", "1"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cli_id = v["id"].as_u64().unwrap().to_string();
+    let out = cli(&["list"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains(worker));
+    assert!(cli(&["clear", &cli_id]).status.success());
+    assert!(
+        !cli(&["clear", &cli_id]).status.success(),
+        "clearing twice fails"
+    );
+
     // Bad faults are refused.
     let r = reqwest::Client::new()
         .post(c.url("/chaos/faults"))
@@ -89,10 +114,13 @@ async fn slow_streams_get_keep_alives_and_failures_become_error_records() {
         .json()
         .await
         .unwrap();
-    assert_eq!(
-        listed["faults"][0]["active"], false,
-        "the timed fault cleared itself"
-    );
+    let timed = listed["faults"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["id"] == id)
+        .unwrap();
+    assert_eq!(timed["active"], false, "the timed fault cleared itself");
 
     // Deleting a slow fault ends the stall at once (the delay is not slept out).
     let id = fault(
