@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Cluster, MODEL, joined_text, poll_until, post, post_raw, sse_records};
+use common::{Cluster, MODEL, joined_text, kv_used, poll_until, post, post_raw, sse_records};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -599,22 +599,6 @@ async fn batching_never_changes_results_and_prefixes_are_reused() {
         "a repeated prompt reuses cached blocks"
     );
     assert_eq!(v1["choices"][0]["text"], v3["choices"][0]["text"]);
-}
-
-async fn kv_used(c: &Cluster) -> usize {
-    let f: Value = reqwest::get(c.url("/v1/fleet"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    f["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|n| n["workers"].as_array().unwrap().clone())
-        .map(|w| w["kv_blocks_used"].as_u64().unwrap() as usize)
-        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

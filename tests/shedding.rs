@@ -4,26 +4,10 @@
 
 mod common;
 
-use common::{Cluster, MODEL, poll_until};
+use common::{Cluster, MODEL, kv_used, poll_until};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
-
-async fn kv_used(c: &Cluster) -> u64 {
-    let f: Value = reqwest::get(c.url("/v1/fleet"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    f["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|n| n["workers"].as_array().unwrap().clone())
-        .map(|w| w["kv_blocks_used"].as_u64().unwrap())
-        .sum()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_are_shed_with_503_when_every_worker_is_busy() {

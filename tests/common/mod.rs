@@ -103,6 +103,23 @@ impl Drop for Cluster {
     }
 }
 
+/// KV blocks in use across every worker, from the gateway's fleet view.
+pub async fn kv_used(c: &Cluster) -> u64 {
+    let f: serde_json::Value = reqwest::get(c.url("/v1/fleet"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    f["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|n| n["workers"].as_array().unwrap().clone())
+        .map(|w| w["kv_blocks_used"].as_u64().unwrap())
+        .sum()
+}
+
 /// The served model's name (the default model file's stem).
 pub const MODEL: &str = "smollm2-135m-instruct-q4_1";
 
