@@ -69,11 +69,7 @@ fn target(t: &str) -> serde_json::Value {
 
 /// Run a chaos subcommand; prints the gateway's JSON answer.
 pub async fn run(a: ChaosArgs) -> anyhow::Result<()> {
-    let base = if a.gateway.contains("://") {
-        a.gateway.trim_end_matches('/').to_owned()
-    } else {
-        format!("http://{}", a.gateway.trim_end_matches('/'))
-    };
+    let base = crate::status::base_url(&a.gateway);
     let client = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(10))
         .build()?;

@@ -60,6 +60,15 @@ impl Clock for ManualClock {
     }
 }
 
+/// Wall-clock milliseconds since the Unix epoch (for identities and leases that must mean the
+/// same on every node, e.g. a node's incarnation; not for measuring durations).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
 /// The default shared clock.
 pub fn system() -> SharedClock {
     Arc::new(SystemClock)

@@ -265,6 +265,15 @@ pub async fn join_any(
     }
 }
 
+/// The member of process group `group` registered as `name`, on this node or a peer (a
+/// peer's actor appears here as its proxy, bearing the same name). Names are node-prefixed,
+/// so at most one actor of the cluster bears a given name.
+pub fn member_named(group: &str, name: &str) -> Option<ractor::ActorCell> {
+    ractor::pg::get_members(&group.to_owned())
+        .into_iter()
+        .find(|c| c.get_name().as_deref() == Some(name))
+}
+
 /// Number of established sessions.
 pub async fn session_count(server: &ActorRef<NodeServerMessage>) -> Result<usize, ClusterError> {
     ractor::call_t!(server, NodeServerMessage::GetSessions, 2_000)

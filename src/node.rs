@@ -96,13 +96,6 @@ pub enum NodeExit {
     Escalated,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or_default()
-}
-
 /// Start a node: NodeServer, tree, then join the seeds (an authentication failure is fatal).
 pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     crate::metrics::handle();
@@ -141,7 +134,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         cluster: cluster.clone(),
         membership: tokio::sync::broadcast::channel(1024).0,
         http_addr: Arc::new(Mutex::new(None)),
-        incarnation: now_ms(),
+        incarnation: crate::clock::unix_ms(),
         clock: crate::clock::system(),
         model,
         faults: Default::default(),

@@ -11,14 +11,19 @@ pub struct Fleet {
     pub nodes: Vec<NodeView>,
 }
 
+/// A gateway base URL from a URL or a bare `host:port` (http assumed), without a trailing `/`.
+pub fn base_url(gateway: &str) -> String {
+    let g = gateway.trim_end_matches('/');
+    if g.contains("://") {
+        g.to_owned()
+    } else {
+        format!("http://{g}")
+    }
+}
+
 /// Fetch `/v1/fleet` from `gateway` (a base URL such as `http://127.0.0.1:8080`).
 pub async fn fetch(gateway: &str) -> anyhow::Result<(Fleet, serde_json::Value)> {
-    let base = if gateway.contains("://") {
-        gateway.trim_end_matches('/').to_owned()
-    } else {
-        format!("http://{}", gateway.trim_end_matches('/'))
-    };
-    let url = format!("{base}/v1/fleet");
+    let url = format!("{}/v1/fleet", base_url(gateway));
     let client = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(5))
         .build()?;

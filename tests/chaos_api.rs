@@ -6,6 +6,7 @@ mod common;
 
 use common::{Cluster, MODEL, post, sse_records};
 use serde_json::{Value, json};
+use std::time::Duration;
 
 async fn fault(c: &Cluster, body: Value) -> u64 {
     let r = reqwest::Client::new()
@@ -82,9 +83,9 @@ async fn slow_streams_get_keep_alives_and_failures_become_error_records() {
         .unwrap();
     assert_eq!(r.status(), 400);
 
-    // B01(3): a worker slowed to one step a second for 3 s; the stream carries keep-alive
+    // B01(3): a worker slowed to one step a second for 5 s; the stream carries keep-alive
     // comments, stays well framed and ends with [DONE].
-    let id = fault(&c, json!({"kind": "slow", "delay_ms": 1000, "target": {"worker": worker}, "duration_ms": 3000})).await;
+    let id = fault(&c, json!({"kind": "slow", "delay_ms": 1000, "target": {"worker": worker}, "duration_ms": 5000})).await;
     let listed: Value = reqwest::get(c.url("/chaos/faults"))
         .await
         .unwrap()
@@ -108,19 +109,26 @@ async fn slow_streams_get_keep_alives_and_failures_become_error_records() {
     );
     let recs = sse_records(&text);
     assert_eq!(recs.last().unwrap(), "[DONE]");
-    let listed: Value = reqwest::get(c.url("/chaos/faults"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let timed = listed["faults"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["id"] == id)
-        .unwrap();
-    assert_eq!(timed["active"], false, "the timed fault cleared itself");
+    // The stream may end before the 5 s are up (the model can stop early): wait for expiry.
+    common::poll_until(
+        Duration::from_secs(10),
+        "the timed fault cleared itself",
+        || async {
+            let listed: Value = reqwest::get(c.url("/chaos/faults"))
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            let timed = listed["faults"]
+                .as_array()?
+                .iter()
+                .find(|f| f["id"] == id)?
+                .clone();
+            (timed["active"] == false).then_some(())
+        },
+    )
+    .await;
 
     // Deleting a slow fault ends the stall at once (the delay is not slept out).
     let id = fault(

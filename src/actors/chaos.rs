@@ -189,11 +189,7 @@ impl Actor for Chaos {
 
 /// The Chaos actor of `node`, wherever it runs.
 pub fn find_chaos(node: &str) -> Option<ActorRef<ChaosMsg>> {
-    let name = format!("{node}/chaos");
-    ractor::pg::get_members(&CHAOS_GROUP.to_owned())
-        .into_iter()
-        .find(|c| c.get_name().as_deref() == Some(name.as_str()))
-        .map(Into::into)
+    crate::cluster::member_named(CHAOS_GROUP, &format!("{node}/chaos")).map(Into::into)
 }
 
 #[cfg(test)]

@@ -72,11 +72,7 @@ pub struct RequestState {
 pub const WORKER_CHECK_INTERVAL_MS: u64 = 250;
 
 fn scheduler_of(worker: &WorkerId) -> Option<ActorRef<SchedulerMsg>> {
-    let name = format!("{worker}/scheduler");
-    ractor::pg::get_members(&SCHEDULER_GROUP.to_owned())
-        .into_iter()
-        .find(|c| c.get_name().as_deref() == Some(name.as_str()))
-        .map(Into::into)
+    crate::cluster::member_named(SCHEDULER_GROUP, &format!("{worker}/scheduler")).map(Into::into)
 }
 
 impl RequestState {

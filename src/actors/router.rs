@@ -52,13 +52,6 @@ pub struct RouterState {
     select: LeastLoaded,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or_default()
-}
-
 /// Live workers: members of the schedulers' group, by worker id (`<worker>/scheduler`).
 pub fn live_workers() -> Vec<WorkerId> {
     ractor::pg::get_members(&SCHEDULER_GROUP.to_owned())
@@ -90,7 +83,7 @@ impl Actor for Router {
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let now = now_ms();
+        let now = crate::clock::unix_ms();
         match msg {
             RouterMsg::Route(wire, reply) => {
                 let pick = match wire.decode() {

@@ -177,9 +177,5 @@ impl Actor for TokenSink {
 
 /// The sink of `node`, wherever it runs (local or a peer's proxy).
 pub fn find_sink(node: &NodeId) -> Option<ActorRef<TokenSinkMsg>> {
-    let name = sink_name(node);
-    ractor::pg::get_members(&TOKEN_SINK_GROUP.to_owned())
-        .into_iter()
-        .find(|c| c.get_name().as_deref() == Some(name.as_str()))
-        .map(Into::into)
+    crate::cluster::member_named(TOKEN_SINK_GROUP, &sink_name(node)).map(Into::into)
 }
