@@ -50,6 +50,33 @@ pub enum ChaosCmd {
         #[arg(long)]
         duration_ms: Option<u64>,
     },
+    /// Kill an actor of the target (`--actor replica|scheduler|engine|kv_manager|router|
+    /// http_gateway|token_sink|discovery`); its supervisor reacts.
+    Kill {
+        /// `any_busy`, `node:NAME` or a worker id.
+        #[arg(long, default_value = "any_busy")]
+        target: String,
+        /// Which actor.
+        #[arg(long, default_value = "replica")]
+        actor: String,
+    },
+    /// Kill the target's node process (SIGKILL); `flotilla up` starts it again.
+    KillNode {
+        /// `any_busy`, `node:NAME` or a worker id (its node).
+        #[arg(long, default_value = "any_busy")]
+        target: String,
+    },
+    /// Hang the target's engine until cleared or until its watchdog restarts the replica.
+    Hang {
+        /// `any_busy`, `node:NAME` or a worker id.
+        #[arg(long, default_value = "any_busy")]
+        target: String,
+        /// Clear by itself after this long (ms).
+        #[arg(long)]
+        duration_ms: Option<u64>,
+    },
+    /// Steady load while busy workers are killed; checks nothing is lost (see `soak.rs`).
+    Soak(crate::soak::SoakOptions),
     /// Clear a fault by id.
     Clear {
         /// Fault id.
@@ -83,7 +110,32 @@ pub async fn run(a: ChaosArgs) -> anyhow::Result<()> {
             .json(&serde_json::json!({"kind": "slow", "delay_ms": delay_ms, "target": target(t), "duration_ms": duration_ms})),
         ChaosCmd::FailEngine { target: t, after_steps, duration_ms } => auth(client.post(format!("{base}/chaos/faults")))
             .json(&serde_json::json!({"kind": "fail_engine", "after_steps": after_steps, "target": target(t), "duration_ms": duration_ms})),
+        ChaosCmd::Kill { target: t, actor } => auth(client.post(format!("{base}/chaos/faults")))
+            .json(&serde_json::json!({"kind": "kill_actor", "actor": actor, "target": target(t)})),
+        ChaosCmd::KillNode { target: t } => auth(client.post(format!("{base}/chaos/faults")))
+            .json(&serde_json::json!({"kind": "kill_node", "target": target(t)})),
+        ChaosCmd::Hang { target: t, duration_ms } => auth(client.post(format!("{base}/chaos/faults")))
+            .json(&serde_json::json!({"kind": "hang", "target": target(t), "duration_ms": duration_ms})),
         ChaosCmd::Clear { id } => auth(client.delete(format!("{base}/chaos/faults/{id}"))),
+        ChaosCmd::Soak(opts) => {
+            let report = crate::soak::run(&base, a.token.clone(), opts).await?;
+            println!("{}", report.markdown());
+            for f in &report.faults {
+                println!(
+                    "fault at {:>6} ms: {:<10} {:<24} back to capacity in {}",
+                    f.at_ms,
+                    f.kind,
+                    f.hit.join(","),
+                    f.back_to_capacity_ms.map_or("never".into(), |m| format!("{m} ms"))
+                );
+            }
+            for p in &report.problems {
+                println!("problem: {p}");
+            }
+            println!("SOAK_REPORT {}", serde_json::to_string(&report)?);
+            anyhow::ensure!(report.passed(), "the soak found lost or changed requests");
+            return Ok(());
+        }
     };
     let resp = req
         .send()

@@ -105,6 +105,10 @@ pub struct NodeConfig {
     pub roles: Vec<Role>,
     /// Shared secret every node of the cluster must present (challenge/response; never sent).
     pub cookie: String,
+    /// Drain on SIGTERM: the node leaves routing at once, in-flight requests get this long to
+    /// finish, the rest migrate, then the node stops (ms). `flotilla up` gives its nodes
+    /// `launcher::STOP_GRACE` (60 s) in all before it kills them.
+    pub drain_grace_ms: u64,
 }
 
 impl Default for NodeConfig {
@@ -115,6 +119,7 @@ impl Default for NodeConfig {
             join: Vec::new(),
             roles: vec![Role::Gateway, Role::Router, Role::Worker],
             cookie: String::new(),
+            drain_grace_ms: 30_000,
         }
     }
 }
@@ -189,6 +194,10 @@ pub struct GatewayConfig {
     pub busy_waiting: usize,
     /// Admission: most choices in flight on this gateway; beyond, 503.
     pub max_in_flight: usize,
+    /// Migrations a request may make when its worker is lost (0: fail instead).
+    pub migration_limit: u32,
+    /// How long a migrating request keeps looking for a new worker before it fails (ms).
+    pub migration_timeout_ms: u64,
 }
 
 impl Default for GatewayConfig {
@@ -200,6 +209,8 @@ impl Default for GatewayConfig {
             busy_kv_ratio: 0.95,
             busy_waiting: 64,
             max_in_flight: 4096,
+            migration_limit: 3,
+            migration_timeout_ms: 30_000,
         }
     }
 }
@@ -259,6 +270,13 @@ pub struct WorkerConfig {
     pub max_num_batched_tokens: usize,
     /// Context limit (capped by the model's own).
     pub max_model_len_tokens: usize,
+    /// Step watchdog: an engine step running longer than this marks the replica unhealthy
+    /// and restarts it (ms). The slowest step measured on the CPU engine (a 512-token prefill
+    /// chunk on 2 cores) takes about 1.4 s; the default leaves a wide margin.
+    pub step_timeout_ms: u64,
+    /// Canary: an idle replica pings its engine this often; no answer within
+    /// `step_timeout_ms` counts as a hang (ms).
+    pub canary_interval_ms: u64,
 }
 
 impl Default for WorkerConfig {
@@ -271,6 +289,8 @@ impl Default for WorkerConfig {
             max_num_seqs: 64,
             max_num_batched_tokens: 512,
             max_model_len_tokens: 8192,
+            step_timeout_ms: 30_000,
+            canary_interval_ms: 5_000,
         }
     }
 }

@@ -91,6 +91,7 @@ pub fn generate_streaming(
         top_p: args.top_p,
         top_k: args.top_k,
         seed: args.seed,
+        offset: 0,
         logprobs: false,
     };
     let mut output_ids = Vec::new();

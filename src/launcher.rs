@@ -4,8 +4,10 @@
 //! single node, it runs every role). Every child gets a fresh random cookie, a free loopback
 //! cluster port, and `PR_SET_PDEATHSIG` so it dies with this process even on SIGKILL. Once the
 //! gateway reports every node up, the summary is printed (and a machine-readable
-//! `FLOTILLA_UP {"gateway": URL}` line). On Ctrl-C / SIGTERM each child gets SIGTERM, is given
-//! `STOP_GRACE` to stop in order, then SIGKILL; `up` exits 0 with no child left behind.
+//! `FLOTILLA_UP {"gateway": URL}` line). A node that dies (crash, chaos `kill_node`) is
+//! started again under its name and joins the others; one that stops cleanly is left stopped.
+//! On Ctrl-C / SIGTERM each child gets SIGTERM — each node drains (see `node::drain`) — and is
+//! given `STOP_GRACE` to stop in order, then SIGKILL; `up` exits 0 with no child left behind.
 
 use crate::node::{READY_PREFIX, ReadyLine};
 use std::net::SocketAddr;
@@ -16,7 +18,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 /// Time children get to stop after SIGTERM before they are killed.
-pub const STOP_GRACE: Duration = Duration::from_secs(20);
+pub const STOP_GRACE: Duration = Duration::from_secs(60);
 /// Time allowed for the cluster to form.
 pub const FORM_TIMEOUT: Duration = Duration::from_secs(90);
 /// Prefix of the machine-readable line printed once the cluster is up.
@@ -37,59 +39,67 @@ pub struct UpOptions {
     pub node_args: Vec<String>,
     /// Serve the chaos API on the gateway.
     pub chaos: bool,
+    /// Start a node that dies again (`--no-restart` turns it off).
+    pub restart: bool,
 }
 
 struct NodeProc {
     name: String,
     child: Child,
+    /// When it was restarted (within the respawn window).
+    restarts: Vec<std::time::Instant>,
+    /// It exited with success (drained on SIGTERM): not restarted.
+    stopped: bool,
 }
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// Most restarts of one node within [`RESPAWN_WINDOW`].
+pub const MAX_RESPAWNS: usize = 10;
+/// Window of [`MAX_RESPAWNS`].
+pub const RESPAWN_WINDOW: Duration = Duration::from_secs(60);
+
+fn node_name(i: usize) -> String {
+    format!("node-{i}")
 }
 
-fn cookie() -> String {
-    use rand::Rng;
-    let mut rng = rand::rng();
-    (0..32)
-        .map(|_| char::from(b"0123456789abcdef"[rng.random_range(0..16)]))
-        .collect()
+/// What every node process of one `up` shares.
+struct Launch {
+    exe: PathBuf,
+    cookie: String,
+    ports: Vec<u16>,
+    opts: UpOptions,
 }
 
-/// Run a local cluster until Ctrl-C / SIGTERM.
-pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
-    anyhow::ensure!(opts.nodes >= 1, "--nodes must be at least 1");
-    let exe = std::env::current_exe()?;
-    let cookie = cookie();
-    let mut ports = Vec::new();
-    for _ in 0..opts.nodes {
-        ports.push(free_port()?);
-    }
-    let seed = format!("127.0.0.1:{}", ports[0]);
-    let mut procs: Vec<NodeProc> = Vec::new();
-    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::unbounded_channel::<ReadyLine>();
-    for (i, port) in ports.iter().enumerate() {
-        let name = format!("node-{i}");
+impl Launch {
+    /// Start node `i`, joining `join`, serving HTTP on `http` (node 0); its ready line goes to
+    /// `ready`, its other output to ours.
+    fn spawn(
+        &self,
+        i: usize,
+        join: &[String],
+        http: Option<&str>,
+        ready: &tokio::sync::mpsc::UnboundedSender<ReadyLine>,
+    ) -> anyhow::Result<Child> {
+        let opts = &self.opts;
+        let name = node_name(i);
         let roles = match (i, opts.nodes) {
             (_, 1) => "gateway,router,worker",
             (0, _) => "gateway,router",
             _ => "worker",
         };
-        let mut cmd = Command::new(&exe);
+        let mut cmd = Command::new(&self.exe);
         cmd.arg("node")
             .arg("--name")
             .arg(&name)
             .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
+            .arg(format!("127.0.0.1:{}", self.ports[i]))
             .arg("--roles")
             .arg(roles)
-            .env("FLOTILLA_NODE__COOKIE", &cookie);
-        if i == 0 {
-            cmd.arg("--http").arg(opts.http.to_string());
-        } else {
-            cmd.arg("--join").arg(&seed);
+            .env("FLOTILLA_NODE__COOKIE", &self.cookie);
+        if let Some(h) = http {
+            cmd.arg("--http").arg(h);
+        }
+        for j in join {
+            cmd.arg("--join").arg(j);
         }
         if let Some(m) = &opts.model {
             cmd.arg("--model").arg(m);
@@ -119,7 +129,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
             .spawn()
             .map_err(|e| anyhow::anyhow!("cannot start {name}: {e}"))?;
         if let Some(out) = child.stdout.take() {
-            let tx = ready_tx.clone();
+            let tx = ready.clone();
             tokio::spawn(async move {
                 let mut lines = BufReader::new(out).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
@@ -134,10 +144,53 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
                 }
             });
         }
-        procs.push(NodeProc { name, child });
+        Ok(child)
     }
-    drop(ready_tx);
+}
 
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn cookie() -> String {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    (0..32)
+        .map(|_| char::from(b"0123456789abcdef"[rng.random_range(0..16)]))
+        .collect()
+}
+
+/// Run a local cluster until Ctrl-C / SIGTERM.
+pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
+    anyhow::ensure!(opts.nodes >= 1, "--nodes must be at least 1");
+    let exe = std::env::current_exe()?;
+    let cookie = cookie();
+    let mut ports = Vec::new();
+    for _ in 0..opts.nodes {
+        ports.push(free_port()?);
+    }
+    let seed = format!("127.0.0.1:{}", ports[0]);
+    let mut procs: Vec<NodeProc> = Vec::new();
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::unbounded_channel::<ReadyLine>();
+    let launch = Launch {
+        exe,
+        cookie,
+        ports: ports.clone(),
+        opts: opts.clone(),
+    };
+    for i in 0..ports.len() {
+        let join = if i == 0 { vec![] } else { vec![seed.clone()] };
+        let http = (i == 0).then(|| opts.http.to_string());
+        let child = launch.spawn(i, &join, http.as_deref(), &ready_tx)?;
+        procs.push(NodeProc {
+            name: node_name(i),
+            child,
+            restarts: Vec::new(),
+            stopped: false,
+        });
+    }
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let formed = async {
         let mut gateway = None;
@@ -165,6 +218,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };
+    let gateway_addr: Option<String>;
     let result = tokio::select! {
         r = tokio::time::timeout(FORM_TIMEOUT, formed) => Some(r),
         _ = tokio::signal::ctrl_c() => None,
@@ -172,6 +226,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     };
     match result {
         Some(Ok(Ok((gateway, fleet)))) => {
+            gateway_addr = Some(gateway.trim_start_matches("http://").to_owned());
             println!("Flotilla is up: {} node(s)", opts.nodes);
             println!("gateway: {gateway}");
             if let Some(m) = &opts.model {
@@ -199,17 +254,53 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
         }
     }
 
-    // Supervise until asked to stop: report nodes that exit on their own.
-    let mut reported = vec![false; procs.len()];
+    // Supervise until asked to stop: a node that dies (crash, `kill_node`: a non-zero exit or
+    // a signal) is started again under the same name, joining the others; more than
+    // MAX_RESPAWNS within RESPAWN_WINDOW and it stays down. A node that stops cleanly (it
+    // drained after its own SIGTERM) stays stopped.
+    let gateway_http = gateway_addr.unwrap_or_else(|| opts.http.to_string());
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
             _ = sigterm.recv() => break,
             _ = tokio::time::sleep(Duration::from_millis(200)) => {
                 for (i, p) in procs.iter_mut().enumerate() {
-                    if !reported[i] && let Ok(Some(status)) = p.child.try_wait() {
-                        reported[i] = true;
-                        eprintln!("flotilla up: {} exited ({status})", p.name);
+                    if p.stopped {
+                        continue;
+                    }
+                    if !opts.restart {
+                        if let Ok(Some(status)) = p.child.try_wait() {
+                            eprintln!("flotilla up: {} exited ({status}); left down (--no-restart)", p.name);
+                            p.stopped = true;
+                        }
+                        continue;
+                    }
+                    let Ok(Some(status)) = p.child.try_wait() else { continue };
+                    if status.success() {
+                        // Drained and stopped on purpose (SIGTERM to that node): leave it.
+                        eprintln!("flotilla up: {} stopped ({status})", p.name);
+                        p.stopped = true;
+                        continue;
+                    }
+                    let now = std::time::Instant::now();
+                    p.restarts.retain(|t| now.duration_since(*t) < RESPAWN_WINDOW);
+                    if p.restarts.len() >= MAX_RESPAWNS {
+                        if p.restarts.len() == MAX_RESPAWNS {
+                            eprintln!("flotilla up: {} exited ({status}) too often; leaving it down", p.name);
+                            p.restarts.push(now);
+                        }
+                        continue;
+                    }
+                    eprintln!("flotilla up: {} exited ({status}); starting it again", p.name);
+                    p.restarts.push(now);
+                    let join: Vec<String> = (0..ports.len())
+                        .filter(|j| *j != i)
+                        .map(|j| format!("127.0.0.1:{}", ports[j]))
+                        .collect();
+                    let http = (i == 0).then_some(gateway_http.as_str());
+                    match launch.spawn(i, &join, http, &ready_tx) {
+                        Ok(child) => p.child = child,
+                        Err(e) => eprintln!("flotilla up: cannot restart {}: {e}", node_name(i)),
                     }
                 }
             }

@@ -18,6 +18,7 @@
 
 pub mod actors;
 pub mod chaos_cli;
+pub mod client;
 pub mod clock;
 pub mod cluster;
 pub mod config;
@@ -28,6 +29,8 @@ pub mod launcher;
 pub mod metrics;
 pub mod model;
 pub mod node;
+pub mod resilience;
+pub mod soak;
 pub mod status;
 pub mod supervisors;
 pub mod wire;

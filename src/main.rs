@@ -51,6 +51,9 @@ struct UpArgs {
     /// Serve the chaos API (`/chaos/faults`) on the gateway.
     #[arg(long)]
     chaos: bool,
+    /// Leave a node that dies down instead of starting it again.
+    #[arg(long)]
+    no_restart: bool,
 }
 
 #[derive(Args)]
@@ -212,6 +215,7 @@ async fn main() -> std::process::ExitCode {
             config: a.config,
             node_args: a.set,
             chaos: a.chaos,
+            restart: !a.no_restart,
         })
         .await
         .map(|_| std::process::ExitCode::SUCCESS),

@@ -13,6 +13,12 @@ pub const LATENCY_BUCKETS_S: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
+/// Finer buckets (seconds) of the migration resume gap, whose target is p99 < 1 s.
+pub const RESUME_GAP_BUCKETS_S: &[f64] = &[
+    0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0,
+    10.0,
+];
+
 /// The process's recorder, installed on first use.
 pub fn handle() -> PrometheusHandle {
     HANDLE
@@ -20,9 +26,17 @@ pub fn handle() -> PrometheusHandle {
             // Latency histograms get real buckets (the exporter's default is a summary).
             let builder = PrometheusBuilder::new()
                 .set_buckets_for_metric(
-                    metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
-                    LATENCY_BUCKETS_S,
+                    metrics_exporter_prometheus::Matcher::Full(
+                        "flotilla_migration_resume_gap_seconds".into(),
+                    ),
+                    RESUME_GAP_BUCKETS_S,
                 )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
+                        LATENCY_BUCKETS_S,
+                    )
+                })
                 .unwrap_or_else(|_| PrometheusBuilder::new());
             let recorder = builder.build_recorder();
             let handle = recorder.handle();

@@ -99,6 +99,7 @@ pub enum NodeExit {
 /// Start a node: NodeServer, tree, then join the seeds (an authentication failure is fatal).
 pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     crate::metrics::handle();
+    crate::resilience::install_panic_hook();
     let config = Arc::new(config);
     let node_id = NodeId::new(config.node.name());
     let model = if config.has_role(crate::config::Role::Worker) {
@@ -178,10 +179,13 @@ impl RunningNode {
         }
     }
 
-    /// Run until `shutdown` resolves (then stop in order) or the root supervisor dies.
+    /// Run until `shutdown` resolves (then drain and stop in order) or the root supervisor
+    /// dies.
     pub async fn wait(mut self, shutdown: impl std::future::Future<Output = ()>) -> NodeExit {
         tokio::select! {
             _ = shutdown => {
+                let grace = Duration::from_millis(self.ctx.config.node.drain_grace_ms);
+                drain(grace).await;
                 self.stop_ref().await;
                 NodeExit::Stopped
             }
@@ -209,5 +213,53 @@ impl RunningNode {
     /// Stop the tree (reverse start order) and the cluster server.
     pub async fn stop(mut self) {
         self.stop_ref().await;
+    }
+}
+
+/// Drain this node: its workers leave routing at once (routers stop choosing them; `/health`
+/// and `/v1/fleet` show `draining`), its gateway refuses new requests with 503; in-flight
+/// requests get `grace` to finish; whatever still runs on its workers then migrates
+/// ([`crate::actors::scheduler::SchedulerMsg::Evict`]). Returns when nothing is left or the
+/// grace period is over.
+pub async fn drain(grace: Duration) {
+    use crate::actors::scheduler::{SCHEDULER_GROUP, SchedulerMsg};
+    use crate::wire::Wire;
+    use std::sync::atomic::Ordering;
+    crate::resilience::DRAINING.store(true, Ordering::Relaxed);
+    let schedulers: Vec<ActorRef<SchedulerMsg>> =
+        ractor::pg::get_local_members(&SCHEDULER_GROUP.to_owned())
+            .into_iter()
+            .map(Into::into)
+            .collect();
+    for s in &schedulers {
+        let _ = s.cast(SchedulerMsg::Drain(Wire::encode(&())));
+    }
+    let deadline = tokio::time::Instant::now() + grace;
+    let started = std::time::Instant::now();
+    loop {
+        let mut busy = crate::resilience::GATEWAY_IN_FLIGHT.load(Ordering::Relaxed) as usize;
+        for s in &schedulers {
+            if let Ok(w) = ractor::call_t!(s, SchedulerMsg::Stats, 500)
+                && let Ok(st) = w.decode()
+            {
+                busy += st.running + st.waiting;
+            }
+        }
+        if busy == 0 {
+            tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "drained");
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(busy, "drain grace period over; migrating what is left");
+            for s in &schedulers {
+                let _ = s.cast(SchedulerMsg::Evict(Wire::encode(
+                    &"the worker drained".to_owned(),
+                )));
+            }
+            // Let the evictions reach their gateways before the node stops.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -32,7 +32,15 @@ fn alive(pid: i32) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn up_forms_detects_a_killed_node_and_stops_cleanly() {
     let mut up = Command::new(BIN)
-        .args(["up", "--nodes", "3", "--http", "127.0.0.1:0"])
+        // A dead node stays down here (the restart of dead nodes: tests/chaos_soak.rs).
+        .args([
+            "up",
+            "--nodes",
+            "3",
+            "--http",
+            "127.0.0.1:0",
+            "--no-restart",
+        ])
         .args([
             "--set",
             &format!("cluster.heartbeat_interval_ms={HEARTBEAT_MS}"),

@@ -20,6 +20,7 @@ async fn actor_steps_greedy_like_the_golden() {
             num_blocks: 8,
             ..EngineConfig::default()
         },
+        faults: None,
     };
     let (actor, handle) = Actor::spawn(None, EngineWorker, args).await.expect("spawn");
     let info = call_t!(actor, EngineWorkerMsg::Info, 5_000).expect("info");

@@ -83,6 +83,8 @@ impl Harness {
             flags: SupervisorFlags::new(Strategy::OneForAll, 3, Duration::from_secs(60)),
             shutdown: Shutdown::Timeout(Duration::from_secs(5)),
             faults: Default::default(),
+            step_timeout: Duration::from_secs(30),
+            canary_interval: Duration::from_secs(5),
         });
         let (sup, _) = Actor::spawn(spec.actor_name.clone(), Supervisor, spec)
             .await
@@ -186,6 +188,7 @@ async fn collect(
                 }
             }
             TokenEventKind::Failed { message, .. } => panic!("request failed: {message}"),
+            TokenEventKind::Lost { reason } => panic!("request lost: {reason}"),
         }
     }
 }
@@ -304,7 +307,8 @@ async fn refused_requests_fail_cleanly_and_stopping_fails_the_rest() {
         }
         other => panic!("expected a refusal, got {other:?}"),
     }
-    // A running request hears about it when the replica stops.
+    // A running request hears that it is lost (so that it can migrate) when the replica
+    // stops.
     let (p1, _) = golden("chat_capital");
     let mut rx = h.submit(10, p1, 100_000);
     loop {
@@ -316,8 +320,8 @@ async fn refused_requests_fail_cleanly_and_stopping_fails_the_rest() {
     h.sup.stop_and_wait(None, None).await.unwrap();
     let mut failed = false;
     while let Ok(Some(ev)) = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
-        if let TokenEventKind::Failed { message, .. } = ev {
-            assert!(message.contains("stopped"), "{message}");
+        if let TokenEventKind::Lost { reason } = ev {
+            assert!(reason.contains("stopped"), "{reason}");
             failed = true;
             break;
         }

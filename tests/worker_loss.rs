@@ -1,6 +1,7 @@
-//! A worker lost mid-request (its node process SIGKILLed) never leaves a stream waiting: the
-//! client gets one SSE error record within a bounded time, and new requests get a clean 503
-//! while no worker is left.
+//! A worker lost mid-request (its node process SIGKILLed, and not restarted) when no other
+//! worker exists never leaves a stream waiting: the request tries to migrate for
+//! `gateway.migration_timeout_ms`, then the client gets one SSE error record, and new requests
+//! get a clean 503 while no worker is left. (Migration that succeeds: `tests/resilience.rs`.)
 
 mod common;
 
@@ -11,9 +12,14 @@ use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_node_ends_its_streams_with_an_error() {
-    let c = Cluster::start(
+    let c = Cluster::start_with(
         2,
-        &["worker.kv_blocks=128", "cluster.heartbeat_interval_ms=100"],
+        &["--no-restart"],
+        &[
+            "worker.kv_blocks=128",
+            "cluster.heartbeat_interval_ms=100",
+            "gateway.migration_timeout_ms=1000",
+        ],
     );
     let fleet: Value = reqwest::get(c.url("/v1/fleet"))
         .await

@@ -36,6 +36,50 @@ pub enum FaultKind {
         #[serde(default)]
         after_steps: u64,
     },
+    /// The engines of the target workers stop answering (steps and canary pings) while their
+    /// processes go on. Lasts until the fault is cleared or the replica is restarted — which
+    /// the scheduler's step watchdog does after `worker.step_timeout_ms`.
+    Hang,
+    /// Kill one actor of each target (no cleanup runs, as after a crash); its supervisor
+    /// reacts. `actor`: `replica` (the replica's supervisor and so all of it), `scheduler`,
+    /// `engine`, `kv_manager` — or a node-wide actor of the target's node: `router`,
+    /// `http_gateway`, `token_sink`, `discovery`.
+    KillActor {
+        /// Which actor.
+        #[serde(default = "default_kill_actor")]
+        actor: String,
+    },
+    /// The target's node process exits abruptly (SIGKILL of itself). `flotilla up` starts it
+    /// again.
+    KillNode,
+    /// The target workers' schedulers panic while handling their next message (their
+    /// supervisor restarts the replica; the panic is counted).
+    Panic,
+    /// A bare task on the target's node panics — one no supervisor watches; the panic hook
+    /// counts and logs it (`flotilla_panics_total`).
+    PanicTask,
+}
+
+fn default_kill_actor() -> String {
+    "replica".into()
+}
+
+/// Actors `kill_actor` can name, per worker.
+pub const WORKER_ACTORS: [&str; 4] = ["replica", "scheduler", "engine", "kv_manager"];
+/// Actors `kill_actor` can name, per node.
+pub const NODE_ACTORS: [&str; 4] = ["router", "http_gateway", "token_sink", "discovery"];
+
+impl FaultKind {
+    /// One-shot kinds act once when installed and stay listed only as history.
+    pub fn is_one_shot(&self) -> bool {
+        matches!(
+            self,
+            FaultKind::KillActor { .. }
+                | FaultKind::KillNode
+                | FaultKind::Panic
+                | FaultKind::PanicTask
+        )
+    }
 }
 
 /// Whom a fault hits.
@@ -72,6 +116,9 @@ pub struct FaultSpec {
 pub struct Injection {
     /// Fault id.
     pub id: u64,
+    /// The node it is sent to.
+    #[serde(default)]
+    pub node: String,
     /// What it does.
     pub kind: FaultKind,
     /// Workers hit.
@@ -110,10 +157,41 @@ impl FaultBook {
             .filter(|(ws, _)| ws.contains(worker))
             .map(|(_, k)| match k {
                 FaultKind::Slow { delay_ms } => *delay_ms,
-                FaultKind::FailEngine { .. } => 0,
+                _ => 0,
             })
             .sum();
         Duration::from_millis(ms)
+    }
+
+    /// Whether `worker`'s engine is hung.
+    pub fn hangs(&self, worker: &WorkerId) -> bool {
+        self.lock()
+            .values()
+            .any(|(ws, k)| *k == FaultKind::Hang && ws.contains(worker))
+    }
+
+    /// Whether `worker`'s scheduler must panic now (consumes the fault for that worker).
+    pub fn take_panic(&self, worker: &WorkerId) -> bool {
+        let mut book = self.lock();
+        let mut hit = false;
+        for (ws, k) in book.values_mut() {
+            if *k == FaultKind::Panic && ws.contains(worker) {
+                ws.retain(|w| w != worker);
+                hit = true;
+            }
+        }
+        book.retain(|_, (ws, _)| !ws.is_empty());
+        hit
+    }
+
+    /// End every hang of `worker` (its replica restarts).
+    pub fn end_hangs(&self, worker: &WorkerId) {
+        let mut book = self.lock();
+        for (ws, k) in book.values_mut() {
+            if *k == FaultKind::Hang {
+                ws.retain(|w| w != worker);
+            }
+        }
     }
 
     /// Whether `worker`'s next step must fail (counts the step down otherwise).
@@ -172,7 +250,16 @@ impl Actor for Chaos {
             ChaosMsg::Apply(w) => {
                 if let Ok(inj) = w.decode() {
                     tracing::warn!(fault = inj.id, kind = ?inj.kind, workers = ?inj.workers, "chaos: fault installed");
-                    book.apply(inj);
+                    match &inj.kind {
+                        FaultKind::KillActor { actor } => {
+                            kill_actors(actor, &inj.node, &inj.workers)
+                        }
+                        FaultKind::KillNode => kill_this_node(),
+                        FaultKind::PanicTask => {
+                            tokio::spawn(async { panic!("injected panic in a bare task (chaos)") });
+                        }
+                        _ => book.apply(inj),
+                    }
                 }
             }
             ChaosMsg::Clear(w) => {
@@ -185,6 +272,44 @@ impl Actor for Chaos {
         }
         Ok(())
     }
+}
+
+/// Registered name of the actor `actor` for `worker` (see [`FaultKind::KillActor`]).
+pub fn actor_name(actor: &str, worker: &WorkerId) -> Option<String> {
+    let node = worker.as_str().split('/').next().unwrap_or_default();
+    match actor {
+        "replica" => Some(worker.to_string()),
+        a if WORKER_ACTORS.contains(&a) => Some(format!("{worker}/{a}")),
+        a if NODE_ACTORS.contains(&a) => Some(format!("{node}/{a}")),
+        _ => None,
+    }
+}
+
+fn kill_actors(actor: &str, node: &str, workers: &[WorkerId]) {
+    let mut names: Vec<String> = if NODE_ACTORS.contains(&actor) {
+        vec![format!("{node}/{actor}")]
+    } else {
+        workers
+            .iter()
+            .filter_map(|w| actor_name(actor, w))
+            .collect()
+    };
+    names.dedup();
+    for name in names {
+        match ractor::registry::where_is(name.clone()) {
+            Some(cell) => {
+                tracing::warn!(actor = %name, "chaos: killing actor");
+                cell.kill();
+            }
+            None => tracing::warn!(actor = %name, "chaos: no such actor to kill"),
+        }
+    }
+}
+
+fn kill_this_node() {
+    tracing::warn!("chaos: killing this node process (SIGKILL)");
+    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    std::process::abort();
 }
 
 /// The Chaos actor of `node`, wherever it runs.
@@ -201,11 +326,13 @@ mod tests {
         let book = FaultBook::default();
         let (a, b) = (WorkerId::new("n/a"), WorkerId::new("n/b"));
         book.apply(Injection {
+            node: "n".into(),
             id: 1,
             kind: FaultKind::Slow { delay_ms: 5 },
             workers: vec![a.clone()],
         });
         book.apply(Injection {
+            node: "n".into(),
             id: 2,
             kind: FaultKind::FailEngine { after_steps: 1 },
             workers: vec![b.clone()],

@@ -113,6 +113,7 @@ impl DiscoveryState {
             pid: std::process::id(),
             actors,
             workers,
+            counters: crate::resilience::counters(),
         };
         self.membership.set_me(info);
     }
@@ -162,6 +163,7 @@ async fn fill_worker_stats(workers: &mut [WorkerView]) {
             w.in_flight = st.running + st.waiting;
             w.kv_blocks_used = st.kv_blocks_used;
             w.kv_blocks_total = st.kv_blocks_total;
+            w.health = st.health.to_string();
         }
     }
 }
@@ -230,6 +232,7 @@ impl Actor for Discovery {
             pid: std::process::id(),
             actors: vec![],
             workers: vec![],
+            counters: Default::default(),
         };
         let state_clock_now = args.clock.now();
         ractor::pg::join(DISCOVERY_GROUP.to_owned(), vec![myself.get_cell()]);

@@ -14,7 +14,8 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 pub use engine::{Engine, EngineConfig, EngineError, ErrorKind};
 pub use types::{EngineInfo, SampledToken, SamplingParams, StepBatch, StepOutput, StepSeq};
 
-use crate::ids::SeqId;
+use crate::actors::chaos::FaultBook;
+use crate::ids::{SeqId, WorkerId};
 use crate::model::weights::ModelWeights;
 
 /// The actor (no configuration; everything is in [`EngineWorkerArgs`]).
@@ -27,12 +28,15 @@ pub struct EngineWorkerArgs {
     /// Weights shared by every replica of the process.
     pub weights: Arc<ModelWeights>,
     pub config: EngineConfig,
+    /// Chaos: the node's fault book and this engine's worker id (`hang` faults stop it).
+    pub faults: Option<(FaultBook, WorkerId)>,
 }
 
 /// Actor state: the engine, absent only while a step runs on the blocking pool.
 #[derive(Debug)]
 pub struct EngineWorkerState {
     engine: Option<Engine>,
+    faults: Option<(FaultBook, WorkerId)>,
 }
 
 /// Messages of the engine worker.
@@ -47,6 +51,8 @@ pub enum EngineWorkerMsg {
     Release(SeqId),
     /// Static facts: block geometry, vocabulary, KV bytes (call).
     Info(RpcReplyPort<EngineInfo>),
+    /// Canary: answers at once unless the engine is hung (call).
+    Ping(RpcReplyPort<()>),
 }
 
 impl ractor::Message for EngineWorkerMsg {}
@@ -91,6 +97,7 @@ impl Actor for EngineWorker {
         let engine = Engine::new(args.weights, args.config)?;
         Ok(EngineWorkerState {
             engine: Some(engine),
+            faults: args.faults,
         })
     }
 
@@ -100,7 +107,16 @@ impl Actor for EngineWorker {
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        if matches!(msg, EngineWorkerMsg::Step(..) | EngineWorkerMsg::Ping(..))
+            && let Some((faults, worker)) = &state.faults
+        {
+            // An injected hang: this actor stops answering, as a wedged device would.
+            while faults.hangs(worker) {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
         match msg {
+            EngineWorkerMsg::Ping(port) => reply(port, ()),
             EngineWorkerMsg::Step(batch, port) => {
                 let out = state.with_engine(move |e| e.step(&batch)).await?;
                 reply(port, out);

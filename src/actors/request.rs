@@ -3,12 +3,29 @@
 //! worker, submits to that worker's Scheduler, receives the tokens through this node's
 //! TokenSink and hands them to the HTTP handler, and on the way out releases the placement.
 //!
-//! Worker loss: the actor checks every [`WORKER_CHECK_INTERVAL_MS`] that the scheduler it
-//! submitted to is still in the schedulers' group; when it is gone (node down, replica
-//! restarted), the client gets a 503 or, once streaming, an error record — never a stream that
-//! waits forever. (Migration to another worker replaces this failure in a later step.)
+//! # Attempts and migration
+//! Each placement is an **attempt** with its own request id (taken from the gateway's id
+//! counter), registered in the node's sink registry; events of an older attempt can no longer
+//! reach the handler, so a token is never delivered twice. The actor keeps every token it has
+//! delivered. When the worker is lost — its scheduler leaves the schedulers' group (node down,
+//! replica killed or restarted by its watchdog; a process-group monitor reports it at once,
+//! and a poll every [`WORKER_CHECK_INTERVAL_MS`] backs it up) or
+//! the worker says it will not continue ([`TokenEventKind::Lost`]: drain deadline, replica
+//! stopping) — the request **migrates**: a new attempt is placed with the prompt plus every
+//! token delivered so far as its prompt, `max_tokens` reduced by as many, and the sampler
+//! resuming at the same draw index (`SamplingParams::offset`), so the client sees one stream,
+//! one id, and the same tokens a run without the fault produces. Up to `migration_limit`
+//! migrations; while no worker is available a migration retries placement every
+//! [`PLACE_RETRY_MS`] for up to `migration_timeout`. After that the client gets a 503 (before
+//! the first byte) or an error record (mid-stream). A worker-side failure that is not a loss
+//! (`Failed`: bad request, engine fault) is passed on, not migrated.
 //!
-//! Cancellation: when the client goes away the handler's stream is dropped, which casts
+//! Metrics: `flotilla_migrations_total`, `flotilla_migration_failures_total`, and
+//! `flotilla_migration_resume_gap_seconds` (last token before the loss → first token after it,
+//! as the client sees it).
+//!
+//! # Cancellation
+//! When the client goes away the handler's stream is dropped, which casts
 //! [`RequestMsg::Cancel`] (and the event channel closes, which is detected on the next
 //! event). The actor then cancels at the scheduler, which frees the sequence's KV blocks at
 //! once — the step already running completes, its token for this sequence is discarded. So
@@ -20,14 +37,26 @@ use crate::actors::token_sink::{SinkRegistry, TokenEventKind};
 use crate::ids::{NodeId, RequestId, WorkerId};
 use crate::wire::Wire;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 /// How long placement may take before the request fails with 503 (ms).
 pub const ROUTE_TIMEOUT_MS: u64 = 5_000;
+/// How often a Request re-checks that its scheduler still exists (ms), besides being told at
+/// once when it leaves the schedulers' group (a process-group monitor).
+pub const WORKER_CHECK_INTERVAL_MS: u64 = 1_000;
+/// Interval between placement tries while a migration finds no worker (ms).
+pub const PLACE_RETRY_MS: u64 = 200;
+
+/// Process-wide count of migrations started by this node's Request actors (shown in
+/// `/v1/fleet`).
+pub static MIGRATIONS: AtomicU64 = AtomicU64::new(0);
 
 /// What to generate: exactly what is submitted to the chosen worker's scheduler
-/// (`reply_to` is this gateway node).
+/// (`reply_to` is this gateway node). `request` is the id of the first attempt.
 pub type Job = SubmitRequest;
 
 /// Spawn inputs.
@@ -39,18 +68,25 @@ pub struct RequestArgs {
     pub registry: SinkRegistry,
     /// Where events go (the HTTP handler).
     pub events: mpsc::UnboundedSender<TokenEventKind>,
+    /// The gateway's request id counter (each migration attempt takes a fresh id).
+    pub ids: Arc<AtomicU64>,
+    /// Migrations allowed.
+    pub migration_limit: u32,
+    /// How long one migration keeps looking for a worker.
+    pub migration_timeout: Duration,
 }
 
 /// Request messages (local).
 #[derive(Debug)]
 pub enum RequestMsg {
-    /// An event from the worker.
-    Event(TokenEventKind),
+    /// An event from the worker, for the attempt with this id.
+    Event(RequestId, TokenEventKind),
     /// The client is gone or the handler is done: cancel downstream and stop.
     Cancel,
-    /// Internal: the scheduler serving the request is gone (its node died or its replica
-    /// restarted), so no more tokens will come.
-    WorkerLost,
+    /// Internal: the scheduler serving this attempt left the schedulers' group.
+    WorkerLost(RequestId),
+    /// Internal: try placing again (a migration found no worker).
+    Retry,
 }
 
 impl ractor::Message for RequestMsg {}
@@ -59,25 +95,38 @@ impl ractor::Message for RequestMsg {}
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Request;
 
+/// One placement of the request.
+struct Attempt {
+    id: RequestId,
+    worker: WorkerId,
+    scheduler: ractor::ActorId,
+    tasks: Vec<JoinHandle<()>>,
+}
+
 /// Request state.
 pub struct RequestState {
     args: RequestArgs,
-    worker: Option<WorkerId>,
+    attempt: Option<Attempt>,
+    /// Tokens delivered to the handler, in order.
+    generated: Vec<u32>,
+    migrations: u32,
+    admitted_sent: bool,
     done: bool,
-    forwarder: Option<JoinHandle<()>>,
-    watchdog: Option<JoinHandle<()>>,
+    /// When the current migration started (placement retries stop after the timeout).
+    migrating_since: Option<Instant>,
+    last_token_at: Option<Instant>,
 }
-
-/// How often a Request checks that its scheduler still exists.
-pub const WORKER_CHECK_INTERVAL_MS: u64 = 250;
 
 fn scheduler_of(worker: &WorkerId) -> Option<ActorRef<SchedulerMsg>> {
     crate::cluster::member_named(SCHEDULER_GROUP, &format!("{worker}/scheduler")).map(Into::into)
 }
 
+/// Why a placement failed: the message and HTTP status for the client.
+type PlaceError = (String, u16);
+
 impl RequestState {
-    fn key(&self) -> (NodeId, RequestId) {
-        (self.args.job.reply_to.clone(), self.args.job.request)
+    fn node(&self) -> NodeId {
+        self.args.job.reply_to.clone()
     }
 
     fn fail(&mut self, message: &str, status: u16) {
@@ -88,43 +137,47 @@ impl RequestState {
         self.done = true;
     }
 
-    /// Cancel downstream (if still running) and release the placement; idempotent.
-    fn finish(&mut self, cancel: bool) {
-        if let Some(w) = self.worker.take() {
-            if cancel && let Some(s) = scheduler_of(&w) {
-                let _ = s.cast(SchedulerMsg::Cancel(Wire::encode(&self.key())));
-            }
-            if let Some(r) = find_router() {
-                let _ = r.cast(RouterMsg::Release(Wire::encode(&self.key())));
-            }
+    /// End the current attempt: cancel it at its scheduler (if `cancel`), release the
+    /// placement, stop listening for its events. Idempotent.
+    fn end_attempt(&mut self, cancel: bool) {
+        let Some(a) = self.attempt.take() else {
+            return;
+        };
+        let key = (self.node(), a.id);
+        if cancel && let Some(s) = scheduler_of(&a.worker) {
+            let _ = s.cast(SchedulerMsg::Cancel(Wire::encode(&key)));
         }
-        self.done = true;
+        if let Some(r) = find_router() {
+            let _ = r.cast(RouterMsg::Release(Wire::encode(&key)));
+        }
+        self.args.registry.unregister(a.id);
+        for t in a.tasks {
+            t.abort();
+        }
     }
 
-    /// Watch the scheduler the request was submitted to: when it leaves the schedulers' group
-    /// (node down: its session dropped; replica restarted: a new actor), report it.
-    fn watch(&mut self, scheduler: ractor::ActorId, me: ActorRef<RequestMsg>) {
-        self.watchdog = Some(tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(std::time::Duration::from_millis(WORKER_CHECK_INTERVAL_MS))
-                    .await;
-                let alive = ractor::pg::get_members(&SCHEDULER_GROUP.to_owned())
-                    .iter()
-                    .any(|c| c.get_id() == scheduler);
-                if !alive {
-                    let _ = me.cast(RequestMsg::WorkerLost);
-                    break;
-                }
-            }
-        }));
+    /// The job of the next attempt: the prompt plus what was delivered, the rest of the budget.
+    fn next_job(&self, id: RequestId) -> Job {
+        let mut job = self.args.job.clone();
+        job.request = id;
+        job.prompt.extend_from_slice(&self.generated);
+        job.max_tokens = job.max_tokens.saturating_sub(self.generated.len() as u32);
+        job.sampling.offset = self.generated.len() as u64;
+        job
     }
 
-    async fn place(&mut self) -> Result<ractor::ActorId, (String, u16)> {
-        let job = &self.args.job;
+    /// Place a new attempt and start listening for its events and its worker's presence.
+    async fn place(&mut self, myself: &ActorRef<RequestMsg>) -> Result<(), PlaceError> {
+        let id = if self.migrations == 0 && self.migrating_since.is_none() {
+            self.args.job.request
+        } else {
+            RequestId(self.args.ids.fetch_add(1, Ordering::Relaxed))
+        };
+        let job = self.next_job(id);
         let router = find_router().ok_or(("no router is available".to_owned(), 503))?;
         let req = RouteRequest {
             node: job.reply_to.clone(),
-            request: job.request,
+            request: id,
             prompt_tokens: job.prompt.len() as u32,
         };
         let pick = ractor::call_t!(
@@ -137,14 +190,152 @@ impl RequestState {
         .decode()
         .map_err(|_| ("the router sent a malformed reply".to_owned(), 500))?;
         let worker = pick.ok_or(("no worker is available".to_owned(), 503))?;
-        let scheduler =
-            scheduler_of(&worker).ok_or(("the chosen worker went away".to_owned(), 503))?;
-        self.worker = Some(worker);
-        scheduler
-            .cast(SchedulerMsg::Submit(Wire::encode(job)))
-            .map_err(|_| ("the chosen worker went away".to_owned(), 503))?;
-        Ok(scheduler.get_id())
+        let release = || {
+            let _ = router.cast(RouterMsg::Release(Wire::encode(&(
+                job.reply_to.clone(),
+                id,
+            ))));
+        };
+        let Some(scheduler) = scheduler_of(&worker) else {
+            release();
+            return Err(("the chosen worker went away".to_owned(), 503));
+        };
+        // Listen before submitting so that no event can be missed.
+        let mut rx = self.args.registry.register(id);
+        let me = myself.clone();
+        let forwarder = tokio::spawn(async move {
+            while let Some(ev) = rx.recv().await {
+                if me.cast(RequestMsg::Event(id, ev)).is_err() {
+                    break;
+                }
+            }
+        });
+        let watchdog = watch(scheduler.get_id(), id, myself.clone());
+        if scheduler
+            .cast(SchedulerMsg::Submit(Wire::encode(&job)))
+            .is_err()
+        {
+            self.args.registry.unregister(id);
+            forwarder.abort();
+            watchdog.abort();
+            release();
+            return Err(("the chosen worker went away".to_owned(), 503));
+        }
+        self.attempt = Some(Attempt {
+            id,
+            worker,
+            scheduler: scheduler.get_id(),
+            tasks: vec![forwarder, watchdog],
+        });
+        Ok(())
     }
+
+    /// Place (first attempt or a migration); on failure, retry or fail the request.
+    async fn place_or_retry(&mut self, myself: &ActorRef<RequestMsg>) -> bool {
+        match self.place(myself).await {
+            Ok(()) => true,
+            Err((message, status)) => {
+                let retrying = self
+                    .migrating_since
+                    .is_some_and(|t| t.elapsed() < self.args.migration_timeout);
+                if retrying && status == 503 {
+                    myself.send_after(Duration::from_millis(PLACE_RETRY_MS), || RequestMsg::Retry);
+                    return true;
+                }
+                if self.migrating_since.is_some() {
+                    metrics::counter!("flotilla_migration_failures_total").increment(1);
+                    tracing::warn!(request = %self.args.job.request, %message, "migration failed");
+                }
+                self.fail(&message, status);
+                false
+            }
+        }
+    }
+
+    /// The worker is gone: re-place the request with what it has generated.
+    async fn migrate(&mut self, myself: &ActorRef<RequestMsg>, why: &str) -> bool {
+        let from = self.attempt.as_ref().map(|a| a.worker.clone());
+        self.end_attempt(true);
+        if self.migrations >= self.args.migration_limit {
+            metrics::counter!("flotilla_migration_failures_total").increment(1);
+            self.fail(
+                &format!(
+                    "{why}; the migration limit ({}) is reached",
+                    self.args.migration_limit
+                ),
+                503,
+            );
+            return false;
+        }
+        self.migrations += 1;
+        self.migrating_since = Some(Instant::now());
+        MIGRATIONS.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("flotilla_migrations_total").increment(1);
+        tracing::warn!(request = %self.args.job.request, ?from, generated = self.generated.len(), %why, "migrating");
+        self.place_or_retry(myself).await
+    }
+
+    /// Pass one event of the current attempt on; returns false when the request is over.
+    async fn on_event(&mut self, myself: &ActorRef<RequestMsg>, ev: TokenEventKind) -> bool {
+        match ev {
+            TokenEventKind::Lost { reason } => return self.migrate(myself, &reason).await,
+            TokenEventKind::Admitted { .. } if self.admitted_sent => return true,
+            TokenEventKind::Admitted { .. } => self.admitted_sent = true,
+            TokenEventKind::Token { id, .. } => {
+                self.generated.push(id);
+                let now = Instant::now();
+                if self.migrating_since.take().is_some()
+                    && let Some(last) = self.last_token_at
+                {
+                    metrics::histogram!("flotilla_migration_resume_gap_seconds")
+                        .record((now - last).as_secs_f64());
+                }
+                self.last_token_at = Some(now);
+            }
+            TokenEventKind::Failed { .. } => {}
+        }
+        let last = matches!(
+            ev,
+            TokenEventKind::Failed { .. }
+                | TokenEventKind::Token {
+                    finish: Some(_),
+                    ..
+                }
+        );
+        if self.args.events.send(ev).is_err() {
+            // The handler is gone: the client disconnected.
+            self.end_attempt(true);
+            self.done = true;
+            return false;
+        }
+        if last {
+            self.end_attempt(false);
+            self.done = true;
+            return false;
+        }
+        true
+    }
+}
+
+/// Watch the scheduler an attempt was submitted to: when it leaves the schedulers' group
+/// (node down: its session dropped; replica killed or restarted: a new actor), report it.
+fn watch(
+    scheduler: ractor::ActorId,
+    attempt: RequestId,
+    me: ActorRef<RequestMsg>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(WORKER_CHECK_INTERVAL_MS)).await;
+            let alive = ractor::pg::get_members(&SCHEDULER_GROUP.to_owned())
+                .iter()
+                .any(|c| c.get_id() == scheduler);
+            if !alive {
+                let _ = me.cast(RequestMsg::WorkerLost(attempt));
+                break;
+            }
+        }
+    })
 }
 
 impl Actor for Request {
@@ -157,20 +348,18 @@ impl Actor for Request {
         myself: ActorRef<Self::Msg>,
         args: RequestArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let mut rx = args.registry.register(args.job.request);
-        let forwarder = tokio::spawn(async move {
-            while let Some(ev) = rx.recv().await {
-                if myself.cast(RequestMsg::Event(ev)).is_err() {
-                    break;
-                }
-            }
-        });
+        crate::resilience::GATEWAY_IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
+        // Told at once when a scheduler leaves (removed when this actor stops).
+        ractor::pg::monitor(SCHEDULER_GROUP.to_owned(), myself.get_cell());
         Ok(RequestState {
             args,
-            worker: None,
+            attempt: None,
+            generated: Vec::new(),
+            migrations: 0,
+            admitted_sent: false,
             done: false,
-            forwarder: Some(forwarder),
-            watchdog: None,
+            migrating_since: None,
+            last_token_at: None,
         })
     }
 
@@ -179,13 +368,8 @@ impl Actor for Request {
         myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        match state.place().await {
-            Ok(scheduler) => state.watch(scheduler, myself.clone()),
-            Err((message, status)) => {
-                state.fail(&message, status);
-                state.finish(false);
-                myself.stop(None);
-            }
+        if !state.place_or_retry(&myself).await {
+            myself.stop(None);
         }
         Ok(())
     }
@@ -195,15 +379,9 @@ impl Actor for Request {
         _myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        crate::resilience::GATEWAY_IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
         let running = !state.done;
-        state.finish(running);
-        state.args.registry.unregister(state.args.job.request);
-        if let Some(f) = state.forwarder.take() {
-            f.abort();
-        }
-        if let Some(w) = state.watchdog.take() {
-            w.abort();
-        }
+        state.end_attempt(running);
         if running {
             // Stopped from outside (node shutdown) while running: tell the handler.
             let _ = state.args.events.send(TokenEventKind::Failed {
@@ -214,43 +392,54 @@ impl Actor for Request {
         Ok(())
     }
 
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: ractor::SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if let ractor::SupervisionEvent::ProcessGroupChanged(ractor::pg::GroupChangeMessage::Leave(
+            _,
+            group,
+            gone,
+        )) = event
+            && group == SCHEDULER_GROUP
+            && let Some(a) = &state.attempt
+            && gone.iter().any(|c| c.get_id() == a.scheduler)
+        {
+            let _ = myself.cast(RequestMsg::WorkerLost(a.id));
+        }
+        Ok(())
+    }
+
     async fn handle(
         &self,
         myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            RequestMsg::Event(ev) => {
-                let last = matches!(
-                    ev,
-                    TokenEventKind::Failed { .. }
-                        | TokenEventKind::Token {
-                            finish: Some(_),
-                            ..
-                        }
-                );
-                if state.args.events.send(ev).is_err() {
-                    // The handler is gone: the client disconnected.
-                    state.finish(true);
-                    myself.stop(None);
-                } else if last {
-                    state.finish(false);
-                    myself.stop(None);
-                }
-            }
+        let current = state.attempt.as_ref().map(|a| a.id);
+        let go_on = match msg {
+            RequestMsg::Event(id, ev) if Some(id) == current => state.on_event(&myself, ev).await,
+            RequestMsg::Event(..) => true, // an older attempt: ignored
             RequestMsg::Cancel => {
-                state.finish(true);
-                myself.stop(None);
+                state.end_attempt(true);
+                state.done = true;
+                false
             }
-            RequestMsg::WorkerLost => {
-                if !state.done {
-                    tracing::warn!(request = %state.args.job.request, worker = ?state.worker, "worker lost mid-request");
-                    state.fail("the worker serving this request was lost", 503);
-                    state.finish(false);
-                }
-                myself.stop(None);
+            RequestMsg::WorkerLost(id) if Some(id) == current => {
+                state
+                    .migrate(&myself, "the worker serving this request was lost")
+                    .await
             }
+            RequestMsg::WorkerLost(_) => true,
+            RequestMsg::Retry if current.is_none() && !state.done => {
+                state.place_or_retry(&myself).await
+            }
+            RequestMsg::Retry => true,
+        };
+        if !go_on {
+            myself.stop(None);
         }
         Ok(())
     }

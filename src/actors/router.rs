@@ -9,7 +9,7 @@
 
 pub mod select;
 
-use crate::actors::scheduler::SCHEDULER_GROUP;
+use crate::actors::scheduler::ROUTABLE_GROUP;
 use crate::ids::{NodeId, RequestId, WorkerId};
 use crate::wire::Wire;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -52,9 +52,10 @@ pub struct RouterState {
     select: LeastLoaded,
 }
 
-/// Live workers: members of the schedulers' group, by worker id (`<worker>/scheduler`).
+/// Workers a router may choose: members of the routable schedulers' group (alive, healthy,
+/// not draining), by worker id (`<worker>/scheduler`).
 pub fn live_workers() -> Vec<WorkerId> {
-    ractor::pg::get_members(&SCHEDULER_GROUP.to_owned())
+    ractor::pg::get_members(&ROUTABLE_GROUP.to_owned())
         .into_iter()
         .filter_map(|c| c.get_name())
         .filter_map(|n| n.strip_suffix("/scheduler").map(WorkerId::new))

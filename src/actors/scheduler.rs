@@ -61,9 +61,36 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::time::Instant;
 
-/// Process group of every Scheduler (one per replica), named `<worker id>/scheduler`.
+/// Process group of every Scheduler (one per replica), named `<worker id>/scheduler`: the
+/// replicas that are alive. A Request watches its scheduler's membership here.
 pub const SCHEDULER_GROUP: &str = "flotilla.schedulers";
+/// The schedulers routers may choose: alive, healthy and not draining.
+pub const ROUTABLE_GROUP: &str = "flotilla.schedulers.routable";
+
+/// A replica's health as its scheduler sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Health {
+    /// Routable.
+    #[default]
+    Ready,
+    /// Finishing its requests; routers no longer choose it.
+    Draining,
+    /// The step watchdog or the canary found the engine hung; the replica is restarting.
+    Unhealthy,
+}
+
+impl std::fmt::Display for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Health::Ready => "ready",
+            Health::Draining => "draining",
+            Health::Unhealthy => "unhealthy",
+        })
+    }
+}
 
 /// A request handed to a replica.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -101,6 +128,9 @@ pub struct SchedulerStats {
     pub kv_blocks_used: usize,
     /// Steps run since start.
     pub steps: u64,
+    /// Ready, draining or unhealthy.
+    #[serde(default)]
+    pub health: Health,
 }
 
 /// Outcome of one engine step (local message payload).
@@ -124,6 +154,15 @@ pub enum SchedulerMsg {
     /// Load and memory (call).
     #[rpc]
     Stats(RpcReplyPort<Wire<SchedulerStats>>),
+    /// Local, periodic: the step watchdog and the canary.
+    Tick(Wire<()>),
+    /// Local: the canary's ping came back.
+    CanaryDone(Wire<()>),
+    /// Stop taking new work (leave routing); running requests go on (cast).
+    Drain(Wire<()>),
+    /// Give up every request still here: each gets [`TokenEventKind::Lost`] and migrates
+    /// (cast; the end of a drain's grace period).
+    Evict(Wire<String>),
 }
 
 /// Spawn inputs of a Scheduler.
@@ -147,6 +186,10 @@ pub struct SchedulerArgs {
     pub eos_token_id: Option<u32>,
     /// Faults injected on this node (chaos): step delays and step failures.
     pub faults: crate::actors::chaos::FaultBook,
+    /// Step watchdog: a step (engine time, not injected delay) longer than this is a hang.
+    pub step_timeout: std::time::Duration,
+    /// An idle replica pings its engine this often.
+    pub canary_interval: std::time::Duration,
 }
 
 struct Live {
@@ -167,6 +210,14 @@ pub struct SchedulerState {
     steps: u64,
     in_flight: bool,
     outbox: HashMap<NodeId, Vec<TokenEvent>>,
+    health: Health,
+    /// When the step in flight counts as hung.
+    step_deadline: Option<Instant>,
+    /// When the canary in flight counts as hung.
+    canary_deadline: Option<Instant>,
+    /// Last proof of life of the engine (a step or a canary came back).
+    last_alive: Instant,
+    ticker: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// The Scheduler actor.
@@ -272,6 +323,7 @@ impl SchedulerState {
             let engine = self.engine.clone();
             let me = myself.clone();
             let delay = self.args.faults.step_delay(&self.args.worker);
+            self.step_deadline = Some(Instant::now() + delay + self.args.step_timeout);
             let injected_failure = self.args.faults.step_fails(&self.args.worker);
             let (faults, worker) = (self.args.faults.clone(), self.args.worker.clone());
             tokio::spawn(async move {
@@ -302,30 +354,30 @@ impl SchedulerState {
 
     fn on_step_done(&mut self, result: StepResult) -> Result<(), ActorProcessingErr> {
         self.in_flight = false;
+        self.step_deadline = None;
+        self.last_alive = Instant::now();
         let out = match result.output {
             Ok(out) => out,
             Err(msg) => {
-                // No KV was written: fail every sequence of the step, then let the supervisor
-                // restart the replica if the engine itself is gone.
+                // No KV was written. An engine that is gone (its actor died) takes the replica
+                // down: every sequence is lost and migrates, and the supervisor restarts the
+                // replica. An engine that answered with an error fails the step's sequences.
                 tracing::error!(worker = %self.args.worker, error = %msg, "engine step failed");
-                let all: Vec<SeqId> = self.live.keys().copied().collect();
-                for s in all {
-                    if let Some(l) = self.live.get(&s) {
-                        let (to, req) = (l.reply_to.clone(), l.request);
-                        self.emit(
-                            &to,
-                            req,
-                            TokenEventKind::Failed {
-                                message: "the engine failed".into(),
-                                status: 500,
-                            },
-                        );
+                let gone = msg.starts_with("engine unavailable");
+                let kind = if gone {
+                    TokenEventKind::Lost {
+                        reason: "the engine of its worker died".into(),
                     }
-                    self.drop_seq(s);
-                }
+                } else {
+                    TokenEventKind::Failed {
+                        message: "the engine failed".into(),
+                        status: 500,
+                    }
+                };
+                self.drop_all(&kind);
                 let _ = self.core.on_step_output(&[]);
                 self.flush();
-                if msg.starts_with("engine unavailable") {
+                if gone {
                     return Err(msg.into());
                 }
                 return Ok(());
@@ -362,6 +414,58 @@ impl SchedulerState {
         Ok(())
     }
 
+    /// Send `kind` to every live request and drop them all.
+    fn drop_all(&mut self, kind: &TokenEventKind) {
+        let all: Vec<SeqId> = self.live.keys().copied().collect();
+        for s in all {
+            if let Some(l) = self.live.get(&s) {
+                let (to, req) = (l.reply_to.clone(), l.request);
+                self.emit(&to, req, kind.clone());
+            }
+            self.drop_seq(s);
+        }
+    }
+
+    /// Leave routing (drain, hang): routers stop choosing this replica at once.
+    fn leave_routing(&mut self, myself: &ActorRef<SchedulerMsg>, health: Health) {
+        self.health = health;
+        ractor::pg::leave(ROUTABLE_GROUP.to_owned(), vec![myself.get_cell()]);
+    }
+
+    /// The watchdog and the canary. Returns an error when the engine is hung, which fails
+    /// this actor so that the replica supervisor restarts the replica (one_for_all).
+    fn tick(&mut self, myself: &ActorRef<SchedulerMsg>) -> Result<(), ActorProcessingErr> {
+        let now = Instant::now();
+        let hung = match (self.step_deadline, self.canary_deadline) {
+            (Some(d), _) if now > d => Some("an engine step"),
+            (_, Some(d)) if now > d => Some("the canary"),
+            _ => None,
+        };
+        if let Some(what) = hung {
+            crate::resilience::ENGINE_HANGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            metrics::counter!("flotilla_engine_hangs_total", "worker" => self.args.worker.to_string())
+                .increment(1);
+            tracing::error!(worker = %self.args.worker, timeout_ms = self.args.step_timeout.as_millis() as u64,
+                "{what} did not return within the step timeout: engine hung; restarting the replica");
+            self.leave_routing(myself, Health::Unhealthy);
+            ractor::pg::leave(SCHEDULER_GROUP.to_owned(), vec![myself.get_cell()]);
+            // A restart is what ends a hang (the injected one included).
+            self.args.faults.end_hangs(&self.args.worker);
+            return Err(format!("engine of {} hung", self.args.worker).into());
+        }
+        let idle = !self.in_flight && self.canary_deadline.is_none();
+        if idle && now.duration_since(self.last_alive) >= self.args.canary_interval {
+            self.canary_deadline = Some(now + self.args.step_timeout);
+            let (engine, me) = (self.engine.clone(), myself.clone());
+            tokio::spawn(async move {
+                if ractor::call!(engine, EngineWorkerMsg::Ping).is_ok() {
+                    let _ = me.cast(SchedulerMsg::CanaryDone(Wire::encode(&())));
+                }
+            });
+        }
+        Ok(())
+    }
+
     fn stats(&self) -> SchedulerStats {
         let usage = self.core.kv_usage();
         SchedulerStats {
@@ -372,6 +476,7 @@ impl SchedulerState {
             kv_blocks_total: usage.total_blocks,
             kv_blocks_used: usage.used_blocks,
             steps: self.steps,
+            health: self.health,
         }
     }
 }
@@ -394,6 +499,12 @@ impl Actor for Scheduler {
             .with_worker(args.worker.clone());
         let core = SchedulerCore::new(args.config, pool)?;
         ractor::pg::join(SCHEDULER_GROUP.to_owned(), vec![myself.get_cell()]);
+        ractor::pg::join(ROUTABLE_GROUP.to_owned(), vec![myself.get_cell()]);
+        let period = (args.step_timeout / 4).clamp(
+            std::time::Duration::from_millis(10),
+            std::time::Duration::from_millis(500),
+        );
+        let ticker = myself.send_interval(period, || SchedulerMsg::Tick(Wire::encode(&())));
         Ok(SchedulerState {
             args,
             core,
@@ -404,6 +515,11 @@ impl Actor for Scheduler {
             steps: 0,
             in_flight: false,
             outbox: HashMap::new(),
+            health: Health::Ready,
+            step_deadline: None,
+            canary_deadline: None,
+            last_alive: Instant::now(),
+            ticker: Some(ticker),
         })
     }
 
@@ -412,21 +528,21 @@ impl Actor for Scheduler {
         _myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        // Nothing is left hanging: every live request hears that this replica stopped.
+        // Nothing is left hanging: every live request hears that this replica stopped, and
+        // migrates with what it has.
+        if let Some(t) = state.ticker.take() {
+            t.abort();
+        }
+        let lost = TokenEventKind::Lost {
+            reason: "the replica stopped".into(),
+        };
         let live: Vec<(NodeId, RequestId)> = state
             .live
             .values()
             .map(|l| (l.reply_to.clone(), l.request))
             .collect();
         for (to, req) in live {
-            state.emit(
-                &to,
-                req,
-                TokenEventKind::Failed {
-                    message: "the replica stopped".into(),
-                    status: 503,
-                },
-            );
+            state.emit(&to, req, lost.clone());
         }
         state.flush();
         Ok(())
@@ -446,6 +562,13 @@ impl Actor for Scheduler {
                 let key = (req.reply_to.clone(), req.request);
                 if state.by_request.contains_key(&key) {
                     return Ok(()); // duplicate submission
+                }
+                if state.health != Health::Ready {
+                    // Routed here just before this replica left routing: place it elsewhere.
+                    let reason = format!("the worker is {}", state.health);
+                    state.emit(&req.reply_to, req.request, TokenEventKind::Lost { reason });
+                    state.flush();
+                    return Ok(());
                 }
                 state.next_seq += 1;
                 let seq = SeqId(state.next_seq);
@@ -501,6 +624,34 @@ impl Actor for Scheduler {
             }
             SchedulerMsg::Stats(reply) => {
                 let _ = reply.send(Wire::encode(&state.stats()));
+            }
+            SchedulerMsg::Tick(_) => {
+                if state.args.faults.take_panic(&state.args.worker) {
+                    panic!(
+                        "injected panic in the scheduler of {} (chaos)",
+                        state.args.worker
+                    );
+                }
+                state.tick(&myself)?
+            }
+            SchedulerMsg::CanaryDone(_) => {
+                state.canary_deadline = None;
+                state.last_alive = Instant::now();
+            }
+            SchedulerMsg::Drain(_) => {
+                if state.health == Health::Ready {
+                    tracing::info!(worker = %state.args.worker, live = state.live.len(), "draining");
+                    state.leave_routing(&myself, Health::Draining);
+                }
+            }
+            SchedulerMsg::Evict(reason) => {
+                let reason = reason
+                    .decode()
+                    .unwrap_or_else(|_| "the worker is stopping".into());
+                tracing::warn!(worker = %state.args.worker, live = state.live.len(), %reason, "evicting requests");
+                state.drop_all(&TokenEventKind::Lost { reason });
+                state.forward_kv_events();
+                state.flush();
             }
         }
         Ok(())

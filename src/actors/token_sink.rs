@@ -66,6 +66,13 @@ pub enum TokenEventKind {
         /// Set on the request's last token.
         finish: Option<Finish>,
     },
+    /// The worker will not continue this request (its replica is stopping or draining); what
+    /// was generated so far is valid and the request may resume elsewhere (migration). The
+    /// gateway's Request actor consumes it; a handler treats it as a 503 failure.
+    Lost {
+        /// Why, for logs.
+        reason: String,
+    },
     /// The request cannot be served (it will receive nothing more).
     Failed {
         /// Client-safe description.

@@ -17,6 +17,45 @@ pub fn seq_rng(seed: Option<u64>) -> SeqRng {
     }
 }
 
+/// The draws of one sequence. With a seed, the generator of the `n`-th sampled token is a
+/// pure function of `(seed, n)` ([`position_rng`]), so a sequence that resumes elsewhere
+/// (migration) with `offset = n` draws exactly what it would have drawn in place. Without a
+/// seed, one OS-seeded generator serves every draw.
+#[derive(Debug)]
+pub struct SeqSampler {
+    seed: Option<u64>,
+    next: u64,
+    os: Option<SeqRng>,
+}
+
+impl SeqSampler {
+    /// A sampler whose next draw is the `offset`-th of the sequence.
+    pub fn new(seed: Option<u64>, offset: u64) -> Self {
+        Self {
+            seed,
+            next: offset,
+            os: None,
+        }
+    }
+
+    /// Picks the next token with [`choose`].
+    pub fn choose(&mut self, logits: &[f32], p: &SamplingParams) -> u32 {
+        let n = self.next;
+        self.next += 1;
+        match self.seed {
+            Some(seed) => choose(logits, p, &mut position_rng(seed, n)),
+            None => choose(logits, p, self.os.get_or_insert_with(|| seq_rng(None))),
+        }
+    }
+}
+
+/// The generator of draw `n` of a sequence seeded with `seed` (ChaCha12 seeded from
+/// `seed ^ n·φ64`, φ64 = 0x9E37_79B9_7F4A_7C15, the 64-bit golden-ratio constant of
+/// Fibonacci hashing).
+pub fn position_rng(seed: u64, n: u64) -> SeqRng {
+    SeqRng::seed_from_u64(seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
 /// How to pick the next token.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SamplingParams {
@@ -28,6 +67,10 @@ pub struct SamplingParams {
     pub top_k: usize,
     /// Seed of this sequence's generator; `None` = random.
     pub seed: Option<u64>,
+    /// Tokens this sequence already sampled elsewhere (a migrated request resumes its draws
+    /// at this index; see [`SeqSampler`]).
+    #[serde(default)]
+    pub offset: u64,
     /// Whether the caller wants [`SampledToken`](crate::actors::engine_worker::SampledToken)
     /// logprobs (always computed; the flag is informational for the API layer).
     pub logprobs: bool,
@@ -41,6 +84,7 @@ impl Default for SamplingParams {
             top_p: 1.0,
             top_k: 0,
             seed: None,
+            offset: 0,
             logprobs: false,
         }
     }

@@ -122,7 +122,9 @@ fn gateway(ctx: &NodeContext) -> SupervisorSpec {
             node: ctx.node_id.clone(),
             registry: registry.clone(),
             request_sup: ctx.name("request_sup"),
-            next_id: AtomicU64::new(1),
+            next_id: Arc::new(AtomicU64::new(1)),
+            migration_limit: ctx.config.gateway.migration_limit,
+            migration_timeout: Duration::from_millis(ctx.config.gateway.migration_timeout_ms),
             keep_alive: Duration::from_millis(ctx.config.gateway.keep_alive_ms),
             admission: Admission {
                 busy_kv_ratio: ctx.config.gateway.busy_kv_ratio,
@@ -189,6 +191,8 @@ fn worker_pool(ctx: &NodeContext) -> SupervisorSpec {
                 flags: flags(ctx, Strategy::OneForAll),
                 shutdown: shutdown(ctx),
                 faults: ctx.faults.clone(),
+                step_timeout: Duration::from_millis(w.step_timeout_ms),
+                canary_interval: Duration::from_millis(w.canary_interval_ms),
             }),
             None => SupervisorSpec::new(name, flags(ctx, Strategy::OneForAll)),
         };
@@ -215,6 +219,10 @@ pub struct ReplicaParams {
     pub shutdown: super::Shutdown,
     /// Faults injected on this node.
     pub faults: FaultBook,
+    /// Step watchdog timeout (`worker.step_timeout_ms`).
+    pub step_timeout: Duration,
+    /// Canary period (`worker.canary_interval_ms`).
+    pub canary_interval: Duration,
 }
 
 /// The model identity salted into every block hash, so that blocks of different models never
@@ -240,6 +248,7 @@ pub fn replica(p: ReplicaParams) -> SupervisorSpec {
         let args = EngineWorkerArgs {
             weights: p.model.weights.clone(),
             config: p.engine,
+            faults: Some((p.faults.clone(), worker.clone())),
         };
         ChildSpec::actor("engine", Some(engine_name.clone()), move || {
             (EngineWorker, args.clone())
@@ -257,6 +266,8 @@ pub fn replica(p: ReplicaParams) -> SupervisorSpec {
             salt: model_salt(&p.model),
             eos_token_id: p.model.tokenizer.eos_ids.first().copied(),
             faults: p.faults.clone(),
+            step_timeout: p.step_timeout,
+            canary_interval: p.canary_interval,
         };
         ChildSpec::actor("scheduler", Some(sched_name), move || {
             (Scheduler, args.clone())

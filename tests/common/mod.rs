@@ -54,9 +54,15 @@ pub struct Cluster {
 impl Cluster {
     /// Start `flotilla up --nodes N --http 127.0.0.1:0` with extra `--set` values.
     pub fn start(nodes: usize, sets: &[&str]) -> Self {
+        Self::start_with(nodes, &[], sets)
+    }
+
+    /// As [`Cluster::start`], with extra `flotilla up` flags (`--no-restart`, `--chaos`).
+    pub fn start_with(nodes: usize, flags: &[&str], sets: &[&str]) -> Self {
         use std::io::BufRead;
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"));
         cmd.args(["up", "--nodes", &nodes.to_string(), "--http", "127.0.0.1:0"]);
+        cmd.args(flags);
         for s in sets {
             cmd.args(["--set", s]);
         }

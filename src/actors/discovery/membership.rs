@@ -55,6 +55,11 @@ pub struct WorkerView {
     /// KV blocks in its pool.
     #[serde(default)]
     pub kv_blocks_total: usize,
+    /// `ready` (routable), `draining` (finishing its requests, not routable) or `unhealthy`
+    /// (its watchdog found the engine hung; the replica is being restarted); empty when its
+    /// scheduler did not answer.
+    #[serde(default)]
+    pub health: String,
 }
 
 /// What a node says about itself in every heartbeat.
@@ -76,6 +81,22 @@ pub struct NodeInfo {
     pub actors: Vec<ActorView>,
     /// The node's workers.
     pub workers: Vec<WorkerView>,
+    /// Resilience counters since the process started.
+    #[serde(default)]
+    pub counters: NodeCounters,
+}
+
+/// What the resilience loop did on one node since its process started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeCounters {
+    /// Requests this gateway migrated to another worker.
+    pub migrations: u64,
+    /// Children restarted by this node's supervisors.
+    pub restarts: u64,
+    /// Panics caught anywhere in the process (actors and bare tasks).
+    pub panics: u64,
+    /// Engine hangs its schedulers' watchdogs detected.
+    pub engine_hangs: u64,
 }
 
 /// A node as shown in `/v1/fleet`.
@@ -99,6 +120,9 @@ pub struct NodeView {
     pub workers: Vec<WorkerView>,
     /// Actors.
     pub actors: Vec<ActorView>,
+    /// Resilience counters.
+    #[serde(default)]
+    pub counters: NodeCounters,
 }
 
 /// A change of membership, published to subscribers.
@@ -247,6 +271,7 @@ impl Membership {
             last_seen_ms: 0,
             workers: self.me.workers.clone(),
             actors: self.me.actors.clone(),
+            counters: self.me.counters,
         });
         mine.chain(self.peers.values().map(|e| NodeView {
             id: e.info.id.clone(),
@@ -258,6 +283,7 @@ impl Membership {
             last_seen_ms: now.saturating_duration_since(e.last_seen).as_millis() as u64,
             workers: e.info.workers.clone(),
             actors: e.info.actors.clone(),
+            counters: e.info.counters,
         }))
         .collect()
     }

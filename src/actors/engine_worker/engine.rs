@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use super::types::{EngineInfo, SampledToken, StepBatch, StepOutput};
 use crate::ids::SeqId;
-use crate::kernels::sample::{SeqRng, choose, log_prob, seq_rng};
+use crate::kernels::sample::{SeqSampler, log_prob};
 use crate::kernels::{Backend, Device, Rope};
 use crate::model::forward::{ForwardError, ForwardSeq, forward};
 use crate::model::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache};
@@ -70,7 +70,7 @@ pub struct Engine {
     backend: Arc<dyn Backend>,
     rope: Rope,
     kv: KvCache,
-    rngs: HashMap<SeqId, SeqRng>,
+    rngs: HashMap<SeqId, SeqSampler>,
 }
 
 impl Engine {
@@ -156,7 +156,8 @@ impl Engine {
 
     /// Runs one batched forward pass and samples one token for every sequence with
     /// `sample = true`. Each sequence draws from its own generator, created on its first sample
-    /// from `sampling.seed` (random when `None`) and kept until [`Engine::release`].
+    /// from `sampling.seed` and `sampling.offset` (random when unseeded) and kept until
+    /// [`Engine::release`].
     pub fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, EngineError> {
         let logits = self.run(batch, false)?;
         let vocab = self.weights.lm_head().rows;
@@ -166,13 +167,13 @@ impl Engine {
             .filter(|s| s.sample)
             .zip(logits.chunks_exact(vocab))
             .map(|(s, row)| {
-                let rng = self
+                let sampler = self
                     .rngs
                     .entry(s.seq_id)
-                    .or_insert_with(|| seq_rng(s.sampling.seed));
+                    .or_insert_with(|| SeqSampler::new(s.sampling.seed, s.sampling.offset));
                 SampledToken {
                     seq_id: s.seq_id,
-                    token: choose(row, &s.sampling, rng),
+                    token: sampler.choose(row, &s.sampling),
                     logprob: 0.0,
                 }
             })

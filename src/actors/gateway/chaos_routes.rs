@@ -5,7 +5,9 @@
 
 use super::error::{ApiError, ErrorKind};
 use super::routes::GatewayShared;
-use crate::actors::chaos::{ChaosMsg, FaultSpec, Injection, Target, find_chaos};
+use crate::actors::chaos::{
+    ChaosMsg, FaultKind, FaultSpec, Injection, NODE_ACTORS, Target, WORKER_ACTORS, find_chaos,
+};
 use crate::actors::discovery::membership::{NodeState, NodeView};
 use crate::ids::WorkerId;
 use crate::wire::Wire;
@@ -31,6 +33,8 @@ pub struct FaultRecord {
     pub spec: FaultSpec,
     /// Workers it hit.
     pub hit: Vec<WorkerId>,
+    /// Nodes it was sent to.
+    pub nodes: Vec<String>,
     /// Still installed.
     pub active: bool,
 }
@@ -63,12 +67,12 @@ impl ChaosController {
             match faults.iter_mut().find(|f| f.id == id && f.active) {
                 Some(f) => {
                     f.active = false;
-                    f.hit.clone()
+                    f.nodes.clone()
                 }
                 None => return false,
             }
         };
-        for node in nodes_of(&hit).keys() {
+        for node in &hit {
             if let Some(c) = find_chaos(node) {
                 let _ = c.cast(ChaosMsg::Clear(Wire::encode(&id)));
             }
@@ -82,6 +86,29 @@ fn nodes_of(workers: &[WorkerId]) -> BTreeMap<String, Vec<WorkerId>> {
     for w in workers {
         let node = w.as_str().split('/').next().unwrap_or_default().to_owned();
         by_node.entry(node).or_default().push(w.clone());
+    }
+    by_node
+}
+
+/// The nodes a fault acts on, each with the workers it hits there. Node-wide kinds
+/// (`kill_node`, `kill_actor` of a node actor) also reach a node without workers when the
+/// target names it.
+fn resolve_nodes(
+    kind: &FaultKind,
+    target: &Target,
+    fleet: &[NodeView],
+) -> BTreeMap<String, Vec<WorkerId>> {
+    let mut by_node = nodes_of(&resolve(target, fleet));
+    let node_wide = match kind {
+        FaultKind::KillNode | FaultKind::PanicTask => true,
+        FaultKind::KillActor { actor } => NODE_ACTORS.contains(&actor.as_str()),
+        _ => false,
+    };
+    if node_wide
+        && let Target::Node(n) = target
+        && fleet.iter().any(|v| v.id == *n && v.state == NodeState::Up)
+    {
+        by_node.entry(n.to_string()).or_default();
     }
     by_node
 }
@@ -143,17 +170,28 @@ pub async fn create(
         let spec: FaultSpec = serde_json::from_slice(&body).map_err(|e| {
             ApiError::new(
                 ErrorKind::InvalidRequest,
-                format!("invalid fault ({e}); expected {{\"kind\": \"slow\"|\"fail_engine\", …, \"target\": {{\"worker\": ID}} | {{\"node\": ID}} | \"any_busy\"}}"),
+                format!("invalid fault ({e}); expected {{\"kind\": \"slow\"|\"fail_engine\"|\"hang\"|\"kill_actor\"|\"kill_node\", …, \"target\": {{\"worker\": ID}} | {{\"node\": ID}} | \"any_busy\"}}"),
             )
         })?;
-        if let crate::actors::chaos::FaultKind::Slow { delay_ms } = spec.kind
+        if let FaultKind::Slow { delay_ms } = spec.kind
             && delay_ms > MAX_DELAY_MS
         {
             return Err(ApiError::new(ErrorKind::InvalidRequest, format!("delay_ms must be at most {MAX_DELAY_MS}")).param("delay_ms"));
         }
+        if let FaultKind::KillActor { actor } = &spec.kind
+            && !WORKER_ACTORS.contains(&actor.as_str())
+            && !NODE_ACTORS.contains(&actor.as_str())
+        {
+            return Err(ApiError::new(
+                ErrorKind::InvalidRequest,
+                format!("unknown actor {actor:?}; expected one of {WORKER_ACTORS:?} or {NODE_ACTORS:?}"),
+            )
+            .param("actor"));
+        }
         let fleet = s.fleet().await?;
-        let hit = resolve(&spec.target, &fleet);
-        if hit.is_empty() {
+        let by_node = resolve_nodes(&spec.kind, &spec.target, &fleet);
+        let hit: Vec<WorkerId> = by_node.values().flatten().cloned().collect();
+        if by_node.is_empty() {
             return Err(ApiError::new(
                 ErrorKind::InvalidRequest,
                 "the target matches no live worker",
@@ -161,7 +199,8 @@ pub async fn create(
             .param("target"));
         }
         let id = c.next_id.fetch_add(1, Ordering::Relaxed);
-        for (node, workers) in nodes_of(&hit) {
+        let nodes: Vec<String> = by_node.keys().cloned().collect();
+        for (node, workers) in by_node {
             let chaos = find_chaos(&node).ok_or_else(|| {
                 ApiError::new(
                     ErrorKind::Unavailable,
@@ -170,6 +209,7 @@ pub async fn create(
             })?;
             let inj = Injection {
                 id,
+                node: node.clone(),
                 kind: spec.kind.clone(),
                 workers,
             };
@@ -182,13 +222,15 @@ pub async fn create(
                     )
                 })?;
         }
+        let one_shot = spec.kind.is_one_shot();
         c.lock().push(FaultRecord {
             id,
             spec: spec.clone(),
             hit: hit.clone(),
-            active: true,
+            nodes: nodes.clone(),
+            active: !one_shot,
         });
-        if let Some(ms) = spec.duration_ms {
+        if let Some(ms) = spec.duration_ms.filter(|_| !one_shot) {
             let c2 = c.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -197,7 +239,7 @@ pub async fn create(
         }
         Ok((
             StatusCode::CREATED,
-            Json(serde_json::json!({"id": id, "hit": hit})),
+            Json(serde_json::json!({"id": id, "hit": hit, "nodes": nodes})),
         )
             .into_response())
     }

@@ -70,22 +70,33 @@ async fn live() -> Json<serde_json::Value> {
     Json(json!({"status": "alive"}))
 }
 
+/// Readiness: 200 `ready` when at least one worker in the cluster is routable (alive,
+/// healthy, not draining) and this gateway is not draining; else 503 (`not_ready` or
+/// `draining`). `live_worker_nodes` counts worker nodes up; `routable_workers` the replicas a
+/// router may choose.
 async fn health(State(s): State<Arc<GatewayShared>>) -> Response {
     match s.fleet().await {
         Ok(nodes) => {
-            let workers = nodes
+            let worker_nodes = nodes
                 .iter()
                 .filter(|n| n.state == NodeState::Up && n.roles.contains(&Role::Worker))
                 .count();
-            let status = if workers > 0 {
+            let routable = crate::actors::router::live_workers().len();
+            let word = if crate::resilience::draining() {
+                "draining"
+            } else if routable > 0 {
+                "ready"
+            } else {
+                "not_ready"
+            };
+            let status = if word == "ready" {
                 StatusCode::OK
             } else {
                 StatusCode::SERVICE_UNAVAILABLE
             };
-            let word = if workers > 0 { "ready" } else { "not_ready" };
             (
                 status,
-                Json(json!({"status": word, "live_worker_nodes": workers})),
+                Json(json!({"status": word, "live_worker_nodes": worker_nodes, "routable_workers": routable})),
             )
                 .into_response()
         }

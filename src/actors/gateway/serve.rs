@@ -52,8 +52,12 @@ pub struct Serving {
     pub registry: SinkRegistry,
     /// Registered name of the request supervisor.
     pub request_sup: String,
-    /// Request id counter.
-    pub next_id: AtomicU64,
+    /// Request id counter (shared with Request actors: each migration attempt takes a new id).
+    pub next_id: Arc<AtomicU64>,
+    /// Migrations a request may make (`gateway.migration_limit`).
+    pub migration_limit: u32,
+    /// How long a migrating request looks for a worker (`gateway.migration_timeout_ms`).
+    pub migration_timeout: Duration,
     /// Interval of SSE keep-alive comments while a stream waits (`gateway.keep_alive_ms`).
     pub keep_alive: Duration,
     /// Admission thresholds.
@@ -78,6 +82,10 @@ pub struct Admission {
 
 async fn admit(s: &GatewayShared, serving: &Serving) -> Result<(), ApiError> {
     let a = serving.admission;
+    if crate::resilience::draining() {
+        metrics::counter!("flotilla_shed_total", "reason" => "draining").increment(1);
+        return Err(unavailable("this gateway is draining; use another"));
+    }
     if serving.registry.len() >= a.max_in_flight {
         metrics::counter!("flotilla_shed_total", "reason" => "gateway_queue").increment(1);
         return Err(unavailable(
@@ -196,6 +204,9 @@ impl Choice {
             TokenEventKind::Failed { message, status } => {
                 return Err(status_error(status, message));
             }
+            TokenEventKind::Lost { reason } => {
+                return Err(status_error(503, reason));
+            }
             TokenEventKind::Token {
                 id,
                 logprob,
@@ -283,6 +294,9 @@ async fn spawn_choice(
         job: job.clone(),
         registry: serving.registry.clone(),
         events: tx,
+        ids: serving.next_id.clone(),
+        migration_limit: serving.migration_limit,
+        migration_timeout: serving.migration_timeout,
     };
     let spec = ChildSpec::actor(format!("request-{}", job.request), Some(name), move || {
         (Request, args.clone())
@@ -334,6 +348,7 @@ async fn start(
                 top_p: sp.top_p,
                 top_k: sp.top_k.unwrap_or(0) as usize,
                 seed: sp.seed.map(|x| x.wrapping_add(u64::from(i))),
+                offset: 0,
                 logprobs: req.logprobs.is_some(),
             },
             stop_token_ids: vec![],
@@ -384,8 +399,12 @@ async fn start(
             .recv()
             .await
             .ok_or_else(|| unavailable("the request ended unexpectedly"))?;
-        if let TokenEventKind::Failed { message, status } = ev {
-            return Err(status_error(status, message));
+        match ev {
+            TokenEventKind::Failed { message, status } => {
+                return Err(status_error(status, message));
+            }
+            TokenEventKind::Lost { reason } => return Err(status_error(503, reason)),
+            _ => {}
         }
         heard[i as usize] = true;
         started.pending.push((i, ev));

@@ -10,6 +10,7 @@ fn info(id: &str, incarnation: u64) -> NodeInfo {
         pid: 1,
         actors: vec![],
         workers: vec![],
+        counters: Default::default(),
     }
 }
 

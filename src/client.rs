@@ -1,0 +1,145 @@
+//! A small client of Flotilla's own OpenAI routes, for the tools that drive load at a gateway
+//! (`flotilla chaos soak`, benchmarks): sends one chat completion with `stream: true` and
+//! reads the SSE stream record by record, keeping what a checker needs — the response ids,
+//! the joined text, the finish reason, whether `[DONE]` came, an error record if any, and when
+//! each content chunk arrived.
+
+use futures::StreamExt;
+use std::time::{Duration, Instant};
+
+/// What one streamed request produced.
+#[derive(Debug, Clone, Default)]
+pub struct StreamOutcome {
+    /// HTTP status.
+    pub status: u16,
+    /// Distinct `id`s seen across chunks (one for a sound stream).
+    pub ids: Vec<String>,
+    /// Joined `delta.content`.
+    pub text: String,
+    /// Role deltas seen.
+    pub role_deltas: usize,
+    /// Finish reasons seen (one for a sound stream).
+    pub finish_reasons: Vec<String>,
+    /// `data: [DONE]` arrived.
+    pub done: bool,
+    /// The `error` object of an error record, or the body of a non-200 answer.
+    pub error: Option<serde_json::Value>,
+    /// `usage.completion_tokens` of the final chunk, if usage was asked for.
+    pub completion_tokens: Option<u64>,
+    /// Time from send to the first content chunk.
+    pub ttft: Option<Duration>,
+    /// Arrival time of every content chunk, from send.
+    pub chunk_times: Vec<Duration>,
+    /// Send → end of stream.
+    pub e2e: Duration,
+}
+
+impl StreamOutcome {
+    /// 200, one id, one finish reason, `[DONE]`, no error record.
+    pub fn is_complete(&self) -> bool {
+        self.status == 200
+            && self.ids.len() == 1
+            && self.finish_reasons.len() == 1
+            && self.done
+            && self.error.is_none()
+    }
+
+    /// The longest gap between consecutive content chunks.
+    pub fn max_gap(&self) -> Duration {
+        self.chunk_times
+            .windows(2)
+            .map(|w| w[1].saturating_sub(w[0]))
+            .max()
+            .unwrap_or_default()
+    }
+}
+
+/// POST `body` (a chat completion request; `stream` is forced on, usage asked for) to
+/// `{base}/v1/chat/completions` and read the whole stream.
+pub async fn stream_chat(
+    client: &reqwest::Client,
+    base: &str,
+    mut body: serde_json::Value,
+) -> anyhow::Result<StreamOutcome> {
+    body["stream"] = serde_json::json!(true);
+    body["stream_options"] = serde_json::json!({"include_usage": true});
+    let t0 = Instant::now();
+    let resp = client
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await?;
+    let mut out = StreamOutcome {
+        status: resp.status().as_u16(),
+        ..StreamOutcome::default()
+    };
+    if out.status != 200 {
+        out.error = Some(resp.json().await.unwrap_or(serde_json::Value::Null));
+        out.e2e = t0.elapsed();
+        return Ok(out);
+    }
+    let mut stream = resp.bytes_stream();
+    let mut buf = String::new();
+    while let Some(chunk) = stream.next().await {
+        buf.push_str(&String::from_utf8_lossy(&chunk?));
+        while let Some(pos) = buf.find("\n\n") {
+            let record: String = buf.drain(..pos + 2).collect();
+            for line in record.lines() {
+                if let Some(data) = line.strip_prefix("data: ") {
+                    on_data(&mut out, data, t0.elapsed());
+                }
+            }
+        }
+    }
+    out.e2e = t0.elapsed();
+    Ok(out)
+}
+
+fn on_data(out: &mut StreamOutcome, data: &str, at: Duration) {
+    if data.trim() == "[DONE]" {
+        out.done = true;
+        return;
+    }
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(data) else {
+        out.error = Some(serde_json::json!({"message": format!("unparsable record: {data}")}));
+        return;
+    };
+    if let Some(e) = v.get("error") {
+        out.error = Some(e.clone());
+        return;
+    }
+    if let Some(id) = v["id"].as_str()
+        && !out.ids.iter().any(|x| x == id)
+    {
+        out.ids.push(id.to_owned());
+    }
+    if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+        out.completion_tokens = Some(n);
+    }
+    for c in v["choices"].as_array().into_iter().flatten() {
+        let delta = &c["delta"];
+        if delta.get("role").is_some() {
+            out.role_deltas += 1;
+        }
+        if let Some(t) = delta["content"].as_str()
+            && !t.is_empty()
+        {
+            out.text.push_str(t);
+            out.ttft.get_or_insert(at);
+            out.chunk_times.push(at);
+        }
+        if let Some(f) = c["finish_reason"].as_str() {
+            out.finish_reasons.push(f.to_owned());
+        }
+    }
+}
+
+/// Percentile `p` (0..=1) of `v` by nearest rank; NaN when empty.
+pub fn percentile(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[((s.len() - 1) as f64 * p).round() as usize]
+}

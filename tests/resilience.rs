@@ -1,0 +1,505 @@
+//! The resilience loop on real processes (`flotilla up`): B11 migration, B15 health under a
+//! hung or dead engine, B16 drain, B17 containment (cases in `../shared/cases/README.md`).
+
+mod common;
+
+use common::{Cluster, MODEL, post};
+use futures::StreamExt;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+/// A streamed chat completion, read as it arrives.
+struct Stream {
+    text: String,
+    ids: Vec<String>,
+    role_deltas: usize,
+    finishes: Vec<String>,
+    done: bool,
+    error: Option<Value>,
+    /// Tokens counted through `logprobs` (one entry per token).
+    tokens: usize,
+    usage_completion: Option<u64>,
+}
+
+/// Stream `body` (streaming with usage and logprobs forced on); `on_tokens(n)` runs once each
+/// time the token count crosses a value in `marks` (in order).
+async fn stream_with(
+    url: &str,
+    mut body: Value,
+    marks: &[usize],
+    mut on_mark: impl FnMut(usize) -> futures::future::BoxFuture<'static, ()>,
+) -> Stream {
+    body["stream"] = json!(true);
+    body["logprobs"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let resp = reqwest::Client::new()
+        .post(url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut s = Stream {
+        text: String::new(),
+        ids: vec![],
+        role_deltas: 0,
+        finishes: vec![],
+        done: false,
+        error: None,
+        tokens: 0,
+        usage_completion: None,
+    };
+    let mut next_mark = 0;
+    let mut buf = String::new();
+    let mut bytes = resp.bytes_stream();
+    while let Some(b) = bytes.next().await {
+        buf.push_str(&String::from_utf8_lossy(&b.unwrap()));
+        while let Some(pos) = buf.find("\n\n") {
+            let rec: String = buf.drain(..pos + 2).collect();
+            let Some(data) = rec.trim().strip_prefix("data: ") else {
+                continue;
+            };
+            if data == "[DONE]" {
+                s.done = true;
+                continue;
+            }
+            let v: Value = serde_json::from_str(data).unwrap();
+            if v.get("error").is_some() {
+                s.error = Some(v["error"].clone());
+                continue;
+            }
+            let id = v["id"].as_str().unwrap().to_owned();
+            if !s.ids.contains(&id) {
+                s.ids.push(id);
+            }
+            if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+                s.usage_completion = Some(n);
+            }
+            for c in v["choices"].as_array().into_iter().flatten() {
+                if c["delta"].get("role").is_some() {
+                    s.role_deltas += 1;
+                }
+                if let Some(t) = c["delta"]["content"].as_str() {
+                    s.text.push_str(t);
+                }
+                s.tokens += c["logprobs"]["content"].as_array().map_or(0, |a| a.len());
+                if let Some(f) = c["finish_reason"].as_str() {
+                    s.finishes.push(f.to_owned());
+                }
+            }
+            while next_mark < marks.len() && s.tokens >= marks[next_mark] {
+                on_mark(next_mark).await;
+                next_mark += 1;
+            }
+        }
+    }
+    s
+}
+
+async fn fleet(c: &Cluster) -> Value {
+    reqwest::get(c.url("/v1/fleet"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+fn nodes(f: &Value) -> Vec<Value> {
+    f["nodes"].as_array().unwrap().clone()
+}
+
+async fn chaos(gateway: &str, fault: Value) -> Value {
+    let r = reqwest::Client::new()
+        .post(format!("{gateway}/chaos/faults"))
+        .json(&fault)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(status, 201, "{v}");
+    v
+}
+
+async fn health(c: &Cluster) -> (u16, Value) {
+    let r = reqwest::get(c.url("/health")).await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+/// Until every one of `n` workers is routable.
+async fn wait_routable(c: &Cluster, n: u64) {
+    common::poll_until(Duration::from_secs(60), "workers routable", || async {
+        let (_, h) = health(c).await;
+        (h["routable_workers"].as_u64() == Some(n)).then_some(())
+    })
+    .await;
+}
+
+fn story(max_tokens: u32) -> Value {
+    json!({"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}],
+           "max_tokens": max_tokens, "temperature": 0, "seed": 1})
+}
+
+fn assert_one_sound_stream(s: &Stream, max_tokens: u64) {
+    assert!(s.error.is_none(), "error record: {:?}", s.error);
+    assert_eq!(s.ids.len(), 1, "one id: {:?}", s.ids);
+    assert_eq!(s.role_deltas, 1, "one role delta");
+    assert_eq!(s.finishes.len(), 1, "one finish reason: {:?}", s.finishes);
+    assert!(s.done, "[DONE]");
+    let usage = s.usage_completion.expect("usage");
+    assert_eq!(
+        usage as usize, s.tokens,
+        "usage counts the tokens delivered"
+    );
+    assert!(usage <= max_tokens, "the budget carries across migrations");
+}
+
+/// B11 (1) and (2): kill the serving worker's node after 50 tokens, then the new serving
+/// worker after 120; the client sees one seamless stream equal to the reference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b11_a_stream_migrates_twice_without_a_seam() {
+    let c = Cluster::start_with(
+        4,
+        &["--chaos"],
+        &["worker.kv_blocks=128", "gateway.migration_limit=2"],
+    );
+    wait_routable(&c, 3).await;
+    let url = c.url("/v1/chat/completions");
+    let reference = stream_with(&url, story(200), &[], |_| Box::pin(async {})).await;
+    assert_one_sound_stream(&reference, 200);
+    assert_eq!(reference.tokens, 200, "the reference runs to max_tokens");
+
+    let gw = c.url("");
+    let migrated = stream_with(&url, story(200), &[50, 120], move |_| {
+        let gw = gw.clone();
+        Box::pin(async move {
+            chaos(&gw, json!({"kind": "kill_node", "target": "any_busy"})).await;
+        })
+    })
+    .await;
+    assert_one_sound_stream(&migrated, 200);
+    assert_eq!(migrated.text, reference.text, "byte for byte");
+    assert_eq!(migrated.tokens, reference.tokens);
+    let f = fleet(&c).await;
+    let migrations: u64 = nodes(&f)
+        .iter()
+        .map(|n| n["counters"]["migrations"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(migrations, 2, "two migrations, counted in /v1/fleet");
+}
+
+/// B11 with sampling: a seeded `temperature > 0` stream resumes its draws where it left off,
+/// so even a sampled stream is identical after migrating (here: its replica killed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b11_a_seeded_sampled_stream_migrates_identically() {
+    let c = Cluster::start_with(3, &["--chaos"], &["worker.kv_blocks=128"]);
+    wait_routable(&c, 2).await;
+    let url = c.url("/v1/chat/completions");
+    let mut body = story(120);
+    body["temperature"] = json!(0.9);
+    body["seed"] = json!(7);
+    let reference = stream_with(&url, body.clone(), &[], |_| Box::pin(async {})).await;
+    assert_one_sound_stream(&reference, 120);
+    let gw = c.url("");
+    let migrated = stream_with(&url, body, &[40], move |_| {
+        let gw = gw.clone();
+        Box::pin(async move {
+            chaos(
+                &gw,
+                json!({"kind": "kill_actor", "actor": "scheduler", "target": "any_busy"}),
+            )
+            .await;
+        })
+    })
+    .await;
+    assert_one_sound_stream(&migrated, 120);
+    assert_eq!(migrated.text, reference.text);
+}
+
+/// B15 (1): a hung engine is detected within the step timeout, its replica leaves routing and
+/// restarts, and the request on it migrates and completes; counters say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b15_a_hung_engine_is_detected_and_its_request_migrates() {
+    let c = Cluster::start_with(
+        3,
+        &["--chaos"],
+        &[
+            "worker.kv_blocks=128",
+            "worker.step_timeout_ms=1500",
+            "worker.canary_interval_ms=500",
+        ],
+    );
+    wait_routable(&c, 2).await;
+    let url = c.url("/v1/chat/completions");
+    let reference = stream_with(&url, story(150), &[], |_| Box::pin(async {})).await;
+    let gw = c.url("");
+    let hung_at = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let h2 = hung_at.clone();
+    let s = stream_with(&url, story(150), &[30], move |_| {
+        let (gw, h2) = (gw.clone(), h2.clone());
+        Box::pin(async move {
+            chaos(&gw, json!({"kind": "hang", "target": "any_busy"})).await;
+            *h2.lock().unwrap() = Some(Instant::now());
+        })
+    })
+    .await;
+    assert_one_sound_stream(&s, 150);
+    assert_eq!(s.text, reference.text, "the migrated stream is unchanged");
+    let t0 = hung_at.lock().unwrap().expect("the hang was injected");
+    let elapsed = t0.elapsed();
+    // Detected within the step timeout plus a watchdog tick and the re-prefill.
+    let f = fleet(&c).await;
+    let hangs: u64 = nodes(&f)
+        .iter()
+        .map(|n| n["counters"]["engine_hangs"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(hangs, 1, "one hang detected");
+    assert!(
+        elapsed < Duration::from_secs(15),
+        "the stream ended {elapsed:?} after the hang"
+    );
+    // The restarted replica is routable again.
+    wait_routable(&c, 2).await;
+
+    // An idle engine that hangs is found by the canary.
+    let before = Instant::now();
+    chaos(
+        &c.url(""),
+        json!({"kind": "hang", "target": {"node": "node-2"}}),
+    )
+    .await;
+    common::poll_until(Duration::from_secs(10), "canary detection", || async {
+        let f = fleet(&c).await;
+        let n: u64 = nodes(&f)
+            .iter()
+            .map(|n| n["counters"]["engine_hangs"].as_u64().unwrap_or(0))
+            .sum();
+        (n == 2).then_some(())
+    })
+    .await;
+    // canary interval + step timeout + a heartbeat.
+    assert!(before.elapsed() < Duration::from_millis(500 + 1500 + 2000));
+}
+
+/// B15 (2): the engine of the only worker killed: its replica restarts and serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b15_a_killed_engine_restarts_its_replica() {
+    let c = Cluster::start_with(2, &["--chaos"], &["worker.kv_blocks=128"]);
+    wait_routable(&c, 1).await;
+    assert_eq!(health(&c).await.0, 200);
+    let restarts = |f: &Value| {
+        nodes(f)
+            .iter()
+            .map(|n| n["counters"]["restarts"].as_u64().unwrap_or(0))
+            .sum::<u64>()
+    };
+    let r0 = restarts(&fleet(&c).await);
+    chaos(
+        &c.url(""),
+        json!({"kind": "kill_actor", "actor": "engine", "target": {"node": "node-1"}}),
+    )
+    .await;
+    common::poll_until(Duration::from_secs(10), "replica restarted", || async {
+        (restarts(&fleet(&c).await) > r0).then_some(())
+    })
+    .await;
+    wait_routable(&c, 1).await;
+    let (s, _, t) = post(&c.url("/v1/chat/completions"), &story(8)).await;
+    assert_eq!(s, 200, "{t}");
+}
+
+/// B15 (3): with every worker gone, `/health` is 503 (`not_ready`) and requests are refused
+/// cleanly with 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b15_health_is_503_with_no_worker() {
+    let c = Cluster::start_with(2, &["--no-restart"], &["worker.kv_blocks=128"]);
+    wait_routable(&c, 1).await;
+    let pid = nodes(&fleet(&c).await)
+        .iter()
+        .find(|n| n["id"] == "node-1")
+        .unwrap()["pid"]
+        .as_i64()
+        .unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let body = common::poll_until(Duration::from_secs(5), "health 503", || async {
+        let (s, b) = health(&c).await;
+        (s == 503).then_some(b)
+    })
+    .await;
+    assert_eq!(body["status"], "not_ready", "{body}");
+    let (s, _, t) = post(&c.url("/v1/chat/completions"), &story(8)).await;
+    assert_eq!(s, 503, "{t}");
+}
+
+/// B16: SIGTERM drains a worker node — it leaves routing at once, its streams finish
+/// normally, new requests go elsewhere with no 5xx, and the process exits; with a short grace
+/// period the streams still running migrate and finish unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b16_sigterm_drains_a_worker_node() {
+    let c = Cluster::start_with(
+        3,
+        &[],
+        &["worker.kv_blocks=256", "node.drain_grace_ms=60000"],
+    );
+    wait_routable(&c, 2).await;
+    let url = c.url("/v1/chat/completions");
+    let reference = stream_with(&url, story(120), &[], |_| Box::pin(async {})).await;
+    // Several streams, on both workers.
+    let streams: Vec<_> = (0..6)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(
+                async move { stream_with(&url, story(120), &[], |_| Box::pin(async {})).await },
+            )
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let f = fleet(&c).await;
+    let node2 = nodes(&f).into_iter().find(|n| n["id"] == "node-2").unwrap();
+    assert!(
+        node2["workers"][0]["in_flight"].as_u64().unwrap() > 0,
+        "node-2 has work: {node2}"
+    );
+    let pid = node2["pid"].as_i64().unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    // It leaves routing at once.
+    common::poll_until(Duration::from_secs(2), "node-2 out of routing", || async {
+        let (_, h) = health(&c).await;
+        (h["routable_workers"].as_u64() == Some(1)).then_some(())
+    })
+    .await;
+    // New requests are served (by node-1) with no 5xx while node-2 drains.
+    for _ in 0..3 {
+        let (s, _, t) = post(&url, &story(4)).await;
+        assert_eq!(s, 200, "{t}");
+    }
+    for h in streams {
+        let s = h.await.unwrap();
+        assert_one_sound_stream(&s, 120);
+        assert_eq!(s.text, reference.text);
+    }
+    // Drained: the process exits (and `up` leaves it stopped).
+    common::poll_until(Duration::from_secs(20), "node-2 exits", || async {
+        let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err();
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.contains(") Z "))
+            .unwrap_or(true);
+        (gone || zombie).then_some(())
+    })
+    .await;
+}
+
+/// B16 variant: a grace period shorter than the streams: what still runs at the deadline
+/// migrates and finishes unchanged; none is cut off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b16_a_short_grace_migrates_the_rest() {
+    let c = Cluster::start_with(3, &[], &["worker.kv_blocks=256", "node.drain_grace_ms=300"]);
+    wait_routable(&c, 2).await;
+    let url = c.url("/v1/chat/completions");
+    let reference = stream_with(&url, story(200), &[], |_| Box::pin(async {})).await;
+    let streams: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(
+                async move { stream_with(&url, story(200), &[], |_| Box::pin(async {})).await },
+            )
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let f = fleet(&c).await;
+    let pid = nodes(&f).into_iter().find(|n| n["id"] == "node-2").unwrap()["pid"]
+        .as_i64()
+        .unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    for h in streams {
+        let s = h.await.unwrap();
+        assert_one_sound_stream(&s, 200);
+        assert_eq!(s.text, reference.text);
+    }
+    let migrations: u64 = nodes(&fleet(&c).await)
+        .iter()
+        .map(|n| n["counters"]["migrations"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(
+        migrations > 0,
+        "streams still running at the deadline migrated"
+    );
+}
+
+/// B17: a panic in a worker's actor reaches its supervisor (the replica restarts, the panic
+/// and the restart are counted), a panic in a bare task is counted and logged, and killing
+/// the gateway's HTTP actor restarts it — traffic to healthy workers sees no 5xx throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b17_panics_are_contained_and_counted() {
+    let c = Cluster::start_with(3, &["--chaos"], &["worker.kv_blocks=128"]);
+    wait_routable(&c, 2).await;
+    let counters = |f: &Value, node: &str| {
+        nodes(f).into_iter().find(|n| n["id"] == node).unwrap()["counters"].clone()
+    };
+    let f0 = fleet(&c).await;
+    let before = counters(&f0, "node-1");
+    chaos(
+        &c.url(""),
+        json!({"kind": "panic", "target": {"worker": "node-1/replica-0"}}),
+    )
+    .await;
+    chaos(
+        &c.url(""),
+        json!({"kind": "panic_task", "target": {"node": "node-1"}}),
+    )
+    .await;
+    let after = common::poll_until(Duration::from_secs(10), "counters", || async {
+        let f = fleet(&c).await;
+        let a = counters(&f, "node-1");
+        (a["panics"].as_u64() == Some(before["panics"].as_u64().unwrap() + 2)
+            && a["restarts"].as_u64() > before["restarts"].as_u64())
+        .then_some(a)
+    })
+    .await;
+    // The scheduler's panic restarts its replica: one_for_all restarts its 3 parts.
+    assert_eq!(
+        after["restarts"].as_u64().unwrap() - before["restarts"].as_u64().unwrap(),
+        3,
+        "{after}"
+    );
+    wait_routable(&c, 2).await;
+    for _ in 0..4 {
+        let (s, _, t) = post(&c.url("/v1/chat/completions"), &story(4)).await;
+        assert_eq!(s, 200, "{t}");
+    }
+    // The gateway's HTTP actor killed: its supervisor starts it again on the same address.
+    chaos(
+        &c.url(""),
+        json!({"kind": "kill_actor", "actor": "http_gateway", "target": {"node": "node-0"}}),
+    )
+    .await;
+    let (s, _, t) = common::poll_until(Duration::from_secs(10), "gateway back", || async {
+        match reqwest::Client::new()
+            .post(c.url("/v1/chat/completions"))
+            .json(&story(4))
+            .send()
+            .await
+        {
+            Ok(r) => {
+                let s = r.status().as_u16();
+                Some((s, (), r.text().await.unwrap_or_default()))
+            }
+            Err(_) => None,
+        }
+    })
+    .await;
+    assert_eq!(s, 200, "{t}");
+}
