@@ -78,6 +78,34 @@ pub struct Config {
     pub worker: WorkerConfig,
     /// The chaos API.
     pub chaos: ChaosConfig,
+    /// Request placement.
+    pub router: RouterConfig,
+}
+
+/// Request placement (see `actors/router/policy.rs` for the cost formula and its source).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterConfig {
+    /// `kv` (prefix overlap against load), `least_loaded`, `round_robin` or `random`; a
+    /// request may override it with the `x-flotilla-route-policy` header.
+    pub policy: crate::actors::router::policy::Policy,
+    /// Weight of the prefill term in the `kv` cost (Dynamo's `--kv-overlap-score-weight`).
+    pub overlap_weight: f64,
+    /// 0: the cheapest worker wins; above, a softmax over normalised costs is sampled.
+    pub temperature: f64,
+    /// Seed of the router's random choices (`random`, `temperature > 0`).
+    pub seed: u64,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            policy: Default::default(),
+            overlap_weight: 1.0,
+            temperature: 0.0,
+            seed: 0,
+        }
+    }
 }
 
 /// The chaos API (fault injection), off by default.
@@ -277,6 +305,25 @@ pub struct WorkerConfig {
     /// Canary: an idle replica pings its engine this often; no answer within
     /// `step_timeout_ms` counts as a hang (ms).
     pub canary_interval_ms: u64,
+    /// `cpu` (the real transformer) or `sim` (the real scheduler and KV manager over a timing
+    /// model: `actors/engine_worker/sim.rs`), for fleet-scale runs.
+    pub engine: EngineKind,
+    /// Timing profile of the sim engine (JSON written by `flotilla profile`); `None`: the
+    /// built-in H100 profile.
+    pub sim_profile: Option<std::path::PathBuf>,
+    /// The sim engine's step times are divided by this.
+    pub sim_speedup: f64,
+}
+
+/// Which engine a replica runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineKind {
+    /// The real model on the CPU backend.
+    #[default]
+    Cpu,
+    /// The timing model with placeholder tokens.
+    Sim,
 }
 
 impl Default for WorkerConfig {
@@ -291,6 +338,9 @@ impl Default for WorkerConfig {
             max_model_len_tokens: 8192,
             step_timeout_ms: 30_000,
             canary_interval_ms: 5_000,
+            engine: EngineKind::Cpu,
+            sim_profile: None,
+            sim_speedup: 1.0,
         }
     }
 }

@@ -54,6 +54,13 @@ struct UpArgs {
     /// Leave a node that dies down instead of starting it again.
     #[arg(long)]
     no_restart: bool,
+    /// Engine of every replica: `cpu` (the real model) or `sim` (timing model, for fleet runs).
+    #[arg(long, value_parser = ["cpu", "sim"])]
+    engine: Option<String>,
+    /// Total workers (replicas), spread evenly over the worker nodes (`worker.replicas` each,
+    /// rounded up).
+    #[arg(long)]
+    workers: Option<usize>,
 }
 
 #[derive(Args)]
@@ -208,12 +215,24 @@ async fn main() -> std::process::ExitCode {
     init_tracing();
     let cli = Cli::parse();
     let result = match cli.cmd {
-        Cmd::Up(a) => flotilla::launcher::up(flotilla::launcher::UpOptions {
+        Cmd::Up(mut a) => flotilla::launcher::up(flotilla::launcher::UpOptions {
             nodes: a.nodes,
             http: a.http,
             model: a.model,
             config: a.config,
-            node_args: a.set,
+            node_args: {
+                if let Some(e) = &a.engine {
+                    a.set.push(format!("worker.engine={e}"));
+                }
+                if let Some(n) = a.workers {
+                    let worker_nodes = a.nodes.saturating_sub(1).max(1);
+                    a.set.push(format!(
+                        "worker.replicas={}",
+                        n.div_ceil(worker_nodes).max(1)
+                    ));
+                }
+                a.set
+            },
             chaos: a.chaos,
             restart: !a.no_restart,
         })

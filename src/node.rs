@@ -41,6 +41,8 @@ pub struct NodeContext {
     pub faults: crate::actors::chaos::FaultBook,
     /// The model's tokenizer, template and limits, when this node runs a gateway.
     pub frontend: Option<Arc<crate::actors::gateway::frontend::Frontend>>,
+    /// The sim engine's timing profile when `worker.engine = "sim"`.
+    pub sim_profile: Option<crate::actors::engine_worker::sim::SimProfile>,
 }
 
 impl NodeContext {
@@ -121,6 +123,14 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     } else {
         None
     };
+    let sim_profile = match config.worker.engine {
+        crate::config::EngineKind::Cpu => None,
+        crate::config::EngineKind::Sim => Some(match &config.worker.sim_profile {
+            Some(p) => crate::actors::engine_worker::sim::SimProfile::load(p)
+                .map_err(|e| NodeError::Tree(e.to_string()))?,
+            None => Default::default(),
+        }),
+    };
     let cluster = cluster::start_node_server(
         node_id.clone(),
         config.node.listen_addr,
@@ -140,6 +150,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         model,
         faults: Default::default(),
         frontend,
+        sim_profile,
     };
     let spec = tree::node_tree(&ctx);
     let (root, root_task) = match Actor::spawn(spec.actor_name.clone(), Supervisor, spec).await {

@@ -85,6 +85,7 @@ impl Harness {
             faults: Default::default(),
             step_timeout: Duration::from_secs(30),
             canary_interval: Duration::from_secs(5),
+            sim: None,
         });
         let (sup, _) = Actor::spawn(spec.actor_name.clone(), Supervisor, spec)
             .await

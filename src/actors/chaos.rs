@@ -52,6 +52,13 @@ pub enum FaultKind {
     /// The target's node process exits abruptly (SIGKILL of itself). `flotilla up` starts it
     /// again.
     KillNode,
+    /// The target workers' KV block managers drop this fraction of their KV events on the
+    /// way to the routers (seeded by the fault's `seed`): routers see gaps and resync from
+    /// snapshots.
+    DropKvEvents {
+        /// Fraction of events dropped, in `[0, 1]`.
+        rate: f64,
+    },
     /// The target workers' schedulers panic while handling their next message (their
     /// supervisor restarts the replica; the panic is counted).
     Panic,
@@ -123,6 +130,9 @@ pub struct Injection {
     pub kind: FaultKind,
     /// Workers hit.
     pub workers: Vec<WorkerId>,
+    /// Seed of randomised kinds.
+    #[serde(default)]
+    pub seed: Option<u64>,
 }
 
 /// Fault id → (workers hit, what it does).
@@ -132,6 +142,8 @@ type Faults = HashMap<u64, (Vec<WorkerId>, FaultKind)>;
 #[derive(Clone, Default, Debug)]
 pub struct FaultBook {
     inner: Arc<Mutex<Faults>>,
+    /// The generator of `drop_kv_events` (seeded by the last such fault's seed).
+    rng: Arc<Mutex<Option<rand::rngs::StdRng>>>,
 }
 
 impl FaultBook {
@@ -139,9 +151,33 @@ impl FaultBook {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Record an injection.
+    /// Record an injection (`seed` seeds randomised kinds).
     pub fn apply(&self, inj: Injection) {
+        if matches!(inj.kind, FaultKind::DropKvEvents { .. }) {
+            use rand::SeedableRng;
+            let rng = rand::rngs::StdRng::seed_from_u64(inj.seed.unwrap_or(inj.id));
+            *self.rng.lock().unwrap_or_else(|p| p.into_inner()) = Some(rng);
+        }
         self.lock().insert(inj.id, (inj.workers, inj.kind));
+    }
+
+    /// Whether `worker`'s next KV event is dropped (`drop_kv_events`).
+    pub fn drop_kv_event(&self, worker: &WorkerId) -> bool {
+        let rate: f64 = self
+            .lock()
+            .values()
+            .filter(|(ws, _)| ws.contains(worker))
+            .map(|(_, k)| match k {
+                FaultKind::DropKvEvents { rate } => *rate,
+                _ => 0.0,
+            })
+            .fold(0.0, f64::max);
+        if rate <= 0.0 {
+            return false;
+        }
+        let mut g = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        let rng = g.get_or_insert_with(|| rand::SeedableRng::seed_from_u64(0));
+        rand::Rng::random_bool(rng, rate.min(1.0))
     }
 
     /// Remove a fault; false when unknown.
@@ -330,12 +366,14 @@ mod tests {
             id: 1,
             kind: FaultKind::Slow { delay_ms: 5 },
             workers: vec![a.clone()],
+            seed: None,
         });
         book.apply(Injection {
             node: "n".into(),
             id: 2,
             kind: FaultKind::FailEngine { after_steps: 1 },
             workers: vec![b.clone()],
+            seed: None,
         });
         assert_eq!(book.step_delay(&a), Duration::from_millis(5));
         assert_eq!(book.step_delay(&b), Duration::ZERO);

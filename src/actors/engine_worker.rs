@@ -5,6 +5,7 @@
 //! stall the async runtime; the actor processes one message at a time, so steps never overlap.
 
 mod engine;
+pub mod sim;
 mod types;
 
 use std::sync::Arc;

@@ -129,6 +129,7 @@ pub struct KvBlockManager;
 pub struct KvBlockManagerState {
     worker: WorkerId,
     mirror: EventReplay,
+    faults: crate::actors::chaos::FaultBook,
 }
 
 fn parents_first(mut blocks: Vec<SnapshotBlock>) -> Vec<SnapshotBlock> {
@@ -164,17 +165,18 @@ fn parents_first(mut blocks: Vec<SnapshotBlock>) -> Vec<SnapshotBlock> {
 impl Actor for KvBlockManager {
     type Msg = KvBlockManagerMsg;
     type State = KvBlockManagerState;
-    type Arguments = WorkerId;
+    type Arguments = (WorkerId, crate::actors::chaos::FaultBook);
 
     async fn pre_start(
         &self,
         myself: ActorRef<Self::Msg>,
-        worker: WorkerId,
+        (worker, faults): (WorkerId, crate::actors::chaos::FaultBook),
     ) -> Result<Self::State, ActorProcessingErr> {
         ractor::pg::join(KV_MANAGER_GROUP.to_owned(), vec![myself.get_cell()]);
         Ok(KvBlockManagerState {
             worker,
             mirror: EventReplay::new(),
+            faults,
         })
     }
 
@@ -193,6 +195,15 @@ impl Actor for KvBlockManager {
                     if let Err(e) = state.mirror.apply(ev) {
                         tracing::error!(worker = %state.worker, error = %e, "KV event mirror out of order");
                     }
+                }
+                // Chaos `drop_kv_events`: lose some on the way to the subscribers (the
+                // mirror, and so the snapshots, keep them).
+                let events: Vec<KvEvent> = events
+                    .into_iter()
+                    .filter(|_| !state.faults.drop_kv_event(&state.worker))
+                    .collect();
+                if events.is_empty() {
+                    return Ok(());
                 }
                 let payload = Wire::encode(&events);
                 for cell in ractor::pg::get_members(&KV_EVENTS_GROUP.to_owned()) {

@@ -31,6 +31,8 @@
 //! once — the step already running completes, its token for this sequence is discarded. So
 //! the worker's KV usage is back where it was within one engine step of the disconnect.
 
+use crate::actors::kv_block_manager::block_hashes;
+use crate::actors::router::policy::Policy;
 use crate::actors::router::{RouteRequest, RouterMsg, find_router};
 use crate::actors::scheduler::{SCHEDULER_GROUP, SchedulerMsg, SubmitRequest};
 use crate::actors::token_sink::{SinkRegistry, TokenEventKind};
@@ -74,6 +76,13 @@ pub struct RequestArgs {
     pub migration_limit: u32,
     /// How long one migration keeps looking for a worker.
     pub migration_timeout: Duration,
+    /// Tokens per KV block and the model's hash salt: the request's sequence hashes are
+    /// computed here so that the router can match them against its prefix index.
+    pub block_size: usize,
+    /// See `block_size`.
+    pub salt: u64,
+    /// Routing policy for this request (`None`: the router's).
+    pub policy: Option<Policy>,
 }
 
 /// Request messages (local).
@@ -101,6 +110,7 @@ struct Attempt {
     worker: WorkerId,
     scheduler: ractor::ActorId,
     tasks: Vec<JoinHandle<()>>,
+    first_token_seen: bool,
 }
 
 /// Request state.
@@ -179,6 +189,11 @@ impl RequestState {
             node: job.reply_to.clone(),
             request: id,
             prompt_tokens: job.prompt.len() as u32,
+            seq_hashes: block_hashes(&job.prompt, self.args.block_size, self.args.salt)
+                .into_iter()
+                .map(|(_, s)| s)
+                .collect(),
+            policy: self.args.policy,
         };
         let pick = ractor::call_t!(
             router,
@@ -226,6 +241,7 @@ impl RequestState {
             worker,
             scheduler: scheduler.get_id(),
             tasks: vec![forwarder, watchdog],
+            first_token_seen: false,
         });
         Ok(())
     }
@@ -282,6 +298,15 @@ impl RequestState {
             TokenEventKind::Admitted { .. } if self.admitted_sent => return true,
             TokenEventKind::Admitted { .. } => self.admitted_sent = true,
             TokenEventKind::Token { id, .. } => {
+                if let Some(a) = &self.attempt
+                    && !a.first_token_seen
+                    && let Some(r) = find_router()
+                {
+                    let _ = r.cast(RouterMsg::FirstToken(Wire::encode(&(self.node(), a.id))));
+                }
+                if let Some(a) = self.attempt.as_mut() {
+                    a.first_token_seen = true;
+                }
                 self.generated.push(id);
                 let now = Instant::now();
                 if self.migrating_since.take().is_some()

@@ -4,7 +4,7 @@
 //! node                 one_for_one, supervision.node_max_restarts in node_period_ms → node exits non-zero
 //! ├─ discovery         permanent   membership, heartbeats, liveness, pg groups per role
 //! ├─ chaos             permanent   installs and clears injected faults on this node
-//! ├─ router            (router)    placement: least outstanding, round-robin ties
+//! ├─ router            (router)    placement: KV-aware (prefix index + load), KV event relay
 //! ├─ gateway_sup       (gateway)   one_for_one
 //! │  ├─ token_sink     permanent   receives this node's requests' tokens, one message per step
 //! │  ├─ request_sup    permanent   one temporary Request child per in-flight request
@@ -22,6 +22,7 @@
 use super::spec::{ChildSpec, Strategy, SupervisorFlags, SupervisorSpec};
 use crate::actors::chaos::{Chaos, FaultBook};
 use crate::actors::discovery::{Discovery, DiscoveryArgs};
+use crate::actors::engine_worker::sim::{SimEngineArgs, SimEngineWorker, SimProfile};
 use crate::actors::engine_worker::{EngineConfig, EngineWorker, EngineWorkerArgs};
 use crate::actors::gateway::chaos_routes::ChaosController;
 use crate::actors::gateway::routes::GatewayShared;
@@ -123,6 +124,7 @@ fn gateway(ctx: &NodeContext) -> SupervisorSpec {
             registry: registry.clone(),
             request_sup: ctx.name("request_sup"),
             next_id: Arc::new(AtomicU64::new(1)),
+            block_size: ctx.config.worker.block_size_tokens,
             migration_limit: ctx.config.gateway.migration_limit,
             migration_timeout: Duration::from_millis(ctx.config.gateway.migration_timeout_ms),
             keep_alive: Duration::from_millis(ctx.config.gateway.keep_alive_ms),
@@ -167,7 +169,18 @@ fn gateway(ctx: &NodeContext) -> SupervisorSpec {
 }
 
 fn router(ctx: &NodeContext) -> ChildSpec {
-    ChildSpec::actor("router", Some(ctx.name("router")), || (Router, ())).shutdown(shutdown(ctx))
+    let r = &ctx.config.router;
+    let config = crate::actors::router::policy::SelectorConfig {
+        policy: r.policy,
+        block_size: ctx.config.worker.block_size_tokens as u32,
+        overlap_weight: r.overlap_weight,
+        temperature: r.temperature,
+        seed: r.seed,
+    };
+    ChildSpec::actor("router", Some(ctx.name("router")), move || {
+        (Router, config.clone())
+    })
+    .shutdown(shutdown(ctx))
 }
 
 fn worker_pool(ctx: &NodeContext) -> SupervisorSpec {
@@ -193,6 +206,7 @@ fn worker_pool(ctx: &NodeContext) -> SupervisorSpec {
                 faults: ctx.faults.clone(),
                 step_timeout: Duration::from_millis(w.step_timeout_ms),
                 canary_interval: Duration::from_millis(w.canary_interval_ms),
+                sim: ctx.sim_profile.clone().map(|p| (p, w.sim_speedup)),
             }),
             None => SupervisorSpec::new(name, flags(ctx, Strategy::OneForAll)),
         };
@@ -223,12 +237,19 @@ pub struct ReplicaParams {
     pub step_timeout: Duration,
     /// Canary period (`worker.canary_interval_ms`).
     pub canary_interval: Duration,
+    /// `Some((profile, speedup))`: a simulated engine instead of the real one.
+    pub sim: Option<(SimProfile, f64)>,
 }
 
 /// The model identity salted into every block hash, so that blocks of different models never
 /// match: XXH3-64 of the model's configuration (architecture, shapes, vocabulary size).
 pub fn model_salt(model: &LoadedModel) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(format!("{:?}", model.config()).as_bytes())
+    config_salt(model.config())
+}
+
+/// [`model_salt`] from the configuration alone (what a gateway knows from GGUF metadata).
+pub fn config_salt(config: &crate::model::config::ModelConfig) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(format!("{config:?}").as_bytes())
 }
 
 /// A replica: KV block manager, engine worker, scheduler, under a one_for_all supervisor.
@@ -239,21 +260,39 @@ pub fn replica(p: ReplicaParams) -> SupervisorSpec {
     let sched_name = format!("{worker}/scheduler");
     let kv = {
         let w = worker.clone();
+        let faults = p.faults.clone();
         ChildSpec::actor("kv_manager", Some(kv_name.clone()), move || {
-            (KvBlockManager, w.clone())
+            (KvBlockManager, (w.clone(), faults.clone()))
         })
         .shutdown(p.shutdown)
     };
-    let engine = {
-        let args = EngineWorkerArgs {
-            weights: p.model.weights.clone(),
-            config: p.engine,
-            faults: Some((p.faults.clone(), worker.clone())),
-        };
-        ChildSpec::actor("engine", Some(engine_name.clone()), move || {
-            (EngineWorker, args.clone())
-        })
-        .shutdown(p.shutdown)
+    let engine = match &p.sim {
+        None => {
+            let args = EngineWorkerArgs {
+                weights: p.model.weights.clone(),
+                config: p.engine,
+                faults: Some((p.faults.clone(), worker.clone())),
+            };
+            ChildSpec::actor("engine", Some(engine_name.clone()), move || {
+                (EngineWorker, args.clone())
+            })
+            .shutdown(p.shutdown)
+        }
+        Some((profile, speedup)) => {
+            let args = SimEngineArgs {
+                profile: profile.clone(),
+                speedup: *speedup,
+                num_blocks: p.engine.num_blocks,
+                block_size: p.engine.block_size,
+                vocab_size: p.model.config().vocab_size,
+                max_context: p.model.config().max_context,
+                faults: Some((p.faults.clone(), worker.clone())),
+            };
+            ChildSpec::actor("engine", Some(engine_name.clone()), move || {
+                (SimEngineWorker, args.clone())
+            })
+            .shutdown(p.shutdown)
+        }
     };
     let scheduler = {
         let args = SchedulerArgs {

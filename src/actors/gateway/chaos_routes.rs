@@ -188,6 +188,11 @@ pub async fn create(
             )
             .param("actor"));
         }
+        if let FaultKind::DropKvEvents { rate } = spec.kind
+            && !(0.0..=1.0).contains(&rate)
+        {
+            return Err(ApiError::new(ErrorKind::InvalidRequest, "rate must be within [0, 1]").param("rate"));
+        }
         let fleet = s.fleet().await?;
         let by_node = resolve_nodes(&spec.kind, &spec.target, &fleet);
         let hit: Vec<WorkerId> = by_node.values().flatten().cloned().collect();
@@ -209,6 +214,7 @@ pub async fn create(
             })?;
             let inj = Injection {
                 id,
+                seed: spec.seed,
                 node: node.clone(),
                 kind: spec.kind.clone(),
                 workers,

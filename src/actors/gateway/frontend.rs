@@ -23,6 +23,9 @@ pub struct Frontend {
     pub context_len: usize,
     /// Vocabulary size (prompt token ids must be below it).
     pub vocab_size: usize,
+    /// The block-hash salt the workers' pools use for this model
+    /// (`supervisors::tree::model_salt`), so the gateway computes the same sequence hashes.
+    pub salt: u64,
 }
 
 /// A cheap handle on the tokenizer that detokenizers can own.
@@ -43,10 +46,17 @@ impl Frontend {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into());
-        let (tokenizer, template, ctx, vocab) = if path.is_dir() {
+        let (tokenizer, template, ctx, vocab, salt) = if path.is_dir() {
             let m = crate::model::load_model(path)?;
             let c = m.config().clone();
-            (m.tokenizer, m.chat_template, c.max_context, c.vocab_size)
+            let salt = crate::supervisors::tree::config_salt(&c);
+            (
+                m.tokenizer,
+                m.chat_template,
+                c.max_context,
+                c.vocab_size,
+                salt,
+            )
         } else {
             let f = GgufFile::open(path)?;
             let config = crate::model::config::ModelConfig::from_gguf(&f)?;
@@ -63,7 +73,14 @@ impl Frontend {
                 )?),
                 Err(_) => None,
             };
-            (tokenizer, template, config.max_context, config.vocab_size)
+            let salt = crate::supervisors::tree::config_salt(&config);
+            (
+                tokenizer,
+                template,
+                config.max_context,
+                config.vocab_size,
+                salt,
+            )
         };
         Ok(Self {
             model_id,
@@ -71,6 +88,7 @@ impl Frontend {
             template,
             context_len: ctx.min(max_context),
             vocab_size: vocab,
+            salt,
         })
     }
 

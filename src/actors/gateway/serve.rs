@@ -28,6 +28,7 @@ use super::openai::stop::StopMatcher;
 use super::routes::GatewayShared;
 use crate::actors::engine_worker::SamplingParams;
 use crate::actors::request::{Job, Request, RequestArgs, RequestMsg};
+use crate::actors::router::policy::Policy;
 use crate::actors::token_sink::{Finish, SinkRegistry, TokenEventKind};
 use crate::ids::{NodeId, RequestId};
 use crate::supervisors::{ChildSpec, Restart, Shutdown, SupervisorMsg};
@@ -54,6 +55,8 @@ pub struct Serving {
     pub request_sup: String,
     /// Request id counter (shared with Request actors: each migration attempt takes a new id).
     pub next_id: Arc<AtomicU64>,
+    /// Tokens per KV block (`worker.block_size_tokens`), for the requests' sequence hashes.
+    pub block_size: usize,
     /// Migrations a request may make (`gateway.migration_limit`).
     pub migration_limit: u32,
     /// How long a migrating request looks for a worker (`gateway.migration_timeout_ms`).
@@ -108,6 +111,26 @@ async fn admit(s: &GatewayShared, serving: &Serving) -> Result<(), ApiError> {
         return Err(unavailable("every worker is busy; retry shortly"));
     }
     Ok(())
+}
+
+/// The routing policy asked for by the `x-flotilla-route-policy` header, if any.
+fn route_policy(headers: &HeaderMap) -> Result<Option<Policy>, ApiError> {
+    let Some(v) = headers.get(crate::actors::router::POLICY_HEADER) else {
+        return Ok(None);
+    };
+    v.to_str()
+        .ok()
+        .and_then(|s| s.trim().parse::<Policy>().ok())
+        .map(Some)
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "header {}: expected one of kv, least_loaded, round_robin, random",
+                    crate::actors::router::POLICY_HEADER
+                ),
+            )
+        })
 }
 
 fn unavailable(msg: &str) -> ApiError {
@@ -274,6 +297,7 @@ struct Started {
 
 async fn spawn_choice(
     serving: &Serving,
+    policy: Option<Policy>,
     job: Job,
     index: u32,
     merged: mpsc::UnboundedSender<(u32, TokenEventKind)>,
@@ -297,6 +321,9 @@ async fn spawn_choice(
         ids: serving.next_id.clone(),
         migration_limit: serving.migration_limit,
         migration_timeout: serving.migration_timeout,
+        block_size: serving.block_size,
+        salt: serving.frontend.salt,
+        policy,
     };
     let spec = ChildSpec::actor(format!("request-{}", job.request), Some(name), move || {
         (Request, args.clone())
@@ -328,6 +355,7 @@ async fn start(
     let req = parse_request(kind, &bytes)?;
     let fe = &serving.frontend;
     check_model(&req.model, &[fe.model_id.as_str()])?;
+    let policy = route_policy(headers)?;
     let prompt = fe.prompt_ids(&req)?;
     let max_tokens = req.check_context(prompt.len(), fe.context_len)?;
     let first_id = serving
@@ -356,7 +384,7 @@ async fn start(
         };
         guard
             .0
-            .push(spawn_choice(serving, job, i, merged_tx.clone()).await?);
+            .push(spawn_choice(serving, policy, job, i, merged_tx.clone()).await?);
         let tok = TokRef(fe.tokenizer.clone());
         choices.push(Choice {
             detok: IncrementalDetokenizer::with_context(tok.clone(), &prompt),

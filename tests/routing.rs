@@ -1,0 +1,303 @@
+//! KV-aware routing on a simulated fleet (`flotilla up --engine sim`): the real schedulers,
+//! block managers, KV events and router, with the forward pass replaced by the H100 timing
+//! model. B12 and B13 of `../shared/cases/README.md`, and a shared-prefix workload.
+
+mod common;
+
+use common::{Cluster, MODEL};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Router placements per worker, from the gateway node's `/metrics`.
+async fn placements(c: &Cluster) -> BTreeMap<String, u64> {
+    let text = reqwest::get(c.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("flotilla_router_placements_total{") else {
+            continue;
+        };
+        let worker = rest
+            .split("worker=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        let n: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        *out.entry(worker.to_owned()).or_default() += n as u64;
+    }
+    out
+}
+
+fn delta(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(w, n)| (w.clone(), n - before.get(w).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+fn prefix(tag: &str, words: usize) -> String {
+    (0..words).map(|i| format!("{tag}{} ", i % 97)).collect()
+}
+
+fn chat(system: &str, user: &str, max_tokens: u32) -> Value {
+    json!({"model": MODEL, "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+           "max_tokens": max_tokens, "ignore_eos": true})
+}
+
+async fn send(c: &Cluster, path: &str, body: &Value) -> Value {
+    let r = reqwest::Client::new()
+        .post(c.url(path))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
+async fn wait_routable(c: &Cluster, n: u64) {
+    common::poll_until(Duration::from_secs(60), "workers routable", || async {
+        let h: Value = reqwest::get(c.url("/health"))
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (h["routable_workers"].as_u64() == Some(n)).then_some(())
+    })
+    .await;
+}
+
+async fn fleet_in_flight(c: &Cluster) -> u64 {
+    let f: Value = reqwest::get(c.url("/v1/fleet"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    f["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|n| n["workers"].as_array().unwrap().clone())
+        .map(|w| w["in_flight"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// Requests sharing a prefix land on the worker that holds it (and hit its cache); a new
+/// prefix is placed by load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_prefix_lands_on_its_holder() {
+    let c = Cluster::start_with(3, &["--engine", "sim", "--workers", "4"], &[]);
+    wait_routable(&c, 4).await;
+    let p = prefix("alpha", 300);
+    let first = send(&c, "/v1/chat/completions", &chat(&p, "q0", 4)).await;
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let before = placements(&c).await;
+    for i in 1..6 {
+        let v = send(&c, "/v1/chat/completions", &chat(&p, &format!("q{i}"), 4)).await;
+        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        assert!(cached >= 256, "request {i} reused the prefix: {cached}");
+    }
+    let d = delta(&placements(&c).await, &before);
+    assert_eq!(d.len(), 1, "all on the holder: {d:?}");
+    // The same workload with round_robin spreads and misses.
+    let before = placements(&c).await;
+    for i in 6..10 {
+        let r = reqwest::Client::new()
+            .post(c.url("/v1/chat/completions"))
+            .header("x-flotilla-route-policy", "round_robin")
+            .json(&chat(&p, &format!("q{i}"), 4))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let d = delta(&placements(&c).await, &before);
+    assert_eq!(d.len(), 4, "round_robin visits every worker: {d:?}");
+}
+
+/// B13: one hot 2k-token prefix, many clients on the chat and completions routes: load wins
+/// over cache — no worker serves more than half — and every in-flight count returns to 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b13_a_hot_prefix_still_spreads_over_workers() {
+    let c = Cluster::start_with(
+        3,
+        &["--engine", "sim", "--workers", "4"],
+        &["worker.kv_blocks=4096"],
+    );
+    wait_routable(&c, 4).await;
+    let p = prefix("shared", 1000);
+    let before = placements(&c).await;
+    let mut tasks = Vec::new();
+    for i in 0..48 {
+        let url = c.url("");
+        let p = p.clone();
+        tasks.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let (path, body) = if i % 2 == 0 {
+                ("/v1/chat/completions", chat(&p, &format!("client {i}"), 64))
+            } else {
+                (
+                    "/v1/completions",
+                    json!({"model": MODEL, "prompt": format!("{p} client {i}"), "max_tokens": 64, "ignore_eos": true}),
+                )
+            };
+            let r = client.post(format!("{url}{path}")).json(&body).send().await.unwrap();
+            r.status().as_u16()
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    let d = delta(&placements(&c).await, &before);
+    let total: u64 = d.values().sum();
+    assert_eq!(total, 48);
+    let max = *d.values().max().unwrap();
+    assert!(max * 2 <= total, "no worker serves more than half: {d:?}");
+    assert!(d.len() >= 3, "load spread: {d:?}");
+    common::poll_until(Duration::from_secs(10), "in-flight back to 0", || async {
+        (fleet_in_flight(&c).await == 0).then_some(())
+    })
+    .await;
+}
+
+/// B12 with the KV-aware router: the worker holding the hottest prefix dies abruptly; once
+/// its session drops it is never chosen again, and requests sharing the prefix all succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b12_a_dead_prefix_holder_is_never_chosen() {
+    let c = Cluster::start_with(4, &["--engine", "sim", "--no-restart"], &[]);
+    wait_routable(&c, 3).await;
+    let p = prefix("hot", 700);
+    let before = placements(&c).await;
+    for i in 0..5 {
+        send(
+            &c,
+            "/v1/chat/completions",
+            &chat(&p, &format!("warm {i}"), 2),
+        )
+        .await;
+    }
+    let d = delta(&placements(&c).await, &before);
+    assert_eq!(d.len(), 1, "the prefix lives on one worker: {d:?}");
+    let holder = d.keys().next().unwrap().clone();
+    let node = holder.split('/').next().unwrap().to_owned();
+    let f: Value = reqwest::get(c.url("/v1/fleet"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let pid = f["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == node.as_str())
+        .unwrap()["pid"]
+        .as_i64()
+        .unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_routable(&c, 2).await;
+    let before = placements(&c).await;
+    let mut tasks = Vec::new();
+    for i in 0..30 {
+        let url = c.url("/v1/chat/completions");
+        let body = chat(&p, &format!("after {i}"), 2);
+        tasks.push(tokio::spawn(async move {
+            let r = reqwest::Client::new()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            r.status().as_u16()
+        }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200, "no client-visible error");
+    }
+    let d = delta(&placements(&c).await, &before);
+    assert!(
+        !d.contains_key(&holder),
+        "the dead holder was chosen: {d:?}"
+    );
+    assert_eq!(d.values().sum::<u64>(), 30);
+}
+
+/// Chaos `drop_kv_events`: routers see gaps, resync each affected worker from its block
+/// manager's snapshot (counted), and prefix-aware placement keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_kv_events_trigger_a_resync_and_routing_recovers() {
+    let c = Cluster::start_with(3, &["--engine", "sim", "--workers", "2", "--chaos"], &[]);
+    wait_routable(&c, 2).await;
+    let r = reqwest::Client::new()
+        .post(c.url("/chaos/faults"))
+        .json(&json!({"kind": "drop_kv_events", "rate": 0.5, "seed": 3, "target": {"node": "node-1"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let id = r.json::<Value>().await.unwrap()["id"].as_u64().unwrap();
+    for i in 0..8 {
+        let p = prefix(&format!("d{i}x"), 200);
+        send(&c, "/v1/chat/completions", &chat(&p, "q", 2)).await;
+    }
+    reqwest::Client::new()
+        .delete(c.url(&format!("/chaos/faults/{id}")))
+        .send()
+        .await
+        .unwrap();
+    let resyncs = || async {
+        let text = reqwest::get(c.url("/metrics"))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.lines()
+            .find(|l| l.starts_with("flotilla_router_resyncs_total"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    // A later event after the gap makes the router notice and resync.
+    let p = prefix("after", 200);
+    send(&c, "/v1/chat/completions", &chat(&p, "q", 2)).await;
+    let n = common::poll_until(Duration::from_secs(10), "a resync", || async {
+        resyncs().await.filter(|n| *n >= 1.0)
+    })
+    .await;
+    assert!(n >= 1.0);
+    // After the resync, a shared prefix still lands on its holder.
+    let before = placements(&c).await;
+    for i in 0..4 {
+        let v = send(
+            &c,
+            "/v1/chat/completions",
+            &chat(&p, &format!("again {i}"), 2),
+        )
+        .await;
+        assert!(
+            v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap()
+                >= 128
+        );
+    }
+    assert_eq!(delta(&placements(&c).await, &before).len(), 1);
+}
