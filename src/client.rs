@@ -1,8 +1,8 @@
 //! A small client of Flotilla's own OpenAI routes, for the tools that drive load at a gateway
-//! (`flotilla chaos soak`, benchmarks): sends one chat completion with `stream: true` and
-//! reads the SSE stream record by record, keeping what a checker needs — the response ids,
-//! the joined text, the finish reason, whether `[DONE]` came, an error record if any, and when
-//! each content chunk arrived.
+//! (`flotilla chaos soak`, `flotilla bench`): sends one chat completion or completion with
+//! `stream: true` and reads the SSE stream record by record, keeping what a checker needs — the
+//! response ids, the joined text, the finish reason, whether `[DONE]` came, an error record if
+//! any, the usage counts, and when each content chunk arrived.
 
 use futures::StreamExt;
 use std::time::{Duration, Instant};
@@ -26,6 +26,11 @@ pub struct StreamOutcome {
     pub error: Option<serde_json::Value>,
     /// `usage.completion_tokens` of the final chunk, if usage was asked for.
     pub completion_tokens: Option<u64>,
+    /// `usage.prompt_tokens` of the final chunk, if usage was asked for.
+    pub prompt_tokens: Option<u64>,
+    /// `usage.prompt_tokens_details.cached_tokens` of the final chunk (prompt tokens served
+    /// from a prefix cache), if usage was asked for and the server reports it.
+    pub cached_tokens: Option<u64>,
     /// Time from send to the first content chunk.
     pub ttft: Option<Duration>,
     /// Arrival time of every content chunk, from send.
@@ -54,21 +59,62 @@ impl StreamOutcome {
     }
 }
 
+/// Which OpenAI route a streamed request goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// `POST /v1/chat/completions` (`messages`; content in `choices[].delta.content`).
+    Chat,
+    /// `POST /v1/completions` (`prompt`, a string or token ids; content in `choices[].text`).
+    Completions,
+}
+
+impl Route {
+    /// The route's path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Route::Chat => "/v1/chat/completions",
+            Route::Completions => "/v1/completions",
+        }
+    }
+}
+
 /// POST `body` (a chat completion request; `stream` is forced on, usage asked for) to
 /// `{base}/v1/chat/completions` and read the whole stream.
 pub async fn stream_chat(
     client: &reqwest::Client,
     base: &str,
+    body: serde_json::Value,
+) -> anyhow::Result<StreamOutcome> {
+    stream_request(client, base, Route::Chat, body, &[]).await
+}
+
+/// POST `body` (a completions request, e.g. `prompt` as an array of token ids; `stream` is
+/// forced on, usage asked for) to `{base}/v1/completions` and read the whole stream.
+pub async fn stream_completion(
+    client: &reqwest::Client,
+    base: &str,
+    body: serde_json::Value,
+) -> anyhow::Result<StreamOutcome> {
+    stream_request(client, base, Route::Completions, body, &[]).await
+}
+
+/// POST `body` to `{base}{route}` with `headers` added (name, value), `stream` forced on and
+/// usage asked for, and read the whole stream. Chat and completions chunks are read alike.
+pub async fn stream_request(
+    client: &reqwest::Client,
+    base: &str,
+    route: Route,
     mut body: serde_json::Value,
+    headers: &[(String, String)],
 ) -> anyhow::Result<StreamOutcome> {
     body["stream"] = serde_json::json!(true);
     body["stream_options"] = serde_json::json!({"include_usage": true});
+    let mut req = client.post(format!("{base}{}", route.path())).json(&body);
+    for (name, value) in headers {
+        req = req.header(name.as_str(), value.as_str());
+    }
     let t0 = Instant::now();
-    let resp = client
-        .post(format!("{base}/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await?;
+    let resp = req.send().await?;
     let mut out = StreamOutcome {
         status: resp.status().as_u16(),
         ..StreamOutcome::default()
@@ -113,15 +159,24 @@ fn on_data(out: &mut StreamOutcome, data: &str, at: Duration) {
     {
         out.ids.push(id.to_owned());
     }
-    if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+    let usage = &v["usage"];
+    if let Some(n) = usage["completion_tokens"].as_u64() {
         out.completion_tokens = Some(n);
+    }
+    if let Some(n) = usage["prompt_tokens"].as_u64() {
+        out.prompt_tokens = Some(n);
+    }
+    if let Some(n) = usage["prompt_tokens_details"]["cached_tokens"].as_u64() {
+        out.cached_tokens = Some(n);
     }
     for c in v["choices"].as_array().into_iter().flatten() {
         let delta = &c["delta"];
         if delta.get("role").is_some() {
             out.role_deltas += 1;
         }
-        if let Some(t) = delta["content"].as_str()
+        // Chat chunks carry `delta.content`, completions chunks `text`.
+        let content = delta["content"].as_str().or_else(|| c["text"].as_str());
+        if let Some(t) = content
             && !t.is_empty()
         {
             out.text.push_str(t);
@@ -142,4 +197,50 @@ pub fn percentile(v: &[f64], p: f64) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     s[((s.len() - 1) as f64 * p).round() as usize]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completions_chunks_and_usage() {
+        let mut out = StreamOutcome::default();
+        let at = Duration::from_millis(5);
+        on_data(
+            &mut out,
+            r#"{"id":"cmpl-1","choices":[{"index":0,"text":"Hi","logprobs":null,"finish_reason":null}]}"#,
+            at,
+        );
+        on_data(
+            &mut out,
+            r#"{"id":"cmpl-1","choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"length"}]}"#,
+            at * 2,
+        );
+        on_data(
+            &mut out,
+            r#"{"id":"cmpl-1","choices":[],"usage":{"prompt_tokens":32,"completion_tokens":2,"total_tokens":34,"prompt_tokens_details":{"cached_tokens":16}}}"#,
+            at * 3,
+        );
+        on_data(&mut out, "[DONE]", at * 4);
+        out.status = 200;
+        assert!(out.is_complete());
+        assert_eq!(out.text, "Hi");
+        assert_eq!(out.ttft, Some(at));
+        assert_eq!(
+            out.chunk_times,
+            vec![at],
+            "the empty finish chunk is no content"
+        );
+        assert_eq!(
+            (out.completion_tokens, out.prompt_tokens, out.cached_tokens),
+            (Some(2), Some(32), Some(16))
+        );
+    }
+
+    #[test]
+    fn route_paths() {
+        assert_eq!(Route::Chat.path(), "/v1/chat/completions");
+        assert_eq!(Route::Completions.path(), "/v1/completions");
+    }
 }

@@ -17,6 +17,7 @@
 //!   between nodes, the Prometheus recorder.
 
 pub mod actors;
+pub mod bench;
 pub mod chaos_cli;
 pub mod client;
 pub mod clock;

@@ -29,6 +29,8 @@ enum Cmd {
     Generate(flotilla::generate::GenerateArgs),
     /// Inject and clear faults through the gateway's chaos API.
     Chaos(flotilla::chaos_cli::ChaosArgs),
+    /// Replay a trace or dataset against a gateway; report latency, goodput, prefix hits.
+    Bench(flotilla::bench::BenchArgs),
 }
 
 #[derive(Args)]
@@ -239,6 +241,9 @@ async fn main() -> std::process::ExitCode {
         .await
         .map(|_| std::process::ExitCode::SUCCESS),
         Cmd::Node(a) => run_node(a).await,
+        Cmd::Bench(a) => flotilla::bench::run(a)
+            .await
+            .map(|_| std::process::ExitCode::SUCCESS),
         Cmd::Chaos(a) => flotilla::chaos_cli::run(a)
             .await
             .map(|_| std::process::ExitCode::SUCCESS),

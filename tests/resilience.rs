@@ -3,8 +3,9 @@
 
 mod common;
 
-use common::{Cluster, MODEL, post};
+use common::{Cluster, MODEL, counter_sum, fleet, health, node_pid, post, signal, wait_routable};
 use futures::StreamExt;
+use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
@@ -96,15 +97,6 @@ async fn stream_with(
     s
 }
 
-async fn fleet(c: &Cluster) -> Value {
-    reqwest::get(c.url("/v1/fleet"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 fn nodes(f: &Value) -> Vec<Value> {
     f["nodes"].as_array().unwrap().clone()
 }
@@ -120,20 +112,6 @@ async fn chaos(gateway: &str, fault: Value) -> Value {
     let v: Value = r.json().await.unwrap();
     assert_eq!(status, 201, "{v}");
     v
-}
-
-async fn health(c: &Cluster) -> (u16, Value) {
-    let r = reqwest::get(c.url("/health")).await.unwrap();
-    (r.status().as_u16(), r.json().await.unwrap())
-}
-
-/// Until every one of `n` workers is routable.
-async fn wait_routable(c: &Cluster, n: u64) {
-    common::poll_until(Duration::from_secs(60), "workers routable", || async {
-        let (_, h) = health(c).await;
-        (h["routable_workers"].as_u64() == Some(n)).then_some(())
-    })
-    .await;
 }
 
 fn story(max_tokens: u32) -> Value {
@@ -181,11 +159,7 @@ async fn b11_a_stream_migrates_twice_without_a_seam() {
     assert_one_sound_stream(&migrated, 200);
     assert_eq!(migrated.text, reference.text, "byte for byte");
     assert_eq!(migrated.tokens, reference.tokens);
-    let f = fleet(&c).await;
-    let migrations: u64 = nodes(&f)
-        .iter()
-        .map(|n| n["counters"]["migrations"].as_u64().unwrap_or(0))
-        .sum();
+    let migrations = counter_sum(&c, "migrations").await;
     assert_eq!(migrations, 2, "two migrations, counted in /v1/fleet");
 }
 
@@ -249,11 +223,7 @@ async fn b15_a_hung_engine_is_detected_and_its_request_migrates() {
     let t0 = hung_at.lock().unwrap().expect("the hang was injected");
     let elapsed = t0.elapsed();
     // Detected within the step timeout plus a watchdog tick and the re-prefill.
-    let f = fleet(&c).await;
-    let hangs: u64 = nodes(&f)
-        .iter()
-        .map(|n| n["counters"]["engine_hangs"].as_u64().unwrap_or(0))
-        .sum();
+    let hangs = counter_sum(&c, "engine_hangs").await;
     assert_eq!(hangs, 1, "one hang detected");
     assert!(
         elapsed < Duration::from_secs(15),
@@ -270,11 +240,7 @@ async fn b15_a_hung_engine_is_detected_and_its_request_migrates() {
     )
     .await;
     common::poll_until(Duration::from_secs(10), "canary detection", || async {
-        let f = fleet(&c).await;
-        let n: u64 = nodes(&f)
-            .iter()
-            .map(|n| n["counters"]["engine_hangs"].as_u64().unwrap_or(0))
-            .sum();
+        let n = counter_sum(&c, "engine_hangs").await;
         (n == 2).then_some(())
     })
     .await;
@@ -288,20 +254,14 @@ async fn b15_a_killed_engine_restarts_its_replica() {
     let c = Cluster::start_with(2, &["--chaos"], &["worker.kv_blocks=128"]);
     wait_routable(&c, 1).await;
     assert_eq!(health(&c).await.0, 200);
-    let restarts = |f: &Value| {
-        nodes(f)
-            .iter()
-            .map(|n| n["counters"]["restarts"].as_u64().unwrap_or(0))
-            .sum::<u64>()
-    };
-    let r0 = restarts(&fleet(&c).await);
+    let r0 = counter_sum(&c, "restarts").await;
     chaos(
         &c.url(""),
         json!({"kind": "kill_actor", "actor": "engine", "target": {"node": "node-1"}}),
     )
     .await;
     common::poll_until(Duration::from_secs(10), "replica restarted", || async {
-        (restarts(&fleet(&c).await) > r0).then_some(())
+        (counter_sum(&c, "restarts").await > r0).then_some(())
     })
     .await;
     wait_routable(&c, 1).await;
@@ -315,17 +275,8 @@ async fn b15_a_killed_engine_restarts_its_replica() {
 async fn b15_health_is_503_with_no_worker() {
     let c = Cluster::start_with(2, &["--no-restart"], &["worker.kv_blocks=128"]);
     wait_routable(&c, 1).await;
-    let pid = nodes(&fleet(&c).await)
-        .iter()
-        .find(|n| n["id"] == "node-1")
-        .unwrap()["pid"]
-        .as_i64()
-        .unwrap() as i32;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    let pid = node_pid(&c, "node-1").await;
+    signal(pid, Signal::SIGKILL);
     let body = common::poll_until(Duration::from_secs(5), "health 503", || async {
         let (s, b) = health(&c).await;
         (s == 503).then_some(b)
@@ -366,11 +317,7 @@ async fn b16_sigterm_drains_a_worker_node() {
         "node-2 has work: {node2}"
     );
     let pid = node2["pid"].as_i64().unwrap() as i32;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    signal(pid, Signal::SIGTERM);
     // It leaves routing at once.
     common::poll_until(Duration::from_secs(2), "node-2 out of routing", || async {
         let (_, h) = health(&c).await;
@@ -415,24 +362,14 @@ async fn b16_a_short_grace_migrates_the_rest() {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let f = fleet(&c).await;
-    let pid = nodes(&f).into_iter().find(|n| n["id"] == "node-2").unwrap()["pid"]
-        .as_i64()
-        .unwrap() as i32;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    let pid = node_pid(&c, "node-2").await;
+    signal(pid, Signal::SIGTERM);
     for h in streams {
         let s = h.await.unwrap();
         assert_one_sound_stream(&s, 200);
         assert_eq!(s.text, reference.text);
     }
-    let migrations: u64 = nodes(&fleet(&c).await)
-        .iter()
-        .map(|n| n["counters"]["migrations"].as_u64().unwrap_or(0))
-        .sum();
+    let migrations = counter_sum(&c, "migrations").await;
     assert!(
         migrations > 0,
         "streams still running at the deadline migrated"

@@ -4,7 +4,8 @@
 
 mod common;
 
-use common::{Cluster, MODEL};
+use common::{Cluster, MODEL, node_pid, signal, wait_routable};
+use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -63,35 +64,6 @@ async fn send(c: &Cluster, path: &str, body: &Value) -> Value {
     let v: Value = r.json().await.unwrap();
     assert_eq!(status, 200, "{v}");
     v
-}
-
-async fn wait_routable(c: &Cluster, n: u64) {
-    common::poll_until(Duration::from_secs(60), "workers routable", || async {
-        let h: Value = reqwest::get(c.url("/health"))
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
-        (h["routable_workers"].as_u64() == Some(n)).then_some(())
-    })
-    .await;
-}
-
-async fn fleet_in_flight(c: &Cluster) -> u64 {
-    let f: Value = reqwest::get(c.url("/v1/fleet"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    f["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|n| n["workers"].as_array().unwrap().clone())
-        .map(|w| w["in_flight"].as_u64().unwrap_or(0))
-        .sum()
 }
 
 /// Requests sharing a prefix land on the worker that holds it (and hit its cache); a new
@@ -169,7 +141,7 @@ async fn b13_a_hot_prefix_still_spreads_over_workers() {
     assert!(max * 2 <= total, "no worker serves more than half: {d:?}");
     assert!(d.len() >= 3, "load spread: {d:?}");
     common::poll_until(Duration::from_secs(10), "in-flight back to 0", || async {
-        (fleet_in_flight(&c).await == 0).then_some(())
+        (common::workers_sum(&c, "in_flight").await == 0).then_some(())
     })
     .await;
 }
@@ -194,25 +166,8 @@ async fn b12_a_dead_prefix_holder_is_never_chosen() {
     assert_eq!(d.len(), 1, "the prefix lives on one worker: {d:?}");
     let holder = d.keys().next().unwrap().clone();
     let node = holder.split('/').next().unwrap().to_owned();
-    let f: Value = reqwest::get(c.url("/v1/fleet"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let pid = f["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|n| n["id"] == node.as_str())
-        .unwrap()["pid"]
-        .as_i64()
-        .unwrap() as i32;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    let pid = node_pid(&c, &node).await;
+    signal(pid, Signal::SIGKILL);
     wait_routable(&c, 2).await;
     let before = placements(&c).await;
     let mut tasks = Vec::new();

@@ -59,6 +59,12 @@ pub enum FaultKind {
         /// Fraction of events dropped, in `[0, 1]`.
         rate: f64,
     },
+    /// Occupy this fraction of the target workers' KV blocks (free or evictable ones) with a
+    /// phantom sequence until the fault ends; admission and shedding see the fuller pool.
+    FillKv {
+        /// Fraction of the pool, in `[0, 1]`.
+        fraction: f64,
+    },
     /// The target workers' schedulers panic while handling their next message (their
     /// supervisor restarts the replica; the panic is counted).
     Panic,
@@ -159,6 +165,18 @@ impl FaultBook {
             *self.rng.lock().unwrap_or_else(|p| p.into_inner()) = Some(rng);
         }
         self.lock().insert(inj.id, (inj.workers, inj.kind));
+    }
+
+    /// The fraction of `worker`'s pool a `fill_kv` fault occupies, if any.
+    pub fn fill_kv(&self, worker: &WorkerId) -> Option<f64> {
+        self.lock()
+            .values()
+            .filter(|(ws, _)| ws.contains(worker))
+            .filter_map(|(_, k)| match k {
+                FaultKind::FillKv { fraction } => Some(*fraction),
+                _ => None,
+            })
+            .reduce(f64::max)
     }
 
     /// Whether `worker`'s next KV event is dropped (`drop_kv_events`).

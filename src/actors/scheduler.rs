@@ -414,6 +414,31 @@ impl SchedulerState {
         Ok(())
     }
 
+    /// Chaos `fill_kv`: pin the asked fraction of the pool while the fault lasts.
+    fn fill_kv(&mut self) {
+        match self.args.faults.fill_kv(&self.args.worker) {
+            Some(f) if !self.core.is_occupied() => {
+                let want = (f * self.args.num_blocks as f64).round() as usize;
+                match self.core.occupy(want) {
+                    Ok(n) => {
+                        tracing::warn!(worker = %self.args.worker, blocks = n, "chaos: KV blocks occupied")
+                    }
+                    Err(e) => {
+                        tracing::warn!(worker = %self.args.worker, error = %e, "chaos: fill_kv failed")
+                    }
+                }
+            }
+            None if self.core.is_occupied() => {
+                if let Err(e) = self.core.release_occupied() {
+                    tracing::error!(worker = %self.args.worker, error = %e, "chaos: fill_kv release failed");
+                }
+                tracing::warn!(worker = %self.args.worker, "chaos: KV blocks released");
+                self.forward_kv_events();
+            }
+            _ => {}
+        }
+    }
+
     /// Send `kind` to every live request and drop them all.
     fn drop_all(&mut self, kind: &TokenEventKind) {
         let all: Vec<SeqId> = self.live.keys().copied().collect();
@@ -632,6 +657,7 @@ impl Actor for Scheduler {
                         state.args.worker
                     );
                 }
+                state.fill_kv();
                 state.tick(&myself)?
             }
             SchedulerMsg::CanaryDone(_) => {

@@ -109,21 +109,73 @@ impl Drop for Cluster {
     }
 }
 
-/// KV blocks in use across every worker, from the gateway's fleet view.
-pub async fn kv_used(c: &Cluster) -> u64 {
-    let f: serde_json::Value = reqwest::get(c.url("/v1/fleet"))
+/// The gateway's `/v1/fleet`.
+pub async fn fleet(c: &Cluster) -> serde_json::Value {
+    reqwest::get(c.url("/v1/fleet"))
         .await
         .unwrap()
         .json()
         .await
-        .unwrap();
-    f["nodes"]
+        .unwrap()
+}
+
+/// Sum of a numeric field over every worker of the fleet view.
+pub async fn workers_sum(c: &Cluster, field: &str) -> u64 {
+    fleet(c).await["nodes"]
         .as_array()
         .unwrap()
         .iter()
         .flat_map(|n| n["workers"].as_array().unwrap().clone())
-        .map(|w| w["kv_blocks_used"].as_u64().unwrap())
+        .map(|w| w[field].as_u64().unwrap_or(0))
         .sum()
+}
+
+/// KV blocks in use across every worker, from the gateway's fleet view.
+pub async fn kv_used(c: &Cluster) -> u64 {
+    workers_sum(c, "kv_blocks_used").await
+}
+
+/// Sum of a resilience counter (`migrations`, `restarts`, `panics`, `engine_hangs`) over
+/// every node.
+pub async fn counter_sum(c: &Cluster, name: &str) -> u64 {
+    fleet(c).await["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["counters"][name].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// The OS pid of node `node`.
+pub async fn node_pid(c: &Cluster, node: &str) -> i32 {
+    fleet(c).await["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == node)
+        .unwrap_or_else(|| panic!("no node {node}"))["pid"]
+        .as_i64()
+        .unwrap() as i32
+}
+
+/// Send `sig` to `pid`.
+pub fn signal(pid: i32, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).unwrap();
+}
+
+/// `/health` status and body.
+pub async fn health(c: &Cluster) -> (u16, serde_json::Value) {
+    let r = reqwest::get(c.url("/health")).await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+/// Until exactly `n` workers are routable (`/health`).
+pub async fn wait_routable(c: &Cluster, n: u64) {
+    poll_until(Duration::from_secs(60), "workers routable", || async {
+        let (_, h) = health(c).await;
+        (h["routable_workers"].as_u64() == Some(n)).then_some(())
+    })
+    .await;
 }
 
 /// The served model's name (the default model file's stem).

@@ -193,6 +193,11 @@ pub async fn create(
         {
             return Err(ApiError::new(ErrorKind::InvalidRequest, "rate must be within [0, 1]").param("rate"));
         }
+        if let FaultKind::FillKv { fraction } = spec.kind
+            && !(0.0..=1.0).contains(&fraction)
+        {
+            return Err(ApiError::new(ErrorKind::InvalidRequest, "fraction must be within [0, 1]").param("fraction"));
+        }
         let fleet = s.fleet().await?;
         let by_node = resolve_nodes(&spec.kind, &spec.target, &fleet);
         let hit: Vec<WorkerId> = by_node.values().flatten().cloned().collect();

@@ -199,7 +199,12 @@ pub struct SchedulerCore {
     running: Vec<SeqId>,
     in_flight: Option<Vec<InFlight>>,
     preempted: Vec<SeqId>,
+    /// Chaos `fill_kv`: blocks pinned by a phantom sequence that is never scheduled.
+    occupied: Option<SeqLease>,
 }
+
+/// The phantom sequence of [`SchedulerCore::occupy`].
+pub const OCCUPY_SEQ: SeqId = SeqId(u64::MAX);
 
 impl SchedulerCore {
     pub fn new(config: SchedulerConfig, pool: BlockPool) -> Result<Self, SchedulerError> {
@@ -214,6 +219,7 @@ impl SchedulerCore {
             running: Vec::new(),
             in_flight: None,
             preempted: Vec::new(),
+            occupied: None,
         })
     }
 
@@ -453,6 +459,40 @@ impl SchedulerCore {
 
     pub fn step_in_flight(&self) -> bool {
         self.in_flight.is_some()
+    }
+
+    /// Chaos `fill_kv`: pin up to `blocks` unreferenced blocks (free or evictable) under a
+    /// phantom sequence that is never scheduled and never registered, so that admission sees
+    /// a fuller pool. Returns the blocks pinned; no-op (0) while some are already pinned.
+    pub fn occupy(&mut self, blocks: usize) -> Result<usize, SchedulerError> {
+        if self.occupied.is_some() {
+            return Ok(0);
+        }
+        let u = self.pool.usage();
+        let n = blocks.min(u.free_blocks + u.cached_blocks);
+        if n == 0 {
+            return Ok(0);
+        }
+        // `n·block_size − 1` tokens + the slot for a first sampled token = exactly n blocks;
+        // ids above any vocabulary never match a real prefix.
+        let bs = self.pool.block_size();
+        let tokens: Vec<u32> = (0..(n * bs - 1) as u32).map(|i| 0xF000_0000 | i).collect();
+        let alloc = self.pool.allocate_sequence(OCCUPY_SEQ, &tokens)?;
+        self.occupied = Some(alloc.lease);
+        Ok(n)
+    }
+
+    /// Give back what [`SchedulerCore::occupy`] pinned.
+    pub fn release_occupied(&mut self) -> Result<(), SchedulerError> {
+        if let Some(l) = self.occupied.take() {
+            self.pool.free(l)?;
+        }
+        Ok(())
+    }
+
+    /// Whether [`SchedulerCore::occupy`] holds blocks.
+    pub fn is_occupied(&self) -> bool {
+        self.occupied.is_some()
     }
 
     pub fn kv_usage(&self) -> PoolUsage {
