@@ -11,8 +11,10 @@ use crate::ids::NodeId;
 use ractor::{Actor, ActorRef};
 use ractor_cluster::node::{NodeConnectionMode, NodeServerSessionInformation};
 use ractor_cluster::{NodeEventSubscription, NodeServer, NodeServerMessage};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -64,6 +66,101 @@ pub struct ClusterHandle {
     pub node_id: NodeId,
     /// Listen address.
     pub addr: SocketAddr,
+    /// Chaos `partition`: which peers this node refuses sessions with.
+    pub partition: PartitionFilter,
+}
+
+/// A filter on the inter-node path (chaos `partition`): while set, every session with a peer
+/// on the other side of the cut is stopped as soon as it authenticates (so neither a redial
+/// nor a transitive connection gets through), and [`PartitionFilter::cut`] stops the ones
+/// that exist. Sides: the nodes listed in `group` against all others.
+#[derive(Clone, Debug, Default)]
+pub struct PartitionFilter {
+    inner: Arc<Mutex<Option<Partition>>>,
+}
+
+#[derive(Clone, Debug)]
+struct Partition {
+    group: HashSet<String>,
+    /// Whether this node is in `group`.
+    inside: bool,
+}
+
+/// The node name of a session's peer (`node-2` from `node-2@127.0.0.1`).
+fn peer_node(ses: &NodeServerSessionInformation) -> Option<String> {
+    ses.peer_name
+        .as_ref()
+        .map(|n| n.name.split('@').next().unwrap_or_default().to_owned())
+}
+
+impl PartitionFilter {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Partition>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Cut `group` from the rest, as seen from node `me`.
+    pub fn set(&self, me: &str, group: &[String]) {
+        let group: HashSet<String> = group.iter().cloned().collect();
+        let inside = group.contains(me);
+        *self.lock() = Some(Partition { group, inside });
+    }
+
+    /// Heal.
+    pub fn clear(&self) {
+        *self.lock() = None;
+    }
+
+    /// Whether sessions with `peer` are refused now.
+    pub fn blocks(&self, peer: &str) -> bool {
+        self.lock()
+            .as_ref()
+            .is_some_and(|p| p.inside != p.group.contains(peer))
+    }
+
+    /// Stop every established session the filter blocks; returns the listen addresses
+    /// (`connection_string`) of the peers cut, for redialling when the partition heals.
+    pub async fn cut(&self, server: &ActorRef<NodeServerMessage>) -> Vec<(String, String)> {
+        let Ok(sessions) = ractor::call_t!(server, NodeServerMessage::GetSessions, 2_000) else {
+            return Vec::new();
+        };
+        let mut cut = Vec::new();
+        for ses in sessions.values() {
+            if let Some(peer) = peer_node(ses)
+                && self.blocks(&peer)
+            {
+                tracing::warn!(%peer, "chaos: partition cuts the session");
+                if let Some(n) = &ses.peer_name {
+                    cut.push((peer.clone(), n.connection_string.clone()));
+                }
+                ses.actor.stop(Some("partitioned (chaos)".into()));
+            }
+        }
+        cut
+    }
+}
+
+struct FilterSubscription(PartitionFilter);
+
+impl FilterSubscription {
+    fn check(&self, ses: &NodeServerSessionInformation) {
+        if let Some(peer) = peer_node(ses)
+            && self.0.blocks(&peer)
+        {
+            tracing::warn!(%peer, "chaos: partition refuses a session");
+            ses.actor.stop(Some("partitioned (chaos)".into()));
+        }
+    }
+}
+
+impl NodeEventSubscription for FilterSubscription {
+    fn node_session_opened(&self, _ses: NodeServerSessionInformation) {}
+    fn node_session_disconnected(&self, _ses: NodeServerSessionInformation) {}
+    fn node_session_authenticated(&self, ses: NodeServerSessionInformation) {
+        self.check(&ses);
+    }
+    fn node_session_ready(&self, ses: NodeServerSessionInformation) {
+        self.check(&ses);
+    }
 }
 
 /// Start this node's NodeServer on `addr` with the given cookie and frame limit.
@@ -89,10 +186,18 @@ pub async fn start_node_server(
     let (server, _) = Actor::spawn(None, server, ())
         .await
         .map_err(|e| ClusterError::Start(e.to_string()))?;
+    let partition = PartitionFilter::default();
+    server
+        .cast(NodeServerMessage::SubscribeToEvents {
+            id: "chaos-partition".into(),
+            subscription: Box::new(FilterSubscription(partition.clone())),
+        })
+        .map_err(|_| ClusterError::ServerGone)?;
     Ok(ClusterHandle {
         server,
         node_id,
         addr,
+        partition,
     })
 }
 

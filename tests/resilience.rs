@@ -440,3 +440,54 @@ async fn b17_panics_are_contained_and_counted() {
     .await;
     assert_eq!(s, 200, "{t}");
 }
+
+/// Chaos `partition`: a worker node cut off from the rest (sessions refused across the cut,
+/// its process alive) leaves routing at once; the streams it served migrate and finish
+/// unchanged; at the deadline the cut heals and the node is routable again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_worker_leaves_routing_and_heals() {
+    let c = Cluster::start_with(3, &["--chaos"], &["worker.kv_blocks=128"]);
+    wait_routable(&c, 2).await;
+    let url = c.url("/v1/chat/completions");
+    let reference = stream_with(&url, story(150), &[], |_| Box::pin(async {})).await;
+    let pid = node_pid(&c, "node-2").await;
+    // Two streams: consecutive placements go to different workers.
+    let streams: Vec<_> = (0..2)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(
+                async move { stream_with(&url, story(150), &[], |_| Box::pin(async {})).await },
+            )
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    chaos(
+        &c.url(""),
+        json!({"kind": "partition", "nodes": ["node-2"], "target": "any_busy", "duration_ms": 3000}),
+    )
+    .await;
+    wait_routable(&c, 1).await;
+    for h in streams {
+        let s = h.await.unwrap();
+        assert_one_sound_stream(&s, 150);
+        assert_eq!(s.text, reference.text);
+    }
+    assert!(
+        counter_sum(&c, "migrations").await >= 1,
+        "the stream on node-2 migrated"
+    );
+    assert!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok(),
+        "a partition cuts the network, not the process"
+    );
+    wait_routable(&c, 2).await;
+    assert_eq!(node_pid(&c, "node-2").await, pid, "healed, not restarted");
+    // A partition needs a deadline.
+    let r = reqwest::Client::new()
+        .post(c.url("/chaos/faults"))
+        .json(&json!({"kind": "partition", "nodes": ["node-2"], "target": "any_busy"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+}

@@ -68,6 +68,14 @@ pub enum FaultKind {
     /// The target workers' schedulers panic while handling their next message (their
     /// supervisor restarts the replica; the panic is counted).
     Panic,
+    /// Cut the nodes in `nodes` off from all the others (every node refuses sessions across
+    /// the cut: a filter on the inter-node path), then heal after `duration_ms` (required).
+    /// `DELETE` heals the side the gateway still reaches at once; the far side heals at the
+    /// deadline.
+    Partition {
+        /// One side of the cut.
+        nodes: Vec<String>,
+    },
     /// A bare task on the target's node panics — one no supervisor watches; the panic hook
     /// counts and logs it (`flotilla_panics_total`).
     PanicTask,
@@ -139,6 +147,9 @@ pub struct Injection {
     /// Seed of randomised kinds.
     #[serde(default)]
     pub seed: Option<u64>,
+    /// How long it lasts (ms), for kinds that end themselves on each node (`partition`).
+    #[serde(default)]
+    pub duration_ms: Option<u64>,
 }
 
 /// Fault id → (workers hit, what it does).
@@ -276,29 +287,77 @@ pub enum ChaosMsg {
     Clear(Wire<u64>),
 }
 
-/// The Chaos actor; its argument is the node's fault book.
+/// The Chaos actor; its arguments are the node's fault book and its cluster handle.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Chaos;
 
+/// Chaos actor state.
+pub struct ChaosState {
+    book: FaultBook,
+    cluster: crate::cluster::ClusterHandle,
+    /// Active partitions: fault id → the peers cut (name, listen address).
+    partitions: HashMap<u64, Vec<(String, String)>>,
+}
+
+impl ChaosState {
+    async fn partition(&mut self, myself: &ActorRef<ChaosMsg>, inj: &Injection, nodes: &[String]) {
+        let me = self.cluster.node_id.to_string();
+        self.cluster.partition.set(&me, nodes);
+        let cut = self.cluster.partition.cut(&self.cluster.server).await;
+        self.partitions.insert(inj.id, cut);
+        if let Some(ms) = inj.duration_ms {
+            let id = inj.id;
+            myself.send_after(Duration::from_millis(ms), move || {
+                ChaosMsg::Clear(Wire::encode(&id))
+            });
+        }
+    }
+
+    /// Heal partition `id`: drop the filter and dial the peers it cut (the node with the
+    /// smaller name dials, so a pair does not open two sessions).
+    fn heal(&mut self, id: u64) {
+        let Some(cut) = self.partitions.remove(&id) else {
+            return;
+        };
+        self.cluster.partition.clear();
+        tracing::warn!(fault = id, "chaos: partition healed");
+        let me = self.cluster.node_id.to_string();
+        for (peer, addr) in cut {
+            if me < peer {
+                let server = self.cluster.server.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = ractor_cluster::client_connect(&server, addr.as_str()).await {
+                        tracing::warn!(%peer, error = %e, "re-dial after a partition failed");
+                    }
+                });
+            }
+        }
+    }
+}
+
 impl Actor for Chaos {
     type Msg = ChaosMsg;
-    type State = FaultBook;
-    type Arguments = FaultBook;
+    type State = ChaosState;
+    type Arguments = (FaultBook, crate::cluster::ClusterHandle);
 
     async fn pre_start(
         &self,
         myself: ActorRef<Self::Msg>,
-        book: FaultBook,
+        (book, cluster): (FaultBook, crate::cluster::ClusterHandle),
     ) -> Result<Self::State, ActorProcessingErr> {
         ractor::pg::join(CHAOS_GROUP.to_owned(), vec![myself.get_cell()]);
-        Ok(book)
+        Ok(ChaosState {
+            book,
+            cluster,
+            partitions: HashMap::new(),
+        })
     }
 
     async fn handle(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
-        book: &mut Self::State,
+        state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             ChaosMsg::Apply(w) => {
@@ -312,15 +371,20 @@ impl Actor for Chaos {
                         FaultKind::PanicTask => {
                             tokio::spawn(async { panic!("injected panic in a bare task (chaos)") });
                         }
-                        _ => book.apply(inj),
+                        FaultKind::Partition { nodes } => {
+                            let nodes = nodes.clone();
+                            state.partition(&myself, &inj, &nodes).await;
+                        }
+                        _ => state.book.apply(inj),
                     }
                 }
             }
             ChaosMsg::Clear(w) => {
-                if let Ok(id) = w.decode()
-                    && book.clear(id)
-                {
-                    tracing::warn!(fault = id, "chaos: fault cleared");
+                if let Ok(id) = w.decode() {
+                    state.heal(id);
+                    if state.book.clear(id) {
+                        tracing::warn!(fault = id, "chaos: fault cleared");
+                    }
                 }
             }
         }
@@ -385,6 +449,7 @@ mod tests {
             kind: FaultKind::Slow { delay_ms: 5 },
             workers: vec![a.clone()],
             seed: None,
+            duration_ms: None,
         });
         book.apply(Injection {
             node: "n".into(),
@@ -392,6 +457,7 @@ mod tests {
             kind: FaultKind::FailEngine { after_steps: 1 },
             workers: vec![b.clone()],
             seed: None,
+            duration_ms: None,
         });
         assert_eq!(book.step_delay(&a), Duration::from_millis(5));
         assert_eq!(book.step_delay(&b), Duration::ZERO);

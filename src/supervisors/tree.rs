@@ -67,8 +67,9 @@ pub fn node_tree(ctx: &NodeContext) -> SupervisorSpec {
         Duration::from_millis(s.backoff_max_ms),
     );
     let faults = ctx.faults.clone();
+    let cluster = ctx.cluster.clone();
     let chaos = ChildSpec::actor("chaos", Some(ctx.name("chaos")), move || {
-        (Chaos, faults.clone())
+        (Chaos, (faults.clone(), cluster.clone()))
     })
     .shutdown(shutdown(ctx));
     let mut node = SupervisorSpec::new(ctx.name("node"), node_flags)

@@ -98,6 +98,21 @@ fn resolve_nodes(
     target: &Target,
     fleet: &[NodeView],
 ) -> BTreeMap<String, Vec<WorkerId>> {
+    if matches!(kind, FaultKind::Partition { .. }) {
+        // Every node filters its side of the cut.
+        return fleet
+            .iter()
+            .filter(|n| n.state == NodeState::Up)
+            .map(|n| {
+                let ws = n
+                    .workers
+                    .iter()
+                    .map(|w| WorkerId::new(w.id.clone()))
+                    .collect();
+                (n.id.to_string(), ws)
+            })
+            .collect();
+    }
     let mut by_node = nodes_of(&resolve(target, fleet));
     let node_wide = match kind {
         FaultKind::KillNode | FaultKind::PanicTask => true,
@@ -198,7 +213,21 @@ pub async fn create(
         {
             return Err(ApiError::new(ErrorKind::InvalidRequest, "fraction must be within [0, 1]").param("fraction"));
         }
+        if let FaultKind::Partition { nodes } = &spec.kind
+            && (nodes.is_empty() || spec.duration_ms.is_none())
+        {
+            return Err(ApiError::new(
+                ErrorKind::InvalidRequest,
+                "a partition needs `nodes` (one side of the cut) and `duration_ms` (when it heals)",
+            )
+            .param("nodes"));
+        }
         let fleet = s.fleet().await?;
+        if let FaultKind::Partition { nodes } = &spec.kind
+            && let Some(n) = nodes.iter().find(|n| !fleet.iter().any(|v| v.id.as_str() == n.as_str()))
+        {
+            return Err(ApiError::new(ErrorKind::InvalidRequest, format!("unknown node {n:?}")).param("nodes"));
+        }
         let by_node = resolve_nodes(&spec.kind, &spec.target, &fleet);
         let hit: Vec<WorkerId> = by_node.values().flatten().cloned().collect();
         if by_node.is_empty() {
@@ -220,6 +249,7 @@ pub async fn create(
             let inj = Injection {
                 id,
                 seed: spec.seed,
+                duration_ms: spec.duration_ms,
                 node: node.clone(),
                 kind: spec.kind.clone(),
                 workers,
