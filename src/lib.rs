@@ -30,6 +30,7 @@ pub mod launcher;
 pub mod metrics;
 pub mod model;
 pub mod node;
+pub mod profile;
 pub mod resilience;
 pub mod soak;
 pub mod status;

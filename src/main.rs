@@ -31,6 +31,8 @@ enum Cmd {
     Chaos(flotilla::chaos_cli::ChaosArgs),
     /// Replay a trace or dataset against a gateway; report latency, goodput, prefix hits.
     Bench(flotilla::bench::BenchArgs),
+    /// Measure the CPU engine and write a timing profile for the simulated engine.
+    Profile(flotilla::profile::ProfileArgs),
 }
 
 #[derive(Args)]
@@ -241,6 +243,11 @@ async fn main() -> std::process::ExitCode {
         .await
         .map(|_| std::process::ExitCode::SUCCESS),
         Cmd::Node(a) => run_node(a).await,
+        Cmd::Profile(a) => tokio::task::spawn_blocking(move || flotilla::profile::run(a))
+            .await
+            .map_err(anyhow::Error::from)
+            .and_then(|r| r)
+            .map(|_| std::process::ExitCode::SUCCESS),
         Cmd::Bench(a) => flotilla::bench::run(a)
             .await
             .map(|_| std::process::ExitCode::SUCCESS),

@@ -256,3 +256,33 @@ async fn dropped_kv_events_trigger_a_resync_and_routing_recovers() {
     }
     assert_eq!(delta(&placements(&c).await, &before).len(), 1);
 }
+
+/// `flotilla profile` fits the CPU engine and writes a profile that a sim fleet runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_measured_cpu_profile_drives_a_sim_fleet() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("cpu.json");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args([
+            "profile",
+            "--num-blocks",
+            "64",
+            "--batch",
+            "4",
+            "--repeats",
+            "1",
+            "--out",
+        ])
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let p = flotilla::actors::engine_worker::sim::SimProfile::load(&out).unwrap();
+    assert!(p.source.contains("CPU engine"), "{}", p.source);
+    assert!(p.prefill_ms(512) > p.prefill_ms(16), "{p:?}");
+    let set = format!("worker.sim_profile={}", out.display());
+    let c = Cluster::start_with(2, &["--engine", "sim"], &[set.as_str()]);
+    wait_routable(&c, 1).await;
+    let v = send(&c, "/v1/chat/completions", &chat("You are terse.", "hi", 8)).await;
+    assert_eq!(v["usage"]["completion_tokens"], 8);
+}
