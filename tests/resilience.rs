@@ -417,6 +417,21 @@ async fn b17_panics_are_contained_and_counted() {
         let (s, _, t) = post(&c.url("/v1/chat/completions"), &story(4)).await;
         assert_eq!(s, 200, "{t}");
     }
+    // B17 (4): the worker-pool supervisor of node-1 killed: the node's supervisor starts it
+    // again and it rebuilds its replicas in order; node-2 serves meanwhile.
+    let r0 = counter_sum(&c, "restarts").await;
+    chaos(
+        &c.url(""),
+        json!({"kind": "kill_actor", "actor": "worker_pool", "target": {"node": "node-1"}}),
+    )
+    .await;
+    let (s, _, t) = post(&c.url("/v1/chat/completions"), &story(4)).await;
+    assert_eq!(s, 200, "{t}");
+    common::poll_until(Duration::from_secs(10), "worker pool restarted", || async {
+        (counter_sum(&c, "restarts").await > r0).then_some(())
+    })
+    .await;
+    wait_routable(&c, 2).await;
     // The gateway's HTTP actor killed: its supervisor starts it again on the same address.
     chaos(
         &c.url(""),

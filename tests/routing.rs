@@ -286,3 +286,95 @@ async fn a_measured_cpu_profile_drives_a_sim_fleet() {
     let v = send(&c, "/v1/chat/completions", &chat("You are terse.", "hi", 8)).await;
     assert_eq!(v["usage"]["completion_tokens"], 8);
 }
+
+/// B12 variant: the router's node is cut off from membership, a worker dies during the cut;
+/// after healing, the router has the smaller pool and never picks the dead worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b12_a_worker_lost_during_a_partition_is_dropped_after_healing() {
+    let c = Cluster::start_with(4, &["--engine", "sim", "--no-restart", "--chaos"], &[]);
+    wait_routable(&c, 3).await;
+    let pid = node_pid(&c, "node-2").await;
+    let r = reqwest::Client::new()
+        .post(c.url("/chaos/faults"))
+        .json(&json!({"kind": "partition", "nodes": ["node-0"], "target": "any_busy", "duration_ms": 2500}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    wait_routable(&c, 0).await;
+    signal(pid, Signal::SIGKILL);
+    // Healed: the two survivors come back, the dead one does not.
+    wait_routable(&c, 2).await;
+    let before = placements(&c).await;
+    for i in 0..12 {
+        send(
+            &c,
+            "/v1/chat/completions",
+            &chat(&prefix("p", 50), &format!("{i}"), 2),
+        )
+        .await;
+    }
+    let d = delta(&placements(&c).await, &before);
+    assert!(!d.contains_key("node-2/replica-0"), "{d:?}");
+    assert_eq!(d.values().sum::<u64>(), 12);
+    common::poll_until(
+        Duration::from_secs(10),
+        "node-2 down in the fleet",
+        || async {
+            let f = common::fleet(&c).await;
+            let n2 = f["nodes"]
+                .as_array()?
+                .iter()
+                .find(|n| n["id"] == "node-2")
+                .cloned();
+            n2.is_none_or(|n| n["state"] != "up").then_some(())
+        },
+    )
+    .await;
+}
+
+/// B13 variant: one worker ten times slower; requests with no cached prefix anywhere go to
+/// workers with little load, so the slow one gets the least.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b13_a_slow_worker_gets_the_least_new_work() {
+    let c = Cluster::start_with(3, &["--engine", "sim", "--workers", "4", "--chaos"], &[]);
+    wait_routable(&c, 4).await;
+    let r = reqwest::Client::new()
+        .post(c.url("/chaos/faults"))
+        .json(&json!({"kind": "slow", "delay_ms": 150, "target": {"worker": "node-1/replica-0"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let before = placements(&c).await;
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let url = c.url("/v1/chat/completions");
+        let body = chat(&prefix(&format!("u{i}x"), 100), "q", 32);
+        tasks.push(tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }));
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    let d = delta(&placements(&c).await, &before);
+    let slow = d.get("node-1/replica-0").copied().unwrap_or(0);
+    let total: u64 = d.values().sum();
+    assert_eq!(total, 40);
+    assert!(
+        slow * 5 <= total,
+        "the slow worker got {slow} of {total}: {d:?}"
+    );
+    for (w, n) in &d {
+        assert!(slow <= *n, "the slow worker got more than {w}: {d:?}");
+    }
+}

@@ -43,7 +43,8 @@ pub enum FaultKind {
     /// Kill one actor of each target (no cleanup runs, as after a crash); its supervisor
     /// reacts. `actor`: `replica` (the replica's supervisor and so all of it), `scheduler`,
     /// `engine`, `kv_manager` — or a node-wide actor of the target's node: `router`,
-    /// `http_gateway`, `token_sink`, `discovery`.
+    /// `http_gateway`, `token_sink`, `discovery`, `worker_pool` (the supervisor of its
+    /// replicas).
     KillActor {
         /// Which actor.
         #[serde(default = "default_kill_actor")]
@@ -88,7 +89,13 @@ fn default_kill_actor() -> String {
 /// Actors `kill_actor` can name, per worker.
 pub const WORKER_ACTORS: [&str; 4] = ["replica", "scheduler", "engine", "kv_manager"];
 /// Actors `kill_actor` can name, per node.
-pub const NODE_ACTORS: [&str; 4] = ["router", "http_gateway", "token_sink", "discovery"];
+pub const NODE_ACTORS: [&str; 5] = [
+    "router",
+    "http_gateway",
+    "token_sink",
+    "discovery",
+    "worker_pool",
+];
 
 impl FaultKind {
     /// One-shot kinds act once when installed and stay listed only as history.
@@ -291,12 +298,16 @@ pub enum ChaosMsg {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Chaos;
 
+/// A partition in force on this node: the peers it cut (name, listen address) and one side
+/// of the cut.
+type ActivePartition = (Vec<(String, String)>, Vec<String>);
+
 /// Chaos actor state.
 pub struct ChaosState {
     book: FaultBook,
     cluster: crate::cluster::ClusterHandle,
-    /// Active partitions: fault id → the peers cut (name, listen address).
-    partitions: HashMap<u64, Vec<(String, String)>>,
+    /// Active partitions by fault id.
+    partitions: HashMap<u64, ActivePartition>,
 }
 
 impl ChaosState {
@@ -304,7 +315,7 @@ impl ChaosState {
         let me = self.cluster.node_id.to_string();
         self.cluster.partition.set(&me, nodes);
         let cut = self.cluster.partition.cut(&self.cluster.server).await;
-        self.partitions.insert(inj.id, cut);
+        self.partitions.insert(inj.id, (cut, nodes.to_vec()));
         if let Some(ms) = inj.duration_ms {
             let id = inj.id;
             myself.send_after(Duration::from_millis(ms), move || {
@@ -313,25 +324,39 @@ impl ChaosState {
         }
     }
 
-    /// Heal partition `id`: drop the filter and dial the peers it cut (the node with the
-    /// smaller name dials, so a pair does not open two sessions).
+    /// Heal partition `id`: drop the filter and dial every peer across the cut — those it
+    /// cut and those the membership table knows (the far side may have cut first). Both
+    /// sides dial; `ractor_cluster` elects one session when two connect at once.
     fn heal(&mut self, id: u64) {
-        let Some(cut) = self.partitions.remove(&id) else {
+        let Some((cut, group)) = self.partitions.remove(&id) else {
             return;
         };
         self.cluster.partition.clear();
         tracing::warn!(fault = id, "chaos: partition healed");
         let me = self.cluster.node_id.to_string();
-        for (peer, addr) in cut {
-            if me < peer {
-                let server = self.cluster.server.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = ractor_cluster::client_connect(&server, addr.as_str()).await {
-                        tracing::warn!(%peer, error = %e, "re-dial after a partition failed");
+        let server = self.cluster.server.clone();
+        let discovery = crate::actors::discovery::local(&format!("{me}/discovery"));
+        tokio::spawn(async move {
+            let inside = group.contains(&me);
+            let mut addrs: Vec<(String, String)> = cut;
+            if let Some(d) = discovery
+                && let Ok(view) = crate::actors::discovery::fleet(&d).await
+            {
+                for n in view {
+                    let peer = n.id.to_string();
+                    if peer != me && group.contains(&peer) != inside {
+                        addrs.push((peer, n.addr.clone()));
                     }
-                });
+                }
             }
-        }
+            addrs.sort();
+            addrs.dedup();
+            for (peer, addr) in addrs {
+                if let Err(e) = ractor_cluster::client_connect(&server, addr.as_str()).await {
+                    tracing::warn!(%peer, error = %e, "re-dial after a partition failed");
+                }
+            }
+        });
     }
 }
 

@@ -239,6 +239,9 @@ pub async fn create(
         }
         let id = c.next_id.fetch_add(1, Ordering::Relaxed);
         let nodes: Vec<String> = by_node.keys().cloned().collect();
+        // Find every node's Chaos actor before telling any (a partition or a node kill acts
+        // at once), and tell this node's last, so that no fault cuts the path to the rest.
+        let mut sends = Vec::new();
         for (node, workers) in by_node {
             let chaos = find_chaos(&node).ok_or_else(|| {
                 ApiError::new(
@@ -246,6 +249,10 @@ pub async fn create(
                     format!("node {node} runs no chaos actor"),
                 )
             })?;
+            sends.push((node, workers, chaos));
+        }
+        sends.sort_by_key(|(_, _, chaos)| chaos.get_id().is_local());
+        for (node, workers, chaos) in sends {
             let inj = Injection {
                 id,
                 seed: spec.seed,
