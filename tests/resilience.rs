@@ -506,3 +506,108 @@ async fn a_partitioned_worker_leaves_routing_and_heals() {
         .unwrap();
     assert_eq!(r.status(), 400);
 }
+
+/// Killing the gateway node's token sink (events in its mailbox are lost) or its HTTP actor
+/// mid-stream loses nothing: the lost tokens show up as a gap in the token indices (or a
+/// stall), the request resumes from what was delivered, and the restarted HTTP actor binds
+/// the same port while the old connection finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_token_sink_or_the_http_actor_loses_nothing() {
+    let c = Cluster::start_with(3, &["--chaos"], &["worker.kv_blocks=128"]);
+    wait_routable(&c, 2).await;
+    let url = c.url("/v1/chat/completions");
+    let reference = stream_with(&url, story(200), &[], |_| Box::pin(async {})).await;
+    let gw = c.url("");
+    let s = stream_with(&url, story(200), &[30, 80], move |k| {
+        let gw = gw.clone();
+        let actor = if k == 0 { "token_sink" } else { "http_gateway" };
+        Box::pin(async move {
+            chaos(
+                &gw,
+                json!({"kind": "kill_actor", "actor": actor, "target": {"node": "node-0"}}),
+            )
+            .await;
+        })
+    })
+    .await;
+    assert_one_sound_stream(&s, 200);
+    assert_eq!(s.text, reference.text);
+    let (status, _, t) = post(&url, &story(4)).await;
+    assert_eq!(status, 200, "{t}");
+}
+
+/// `fill_kv` pauses a worker's requests (no blocks); when it ends they resume by themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_paused_by_fill_kv_resumes_when_it_ends() {
+    let c = Cluster::start_with(2, &["--chaos"], &["worker.kv_blocks=64"]);
+    wait_routable(&c, 1).await;
+    let url = c.url("/v1/chat/completions");
+    let reference = stream_with(&url, story(300), &[], |_| Box::pin(async {})).await;
+    let gw = c.url("");
+    let s = tokio::time::timeout(
+        Duration::from_secs(60),
+        stream_with(&url, story(300), &[20], move |_| {
+            let gw = gw.clone();
+            Box::pin(async move {
+                chaos(
+                    &gw,
+                    json!({"kind": "fill_kv", "fraction": 0.99, "target": {"node": "node-1"}, "duration_ms": 1500}),
+                )
+                .await;
+            })
+        }),
+    )
+    .await
+    .expect("the stream resumed after fill_kv ended");
+    assert_one_sound_stream(&s, 300);
+    assert_eq!(s.text, reference.text);
+}
+
+/// The chaos API refuses what cannot be done, with the OpenAI error shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_refuses_impossible_faults() {
+    let c = Cluster::start_with(3, &["--chaos"], &["worker.kv_blocks=64"]);
+    wait_routable(&c, 2).await;
+    let client = reqwest::Client::new();
+    for (body, param) in [
+        (
+            json!({"kind": "partition", "nodes": ["node-0", "node-1", "node-2"], "duration_ms": 1000}),
+            "nodes",
+        ),
+        (
+            json!({"kind": "partition", "nodes": ["node-1"], "duration_ms": 18446744073709551615u64}),
+            "duration_ms",
+        ),
+        (
+            json!({"kind": "partition", "nodes": ["node-9"], "duration_ms": 1000}),
+            "nodes",
+        ),
+        (
+            json!({"kind": "kill_actor", "actor": "router", "target": {"node": "node-1"}}),
+            "actor",
+        ),
+        (
+            json!({"kind": "fill_kv", "fraction": 1.5, "target": "any_busy"}),
+            "fraction",
+        ),
+    ] {
+        let r = client
+            .post(c.url("/chaos/faults"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{body}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["param"], param, "{v}");
+    }
+    let r = client
+        .delete(c.url("/chaos/faults/abc"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    // Still serving.
+    let (s, _, t) = post(&c.url("/v1/chat/completions"), &story(4)).await;
+    assert_eq!(s, 200, "{t}");
+}

@@ -122,6 +122,10 @@ pub enum Target {
     AnyBusy,
 }
 
+fn any_busy() -> Target {
+    Target::AnyBusy
+}
+
 /// A fault as the API receives it: `{"kind": "slow", "delay_ms": 2000, "target": {"worker":
 /// "node-1/replica-0"} | {"node": "node-1"} | "any_busy", "duration_ms": 5000}`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -129,7 +133,8 @@ pub struct FaultSpec {
     /// What it does.
     #[serde(flatten)]
     pub kind: FaultKind,
-    /// Whom it hits.
+    /// Whom it hits (default `any_busy`; ignored by `partition`, which names its nodes).
+    #[serde(default = "any_busy")]
     pub target: Target,
     /// Clears itself after this long; `None`: until deleted.
     #[serde(default)]

@@ -2,7 +2,8 @@
 //!
 //! It binds its listener in `pre_start` (so a bind failure is a start failure its supervisor
 //! sees), serves the axum app from [`routes::app`] on a task, and stops the server in
-//! `post_stop`: graceful shutdown first, aborted after [`SERVER_STOP_GRACE`]. If the server
+//! `post_stop`: graceful shutdown first, aborted after [`SERVER_STOP_GRACE`]; a killed actor
+//! (no `post_stop`) still releases its listener, through a drop guard in its state. If the server
 //! task ends on its own, the actor fails so its supervisor restarts it; a restart re-binds the
 //! same port (the first bind's port when configured as 0).
 
@@ -51,6 +52,9 @@ pub struct HttpGateway;
 /// Gateway state.
 pub struct GatewayState {
     cancel: CancellationToken,
+    /// Cancels the server when the state is dropped — also when the actor is killed and
+    /// `post_stop` does not run — so the listener is released for the restarted actor.
+    _stop_on_drop: tokio_util::sync::DropGuard,
     server: Option<JoinHandle<()>>,
     /// The bound address.
     pub addr: SocketAddr,
@@ -100,6 +104,7 @@ impl Actor for HttpGateway {
         });
         tracing::info!(%addr, "gateway listening");
         Ok(GatewayState {
+            _stop_on_drop: cancel.clone().drop_guard(),
             cancel,
             server: Some(server),
             addr,

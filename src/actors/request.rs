@@ -52,6 +52,10 @@ pub const ROUTE_TIMEOUT_MS: u64 = 5_000;
 pub const WORKER_CHECK_INTERVAL_MS: u64 = 1_000;
 /// Interval between placement tries while a migration finds no worker (ms).
 pub const PLACE_RETRY_MS: u64 = 200;
+/// Silence after which a Request asks its scheduler whether it still has the request (ms).
+/// Events lost on the way (a token sink killed with messages in its mailbox) are found this
+/// way, or sooner by a gap in the token indices.
+pub const STALL_CHECK_MS: u64 = 5_000;
 
 /// Process-wide count of migrations started by this node's Request actors (shown in
 /// `/v1/fleet`).
@@ -96,6 +100,9 @@ pub enum RequestMsg {
     WorkerLost(RequestId),
     /// Internal: try placing again (a migration found no worker).
     Retry,
+    /// Internal: nothing heard from this attempt for [`STALL_CHECK_MS`]: ask the scheduler
+    /// whether it still has it.
+    CheckStall(RequestId),
 }
 
 impl ractor::Message for RequestMsg {}
@@ -111,6 +118,10 @@ struct Attempt {
     scheduler: ractor::ActorId,
     tasks: Vec<JoinHandle<()>>,
     first_token_seen: bool,
+    /// Tokens received from this attempt (the next expected index).
+    received: u32,
+    /// When the last event of this attempt arrived (ms since the Unix epoch).
+    last_event_ms: Arc<AtomicU64>,
 }
 
 /// Request state.
@@ -225,7 +236,13 @@ impl RequestState {
                 }
             }
         });
-        let watchdog = watch(scheduler.get_id(), id, myself.clone());
+        let last_event_ms = Arc::new(AtomicU64::new(crate::clock::unix_ms()));
+        let watchdog = watch(
+            scheduler.get_id(),
+            id,
+            last_event_ms.clone(),
+            myself.clone(),
+        );
         if scheduler
             .cast(SchedulerMsg::Submit(Wire::encode(&job)))
             .is_err()
@@ -242,6 +259,8 @@ impl RequestState {
             scheduler: scheduler.get_id(),
             tasks: vec![forwarder, watchdog],
             first_token_seen: false,
+            received: 0,
+            last_event_ms,
         });
         Ok(())
     }
@@ -291,8 +310,43 @@ impl RequestState {
         self.place_or_retry(myself).await
     }
 
+    /// The attempt has been quiet: if its scheduler no longer has it (its last events were
+    /// lost), resume elsewhere. A scheduler that does not answer is left to the step watchdog.
+    async fn check_stall(&mut self, myself: &ActorRef<RequestMsg>) -> bool {
+        let Some(a) = &self.attempt else {
+            return true;
+        };
+        let Some(s) = scheduler_of(&a.worker) else {
+            return true; // the membership watch reports the loss
+        };
+        let key = (self.node(), a.id);
+        match ractor::call_t!(s, SchedulerMsg::Has, 2_000, Wire::encode(&key)) {
+            Ok(w) if w.decode().ok() == Some(false) => {
+                self.migrate(
+                    myself,
+                    "the worker no longer has this request (events lost)",
+                )
+                .await
+            }
+            _ => true,
+        }
+    }
+
     /// Pass one event of the current attempt on; returns false when the request is over.
     async fn on_event(&mut self, myself: &ActorRef<RequestMsg>, ev: TokenEventKind) -> bool {
+        if let Some(a) = self.attempt.as_mut() {
+            a.last_event_ms
+                .store(crate::clock::unix_ms(), Ordering::Relaxed);
+            if let TokenEventKind::Token { index, .. } = ev {
+                if index != a.received {
+                    // Events were lost between the worker and here: resume from what was
+                    // delivered, elsewhere or on the same worker.
+                    let why = format!("token events lost (expected {}, got {index})", a.received);
+                    return self.migrate(myself, &why).await;
+                }
+                a.received += 1;
+            }
+        }
         match ev {
             TokenEventKind::Lost { reason } => return self.migrate(myself, &reason).await,
             TokenEventKind::Admitted { .. } if self.admitted_sent => return true,
@@ -343,13 +397,17 @@ impl RequestState {
 }
 
 /// Watch the scheduler an attempt was submitted to: when it leaves the schedulers' group
-/// (node down: its session dropped; replica killed or restarted: a new actor), report it.
+/// (node down: its session dropped; replica killed or restarted: a new actor), report it;
+/// after [`STALL_CHECK_MS`] without an event, ask for a stall check (and again after each
+/// further `STALL_CHECK_MS` of silence).
 fn watch(
     scheduler: ractor::ActorId,
     attempt: RequestId,
+    last_event_ms: Arc<AtomicU64>,
     me: ActorRef<RequestMsg>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
+        let mut last_check = 0u64;
         loop {
             tokio::time::sleep(Duration::from_millis(WORKER_CHECK_INTERVAL_MS)).await;
             let alive = ractor::pg::get_members(&SCHEDULER_GROUP.to_owned())
@@ -358,6 +416,12 @@ fn watch(
             if !alive {
                 let _ = me.cast(RequestMsg::WorkerLost(attempt));
                 break;
+            }
+            let now = crate::clock::unix_ms();
+            let quiet_since = last_event_ms.load(Ordering::Relaxed).max(last_check);
+            if now.saturating_sub(quiet_since) >= STALL_CHECK_MS {
+                last_check = now;
+                let _ = me.cast(RequestMsg::CheckStall(attempt));
             }
         }
     })
@@ -458,6 +522,8 @@ impl Actor for Request {
                     .await
             }
             RequestMsg::WorkerLost(_) => true,
+            RequestMsg::CheckStall(id) if Some(id) == current => state.check_stall(&myself).await,
+            RequestMsg::CheckStall(_) => true,
             RequestMsg::Retry if current.is_none() && !state.done => {
                 state.place_or_retry(&myself).await
             }

@@ -154,6 +154,10 @@ pub enum SchedulerMsg {
     /// Load and memory (call).
     #[rpc]
     Stats(RpcReplyPort<Wire<SchedulerStats>>),
+    /// Whether `(node, request)` is still here (call; a Request that heard nothing for a
+    /// while asks, in case events were lost on the way).
+    #[rpc]
+    Has(Wire<(NodeId, RequestId)>, RpcReplyPort<Wire<bool>>),
     /// Local, periodic: the step watchdog and the canary.
     Tick(Wire<()>),
     /// Local: the canary's ping came back.
@@ -197,7 +201,13 @@ struct Live {
     reply_to: NodeId,
     sampling: SamplingParams,
     admitted: bool,
+    /// Tokens emitted so far (the next token's index).
+    emitted: u32,
 }
+
+/// How long events for a node without a token sink are kept and retried (a restarting sink
+/// comes back within milliseconds) before its requests are cancelled.
+pub const SINK_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Scheduler state.
 pub struct SchedulerState {
@@ -210,6 +220,8 @@ pub struct SchedulerState {
     steps: u64,
     in_flight: bool,
     outbox: HashMap<NodeId, Vec<TokenEvent>>,
+    /// Nodes whose token sink could not be reached, since when.
+    undeliverable: HashMap<NodeId, Instant>,
     health: Health,
     /// When the step in flight counts as hung.
     step_deadline: Option<Instant>,
@@ -232,25 +244,42 @@ impl SchedulerState {
             .push(TokenEvent { request, kind });
     }
 
-    /// Send every pending event, one message per destination node. A node without a sink
-    /// (gone) has its requests cancelled.
+    /// Send every pending event, one message per destination node. Events for a node whose
+    /// sink cannot be found are kept and retried (a sink restarting) for [`SINK_GRACE`]; after
+    /// that the node is taken for gone and its requests are cancelled.
     fn flush(&mut self) {
         for (node, events) in std::mem::take(&mut self.outbox) {
             let delivered = token_sink::find_sink(&node).is_some_and(|s| {
                 s.cast(token_sink::TokenSinkMsg::Deliver(Wire::encode(&events)))
                     .is_ok()
             });
-            if !delivered {
-                tracing::warn!(%node, "no token sink for node; cancelling its requests");
-                let gone: Vec<SeqId> = self
-                    .live
-                    .iter()
-                    .filter(|(_, l)| l.reply_to == node)
-                    .map(|(s, _)| *s)
-                    .collect();
-                for s in gone {
-                    self.drop_seq(s);
-                }
+            if delivered {
+                self.undeliverable.remove(&node);
+                continue;
+            }
+            let since = *self
+                .undeliverable
+                .entry(node.clone())
+                .or_insert_with(Instant::now);
+            if since.elapsed() < SINK_GRACE {
+                // Keep them, in order, ahead of whatever comes next: retried on the next
+                // flush or tick.
+                let later = self.outbox.remove(&node).unwrap_or_default();
+                let mut all = events;
+                all.extend(later);
+                self.outbox.insert(node, all);
+                continue;
+            }
+            self.undeliverable.remove(&node);
+            tracing::warn!(%node, "no token sink for node; cancelling its requests");
+            let gone: Vec<SeqId> = self
+                .live
+                .iter()
+                .filter(|(_, l)| l.reply_to == node)
+                .map(|(s, _)| *s)
+                .collect();
+            for s in gone {
+                self.drop_seq(s);
             }
         }
     }
@@ -388,9 +417,11 @@ impl SchedulerState {
         let sampled: Vec<(SeqId, u32)> = out.tokens.iter().map(|t| (t.seq_id, t.token)).collect();
         let updates = self.core.on_step_output(&sampled)?;
         for u in updates {
-            let Some(l) = self.live.get(&u.seq) else {
+            let Some(l) = self.live.get_mut(&u.seq) else {
                 continue;
             };
+            let index = l.emitted;
+            l.emitted += 1;
             let (to, req) = (l.reply_to.clone(), l.request);
             let finish = u.finished.map(Into::into);
             let logprob = logprobs.get(&u.seq).copied().unwrap_or(0.0);
@@ -401,6 +432,7 @@ impl SchedulerState {
                     id: u.token,
                     logprob,
                     finish,
+                    index,
                 },
             );
             if finish.is_some() {
@@ -540,6 +572,7 @@ impl Actor for Scheduler {
             steps: 0,
             in_flight: false,
             outbox: HashMap::new(),
+            undeliverable: HashMap::new(),
             health: Health::Ready,
             step_deadline: None,
             canary_deadline: None,
@@ -618,6 +651,7 @@ impl Actor for Scheduler {
                                 reply_to: req.reply_to,
                                 sampling: req.sampling,
                                 admitted: false,
+                                emitted: 0,
                             },
                         );
                     }
@@ -650,6 +684,12 @@ impl Actor for Scheduler {
             SchedulerMsg::Stats(reply) => {
                 let _ = reply.send(Wire::encode(&state.stats()));
             }
+            SchedulerMsg::Has(key, reply) => {
+                let here = key
+                    .decode()
+                    .is_ok_and(|k| state.by_request.contains_key(&k));
+                let _ = reply.send(Wire::encode(&here));
+            }
             SchedulerMsg::Tick(_) => {
                 if state.args.faults.take_panic(&state.args.worker) {
                     panic!(
@@ -658,7 +698,13 @@ impl Actor for Scheduler {
                     );
                 }
                 state.fill_kv();
-                state.tick(&myself)?
+                state.tick(&myself)?;
+                // Work that waits for blocks freed outside a step (a fill_kv released), and
+                // events for a sink that was away, go on here.
+                state.kick(&myself)?;
+                if !state.outbox.is_empty() {
+                    state.flush();
+                }
             }
             SchedulerMsg::CanaryDone(_) => {
                 state.canary_deadline = None;

@@ -65,6 +65,10 @@ pub enum TokenEventKind {
         logprob: f32,
         /// Set on the request's last token.
         finish: Option<Finish>,
+        /// Position of this token among those the worker generated for this submission
+        /// (0, 1, 2, …): a gap means events were lost on the way.
+        #[serde(default)]
+        index: u32,
     },
     /// The worker will not continue this request (its replica is stopping or draining); what
     /// was generated so far is valid and the request may resume elsewhere (migration). The

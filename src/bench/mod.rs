@@ -375,6 +375,15 @@ fn write_outputs(
 /// print the table(s) and write the outputs.
 pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     validate(&a)?;
+    if let Some(dir) = &a.out {
+        // Fail before the run, not after it.
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("--out {}: cannot create the folder", dir.display()))?;
+        let probe = dir.join(".flotilla-bench-write-test");
+        std::fs::write(&probe, b"")
+            .with_context(|| format!("--out {}: not writable", dir.display()))?;
+        let _ = std::fs::remove_file(probe);
+    }
     let variants = match &a.compare {
         Some(spec) => parse_compare(spec)?,
         None => Vec::new(),

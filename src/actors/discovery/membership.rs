@@ -273,17 +273,32 @@ impl Membership {
             actors: self.me.actors.clone(),
             counters: self.me.counters,
         });
-        mine.chain(self.peers.values().map(|e| NodeView {
-            id: e.info.id.clone(),
-            addr: e.info.addr.clone(),
-            http_addr: e.info.http_addr.clone(),
-            roles: e.info.roles.clone(),
-            pid: e.info.pid,
-            state: e.state,
-            last_seen_ms: now.saturating_duration_since(e.last_seen).as_millis() as u64,
-            workers: e.info.workers.clone(),
-            actors: e.info.actors.clone(),
-            counters: e.info.counters,
+        mine.chain(self.peers.values().map(|e| {
+            NodeView {
+                id: e.info.id.clone(),
+                addr: e.info.addr.clone(),
+                http_addr: e.info.http_addr.clone(),
+                roles: e.info.roles.clone(),
+                pid: e.info.pid,
+                state: e.state,
+                last_seen_ms: now.saturating_duration_since(e.last_seen).as_millis() as u64,
+                // A node not up cannot vouch for its workers: their last report is shown with
+                // health `unreachable`.
+                workers: e
+                    .info
+                    .workers
+                    .iter()
+                    .cloned()
+                    .map(|mut w| {
+                        if e.state != NodeState::Up {
+                            w.health = "unreachable".into();
+                        }
+                        w
+                    })
+                    .collect(),
+                actors: e.info.actors.clone(),
+                counters: e.info.counters,
+            }
         }))
         .collect()
     }

@@ -9,6 +9,7 @@ use crate::actors::chaos::{
     ChaosMsg, FaultKind, FaultSpec, Injection, NODE_ACTORS, Target, WORKER_ACTORS, find_chaos,
 };
 use crate::actors::discovery::membership::{NodeState, NodeView};
+use crate::config::Role;
 use crate::ids::WorkerId;
 use crate::wire::Wire;
 use axum::Json;
@@ -23,6 +24,9 @@ use std::time::Duration;
 
 /// Largest accepted `slow` delay (ms): 10 minutes.
 pub const MAX_DELAY_MS: u64 = 600_000;
+/// Longest partition (ms): 10 minutes. The far side of a cut cannot be reached to heal it
+/// early, so every partition must end by itself.
+pub const MAX_PARTITION_MS: u64 = 600_000;
 
 /// One fault as listed by `GET /chaos/faults`.
 #[derive(Clone, Debug, Serialize)]
@@ -88,6 +92,45 @@ fn nodes_of(workers: &[WorkerId]) -> BTreeMap<String, Vec<WorkerId>> {
         by_node.entry(node).or_default().push(w.clone());
     }
     by_node
+}
+
+/// A partition's side: known nodes, without repeats, neither empty nor everyone.
+fn check_partition(nodes: &mut Vec<String>, fleet: &[NodeView]) -> Result<(), ApiError> {
+    nodes.sort();
+    nodes.dedup();
+    let bad = |m: String| Err(ApiError::new(ErrorKind::InvalidRequest, m).param("nodes"));
+    if let Some(n) = nodes
+        .iter()
+        .find(|n| !fleet.iter().any(|v| v.id.as_str() == n.as_str()))
+    {
+        return bad(format!("unknown node {n:?}"));
+    }
+    let up = fleet.iter().filter(|v| v.state == NodeState::Up).count();
+    if nodes.is_empty() || nodes.len() >= fleet.len().max(up) {
+        return bad("`nodes` must name one side of the cut: at least one node, not all".into());
+    }
+    Ok(())
+}
+
+/// A node-wide `kill_actor` must name an actor the target node runs (its roles).
+fn check_kill_actor(kind: &FaultKind, target: &Target, fleet: &[NodeView]) -> Result<(), ApiError> {
+    let (FaultKind::KillActor { actor }, Target::Node(node)) = (kind, target) else {
+        return Ok(());
+    };
+    let role = match actor.as_str() {
+        "router" => Role::Router,
+        "http_gateway" | "token_sink" => Role::Gateway,
+        "worker_pool" => Role::Worker,
+        _ => return Ok(()),
+    };
+    match fleet.iter().find(|v| v.id == *node) {
+        Some(v) if !v.roles.contains(&role) => Err(ApiError::new(
+            ErrorKind::InvalidRequest,
+            format!("node {node} runs no {actor} (roles {:?})", v.roles),
+        )
+        .param("actor")),
+        _ => Ok(()),
+    }
 }
 
 /// The nodes a fault acts on, each with the workers it hits there. Node-wide kinds
@@ -182,10 +225,10 @@ pub async fn create(
 ) -> Response {
     let result = async {
         let c = controller(&s, &headers)?;
-        let spec: FaultSpec = serde_json::from_slice(&body).map_err(|e| {
+        let mut spec: FaultSpec = serde_json::from_slice(&body).map_err(|e| {
             ApiError::new(
                 ErrorKind::InvalidRequest,
-                format!("invalid fault ({e}); expected {{\"kind\": \"slow\"|\"fail_engine\"|\"hang\"|\"kill_actor\"|\"kill_node\", …, \"target\": {{\"worker\": ID}} | {{\"node\": ID}} | \"any_busy\"}}"),
+                format!("invalid fault ({e}); expected {{\"kind\": \"slow\"|\"fail_engine\"|\"hang\"|\"kill_actor\"|\"kill_node\"|\"panic\"|\"panic_task\"|\"drop_kv_events\"|\"fill_kv\"|\"partition\", …, \"target\": {{\"worker\": ID}} | {{\"node\": ID}} | \"any_busy\"}}"),
             )
         })?;
         if let FaultKind::Slow { delay_ms } = spec.kind
@@ -213,21 +256,20 @@ pub async fn create(
         {
             return Err(ApiError::new(ErrorKind::InvalidRequest, "fraction must be within [0, 1]").param("fraction"));
         }
-        if let FaultKind::Partition { nodes } = &spec.kind
-            && (nodes.is_empty() || spec.duration_ms.is_none())
+        if let FaultKind::Partition { .. } = &spec.kind
+            && !spec.duration_ms.is_some_and(|d| d > 0 && d <= MAX_PARTITION_MS)
         {
             return Err(ApiError::new(
                 ErrorKind::InvalidRequest,
-                "a partition needs `nodes` (one side of the cut) and `duration_ms` (when it heals)",
+                format!("a partition needs `duration_ms` in 1..={MAX_PARTITION_MS} (it heals itself then)"),
             )
-            .param("nodes"));
+            .param("duration_ms"));
         }
         let fleet = s.fleet().await?;
-        if let FaultKind::Partition { nodes } = &spec.kind
-            && let Some(n) = nodes.iter().find(|n| !fleet.iter().any(|v| v.id.as_str() == n.as_str()))
-        {
-            return Err(ApiError::new(ErrorKind::InvalidRequest, format!("unknown node {n:?}")).param("nodes"));
+        if let FaultKind::Partition { nodes } = &mut spec.kind {
+            check_partition(nodes, &fleet)?;
         }
+        check_kill_actor(&spec.kind, &spec.target, &fleet)?;
         let by_node = resolve_nodes(&spec.kind, &spec.target, &fleet);
         let hit: Vec<WorkerId> = by_node.values().flatten().cloned().collect();
         if by_node.is_empty() {
@@ -316,6 +358,13 @@ pub async fn delete(
     };
     match id.parse::<u64>() {
         Ok(n) if c.clear(n) => Json(serde_json::json!({"id": n, "cleared": true})).into_response(),
-        _ => ApiError::new(ErrorKind::NotFound, format!("no active fault {id}")).into_response(),
+        Ok(_) => {
+            ApiError::new(ErrorKind::NotFound, format!("no active fault {id}")).into_response()
+        }
+        Err(_) => ApiError::new(
+            ErrorKind::InvalidRequest,
+            format!("fault ids are numbers, got {id:?}"),
+        )
+        .into_response(),
     }
 }

@@ -234,6 +234,7 @@ impl Choice {
                 id,
                 logprob,
                 finish,
+                ..
             } => {
                 if self.finish.is_some() {
                     return Ok(out);
