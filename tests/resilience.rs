@@ -245,7 +245,7 @@ async fn b15_a_hung_engine_is_detected_and_its_request_migrates() {
     })
     .await;
     // canary interval + step timeout + a heartbeat.
-    assert!(before.elapsed() < Duration::from_millis(500 + 1500 + 2000));
+    assert!(before.elapsed() < Duration::from_millis(500 + 1500 + 4000));
 }
 
 /// B15 (2): the engine of the only worker killed: its replica restarts and serves again.
