@@ -607,6 +607,16 @@ async fn chaos_refuses_impossible_faults() {
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
+    let r = client
+        .post(c.url("/chaos/faults"))
+        .header("content-type", "application/json")
+        .body(vec![b' '; 100 * 1024])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["error"]["message"].is_string(), "{v}");
     // Still serving.
     let (s, _, t) = post(&c.url("/v1/chat/completions"), &story(4)).await;
     assert_eq!(s, 200, "{t}");

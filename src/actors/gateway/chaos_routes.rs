@@ -22,6 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// Largest fault description accepted (bytes); beyond, 413 in the OpenAI error shape.
+pub const MAX_FAULT_BYTES: usize = 64 * 1024;
 /// Largest accepted `slow` delay (ms): 10 minutes.
 pub const MAX_DELAY_MS: u64 = 600_000;
 /// Longest partition (ms): 10 minutes. The far side of a cut cannot be reached to heal it
@@ -221,10 +223,11 @@ fn controller(s: &GatewayShared, headers: &HeaderMap) -> Result<Arc<ChaosControl
 pub async fn create(
     State(s): State<Arc<GatewayShared>>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> Response {
     let result = async {
         let c = controller(&s, &headers)?;
+        let body = super::serve::read_body(&headers, body, MAX_FAULT_BYTES).await?;
         let mut spec: FaultSpec = serde_json::from_slice(&body).map_err(|e| {
             ApiError::new(
                 ErrorKind::InvalidRequest,

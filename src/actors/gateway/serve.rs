@@ -152,7 +152,7 @@ fn status_error(status: u16, message: String) -> ApiError {
     e
 }
 
-async fn read_body(
+pub(super) async fn read_body(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
