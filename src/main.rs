@@ -119,7 +119,9 @@ struct StatusArgs {
 fn init_tracing() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("FLOTILLA_LOG")
-        .unwrap_or_else(|_| EnvFilter::new("info,ractor_cluster=warn,ractor=warn"));
+        // ractor_cluster reports every closed session as a warning — routine when nodes stop or
+        // chaos cuts them; `FLOTILLA_LOG=info,ractor_cluster=warn` shows them again.
+        .unwrap_or_else(|_| EnvFilter::new("info,ractor_cluster=error,ractor=warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

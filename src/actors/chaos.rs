@@ -11,7 +11,7 @@
 
 use crate::ids::{NodeId, WorkerId};
 use crate::wire::Wire;
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -297,6 +297,12 @@ pub enum ChaosMsg {
     Apply(Wire<Injection>),
     /// Remove a fault (cast; unknown ids ignored).
     Clear(Wire<u64>),
+    /// [`ChaosMsg::Apply`], answered once the fault is in force (call).
+    #[rpc]
+    ApplyAck(Wire<Injection>, RpcReplyPort<Wire<bool>>),
+    /// [`ChaosMsg::Clear`], answered once the fault is gone (call).
+    #[rpc]
+    ClearAck(Wire<u64>, RpcReplyPort<Wire<bool>>),
 }
 
 /// The Chaos actor; its arguments are the node's fault book and its cluster handle.
@@ -326,6 +332,29 @@ impl ChaosState {
             myself.send_after(Duration::from_millis(ms), move || {
                 ChaosMsg::Clear(Wire::encode(&id))
             });
+        }
+    }
+
+    async fn apply(&mut self, myself: &ActorRef<ChaosMsg>, inj: Injection) {
+        tracing::warn!(fault = inj.id, kind = ?inj.kind, workers = ?inj.workers, "chaos: fault installed");
+        match &inj.kind {
+            FaultKind::KillActor { actor } => kill_actors(actor, &inj.node, &inj.workers),
+            FaultKind::KillNode => kill_this_node(),
+            FaultKind::PanicTask => {
+                tokio::spawn(async { panic!("injected panic in a bare task (chaos)") });
+            }
+            FaultKind::Partition { nodes } => {
+                let nodes = nodes.clone();
+                self.partition(myself, &inj, &nodes).await;
+            }
+            _ => self.book.apply(inj),
+        }
+    }
+
+    fn clear(&mut self, id: u64) {
+        self.heal(id);
+        if self.book.clear(id) {
+            tracing::warn!(fault = id, "chaos: fault cleared");
         }
     }
 
@@ -392,30 +421,30 @@ impl Actor for Chaos {
         match msg {
             ChaosMsg::Apply(w) => {
                 if let Ok(inj) = w.decode() {
-                    tracing::warn!(fault = inj.id, kind = ?inj.kind, workers = ?inj.workers, "chaos: fault installed");
-                    match &inj.kind {
-                        FaultKind::KillActor { actor } => {
-                            kill_actors(actor, &inj.node, &inj.workers)
-                        }
-                        FaultKind::KillNode => kill_this_node(),
-                        FaultKind::PanicTask => {
-                            tokio::spawn(async { panic!("injected panic in a bare task (chaos)") });
-                        }
-                        FaultKind::Partition { nodes } => {
-                            let nodes = nodes.clone();
-                            state.partition(&myself, &inj, &nodes).await;
-                        }
-                        _ => state.book.apply(inj),
-                    }
+                    state.apply(&myself, inj).await;
                 }
+            }
+            ChaosMsg::ApplyAck(w, reply) => {
+                let ok = match w.decode() {
+                    Ok(inj) => {
+                        state.apply(&myself, inj).await;
+                        true
+                    }
+                    Err(_) => false,
+                };
+                let _ = reply.send(Wire::encode(&ok));
             }
             ChaosMsg::Clear(w) => {
                 if let Ok(id) = w.decode() {
-                    state.heal(id);
-                    if state.book.clear(id) {
-                        tracing::warn!(fault = id, "chaos: fault cleared");
-                    }
+                    state.clear(id);
                 }
+            }
+            ChaosMsg::ClearAck(w, reply) => {
+                let ok = w.decode().is_ok_and(|id| {
+                    state.clear(id);
+                    true
+                });
+                let _ = reply.send(Wire::encode(&ok));
             }
         }
         Ok(())

@@ -255,7 +255,10 @@ impl Actor for Router {
         let selector = Selector::new(config.clone()).map_err(|e| e.to_string())?;
         ractor::pg::join(ROUTER_GROUP.to_owned(), vec![myself.get_cell()]);
         ractor::pg::monitor(SCHEDULER_GROUP.to_owned(), myself.get_cell());
-        Actor::spawn_linked(None, KvEventsRelay, myself.clone(), myself.get_cell()).await?;
+        let relay_name = myself
+            .get_name()
+            .map(|n| format!("{}/kv_event_relay", n.trim_end_matches("/router")));
+        Actor::spawn_linked(relay_name, KvEventsRelay, myself.clone(), myself.get_cell()).await?;
         myself.send_interval(std::time::Duration::from_secs(1), || {
             RouterMsg::Tick(Wire::encode(&()))
         });

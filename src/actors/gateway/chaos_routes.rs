@@ -22,6 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// How long the API waits for a node to confirm a fault installed or cleared (ms).
+pub const ACK_TIMEOUT_MS: u64 = 2_000;
 /// Largest fault description accepted (bytes); beyond, 413 in the OpenAI error shape.
 pub const MAX_FAULT_BYTES: usize = 64 * 1024;
 /// Largest accepted `slow` delay (ms): 10 minutes.
@@ -67,7 +69,8 @@ impl ChaosController {
     }
 
     /// Clear fault `id` on every node it hit; false when unknown or already cleared.
-    pub fn clear(&self, id: u64) -> bool {
+    /// Returns once every node it reaches has removed it (at most [`ACK_TIMEOUT_MS`] each).
+    pub async fn clear(&self, id: u64) -> bool {
         let hit = {
             let mut faults = self.lock();
             match faults.iter_mut().find(|f| f.id == id && f.active) {
@@ -80,7 +83,7 @@ impl ChaosController {
         };
         for node in &hit {
             if let Some(c) = find_chaos(node) {
-                let _ = c.cast(ChaosMsg::Clear(Wire::encode(&id)));
+                let _ = ractor::call_t!(c, ChaosMsg::ClearAck, ACK_TIMEOUT_MS, Wire::encode(&id));
             }
         }
         true
@@ -276,11 +279,11 @@ pub async fn create(
         let by_node = resolve_nodes(&spec.kind, &spec.target, &fleet);
         let hit: Vec<WorkerId> = by_node.values().flatten().cloned().collect();
         if by_node.is_empty() {
-            return Err(ApiError::new(
-                ErrorKind::InvalidRequest,
-                "the target matches no live worker",
-            )
-            .param("target"));
+            let what = match spec.target {
+                Target::AnyBusy => "no worker has requests in flight (any_busy)",
+                _ => "the target matches no live worker",
+            };
+            return Err(ApiError::new(ErrorKind::InvalidRequest, what).param("target"));
         }
         let id = c.next_id.fetch_add(1, Ordering::Relaxed);
         let nodes: Vec<String> = by_node.keys().cloned().collect();
@@ -306,14 +309,22 @@ pub async fn create(
                 kind: spec.kind.clone(),
                 workers,
             };
-            chaos
-                .cast(ChaosMsg::Apply(Wire::encode(&inj)))
-                .map_err(|_| {
-                    ApiError::new(
-                        ErrorKind::Unavailable,
-                        format!("node {node} is unreachable"),
-                    )
-                })?;
+            let unreachable = || {
+                ApiError::new(
+                    ErrorKind::Unavailable,
+                    format!("node {node} is unreachable"),
+                )
+            };
+            // Confirmed before the answer, so a request sent after it meets the fault — except
+            // kinds whose node may not answer: a node killing itself, a cut.
+            if matches!(spec.kind, FaultKind::KillNode | FaultKind::Partition { .. }) {
+                chaos
+                    .cast(ChaosMsg::Apply(Wire::encode(&inj)))
+                    .map_err(|_| unreachable())?;
+            } else {
+                ractor::call_t!(chaos, ChaosMsg::ApplyAck, ACK_TIMEOUT_MS, Wire::encode(&inj))
+                    .map_err(|_| unreachable())?;
+            }
         }
         let one_shot = spec.kind.is_one_shot();
         c.lock().push(FaultRecord {
@@ -327,7 +338,7 @@ pub async fn create(
             let c2 = c.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
-                c2.clear(id);
+                c2.clear(id).await;
             });
         }
         Ok((
@@ -360,7 +371,9 @@ pub async fn delete(
         Err(e) => return e.into_response(),
     };
     match id.parse::<u64>() {
-        Ok(n) if c.clear(n) => Json(serde_json::json!({"id": n, "cleared": true})).into_response(),
+        Ok(n) if c.clear(n).await => {
+            Json(serde_json::json!({"id": n, "cleared": true})).into_response()
+        }
         Ok(_) => {
             ApiError::new(ErrorKind::NotFound, format!("no active fault {id}")).into_response()
         }
