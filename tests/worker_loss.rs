@@ -5,9 +5,10 @@
 
 mod common;
 
-use common::{Cluster, MODEL, post};
+use common::{Cluster, MODEL, node_pid, post, signal};
 use futures::StreamExt;
-use serde_json::{Value, json};
+use nix::sys::signal::Signal;
+use serde_json::json;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -21,20 +22,7 @@ async fn a_killed_worker_node_ends_its_streams_with_an_error() {
             "gateway.migration_timeout_ms=1000",
         ],
     );
-    let fleet: Value = reqwest::get(c.url("/v1/fleet"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let pid = fleet["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|n| n["id"] == "node-1")
-        .unwrap()["pid"]
-        .as_i64()
-        .unwrap() as i32;
+    let pid = node_pid(&c, "node-1").await;
     let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}],
                       "max_tokens": 4000, "ignore_eos": true, "stream": true});
     let resp = reqwest::Client::new()
@@ -51,11 +39,7 @@ async fn a_killed_worker_node_ends_its_streams_with_an_error() {
             &stream.next().await.unwrap().unwrap(),
         ));
     }
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    signal(pid, Signal::SIGKILL);
     let t0 = Instant::now();
     let rest = tokio::time::timeout(Duration::from_secs(20), async {
         while let Some(b) = stream.next().await {

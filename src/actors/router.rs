@@ -110,10 +110,16 @@ pub fn live_workers() -> Vec<WorkerId> {
 
 fn workers_in(group: &str) -> Vec<WorkerId> {
     ractor::pg::get_members(&group.to_owned())
-        .into_iter()
-        .filter_map(|c| c.get_name())
-        .filter_map(|n| n.strip_suffix("/scheduler").map(WorkerId::new))
+        .iter()
+        .filter_map(worker_of_scheduler)
         .collect()
+}
+
+/// The worker id of a scheduler actor (registered as `<worker>/scheduler`).
+fn worker_of_scheduler(cell: &ractor::ActorCell) -> Option<WorkerId> {
+    cell.get_name()?
+        .strip_suffix("/scheduler")
+        .map(WorkerId::new)
 }
 
 impl RouterState {
@@ -284,13 +290,8 @@ impl Actor for Router {
             E::ProcessGroupChanged(ractor::pg::GroupChangeMessage::Leave(_, group, gone))
                 if group == SCHEDULER_GROUP =>
             {
-                for cell in gone {
-                    if let Some(w) = cell
-                        .get_name()
-                        .and_then(|n| n.strip_suffix("/scheduler").map(WorkerId::new))
-                    {
-                        state.purge(&w);
-                    }
+                for w in gone.iter().filter_map(worker_of_scheduler) {
+                    state.purge(&w);
                 }
             }
             E::ProcessGroupChanged(_) => {}
