@@ -222,10 +222,18 @@ pub struct GatewayConfig {
     pub busy_waiting: usize,
     /// Admission: most choices in flight on this gateway; beyond, 503.
     pub max_in_flight: usize,
-    /// Migrations a request may make when its worker is lost (0: fail instead).
+    /// Losses in a row **without progress** (no new token since the previous loss) that
+    /// never give a request up; beyond them, a stall of `migration_deadline_ms` does. Losses
+    /// after progress do not count. See `actors::request::migration`.
     pub migration_limit: u32,
-    /// How long a migrating request keeps looking for a new worker before it fails (ms).
-    pub migration_timeout_ms: u64,
+    /// How long one migration keeps looking for a worker, from the loss, and how long a stall
+    /// of more than `migration_limit` losses may last, before the request fails (ms).
+    pub migration_deadline_ms: u64,
+    /// First wait between placement tries while no worker is routable (ms); doubles per try,
+    /// with jitter, up to `migration_backoff_max_ms`.
+    pub migration_backoff_base_ms: u64,
+    /// Longest wait between placement tries (ms).
+    pub migration_backoff_max_ms: u64,
 }
 
 impl Default for GatewayConfig {
@@ -238,7 +246,9 @@ impl Default for GatewayConfig {
             busy_waiting: 64,
             max_in_flight: 4096,
             migration_limit: 3,
-            migration_timeout_ms: 30_000,
+            migration_deadline_ms: 30_000,
+            migration_backoff_base_ms: 50,
+            migration_backoff_max_ms: 1_000,
         }
     }
 }

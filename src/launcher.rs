@@ -41,6 +41,8 @@ pub struct UpOptions {
     pub chaos: bool,
     /// Start a node that dies again (`--no-restart` turns it off).
     pub restart: bool,
+    /// Most restarts of one node within [`RESPAWN_WINDOW`]; one more and it stays down.
+    pub max_restarts: usize,
 }
 
 struct NodeProc {
@@ -52,9 +54,10 @@ struct NodeProc {
     stopped: bool,
 }
 
-/// Most restarts of one node within [`RESPAWN_WINDOW`].
+/// Default of [`UpOptions::max_restarts`]: most restarts of one node within
+/// [`RESPAWN_WINDOW`].
 pub const MAX_RESPAWNS: usize = 10;
-/// Window of [`MAX_RESPAWNS`].
+/// Window of [`UpOptions::max_restarts`].
 pub const RESPAWN_WINDOW: Duration = Duration::from_secs(60);
 
 fn node_name(i: usize) -> String {
@@ -63,6 +66,8 @@ fn node_name(i: usize) -> String {
 
 /// What every node process of one `up` shares.
 struct Launch {
+    /// Starts of each node so far (the first is not a restart).
+    starts: Vec<std::sync::atomic::AtomicU64>,
     exe: PathBuf,
     cookie: String,
     ports: Vec<u16>,
@@ -95,6 +100,10 @@ impl Launch {
             .arg("--roles")
             .arg(roles)
             .env("FLOTILLA_NODE__COOKIE", &self.cookie);
+        if let Some(starts) = self.starts.get(i) {
+            let before = starts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            cmd.env(crate::resilience::NODE_RESTARTS_ENV, before.to_string());
+        }
         if let Some(h) = http {
             cmd.arg("--http").arg(h);
         }
@@ -175,6 +184,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     let mut procs: Vec<NodeProc> = Vec::new();
     let (ready_tx, mut ready_rx) = tokio::sync::mpsc::unbounded_channel::<ReadyLine>();
     let launch = Launch {
+        starts: ports.iter().map(|_| Default::default()).collect(),
         exe,
         cookie,
         ports: ports.clone(),
@@ -256,7 +266,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
 
     // Supervise until asked to stop: a node that dies (crash, `kill_node`: a non-zero exit or
     // a signal) is started again under the same name, joining the others; more than
-    // MAX_RESPAWNS within RESPAWN_WINDOW and it stays down. A node that stops cleanly (it
+    // `max_restarts` within RESPAWN_WINDOW and it stays down. A node that stops cleanly (it
     // drained after its own SIGTERM) stays stopped.
     let gateway_http = gateway_addr.unwrap_or_else(|| opts.http.to_string());
     loop {
@@ -284,11 +294,12 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
                     }
                     let now = std::time::Instant::now();
                     p.restarts.retain(|t| now.duration_since(*t) < RESPAWN_WINDOW);
-                    if p.restarts.len() >= MAX_RESPAWNS {
-                        if p.restarts.len() == MAX_RESPAWNS {
-                            eprintln!("flotilla up: {} exited ({status}) too often; leaving it down", p.name);
-                            p.restarts.push(now);
-                        }
+                    if p.restarts.len() >= opts.max_restarts {
+                        eprintln!(
+                            "flotilla up: {} exited ({status}) {} times within {} s; leaving it down (--max-restarts)",
+                            p.name, p.restarts.len() + 1, RESPAWN_WINDOW.as_secs()
+                        );
+                        p.stopped = true;
                         continue;
                     }
                     eprintln!("flotilla up: {} exited ({status}); starting it again", p.name);

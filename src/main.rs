@@ -58,6 +58,9 @@ struct UpArgs {
     /// Leave a node that dies down instead of starting it again.
     #[arg(long)]
     no_restart: bool,
+    /// Most restarts of one node within 60 s; one more and it is left down.
+    #[arg(long, default_value_t = flotilla::launcher::MAX_RESPAWNS)]
+    max_restarts: usize,
     /// Engine of every replica: `cpu` (the real model) or `sim` (timing model, for fleet runs).
     #[arg(long, value_parser = ["cpu", "sim"])]
     engine: Option<String>,
@@ -241,6 +244,7 @@ async fn main() -> std::process::ExitCode {
             },
             chaos: a.chaos,
             restart: !a.no_restart,
+            max_restarts: a.max_restarts,
         })
         .await
         .map(|_| std::process::ExitCode::SUCCESS),

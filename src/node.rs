@@ -138,6 +138,12 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         config.cluster.max_frame_bytes,
     )
     .await?;
+    if let Some(n) = std::env::var(crate::resilience::NODE_RESTARTS_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        crate::resilience::NODE_RESTARTS.store(n, std::sync::atomic::Ordering::Relaxed);
+    }
     let ctx = NodeContext {
         config: config.clone(),
         node_id: node_id.clone(),

@@ -20,6 +20,11 @@ pub static PANICS: AtomicU64 = AtomicU64::new(0);
 pub static ENGINE_HANGS: AtomicU64 = AtomicU64::new(0);
 /// Requests (choices) in flight on this process's gateway.
 pub static GATEWAY_IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
+/// Times `flotilla up` restarted this node before this incarnation (from the environment
+/// variable [`NODE_RESTARTS_ENV`], set by the launcher).
+pub static NODE_RESTARTS: AtomicU64 = AtomicU64::new(0);
+/// The variable through which `flotilla up` tells a node how often it was restarted.
+pub const NODE_RESTARTS_ENV: &str = "FLOTILLA_NODE_RESTARTS";
 /// Set once this node drains: its gateway refuses new requests and reports not ready.
 pub static DRAINING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -35,6 +40,7 @@ pub fn counters() -> NodeCounters {
         restarts: RESTARTS.load(Ordering::Relaxed),
         panics: PANICS.load(Ordering::Relaxed),
         engine_hangs: ENGINE_HANGS.load(Ordering::Relaxed),
+        node_restarts: NODE_RESTARTS.load(Ordering::Relaxed),
     }
 }
 

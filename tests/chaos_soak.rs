@@ -11,11 +11,17 @@ use flotilla::soak::{SoakOptions, run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_loses_nothing_while_workers_are_killed() {
-    let c = Cluster::start_with(3, &["--chaos"], &["worker.kv_blocks=256"]);
+    let c = Cluster::start_with(
+        3,
+        &["--chaos", "--max-restarts", "100"],
+        &["worker.kv_blocks=256"],
+    );
+    // Sized as the contended soak below says (4 in flight: each fault's re-prefill fits
+    // between faults on a busy 2-core machine).
     let opts = SoakOptions {
-        requests: 64,
-        concurrency: 8,
-        max_tokens: 40,
+        requests: 48,
+        concurrency: 4,
+        max_tokens: 24,
         interval_ms: 1500,
         recover_timeout_ms: 60_000,
     };
@@ -33,6 +39,81 @@ async fn soak_loses_nothing_while_workers_are_killed() {
         "both kinds of kill: {:?}",
         report.faults
     );
+    assert!(report.migrations > 0, "migrations happened");
+    assert!(report.passed(), "back to full capacity after every fault");
+}
+
+/// Busy-loop threads beside the cluster (a CPU hog, like `stress-ng --cpu N`), until dropped.
+struct CpuHog {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl CpuHog {
+    fn start(threads: usize) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..threads)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut x = 1u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        for _ in 0..100_000 {
+                            x = std::hint::black_box(
+                                x.wrapping_mul(6364136223846793005).wrapping_add(1),
+                            );
+                        }
+                    }
+                })
+            })
+            .collect();
+        Self { stop, threads }
+    }
+}
+
+impl Drop for CpuHog {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The same under CPU contention: two busy-loop threads beside the cluster on a 2-core
+/// machine (plus whatever else the suite runs), a fault every 1.5 s. Restarted workers become
+/// ready slowly here, so faults arrive while requests are still migrating: a request that keeps
+/// making progress must never be given up, and one that finds no worker waits for one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_loses_nothing_under_cpu_contention() {
+    // A node kill every ~3 s on the busiest node outruns `up`'s default restart budget
+    // (10 a minute): this soak kills on purpose, so it allows more.
+    let c = Cluster::start_with(
+        3,
+        &["--chaos", "--max-restarts", "100"],
+        &["worker.kv_blocks=256"],
+    );
+    let _hog = CpuHog::start(2);
+    // Sized so that the fleet can make progress between faults: every kill makes the killed
+    // worker's requests re-prefill prompt + tokens elsewhere (migration by recompute), and on
+    // this machine 8 such 80-token contexts take longer than 1.5 s — then no request gets a
+    // token between faults and, after 30 s of that, requests are rightly given up (see
+    // docs/benchmarks.md).
+    let opts = SoakOptions {
+        requests: 24,
+        concurrency: 4,
+        max_tokens: 24,
+        interval_ms: 1500,
+        recover_timeout_ms: 90_000,
+    };
+    let report = run(&c.gateway, None, &opts)
+        .await
+        .unwrap_or_else(|e| panic!("the soak could not run: {e:#}"));
+    eprintln!("{}", report.markdown());
+    assert!(report.problems.is_empty(), "{:#?}", report.problems);
+    assert_eq!(report.lost, 0);
+    assert_eq!(report.mismatched, 0);
+    assert!(report.faults.len() >= 2, "{:?}", report.faults);
     assert!(report.migrations > 0, "migrations happened");
     assert!(report.passed(), "back to full capacity after every fault");
 }

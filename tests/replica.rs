@@ -8,7 +8,9 @@ use common::poll_until;
 use flotilla::actors::engine_worker::{EngineConfig, SamplingParams};
 use flotilla::actors::kv_block_manager::KvBlockManagerMsg;
 use flotilla::actors::scheduler::{SchedulerConfig, SchedulerMsg, SchedulerStats, SubmitRequest};
-use flotilla::actors::token_sink::{Finish, SinkRegistry, TokenEventKind, TokenSink, sink_name};
+use flotilla::actors::token_sink::{
+    Finish, Owner, SinkRegistry, TokenEventKind, TokenSink, sink_name,
+};
 use flotilla::ids::{NodeId, RequestId, WorkerId};
 use flotilla::model::{LoadedModel, load_model, resolve_model_path};
 use flotilla::supervisors::tree::{ReplicaParams, replica};
@@ -64,7 +66,8 @@ impl Harness {
         let node = NodeId::new(name);
         let worker = WorkerId::new(format!("{name}/replica-0"));
         let registry = SinkRegistry::default();
-        let (sink, _) = Actor::spawn(Some(sink_name(&node)), TokenSink, registry.clone())
+        let owner = Owner::new(node.clone(), 1);
+        let (sink, _) = Actor::spawn(Some(sink_name(&owner)), TokenSink, (registry.clone(), 1))
             .await
             .unwrap();
         let spec = replica(ReplicaParams {
@@ -85,6 +88,7 @@ impl Harness {
             faults: Default::default(),
             step_timeout: Duration::from_secs(30),
             canary_interval: Duration::from_secs(5),
+            owner_grace: Duration::from_secs(3),
             sim: None,
         });
         let (sup, _) = Actor::spawn(spec.actor_name.clone(), Supervisor, spec)
@@ -120,6 +124,8 @@ impl Harness {
             sampling: SamplingParams::default(),
             stop_token_ids: vec![],
             ignore_eos: false,
+            owner_incarnation: 1,
+            arrival_ms: 0,
         };
         self.scheduler()
             .cast(SchedulerMsg::Submit(Wire::encode(&req)))
@@ -330,4 +336,63 @@ async fn refused_requests_fail_cleanly_and_stopping_fails_the_rest() {
     assert!(failed, "the stopped replica told its request");
     assert_eq!(sched.get_status(), ractor::ActorStatus::Stopped);
     h.sink.stop_and_wait(None, None).await.unwrap();
+}
+
+/// B18 at the replica: sequences whose owner is gone are aborted and their blocks freed —
+/// at once when a newer incarnation of the owner's node appears, after the grace when its
+/// sink is just missing — and the old incarnation's events never reach the new one's sink.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequences_of_a_gone_owner_are_aborted_and_freed() {
+    let h = Harness::start("rep-d", 128).await;
+    let baseline = h.stats().await.kv_blocks_used;
+    let (p3, _) = golden("long_prompt");
+
+    // (1) The owner's node restarts: a sink of a newer incarnation replaces the old one.
+    let mut rx = h.submit(21, p3.clone(), 3000);
+    while !matches!(rx.recv().await, Some(TokenEventKind::Token { .. })) {}
+    h.sink.stop_and_wait(None, None).await.unwrap();
+    let new_registry = SinkRegistry::default();
+    let mut stray = new_registry.register(RequestId(21));
+    let newer = Owner::new(h.node.clone(), 2);
+    let (new_sink, _) = Actor::spawn(
+        Some(sink_name(&newer)),
+        TokenSink,
+        (new_registry.clone(), 2),
+    )
+    .await
+    .unwrap();
+    let t0 = std::time::Instant::now();
+    poll_until(Duration::from_secs(10), "orphan aborted", || async {
+        let s = h.stats().await;
+        (s.running + s.waiting == 0 && s.kv_blocks_used == baseline).then_some(())
+    })
+    .await;
+    assert!(
+        t0.elapsed() < Duration::from_millis(2_900),
+        "a newer incarnation aborts at once (within ticks, not the 3 s grace): {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        stray.try_recv().is_err(),
+        "no event of the old incarnation reached the new one"
+    );
+
+    // (2) The owner's sink is missing (no newer incarnation): aborted after the grace.
+    new_sink.stop_and_wait(None, None).await.unwrap();
+    let mut rx = h.submit(22, p3, 3000);
+    // Events pile up undelivered; the sequence runs until the grace is over.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(rx.try_recv().is_err(), "nobody delivers to a missing sink");
+    let s = h.stats().await;
+    assert_eq!(s.running + s.waiting, 1, "still there within the grace");
+    poll_until(
+        Duration::from_secs(15),
+        "orphan aborted after the grace",
+        || async {
+            let s = h.stats().await;
+            (s.running + s.waiting == 0 && s.kv_blocks_used == baseline).then_some(())
+        },
+    )
+    .await;
+    h.sup.stop_and_wait(None, None).await.unwrap();
 }

@@ -1,6 +1,6 @@
 //! A worker lost mid-request (its node process SIGKILLed, and not restarted) when no other
 //! worker exists never leaves a stream waiting: the request tries to migrate for
-//! `gateway.migration_timeout_ms`, then the client gets one SSE error record, and new requests
+//! `gateway.migration_deadline_ms`, then the client gets one SSE error record, and new requests
 //! get a clean 503 while no worker is left. (Migration that succeeds: `tests/resilience.rs`.)
 
 mod common;
@@ -19,7 +19,7 @@ async fn a_killed_worker_node_ends_its_streams_with_an_error() {
         &[
             "worker.kv_blocks=128",
             "cluster.heartbeat_interval_ms=100",
-            "gateway.migration_timeout_ms=1000",
+            "gateway.migration_deadline_ms=1000",
         ],
     );
     let pid = node_pid(&c, "node-1").await;

@@ -14,11 +14,14 @@
 //! stopping) — the request **migrates**: a new attempt is placed with the prompt plus every
 //! token delivered so far as its prompt, `max_tokens` reduced by as many, and the sampler
 //! resuming at the same draw index (`SamplingParams::offset`), so the client sees one stream,
-//! one id, and the same tokens a run without the fault produces. Up to `migration_limit`
-//! migrations; while no worker is available a migration retries placement every
-//! [`PLACE_RETRY_MS`] for up to `migration_timeout`. After that the client gets a 503 (before
-//! the first byte) or an error record (mid-stream). A worker-side failure that is not a loss
-//! (`Failed`: bad request, engine fault) is passed on, not migrated.
+//! one id, and the same tokens a run without the fault produces. When to migrate again, wait
+//! for a worker or give up is [`migration::Migration`]'s pure rule: a request that keeps
+//! making progress is never given up; `gateway.migration_limit` counts only migrations without
+//! progress; a migration that finds no worker waits with jittered backoff up to
+//! `gateway.migration_deadline_ms`; a worker that failed the request is avoided. A request
+//! given up gets a 503 (before the first byte) or an error record (mid-stream). A
+//! worker-side failure that is not a loss (`Failed`: bad request, engine fault) is passed on,
+//! not migrated.
 //!
 //! Metrics: `flotilla_migrations_total`, `flotilla_migration_failures_total`, and
 //! `flotilla_migration_resume_gap_seconds` (last token before the loss → first token after it,
@@ -31,17 +34,21 @@
 //! once — the step already running completes, its token for this sequence is discarded. So
 //! the worker's KV usage is back where it was within one engine step of the disconnect.
 
+pub mod migration;
+
 use crate::actors::kv_block_manager::block_hashes;
 use crate::actors::router::policy::Policy;
 use crate::actors::router::{RouteRequest, RouterMsg, find_router};
 use crate::actors::scheduler::{SCHEDULER_GROUP, SchedulerMsg, SubmitRequest};
 use crate::actors::token_sink::{SinkRegistry, TokenEventKind};
+use crate::clock::{Instant, SharedClock};
 use crate::ids::{NodeId, RequestId, WorkerId};
 use crate::wire::Wire;
+use migration::{Decision, GiveUp, Migration, MigrationPolicy};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -50,8 +57,6 @@ pub const ROUTE_TIMEOUT_MS: u64 = 5_000;
 /// How often a Request re-checks that its scheduler still exists (ms), besides being told at
 /// once when it leaves the schedulers' group (a process-group monitor).
 pub const WORKER_CHECK_INTERVAL_MS: u64 = 1_000;
-/// Interval between placement tries while a migration finds no worker (ms).
-pub const PLACE_RETRY_MS: u64 = 200;
 /// Silence after which a Request asks its scheduler whether it still has the request (ms).
 /// Events lost on the way (a token sink killed with messages in its mailbox) are found this
 /// way, or sooner by a gap in the token indices.
@@ -76,10 +81,10 @@ pub struct RequestArgs {
     pub events: mpsc::UnboundedSender<TokenEventKind>,
     /// The gateway's request id counter (each migration attempt takes a fresh id).
     pub ids: Arc<AtomicU64>,
-    /// Migrations allowed.
-    pub migration_limit: u32,
-    /// How long one migration keeps looking for a worker.
-    pub migration_timeout: Duration,
+    /// When to migrate, wait or give up.
+    pub migration: MigrationPolicy,
+    /// Time, for the migration rule and the resume gap.
+    pub clock: SharedClock,
     /// Tokens per KV block and the model's hash salt: the request's sequence hashes are
     /// computed here so that the router can match them against its prefix index.
     pub block_size: usize,
@@ -98,7 +103,7 @@ pub enum RequestMsg {
     Cancel,
     /// Internal: the scheduler serving this attempt left the schedulers' group.
     WorkerLost(RequestId),
-    /// Internal: try placing again (a migration found no worker).
+    /// Internal: try placing again (a migration found no worker and waited).
     Retry,
     /// Internal: nothing heard from this attempt for [`STALL_CHECK_MS`]: ask the scheduler
     /// whether it still has it.
@@ -118,6 +123,8 @@ struct Attempt {
     scheduler: ractor::ActorId,
     tasks: Vec<JoinHandle<()>>,
     first_token_seen: bool,
+    /// The worker admitted it (its prefill began): a loss from here on counts against it.
+    admitted: bool,
     /// Tokens received from this attempt (the next expected index).
     received: u32,
     /// When the last event of this attempt arrived (ms since the Unix epoch).
@@ -130,11 +137,9 @@ pub struct RequestState {
     attempt: Option<Attempt>,
     /// Tokens delivered to the handler, in order.
     generated: Vec<u32>,
-    migrations: u32,
+    migration: Migration,
     admitted_sent: bool,
     done: bool,
-    /// When the current migration started (placement retries stop after the timeout).
-    migrating_since: Option<Instant>,
     last_token_at: Option<Instant>,
 }
 
@@ -189,7 +194,7 @@ impl RequestState {
 
     /// Place a new attempt and start listening for its events and its worker's presence.
     async fn place(&mut self, myself: &ActorRef<RequestMsg>) -> Result<(), PlaceError> {
-        let id = if self.migrations == 0 && self.migrating_since.is_none() {
+        let id = if self.migration.total() == 0 {
             self.args.job.request
         } else {
             RequestId(self.args.ids.fetch_add(1, Ordering::Relaxed))
@@ -205,6 +210,7 @@ impl RequestState {
                 .map(|(_, s)| s)
                 .collect(),
             policy: self.args.policy,
+            avoid: self.migration.avoid().to_vec(),
         };
         let pick = ractor::call_t!(
             router,
@@ -259,55 +265,64 @@ impl RequestState {
             scheduler: scheduler.get_id(),
             tasks: vec![forwarder, watchdog],
             first_token_seen: false,
+            admitted: false,
             received: 0,
             last_event_ms,
         });
         Ok(())
     }
 
-    /// Place (first attempt or a migration); on failure, retry or fail the request.
+    /// Place (first attempt or a migration); on failure, wait and retry or fail the request,
+    /// as the migration rule says.
     async fn place_or_retry(&mut self, myself: &ActorRef<RequestMsg>) -> bool {
-        match self.place(myself).await {
-            Ok(()) => true,
-            Err((message, status)) => {
-                let retrying = self
-                    .migrating_since
-                    .is_some_and(|t| t.elapsed() < self.args.migration_timeout);
-                if retrying && status == 503 {
-                    myself.send_after(Duration::from_millis(PLACE_RETRY_MS), || RequestMsg::Retry);
-                    return true;
-                }
-                if self.migrating_since.is_some() {
-                    metrics::counter!("flotilla_migration_failures_total").increment(1);
-                    tracing::warn!(request = %self.args.job.request, %message, "migration failed");
-                }
+        let Err((message, status)) = self.place(myself).await else {
+            return true;
+        };
+        let now = self.args.clock.now();
+        match self.migration.on_place_failed(now, status == 503) {
+            Decision::Wait { until } => {
+                myself.send_after(until.saturating_duration_since(now), || RequestMsg::Retry);
+                true
+            }
+            Decision::Place => true, // not produced by a failed placement
+            Decision::Fail(GiveUp::FirstPlacement) => {
                 self.fail(&message, status);
+                false
+            }
+            Decision::Fail(why) => {
+                metrics::counter!("flotilla_migration_failures_total").increment(1);
+                tracing::warn!(request = %self.args.job.request, %message, %why, "migration failed");
+                self.fail(&format!("{message}; {why}"), 503);
                 false
             }
         }
     }
 
-    /// The worker is gone: re-place the request with what it has generated.
+    /// The worker is gone: re-place the request with what it has generated, unless the
+    /// migration rule gives it up.
     async fn migrate(&mut self, myself: &ActorRef<RequestMsg>, why: &str) -> bool {
         let from = self.attempt.as_ref().map(|a| a.worker.clone());
+        let ran = self.attempt.as_ref().is_some_and(|a| a.admitted);
         self.end_attempt(true);
-        if self.migrations >= self.args.migration_limit {
-            metrics::counter!("flotilla_migration_failures_total").increment(1);
-            self.fail(
-                &format!(
-                    "{why}; the migration limit ({}) is reached",
-                    self.args.migration_limit
-                ),
-                503,
-            );
-            return false;
+        let now = self.args.clock.now();
+        match self
+            .migration
+            .on_loss(now, self.generated.len(), ran, from.clone())
+        {
+            Decision::Fail(give_up) => {
+                metrics::counter!("flotilla_migration_failures_total").increment(1);
+                tracing::warn!(request = %self.args.job.request, ?from, %why, %give_up, "request given up");
+                self.fail(&format!("{why}; {give_up}"), 503);
+                false
+            }
+            Decision::Place | Decision::Wait { .. } => {
+                MIGRATIONS.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("flotilla_migrations_total").increment(1);
+                tracing::warn!(request = %self.args.job.request, ?from, generated = self.generated.len(),
+                    stalled = self.migration.stalled(), %why, "migrating");
+                self.place_or_retry(myself).await
+            }
         }
-        self.migrations += 1;
-        self.migrating_since = Some(Instant::now());
-        MIGRATIONS.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("flotilla_migrations_total").increment(1);
-        tracing::warn!(request = %self.args.job.request, ?from, generated = self.generated.len(), %why, "migrating");
-        self.place_or_retry(myself).await
     }
 
     /// The attempt has been quiet: if its scheduler no longer has it (its last events were
@@ -346,6 +361,9 @@ impl RequestState {
                 }
                 a.received += 1;
             }
+            if matches!(ev, TokenEventKind::Admitted { .. }) {
+                a.admitted = true;
+            }
         }
         match ev {
             TokenEventKind::Lost { reason } => return self.migrate(myself, &reason).await,
@@ -362,8 +380,8 @@ impl RequestState {
                     a.first_token_seen = true;
                 }
                 self.generated.push(id);
-                let now = Instant::now();
-                if self.migrating_since.take().is_some()
+                let now = self.args.clock.now();
+                if self.migration.on_resumed()
                     && let Some(last) = self.last_token_at
                 {
                     metrics::histogram!("flotilla_migration_resume_gap_seconds")
@@ -440,14 +458,14 @@ impl Actor for Request {
         crate::resilience::GATEWAY_IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
         // Told at once when a scheduler leaves (removed when this actor stops).
         ractor::pg::monitor(SCHEDULER_GROUP.to_owned(), myself.get_cell());
+        let migration = Migration::new(args.migration, args.job.request.0);
         Ok(RequestState {
             args,
             attempt: None,
             generated: Vec::new(),
-            migrations: 0,
+            migration,
             admitted_sent: false,
             done: false,
-            migrating_since: None,
             last_token_at: None,
         })
     }

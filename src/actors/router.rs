@@ -66,6 +66,9 @@ pub struct RouteRequest {
     /// Policy for this request (`None`: the router's configured one).
     #[serde(default)]
     pub policy: Option<Policy>,
+    /// Workers that already failed this request: not chosen unless no other is live.
+    #[serde(default)]
+    pub avoid: Vec<WorkerId>,
 }
 
 /// Router messages (serializable: gateways on any node ask).
@@ -108,6 +111,19 @@ pub fn live_workers() -> Vec<WorkerId> {
     workers_in(ROUTABLE_GROUP)
 }
 
+/// `live` without the workers in `avoid`, unless that leaves none.
+fn prefer_not(live: Vec<WorkerId>, avoid: &[WorkerId]) -> Vec<WorkerId> {
+    if avoid.is_empty() {
+        return live;
+    }
+    let others: Vec<WorkerId> = live
+        .iter()
+        .filter(|w| !avoid.contains(w))
+        .cloned()
+        .collect();
+    if others.is_empty() { live } else { others }
+}
+
 fn workers_in(group: &str) -> Vec<WorkerId> {
     ractor::pg::get_members(&group.to_owned())
         .iter()
@@ -142,7 +158,7 @@ impl RouterState {
         now: u64,
     ) -> Result<Option<WorkerId>, ActorProcessingErr> {
         let key = (req.node.to_string(), req.request);
-        let live = live_workers();
+        let live = prefer_not(live_workers(), &req.avoid);
         if let Some(w) = self.load.worker_of(&key).filter(|w| live.contains(w)) {
             return Ok(Some(w.clone()));
         }
@@ -388,4 +404,32 @@ pub fn find_router() -> Option<ActorRef<RouterMsg>> {
         .or_else(|| members.first())
         .cloned()
         .map(Into::into)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ws(names: &[&str]) -> Vec<WorkerId> {
+        names.iter().map(|n| WorkerId::new(*n)).collect()
+    }
+
+    #[test]
+    fn workers_that_failed_a_request_are_avoided_unless_none_is_left() {
+        assert_eq!(prefer_not(ws(&["a", "b", "c"]), &[]), ws(&["a", "b", "c"]));
+        assert_eq!(
+            prefer_not(ws(&["a", "b", "c"]), &ws(&["b"])),
+            ws(&["a", "c"])
+        );
+        assert_eq!(
+            prefer_not(ws(&["a", "b"]), &ws(&["a", "b"])),
+            ws(&["a", "b"])
+        );
+        assert_eq!(
+            prefer_not(ws(&["a"]), &ws(&["a"])),
+            ws(&["a"]),
+            "the only one left"
+        );
+        assert_eq!(prefer_not(vec![], &ws(&["a"])), ws(&[]));
+    }
 }

@@ -15,7 +15,8 @@
 //!    prompt (vLLM's preemption by recompute; its registered blocks usually come back as a
 //!    prefix-cache hit);
 //! 2. continues partially prefilled sequences;
-//! 3. admits waiting sequences strictly FCFS (no skipping) while `max_num_seqs`, the token
+//! 3. admits waiting sequences strictly FCFS (no skipping; "first come" is the request's
+//!    arrival at its gateway, so a migrated request keeps its place) while `max_num_seqs`, the token
 //!    budget `max_num_batched_tokens` and the pool allow, chunking the last prefill to fit.
 //!    Admission allocates blocks for the whole prompt + 1 at once (all-or-nothing), reusing the
 //!    longest cached prefix. No admission happens in a step that preempted (as in vLLM v1),
@@ -54,7 +55,7 @@ use crate::actors::engine_worker::{
     EngineWorkerMsg, SamplingParams, StepBatch, StepOutput, StepSeq,
 };
 use crate::actors::kv_block_manager::KvEvent;
-use crate::actors::token_sink::{self, TokenEvent, TokenEventKind};
+use crate::actors::token_sink::{self, Owner, OwnerStatus, TokenEvent, TokenEventKind};
 use crate::ids::{NodeId, RequestId, SeqId, WorkerId};
 use crate::wire::Wire;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -109,6 +110,22 @@ pub struct SubmitRequest {
     pub stop_token_ids: Vec<u32>,
     /// Keep generating past EOS.
     pub ignore_eos: bool,
+    /// Incarnation of `reply_to` that submitted it: with `reply_to`, the sequence's
+    /// [`Owner`](token_sink::Owner). When the owner is gone (its node restarted or left),
+    /// the scheduler aborts the sequence.
+    #[serde(default)]
+    pub owner_incarnation: u64,
+    /// When the request reached its gateway (ms since the Unix epoch), kept across
+    /// migrations: its place in the waiting queue.
+    #[serde(default)]
+    pub arrival_ms: u64,
+}
+
+impl SubmitRequest {
+    /// Who owns the sequence.
+    pub fn owner(&self) -> token_sink::Owner {
+        token_sink::Owner::new(self.reply_to.clone(), self.owner_incarnation)
+    }
 }
 
 /// Load and memory of one replica.
@@ -194,20 +211,19 @@ pub struct SchedulerArgs {
     pub step_timeout: std::time::Duration,
     /// An idle replica pings its engine this often.
     pub canary_interval: std::time::Duration,
+    /// How long the owner of sequences may be missing from the token sinks' group (a sink
+    /// restarting, a node suspect) before its sequences are aborted (`cluster.liveness_timeout_ms`).
+    pub owner_grace: std::time::Duration,
 }
 
 struct Live {
     request: RequestId,
-    reply_to: NodeId,
+    owner: Owner,
     sampling: SamplingParams,
     admitted: bool,
     /// Tokens emitted so far (the next token's index).
     emitted: u32,
 }
-
-/// How long events for a node without a token sink are kept and retried (a restarting sink
-/// comes back within milliseconds) before its requests are cancelled.
-pub const SINK_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Scheduler state.
 pub struct SchedulerState {
@@ -219,9 +235,9 @@ pub struct SchedulerState {
     next_seq: u64,
     steps: u64,
     in_flight: bool,
-    outbox: HashMap<NodeId, Vec<TokenEvent>>,
-    /// Nodes whose token sink could not be reached, since when.
-    undeliverable: HashMap<NodeId, Instant>,
+    outbox: HashMap<Owner, Vec<TokenEvent>>,
+    /// Owners whose token sink could not be found, since when.
+    undeliverable: HashMap<Owner, Instant>,
     health: Health,
     /// When the step in flight counts as hung.
     step_deadline: Option<Instant>,
@@ -237,57 +253,101 @@ pub struct SchedulerState {
 pub struct Scheduler;
 
 impl SchedulerState {
-    fn emit(&mut self, to: &NodeId, request: RequestId, kind: TokenEventKind) {
+    fn emit(&mut self, to: &Owner, request: RequestId, kind: TokenEventKind) {
         self.outbox
             .entry(to.clone())
             .or_default()
             .push(TokenEvent { request, kind });
     }
 
-    /// Send every pending event, one message per destination node. Events for a node whose
-    /// sink cannot be found are kept and retried (a sink restarting) for [`SINK_GRACE`]; after
-    /// that the node is taken for gone and its requests are cancelled.
+    /// Send every pending event, one message per owner. Events for an owner whose sink cannot
+    /// be found are kept and retried (a sink restarting) until [`Self::owner_gone`] says the
+    /// owner is gone; then its sequences are aborted.
     fn flush(&mut self) {
-        for (node, events) in std::mem::take(&mut self.outbox) {
-            let delivered = token_sink::find_sink(&node).is_some_and(|s| {
-                s.cast(token_sink::TokenSinkMsg::Deliver(Wire::encode(&events)))
+        for (owner, events) in std::mem::take(&mut self.outbox) {
+            let delivery = token_sink::Delivery {
+                incarnation: owner.incarnation,
+                events,
+            };
+            let sent = token_sink::find_sink(&owner).is_some_and(|s| {
+                s.cast(token_sink::TokenSinkMsg::Deliver(Wire::encode(&delivery)))
                     .is_ok()
             });
-            if delivered {
-                self.undeliverable.remove(&node);
+            if sent {
+                self.undeliverable.remove(&owner);
                 continue;
             }
-            let since = *self
-                .undeliverable
-                .entry(node.clone())
-                .or_insert_with(Instant::now);
-            if since.elapsed() < SINK_GRACE {
-                // Keep them, in order, ahead of whatever comes next: retried on the next
-                // flush or tick.
-                let later = self.outbox.remove(&node).unwrap_or_default();
-                let mut all = events;
-                all.extend(later);
-                self.outbox.insert(node, all);
+            if self.owner_gone(&owner) {
+                self.abort_owner(&owner);
                 continue;
             }
-            self.undeliverable.remove(&node);
-            tracing::warn!(%node, "no token sink for node; cancelling its requests");
-            let gone: Vec<SeqId> = self
-                .live
-                .iter()
-                .filter(|(_, l)| l.reply_to == node)
-                .map(|(s, _)| *s)
-                .collect();
-            for s in gone {
-                self.drop_seq(s);
+            // Keep them, in order, ahead of whatever comes next: retried on the next flush
+            // or tick.
+            let later = self.outbox.remove(&owner).unwrap_or_default();
+            let mut all = delivery.events;
+            all.extend(later);
+            self.outbox.insert(owner, all);
+        }
+    }
+
+    /// Whether `owner` is gone: its node runs a newer incarnation, or its sink has been
+    /// missing for `owner_grace`. Records when a missing owner was first seen missing.
+    fn owner_gone(&mut self, owner: &Owner) -> bool {
+        match token_sink::owner_status(owner) {
+            OwnerStatus::Present => {
+                self.undeliverable.remove(owner);
+                false
+            }
+            OwnerStatus::Replaced => true,
+            OwnerStatus::Missing => {
+                let since = *self
+                    .undeliverable
+                    .entry(owner.clone())
+                    .or_insert_with(Instant::now);
+                since.elapsed() >= self.args.owner_grace
             }
         }
+    }
+
+    /// Abort every sequence of `owner` (gone): free their KV blocks, forget their events.
+    fn abort_owner(&mut self, owner: &Owner) {
+        self.undeliverable.remove(owner);
+        self.outbox.remove(owner);
+        let orphans: Vec<SeqId> = self
+            .live
+            .iter()
+            .filter(|(_, l)| l.owner == *owner)
+            .map(|(s, _)| *s)
+            .collect();
+        tracing::warn!(worker = %self.args.worker, %owner, sequences = orphans.len(),
+            "the owner of these sequences is gone; aborting them");
+        metrics::counter!("flotilla_orphaned_sequences_aborted_total")
+            .increment(orphans.len() as u64);
+        for s in orphans {
+            self.drop_seq(s);
+        }
+        self.forward_kv_events();
+    }
+
+    /// Abort the sequences of every owner that is gone (run on each tick: sequences that
+    /// emit nothing, e.g. waiting ones, are found too).
+    fn check_owners(&mut self) {
+        let mut owners: Vec<Owner> = self.live.values().map(|l| l.owner.clone()).collect();
+        owners.sort();
+        owners.dedup();
+        for owner in owners {
+            if self.owner_gone(&owner) {
+                self.abort_owner(&owner);
+            }
+        }
+        self.undeliverable
+            .retain(|o, _| self.live.values().any(|l| l.owner == *o));
     }
 
     fn drop_seq(&mut self, seq: SeqId) {
         self.core.cancel(seq);
         if let Some(l) = self.live.remove(&seq) {
-            self.by_request.remove(&(l.reply_to, l.request));
+            self.by_request.remove(&(l.owner.node, l.request));
         }
         let _ = self.engine.cast(EngineWorkerMsg::Release(seq));
     }
@@ -320,7 +380,7 @@ impl SchedulerState {
                     && !live.admitted
                 {
                     live.admitted = true;
-                    let (to, req) = (live.reply_to.clone(), live.request);
+                    let (to, req) = (live.owner.clone(), live.request);
                     let worker = self.args.worker.clone();
                     self.emit(
                         &to,
@@ -422,7 +482,7 @@ impl SchedulerState {
             };
             let index = l.emitted;
             l.emitted += 1;
-            let (to, req) = (l.reply_to.clone(), l.request);
+            let (to, req) = (l.owner.clone(), l.request);
             let finish = u.finished.map(Into::into);
             let logprob = logprobs.get(&u.seq).copied().unwrap_or(0.0);
             self.emit(
@@ -437,7 +497,7 @@ impl SchedulerState {
             );
             if finish.is_some() {
                 if let Some(l) = self.live.remove(&u.seq) {
-                    self.by_request.remove(&(l.reply_to, l.request));
+                    self.by_request.remove(&(l.owner.node, l.request));
                 }
                 let _ = self.engine.cast(EngineWorkerMsg::Release(u.seq));
             }
@@ -476,7 +536,7 @@ impl SchedulerState {
         let all: Vec<SeqId> = self.live.keys().copied().collect();
         for s in all {
             if let Some(l) = self.live.get(&s) {
-                let (to, req) = (l.reply_to.clone(), l.request);
+                let (to, req) = (l.owner.clone(), l.request);
                 self.emit(&to, req, kind.clone());
             }
             self.drop_seq(s);
@@ -594,10 +654,10 @@ impl Actor for Scheduler {
         let lost = TokenEventKind::Lost {
             reason: "the replica stopped".into(),
         };
-        let live: Vec<(NodeId, RequestId)> = state
+        let live: Vec<(Owner, RequestId)> = state
             .live
             .values()
-            .map(|l| (l.reply_to.clone(), l.request))
+            .map(|l| (l.owner.clone(), l.request))
             .collect();
         for (to, req) in live {
             state.emit(&to, req, lost.clone());
@@ -621,10 +681,11 @@ impl Actor for Scheduler {
                 if state.by_request.contains_key(&key) {
                     return Ok(()); // duplicate submission
                 }
+                let owner = req.owner();
                 if state.health != Health::Ready {
                     // Routed here just before this replica left routing: place it elsewhere.
                     let reason = format!("the worker is {}", state.health);
-                    state.emit(&req.reply_to, req.request, TokenEventKind::Lost { reason });
+                    state.emit(&owner, req.request, TokenEventKind::Lost { reason });
                     state.flush();
                     return Ok(());
                 }
@@ -640,6 +701,7 @@ impl Actor for Scheduler {
                     } else {
                         state.args.eos_token_id
                     },
+                    arrival: req.arrival_ms,
                 });
                 match added {
                     Ok(()) => {
@@ -648,7 +710,7 @@ impl Actor for Scheduler {
                             seq,
                             Live {
                                 request: req.request,
-                                reply_to: req.reply_to,
+                                owner,
                                 sampling: req.sampling,
                                 admitted: false,
                                 emitted: 0,
@@ -657,7 +719,7 @@ impl Actor for Scheduler {
                     }
                     Err(e) => {
                         state.emit(
-                            &req.reply_to,
+                            &owner,
                             req.request,
                             TokenEventKind::Failed {
                                 message: e.to_string(),
@@ -698,6 +760,7 @@ impl Actor for Scheduler {
                     );
                 }
                 state.fill_kv();
+                state.check_owners();
                 state.tick(&myself)?;
                 // Work that waits for blocks freed outside a step (a fill_kv released), and
                 // events for a sink that was away, go on here.

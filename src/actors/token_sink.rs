@@ -5,6 +5,16 @@
 //! events for one node as **one** cluster message ([`TokenSinkMsg::Deliver`]), not one per token;
 //! the sink hands each event to the local receiver registered for its request
 //! ([`SinkRegistry`]). Events for unknown requests (finished, cancelled) are dropped.
+//!
+//! # Owners and incarnations
+//! A sequence on a worker is owned by the gateway node that submitted it, in one
+//! **incarnation** (the node's start, ms since the Unix epoch): an [`Owner`]. The sink is
+//! registered as `<node>/token_sink@<incarnation in hex>`, every delivery names the
+//! incarnation it is for, and a sink drops deliveries for another one. So when a gateway node
+//! restarts, the events of its old requests (orphans still running on workers) can never
+//! reach the new incarnation's requests; and a worker that finds its owner's sink gone
+//! ([`owner_status`]: replaced by a newer incarnation at once, or missing for the liveness
+//! timeout) aborts the owner's sequences and frees their KV blocks.
 
 use crate::actors::scheduler::FinishReason;
 use crate::ids::{NodeId, RequestId, WorkerId};
@@ -19,9 +29,57 @@ use tokio::sync::mpsc;
 /// Process group of every TokenSink.
 pub const TOKEN_SINK_GROUP: &str = "flotilla.token_sinks";
 
-/// Registered name of `node`'s sink.
-pub fn sink_name(node: &NodeId) -> String {
-    format!("{node}/token_sink")
+/// Who submitted a sequence: a gateway node in one incarnation.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Owner {
+    /// The submitting node.
+    pub node: NodeId,
+    /// Its incarnation (start time, ms since the Unix epoch).
+    pub incarnation: u64,
+}
+
+impl Owner {
+    /// `node` in `incarnation`.
+    pub fn new(node: NodeId, incarnation: u64) -> Self {
+        Self { node, incarnation }
+    }
+}
+
+impl std::fmt::Display for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{:x}", self.node, self.incarnation)
+    }
+}
+
+/// Registered name of `owner`'s sink: `<node>/token_sink@<incarnation in hex>`.
+pub fn sink_name(owner: &Owner) -> String {
+    format!("{}/token_sink@{:x}", owner.node, owner.incarnation)
+}
+
+/// Whether an owner's sink can be reached from here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnerStatus {
+    /// Its sink is in the group.
+    Present,
+    /// A sink of the same node in another incarnation is: the owner restarted.
+    Replaced,
+    /// No sink of that node is (restarting, partitioned or dead).
+    Missing,
+}
+
+/// The status of `owner` among the members of [`TOKEN_SINK_GROUP`] (one group read).
+pub fn owner_status(owner: &Owner) -> OwnerStatus {
+    let exact = sink_name(owner);
+    let same_node = format!("{}/token_sink@", owner.node);
+    let mut status = OwnerStatus::Missing;
+    for cell in ractor::pg::get_members(&TOKEN_SINK_GROUP.to_owned()) {
+        match cell.get_name() {
+            Some(n) if n == exact => return OwnerStatus::Present,
+            Some(n) if n.starts_with(&same_node) => status = OwnerStatus::Replaced,
+            _ => {}
+        }
+    }
+    status
 }
 
 /// Why a finished sequence stopped, on the wire.
@@ -96,11 +154,20 @@ pub struct TokenEvent {
     pub kind: TokenEventKind,
 }
 
+/// A batch of events for one owner, in order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Delivery {
+    /// The owner's incarnation these events are for; a sink of another drops them.
+    pub incarnation: u64,
+    /// The events.
+    pub events: Vec<TokenEvent>,
+}
+
 /// Messages of the TokenSink (serializable: schedulers on any node send to it).
 #[derive(RactorClusterMessage)]
 pub enum TokenSinkMsg {
     /// A batch of events, in order. Droppable only if the node is going away.
-    Deliver(Wire<Vec<TokenEvent>>),
+    Deliver(Wire<Delivery>),
 }
 
 /// Receivers of this node's in-flight requests, shared by the sink and whoever submits.
@@ -151,42 +218,46 @@ impl SinkRegistry {
     }
 }
 
-/// The TokenSink actor; its argument is the registry it delivers into.
+/// The TokenSink actor; its arguments are the registry it delivers into and this node's
+/// incarnation (deliveries for another are dropped).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct TokenSink;
 
 impl Actor for TokenSink {
     type Msg = TokenSinkMsg;
-    type State = SinkRegistry;
-    type Arguments = SinkRegistry;
+    type State = (SinkRegistry, u64);
+    type Arguments = (SinkRegistry, u64);
 
     async fn pre_start(
         &self,
         myself: ActorRef<Self::Msg>,
-        registry: SinkRegistry,
+        args: (SinkRegistry, u64),
     ) -> Result<Self::State, ActorProcessingErr> {
         ractor::pg::join(TOKEN_SINK_GROUP.to_owned(), vec![myself.get_cell()]);
-        Ok(registry)
+        Ok(args)
     }
 
     async fn handle(
         &self,
         _myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
-        registry: &mut Self::State,
+        (registry, incarnation): &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            TokenSinkMsg::Deliver(wire) => {
-                if let Ok(events) = wire.decode() {
-                    registry.deliver(events);
+            TokenSinkMsg::Deliver(wire) => match wire.decode() {
+                Ok(d) if d.incarnation == *incarnation => registry.deliver(d.events),
+                Ok(d) => {
+                    metrics::counter!("flotilla_token_events_dropped_total", "reason" => "other_incarnation")
+                        .increment(d.events.len() as u64);
                 }
-            }
+                Err(_) => {}
+            },
         }
         Ok(())
     }
 }
 
-/// The sink of `node`, wherever it runs (local or a peer's proxy).
-pub fn find_sink(node: &NodeId) -> Option<ActorRef<TokenSinkMsg>> {
-    crate::cluster::member_named(TOKEN_SINK_GROUP, &sink_name(node)).map(Into::into)
+/// The sink of `owner`, wherever it runs (local or a peer's proxy).
+pub fn find_sink(owner: &Owner) -> Option<ActorRef<TokenSinkMsg>> {
+    crate::cluster::member_named(TOKEN_SINK_GROUP, &sink_name(owner)).map(Into::into)
 }

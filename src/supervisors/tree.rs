@@ -31,7 +31,7 @@ use crate::actors::gateway::{GatewayArgs, HttpGateway};
 use crate::actors::kv_block_manager::KvBlockManager;
 use crate::actors::router::Router;
 use crate::actors::scheduler::{Scheduler, SchedulerArgs, SchedulerConfig};
-use crate::actors::token_sink::{SinkRegistry, TokenSink, sink_name};
+use crate::actors::token_sink::{Owner, SinkRegistry, TokenSink, sink_name};
 use crate::config::Role;
 use crate::ids::WorkerId;
 use crate::model::LoadedModel;
@@ -124,10 +124,16 @@ fn gateway(ctx: &NodeContext) -> SupervisorSpec {
             node: ctx.node_id.clone(),
             registry: registry.clone(),
             request_sup: ctx.name("request_sup"),
-            next_id: Arc::new(AtomicU64::new(1)),
+            next_id: Arc::new(AtomicU64::new(first_request_id(ctx.incarnation))),
             block_size: ctx.config.worker.block_size_tokens,
-            migration_limit: ctx.config.gateway.migration_limit,
-            migration_timeout: Duration::from_millis(ctx.config.gateway.migration_timeout_ms),
+            migration: crate::actors::request::migration::MigrationPolicy {
+                limit: ctx.config.gateway.migration_limit,
+                deadline: Duration::from_millis(ctx.config.gateway.migration_deadline_ms),
+                backoff_base: Duration::from_millis(ctx.config.gateway.migration_backoff_base_ms),
+                backoff_max: Duration::from_millis(ctx.config.gateway.migration_backoff_max_ms),
+            },
+            clock: ctx.clock.clone(),
+            incarnation: ctx.incarnation,
             keep_alive: Duration::from_millis(ctx.config.gateway.keep_alive_ms),
             admission: Admission {
                 busy_kv_ratio: ctx.config.gateway.busy_kv_ratio,
@@ -153,8 +159,10 @@ fn gateway(ctx: &NodeContext) -> SupervisorSpec {
         bound: ctx.http_addr.clone(),
         shared,
     };
-    let sink = ChildSpec::actor("token_sink", Some(sink_name(&ctx.node_id)), move || {
-        (TokenSink, registry.clone())
+    let incarnation = ctx.incarnation;
+    let owner = Owner::new(ctx.node_id.clone(), incarnation);
+    let sink = ChildSpec::actor("token_sink", Some(sink_name(&owner)), move || {
+        (TokenSink, (registry.clone(), incarnation))
     })
     .shutdown(shutdown(ctx));
     let requests = SupervisorSpec::new(ctx.name("request_sup"), flags(ctx, Strategy::OneForOne));
@@ -207,6 +215,7 @@ fn worker_pool(ctx: &NodeContext) -> SupervisorSpec {
                 faults: ctx.faults.clone(),
                 step_timeout: Duration::from_millis(w.step_timeout_ms),
                 canary_interval: Duration::from_millis(w.canary_interval_ms),
+                owner_grace: Duration::from_millis(ctx.config.cluster.liveness_timeout_ms),
                 sim: ctx.sim_profile.clone().map(|p| (p, w.sim_speedup)),
             }),
             None => SupervisorSpec::new(name, flags(ctx, Strategy::OneForAll)),
@@ -234,6 +243,9 @@ pub struct ReplicaParams {
     pub shutdown: super::Shutdown,
     /// Faults injected on this node.
     pub faults: FaultBook,
+    /// How long sequences' owner may be missing before they are aborted
+    /// (`cluster.liveness_timeout_ms`).
+    pub owner_grace: Duration,
     /// Step watchdog timeout (`worker.step_timeout_ms`).
     pub step_timeout: Duration,
     /// Canary period (`worker.canary_interval_ms`).
@@ -308,6 +320,7 @@ pub fn replica(p: ReplicaParams) -> SupervisorSpec {
             faults: p.faults.clone(),
             step_timeout: p.step_timeout,
             canary_interval: p.canary_interval,
+            owner_grace: p.owner_grace,
         };
         ChildSpec::actor("scheduler", Some(sched_name), move || {
             (Scheduler, args.clone())
@@ -315,4 +328,11 @@ pub fn replica(p: ReplicaParams) -> SupervisorSpec {
         .shutdown(p.shutdown)
     };
     SupervisorSpec::new(worker.to_string(), p.flags).children([kv, engine, scheduler])
+}
+
+/// The first request id of a gateway incarnation: the incarnation (ms since the Unix epoch)
+/// times 2^20, so that ids never repeat across restarts of a node (a node would have to take
+/// over a million requests per millisecond of its life to reach the next start's ids).
+pub fn first_request_id(incarnation: u64) -> u64 {
+    incarnation.saturating_mul(1 << 20).max(1)
 }

@@ -86,7 +86,9 @@ pub struct NodeInfo {
     pub counters: NodeCounters,
 }
 
-/// What the resilience loop did on one node since its process started.
+/// What the resilience loop did on one node: every counter counts since the node's process
+/// started (its `incarnation`, shown beside them in `/v1/fleet`) and goes back to 0 when the
+/// node restarts, except `node_restarts`, which the launcher carries across restarts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeCounters {
     /// Requests this gateway migrated to another worker.
@@ -97,6 +99,9 @@ pub struct NodeCounters {
     pub panics: u64,
     /// Engine hangs its schedulers' watchdogs detected.
     pub engine_hangs: u64,
+    /// Times `flotilla up` started this node again after it died (across incarnations).
+    #[serde(default)]
+    pub node_restarts: u64,
 }
 
 /// A node as shown in `/v1/fleet`.
@@ -112,6 +117,10 @@ pub struct NodeView {
     pub roles: Vec<Role>,
     /// OS process id.
     pub pid: u32,
+    /// Start of the node's process (ms since the Unix epoch): the per-incarnation counters
+    /// count from here.
+    #[serde(default)]
+    pub incarnation: u64,
     /// Liveness.
     pub state: NodeState,
     /// Milliseconds since it was last heard from (0 for this node).
@@ -267,6 +276,7 @@ impl Membership {
             http_addr: self.me.http_addr.clone(),
             roles: self.me.roles.clone(),
             pid: self.me.pid,
+            incarnation: self.me.incarnation,
             state: NodeState::Up,
             last_seen_ms: 0,
             workers: self.me.workers.clone(),
@@ -280,6 +290,7 @@ impl Membership {
                 http_addr: e.info.http_addr.clone(),
                 roles: e.info.roles.clone(),
                 pid: e.info.pid,
+                incarnation: e.info.incarnation,
                 state: e.state,
                 last_seen_ms: now.saturating_duration_since(e.last_seen).as_millis() as u64,
                 // A node not up cannot vouch for its workers: their last report is shown with

@@ -58,7 +58,9 @@ impl ChaosController {
     /// A controller; `token`: the bearer token every call must present, if any.
     pub fn new(token: Option<String>) -> Self {
         Self {
-            next_id: AtomicU64::new(1),
+            // Ids never repeat across restarts: they start at the start time (ms since the
+            // Unix epoch) × 1000, below 2^53 so JSON clients read them exactly.
+            next_id: AtomicU64::new(crate::clock::unix_ms().saturating_mul(1000).max(1)),
             faults: Mutex::new(Vec::new()),
             token,
         }

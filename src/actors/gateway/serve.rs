@@ -57,10 +57,15 @@ pub struct Serving {
     pub next_id: Arc<AtomicU64>,
     /// Tokens per KV block (`worker.block_size_tokens`), for the requests' sequence hashes.
     pub block_size: usize,
-    /// Migrations a request may make (`gateway.migration_limit`).
-    pub migration_limit: u32,
-    /// How long a migrating request looks for a worker (`gateway.migration_timeout_ms`).
-    pub migration_timeout: Duration,
+    /// When a request whose worker is lost migrates, waits or gives up
+    /// (`gateway.migration_*`).
+    pub migration: crate::actors::request::migration::MigrationPolicy,
+    /// Time for the Request actors.
+    pub clock: crate::clock::SharedClock,
+    /// This node's incarnation (its start, ms since the Unix epoch): every submitted sequence
+    /// names it, so that workers can tell a restarted gateway's requests from the orphans of
+    /// the one before.
+    pub incarnation: u64,
     /// Interval of SSE keep-alive comments while a stream waits (`gateway.keep_alive_ms`).
     pub keep_alive: Duration,
     /// Admission thresholds.
@@ -320,8 +325,8 @@ async fn spawn_choice(
         registry: serving.registry.clone(),
         events: tx,
         ids: serving.next_id.clone(),
-        migration_limit: serving.migration_limit,
-        migration_timeout: serving.migration_timeout,
+        migration: serving.migration,
+        clock: serving.clock.clone(),
         block_size: serving.block_size,
         salt: serving.frontend.salt,
         policy,
@@ -369,6 +374,8 @@ async fn start(
         let sp = &req.sampling;
         let job = Job {
             reply_to: serving.node.clone(),
+            owner_incarnation: serving.incarnation,
+            arrival_ms: crate::clock::unix_ms(),
             request: RequestId(first_id + u64::from(i)),
             prompt: prompt.clone(),
             max_tokens,

@@ -96,6 +96,10 @@ pub struct SeqRequest {
     pub max_tokens: usize,
     pub stop_token_ids: Vec<u32>,
     pub eos_token_id: Option<u32>,
+    /// Place in the waiting queue: lower first, equal ones in submission order. The request's
+    /// arrival at its gateway (ms since the Unix epoch), so that a request that migrated here
+    /// keeps its place among the others instead of queueing behind every later one.
+    pub arrival: u64,
 }
 
 /// Which token stopped a sequence.
@@ -175,6 +179,8 @@ struct SeqEntry {
     eos_token_id: Option<u32>,
     /// `Some` while running.
     lease: Option<SeqLease>,
+    /// See [`SeqRequest::arrival`].
+    arrival: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -223,7 +229,7 @@ impl SchedulerCore {
         })
     }
 
-    /// Queues a request (FCFS).
+    /// Queues a request: first come, first served by [`SeqRequest::arrival`].
     pub fn add(&mut self, req: SeqRequest) -> Result<(), SchedulerError> {
         let seq = req.seq;
         if req.prompt.is_empty() {
@@ -261,9 +267,17 @@ impl SchedulerCore {
                 stop_token_ids: req.stop_token_ids,
                 eos_token_id: req.eos_token_id,
                 lease: None,
+                arrival: req.arrival,
             },
         );
-        self.waiting.push_back(seq);
+        // After every waiting sequence that arrived no later (a stable insertion).
+        let seqs = &self.seqs;
+        let at = self
+            .waiting
+            .iter()
+            .position(|s| seqs.get(s).is_some_and(|e| e.arrival > req.arrival))
+            .unwrap_or(self.waiting.len());
+        self.waiting.insert(at, seq);
         Ok(())
     }
 

@@ -1,0 +1,207 @@
+//! A gateway node that dies leaves no orphaned work behind, and ids never repeat (B18).
+//!
+//! (1) Response ids and chaos fault ids stay distinct across restarts of the gateway node;
+//! `/v1/fleet` shows the node's restarts and its new incarnation. (2) Streams whose gateway
+//! died are aborted on their workers: running, waiting and KV in use go back to idle within
+//! about the liveness timeout, and the restarted gateway serves new streams normally.
+
+mod common;
+
+use common::{Cluster, MODEL, fleet, node_pid, poll_until, signal, wait_routable, workers_sum};
+use futures::StreamExt;
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+use std::collections::HashSet;
+use std::time::Duration;
+
+/// node-0's entry in `/v1/fleet`.
+async fn node0(c: &Cluster) -> Value {
+    fleet(c).await["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == "node-0")
+        .cloned()
+        .unwrap()
+}
+
+/// SIGKILL the gateway node and wait until `flotilla up` has it back (a new pid, serving, with
+/// both workers routable).
+async fn restart_gateway(c: &Cluster) {
+    let old = node_pid(c, "node-0").await;
+    signal(old, Signal::SIGKILL);
+    poll_until(Duration::from_secs(90), "the gateway node back", || async {
+        let r = reqwest::get(c.url("/v1/fleet")).await.ok()?;
+        let v: Value = r.json().await.ok()?;
+        let pid = v["nodes"]
+            .as_array()?
+            .iter()
+            .find(|n| n["id"] == "node-0")?["pid"]
+            .as_i64()?;
+        (pid as i32 != old).then_some(())
+    })
+    .await;
+    wait_routable(c, 2).await;
+    poll_until(
+        Duration::from_secs(30),
+        "both workers in the new fleet view",
+        || async {
+            let v = fleet(c).await;
+            let known = v["nodes"]
+                .as_array()?
+                .iter()
+                .flat_map(|n| n["workers"].as_array().cloned().unwrap_or_default())
+                .filter(|w| w["kv_blocks_total"].as_u64().unwrap_or(0) > 0)
+                .count();
+            (known == 2).then_some(())
+        },
+    )
+    .await;
+}
+
+async fn one_request(c: &Cluster, i: usize) -> String {
+    let (path, body) = if i.is_multiple_of(2) {
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": format!("Say {i}")}],
+                   "max_tokens": 2, "temperature": 0}),
+        )
+    } else {
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": format!("Count to {i}:"), "max_tokens": 2,
+                   "temperature": 0}),
+        )
+    };
+    let r = reqwest::Client::new()
+        .post(c.url(path))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    v["id"].as_str().unwrap().to_owned()
+}
+
+async fn harmless_fault(c: &Cluster) -> u64 {
+    let r = reqwest::Client::new()
+        .post(c.url("/chaos/faults"))
+        .json(&json!({"kind": "slow", "delay_ms": 1, "duration_ms": 1,
+                      "target": {"node": "node-1"}}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let v: Value = r.json().await.unwrap();
+    assert!(status.is_success(), "{status} {v}");
+    v["id"].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b18_ids_never_repeat_across_gateway_restarts() {
+    let c = Cluster::start_with(3, &["--chaos"], &["worker.kv_blocks=128"]);
+    wait_routable(&c, 2).await;
+    let mut ids = Vec::new();
+    let mut faults = vec![harmless_fault(&c).await];
+    for i in 0..3 {
+        ids.push(one_request(&c, i).await);
+    }
+    let first = node0(&c).await;
+    assert_eq!(first["counters"]["node_restarts"], 0);
+    restart_gateway(&c).await;
+    faults.push(harmless_fault(&c).await);
+    for i in 0..5 {
+        ids.push(one_request(&c, i).await);
+    }
+    restart_gateway(&c).await;
+    faults.push(harmless_fault(&c).await);
+    for i in 0..5 {
+        ids.push(one_request(&c, i).await);
+    }
+    let distinct: HashSet<&String> = ids.iter().collect();
+    assert_eq!(distinct.len(), ids.len(), "response ids repeat: {ids:?}");
+    let distinct: HashSet<&u64> = faults.iter().collect();
+    assert_eq!(distinct.len(), faults.len(), "fault ids repeat: {faults:?}");
+    let last = node0(&c).await;
+    assert_eq!(
+        last["counters"]["node_restarts"], 2,
+        "/v1/fleet shows the restarts `up` made: {last}"
+    );
+    assert!(
+        last["incarnation"].as_u64() > first["incarnation"].as_u64(),
+        "a new incarnation labels the per-incarnation counters: {first} → {last}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b18_orphaned_streams_are_aborted_and_the_new_gateway_serves() {
+    let c = Cluster::start_with(3, &["--chaos"], &["worker.kv_blocks=512"]);
+    wait_routable(&c, 2).await;
+    let client = reqwest::Client::new();
+    let mut open = Vec::new();
+    for i in 0..4 {
+        let body = json!({"model": MODEL, "stream": true, "max_tokens": 3000, "ignore_eos": true,
+            "messages": [{"role": "user", "content": format!("Tell story number {i}.")}]});
+        let r = client
+            .post(c.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let mut s = r.bytes_stream();
+        let chunk = s.next().await.unwrap().unwrap();
+        assert!(!chunk.is_empty());
+        open.push(s);
+    }
+    poll_until(
+        Duration::from_secs(30),
+        "the four streams running",
+        || async { (workers_sum(&c, "running").await == 4).then_some(()) },
+    )
+    .await;
+    restart_gateway(&c).await;
+    drop(open);
+    // The workers learn that the owner is gone (a newer incarnation of node-0, or its sink
+    // missing for the liveness timeout) and abort: back to idle. 3 s liveness + heartbeat
+    // delay; the bound is generous for a busy machine.
+    let t0 = std::time::Instant::now();
+    poll_until(
+        Duration::from_secs(20),
+        "workers idle after the gateway died",
+        || async {
+            // Both workers reported to the new gateway (not merely unknown yet), and idle.
+            let known = workers_sum(&c, "kv_blocks_total").await == 2 * 512;
+            let busy = workers_sum(&c, "running").await
+                + workers_sum(&c, "waiting").await
+                + workers_sum(&c, "kv_blocks_used").await;
+            (known && busy == 0).then_some(())
+        },
+    )
+    .await;
+    eprintln!("workers idle {:?} after the gateway was back", t0.elapsed());
+    // And they stay idle: no orphan comes back.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(workers_sum(&c, "running").await, 0);
+    // The new gateway serves four short streams to the end.
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let (client, url) = (client.clone(), c.url("/v1/chat/completions"));
+        tasks.push(tokio::spawn(async move {
+            let body = json!({"model": MODEL, "stream": true, "max_tokens": 16, "temperature": 0,
+                "messages": [{"role": "user", "content": format!("Say hello {i}.")}]});
+            let r = client.post(url).json(&body).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            let text = r.text().await.unwrap();
+            assert!(
+                text.trim_end().ends_with("data: [DONE]"),
+                "a stream after the restart completes: {text}"
+            );
+            assert!(!text.contains("\"error\""), "{text}");
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
