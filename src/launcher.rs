@@ -4,8 +4,11 @@
 //! single node, it runs every role). Every child gets a fresh random cookie, a free loopback
 //! cluster port, and `PR_SET_PDEATHSIG` so it dies with this process even on SIGKILL. Once the
 //! gateway reports every node up, the summary is printed (and a machine-readable
-//! `FLOTILLA_UP {"gateway": URL}` line). A node that dies (crash, chaos `kill_node`) is
-//! started again under its name and joins the others; one that stops cleanly is left stopped.
+//! `FLOTILLA_UP {"gateway": URL}` line). A node that exits before that (HTTP port in use,
+//! model missing, …) fails `up` at once: its own error is already on stderr, the other
+//! nodes are stopped and `up` returns an error naming the node. After start-up, a node that
+//! dies (crash, chaos `kill_node`) is started again under its name and joins the others; one
+//! that stops cleanly is left stopped.
 //! On Ctrl-C / SIGTERM each child gets SIGTERM — each node drains (see `node::drain`) — and is
 //! given `STOP_GRACE` to stop in order, then SIGKILL; `up` exits 0 with no child left behind.
 
@@ -19,7 +22,7 @@ use tokio::process::{Child, Command};
 
 /// Time children get to stop after SIGTERM before they are killed.
 pub const STOP_GRACE: Duration = Duration::from_secs(60);
-/// Time allowed for the cluster to form.
+/// Time allowed for the cluster to form while every node is alive.
 pub const FORM_TIMEOUT: Duration = Duration::from_secs(90);
 /// Prefix of the machine-readable line printed once the cluster is up.
 pub const UP_PREFIX: &str = "FLOTILLA_UP ";
@@ -157,6 +160,16 @@ impl Launch {
     }
 }
 
+/// How the start-up phase of `up` ended.
+enum Startup {
+    /// Every node is up: the gateway URL and the fleet.
+    Formed((String, crate::status::Fleet)),
+    /// A node exited, or the cluster did not form in time.
+    Failed(anyhow::Error),
+    /// Ctrl-C or SIGTERM.
+    Stopped,
+}
+
 fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -171,11 +184,59 @@ fn cookie() -> String {
         .collect()
 }
 
+/// Apply one `--set section.field=value` to `overrides` (the value is JSON when it parses as
+/// JSON, else a string).
+///
+/// # Errors
+/// `kv` has no `=`.
+pub fn apply_set(overrides: &mut serde_json::Value, kv: &str) -> anyhow::Result<()> {
+    let (path, v) = kv
+        .split_once('=')
+        .ok_or_else(|| anyhow::anyhow!("--set {kv}: expected section.field=value"))?;
+    let v = serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.into()));
+    let mut cur = overrides;
+    let parts: Vec<&str> = path.split('.').collect();
+    for (i, p) in parts.iter().enumerate() {
+        if i + 1 == parts.len() {
+            cur[*p] = v;
+            break;
+        }
+        if !cur[*p].is_object() {
+            cur[*p] = serde_json::json!({});
+        }
+        cur = &mut cur[*p];
+    }
+    Ok(())
+}
+
+/// What every node checks first — the configuration and the model path — checked once before
+/// any node starts, so such a mistake is one plain error in milliseconds, not one per node.
+/// Returns the model path the nodes will use.
+fn preflight(opts: &UpOptions, cookie: &str) -> anyhow::Result<PathBuf> {
+    let mut o = serde_json::json!({ "node": { "cookie": cookie } });
+    for kv in &opts.node_args {
+        apply_set(&mut o, kv)?;
+    }
+    if let Some(m) = &opts.model {
+        o["worker"]["model_path"] = serde_json::Value::String(m.display().to_string());
+    }
+    let config = crate::config::Config::load(opts.config.as_deref(), o)?;
+    Ok(crate::model::resolve_model_path(
+        config.worker.model_path.as_deref(),
+    )?)
+}
+
 /// Run a local cluster until Ctrl-C / SIGTERM.
+///
+/// # Errors
+/// A bad configuration or a missing model (before any node starts); a node that exits before
+/// the cluster has formed (its own error is on stderr; the others are stopped); the cluster not
+/// forming within [`FORM_TIMEOUT`].
 pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     anyhow::ensure!(opts.nodes >= 1, "--nodes must be at least 1");
     let exe = std::env::current_exe()?;
     let cookie = cookie();
+    let model = preflight(&opts, &cookie)?;
     let mut ports = Vec::new();
     for _ in 0..opts.nodes {
         ports.push(free_port()?);
@@ -228,47 +289,59 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };
-    let gateway_addr: Option<String>;
-    let result = tokio::select! {
-        r = tokio::time::timeout(FORM_TIMEOUT, formed) => Some(r),
-        _ = tokio::signal::ctrl_c() => None,
-        _ = sigterm.recv() => None,
+    // Start-up ends when the cluster forms, when a node exits (its own error is on stderr
+    // already: `up` stops the others and fails at once), at FORM_TIMEOUT, or on a signal.
+    let died = async {
+        loop {
+            for p in procs.iter_mut() {
+                if let Ok(Some(status)) = p.child.try_wait() {
+                    return (p.name.clone(), status);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     };
-    match result {
-        Some(Ok(Ok((gateway, fleet)))) => {
-            gateway_addr = Some(gateway.trim_start_matches("http://").to_owned());
+    let result = tokio::select! {
+        r = tokio::time::timeout(FORM_TIMEOUT, formed) => match r {
+            Ok(Ok(formed)) => Startup::Formed(formed),
+            Ok(Err(e)) => Startup::Failed(e),
+            Err(_) => Startup::Failed(anyhow::anyhow!(
+                "the cluster did not form within {} s",
+                FORM_TIMEOUT.as_secs()
+            )),
+        },
+        (name, status) = died => Startup::Failed(anyhow::anyhow!(
+            "{name} exited during start-up ({status}); its error is printed above"
+        )),
+        _ = tokio::signal::ctrl_c() => Startup::Stopped,
+        _ = sigterm.recv() => Startup::Stopped,
+    };
+    let gateway_addr = match result {
+        Startup::Formed((gateway, fleet)) => {
             println!("Flotilla is up: {} node(s)", opts.nodes);
             println!("gateway: {gateway}");
-            if let Some(m) = &opts.model {
-                println!("model:   {}", m.display());
-            }
+            println!("model:   {}", model.display());
             println!();
             print!("{}", crate::status::render(&fleet));
             println!("{UP_PREFIX}{}", serde_json::json!({ "gateway": gateway }));
             println!("Ctrl-C stops the cluster.");
+            gateway.trim_start_matches("http://").to_owned()
         }
-        Some(Ok(Err(e))) => {
+        Startup::Failed(e) => {
             stop_all(&mut procs).await;
             return Err(e);
         }
-        Some(Err(_)) => {
-            stop_all(&mut procs).await;
-            anyhow::bail!(
-                "the cluster did not form within {} s",
-                FORM_TIMEOUT.as_secs()
-            );
-        }
-        None => {
+        Startup::Stopped => {
             stop_all(&mut procs).await;
             return Ok(());
         }
-    }
+    };
 
     // Supervise until asked to stop: a node that dies (crash, `kill_node`: a non-zero exit or
     // a signal) is started again under the same name, joining the others; more than
     // `max_restarts` within RESPAWN_WINDOW and it stays down. A node that stops cleanly (it
     // drained after its own SIGTERM) stays stopped.
-    let gateway_http = gateway_addr.unwrap_or_else(|| opts.http.to_string());
+    let gateway_http = gateway_addr;
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,

@@ -1,6 +1,5 @@
 //! The `flotilla` binary: parses flags and calls the library.
 
-use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use flotilla::config::{Config, Role};
 use std::net::SocketAddr;
@@ -173,11 +172,7 @@ fn node_overrides(a: &NodeArgs) -> anyhow::Result<serde_json::Value> {
         set_path(&mut o, "worker.model_path", m.display().to_string().into());
     }
     for kv in &a.set {
-        let (k, v) = kv
-            .split_once('=')
-            .with_context(|| format!("--set {kv}: expected section.field=value"))?;
-        let v = serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.into()));
-        set_path(&mut o, k, v);
+        flotilla::launcher::apply_set(&mut o, kv)?;
     }
     Ok(o)
 }
@@ -198,11 +193,8 @@ async fn shutdown_signal() {
 
 async fn run_node(a: NodeArgs) -> anyhow::Result<std::process::ExitCode> {
     if let Some(m) = &a.model {
-        anyhow::ensure!(
-            m.exists(),
-            "model file {} does not exist (run `make model`)",
-            m.display()
-        );
+        // Names the path; suggests `make model` only for the default model's path.
+        flotilla::model::resolve_model_path(Some(m))?;
     }
     let cfg = Config::load(a.config.as_deref(), node_overrides(&a)?)?;
     let node = flotilla::node::start(cfg).await?;

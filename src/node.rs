@@ -98,6 +98,20 @@ pub enum NodeExit {
     Escalated,
 }
 
+/// A start failure of the tree as a plain chain of causes: ractor words every start failure
+/// "Actor panicked during startup '…'" (nested once per supervisor level, and no panic is
+/// involved); this keeps "child X failed to start: …" down to the innermost cause.
+fn plain_start_error(e: &ractor::SpawnErr) -> String {
+    let s = e.to_string();
+    let plain = s.replace("Actor panicked during startup '", "");
+    let quotes = s.matches("Actor panicked during startup '").count();
+    let mut out = plain.as_str();
+    for _ in 0..quotes {
+        out = out.strip_suffix('\'').unwrap_or(out);
+    }
+    out.to_owned()
+}
+
 /// Start a node: NodeServer, tree, then join the seeds (an authentication failure is fatal).
 pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     crate::metrics::handle();
@@ -163,7 +177,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         Ok(x) => x,
         Err(e) => {
             cluster.server.stop(None);
-            return Err(NodeError::Tree(e.to_string()));
+            return Err(NodeError::Tree(plain_start_error(&e)));
         }
     };
     let node = RunningNode {
@@ -278,5 +292,24 @@ pub async fn drain(grace: Duration) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn start_errors_read_plainly() {
+        let inner: ractor::ActorProcessingErr =
+            "gateway cannot listen on 127.0.0.1:1: in use".into();
+        let mid: ractor::ActorProcessingErr = format!(
+            "child http_gateway failed to start: {}",
+            ractor::SpawnErr::StartupFailed(inner)
+        )
+        .into();
+        let e = ractor::SpawnErr::StartupFailed(mid);
+        assert_eq!(
+            super::plain_start_error(&e),
+            "child http_gateway failed to start: gateway cannot listen on 127.0.0.1:1: in use"
+        );
     }
 }

@@ -178,10 +178,18 @@ fn wrong_magic_and_unknown_dtype_are_typed_errors() {
         load_model(f.path()),
         Err(ModelError::Gguf(GgufError::UnknownDtype { ty: 77, .. }))
     ));
-    assert!(matches!(
-        load_model(std::path::Path::new("/nonexistent/model.gguf")),
-        Err(ModelError::NotFound(_))
-    ));
+    // A missing model names its path; only the default path suggests `make model`.
+    let own = load_model(std::path::Path::new("/nonexistent/model.gguf")).unwrap_err();
+    assert!(matches!(own, ModelError::NotFound(_)));
+    let msg = own.to_string();
+    assert!(msg.contains("/nonexistent/model.gguf"), "{msg}");
+    assert!(!msg.contains("make model"), "{msg}");
+    let default = std::path::Path::new("/nonexistent").join(flotilla::model::DEFAULT_MODEL_PATH);
+    let msg = flotilla::model::resolve_model_path(Some(&default))
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains(&default.display().to_string()), "{msg}");
+    assert!(msg.contains("make model"), "{msg}");
 }
 
 #[test]

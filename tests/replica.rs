@@ -20,11 +20,6 @@ use ractor::{Actor, ActorRef};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-const GOLDEN: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../shared/models/smollm2-golden.json"
-);
-
 fn model() -> Arc<LoadedModel> {
     static M: OnceLock<Arc<LoadedModel>> = OnceLock::new();
     M.get_or_init(|| {
@@ -35,8 +30,7 @@ fn model() -> Arc<LoadedModel> {
 }
 
 fn golden(name: &str) -> (Vec<u32>, Vec<u32>) {
-    let j: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(GOLDEN).unwrap()).unwrap();
+    let j: serde_json::Value = common::golden_json();
     let case = j["cases"]
         .as_array()
         .unwrap()

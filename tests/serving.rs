@@ -8,13 +8,8 @@ use common::{Cluster, MODEL, joined_text, kv_used, poll_until, post, post_raw, s
 use serde_json::{Value, json};
 use std::time::Duration;
 
-const GOLDEN: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../shared/models/smollm2-golden.json"
-);
-
 fn golden(name: &str) -> Value {
-    let j: Value = serde_json::from_str(&std::fs::read_to_string(GOLDEN).unwrap()).unwrap();
+    let j: Value = common::golden_json();
     j["cases"]
         .as_array()
         .unwrap()

@@ -2,11 +2,14 @@
 //! (TTFT, ITL, TPOT, end-to-end), throughput, goodput under SLOs and prefix-cache hit rates.
 //!
 //! ```text
-//! flotilla bench --gateway http://127.0.0.1:8080 --trace ../shared/traces/mooncake_conversation_trace.jsonl \
+//! flotilla bench --gateway http://127.0.0.1:8080 --dataset mooncake-conversation \
 //!     --max-requests 200 --speedup 20 --compare policy=round_robin,kv --out bench-out
 //! ```
 //!
-//! **Workloads** ([`workload`]): Mooncake traces (prompts of token ids built per 512-token
+//! **Workloads** ([`workload`]): `--trace FILE` or one of the bundled public traces
+//! (`--dataset mooncake-conversation`, `mooncake-synthetic`, `azure-conv`, `azure-code`,
+//! embedded in the binary, see [`trace::BUNDLED`]; `--traces-dir` reads them from a folder
+//! instead). Mooncake traces (prompts of token ids built per 512-token
 //! `hash_id`, posted to `/v1/completions` as `prompt: [ids]`, so prefix sharing is exact),
 //! Azure traces (lengths and arrivals only, random ids), `--dataset sharegpt` (multi-turn chat
 //! sessions through `/v1/chat/completions`) and `--dataset synthetic-sessions` (a shared
@@ -70,13 +73,13 @@ pub enum Dataset {
     Sharegpt,
     /// `--sessions` sessions sharing a `--system-prompt-tokens` prefix, `--turns` turns each.
     SyntheticSessions,
-    /// `<traces-dir>/mooncake_conversation_trace.jsonl`.
+    /// Mooncake FAST'25 conversation trace (bundled; `mooncake_conversation_trace.jsonl`).
     MooncakeConversation,
-    /// `<traces-dir>/mooncake_synthetic_trace.jsonl`.
+    /// Mooncake FAST'25 synthetic trace (bundled; `mooncake_synthetic_trace.jsonl`).
     MooncakeSynthetic,
-    /// `<traces-dir>/azure_llm_2023_conv.csv`.
+    /// Azure LLM inference trace 2023, conversation (bundled; `azure_llm_2023_conv.csv`).
     AzureConv,
-    /// `<traces-dir>/azure_llm_2023_code.csv`.
+    /// Azure LLM inference trace 2023, code (bundled; `azure_llm_2023_code.csv`).
     AzureCode,
 }
 
@@ -103,15 +106,18 @@ pub struct BenchArgs {
         default_value = "http://127.0.0.1:8080"
     )]
     pub gateway: String,
-    /// Trace file: Mooncake `.jsonl` or Azure `.csv`.
+    /// Trace file: Mooncake `.jsonl` or Azure `.csv`, plain or `.gz`. Give either `--trace`
+    /// or `--dataset`.
     #[arg(long, conflicts_with = "dataset", required_unless_present = "dataset")]
     pub trace: Option<PathBuf>,
-    /// Named workload instead of `--trace`.
-    #[arg(long, value_enum)]
+    /// Named workload, the alternative to `--trace`; the four trace datasets are bundled
+    /// with flotilla.
+    #[arg(long, value_enum, conflicts_with = "trace")]
     pub dataset: Option<Dataset>,
-    /// Folder of the trace datasets.
-    #[arg(long, default_value = "../shared/traces")]
-    pub traces_dir: PathBuf,
+    /// Read the trace datasets from this folder (`<name>` or `<name>.gz`, names as listed
+    /// under `--dataset`) instead of the bundled copies.
+    #[arg(long)]
+    pub traces_dir: Option<PathBuf>,
     /// ShareGPT JSON file (default: `$FLOTILLA_SHAREGPT`, else
     /// `~/.cache/flotilla/ShareGPT_V3_unfiltered_cleaned_split.json`, see
     /// `scripts/fetch-sharegpt.sh`).
@@ -255,6 +261,28 @@ fn validate(a: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The trace dataset file `file`: from `dir` when given (`dir/file`, else `dir/file.gz`), else
+/// the bundled copy.
+fn load_dataset_trace(
+    file: &str,
+    dir: Option<&Path>,
+) -> anyhow::Result<(trace::TraceFormat, Vec<trace::TraceRecord>)> {
+    let Some(dir) = dir else {
+        return trace::load_bundled(file);
+    };
+    let plain = dir.join(file);
+    let gz = dir.join(format!("{file}.gz"));
+    match [&plain, &gz].into_iter().find(|p| p.exists()) {
+        Some(p) => trace::load(p),
+        None => bail!(
+            "--traces-dir: neither {} nor {} exists (leave out --traces-dir to use the bundled \
+             trace)",
+            plain.display(),
+            gz.display()
+        ),
+    }
+}
+
 /// Load the workload the options name.
 pub fn load_workload(a: &BenchArgs) -> anyhow::Result<Workload> {
     let caps = Caps {
@@ -262,18 +290,18 @@ pub fn load_workload(a: &BenchArgs) -> anyhow::Result<Workload> {
         max_output: a.max_output_tokens,
     };
     let limit = a.max_requests.unwrap_or(usize::MAX);
-    let trace_path = match (&a.trace, a.dataset) {
-        (Some(p), _) => Some(p.clone()),
-        (None, Some(d)) => d.trace_file().map(|f| a.traces_dir.join(f)),
+    let loaded = match (&a.trace, a.dataset) {
+        (Some(p), _) => Some((trace::trace_name(p), trace::load(p)?)),
+        (None, Some(d)) => match d.trace_file() {
+            Some(f) => Some((
+                trace::trace_name(Path::new(f)),
+                load_dataset_trace(f, a.traces_dir.as_deref())?,
+            )),
+            None => None,
+        },
         (None, None) => bail!("give --trace FILE or --dataset NAME"),
     };
-    if let Some(path) = trace_path {
-        let (format, records) = trace::load(&path)?;
-        let name = path
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .unwrap_or("trace")
-            .to_owned();
+    if let Some((name, (format, records))) = loaded {
         return Ok(workload::from_trace(&name, format, &records, caps, limit));
     }
     match a.dataset {
@@ -578,6 +606,35 @@ mod tests {
         let mut bad = a.clone();
         bad.speedup = 0.0;
         assert!(validate(&bad).is_err());
+    }
+
+    /// `--dataset azure-code` works with nothing on disk (the bundled trace), and from a
+    /// `--traces-dir` holding the `.gz` file; a folder without it gives an error naming both
+    /// paths tried.
+    #[test]
+    fn dataset_traces_bundled_or_from_a_folder() {
+        let a = parse(&["--dataset", "azure-code", "--max-requests", "5"]).unwrap();
+        let w = load_workload(&a).unwrap();
+        assert_eq!(w.name, "azure_llm_2023_code");
+        assert_eq!(w.requests(), 5);
+
+        let dir = tempfile::tempdir().unwrap();
+        let gz = trace::BUNDLED
+            .iter()
+            .find(|(n, _)| *n == "azure_llm_2023_code.csv")
+            .unwrap()
+            .1;
+        std::fs::write(dir.path().join("azure_llm_2023_code.csv.gz"), gz).unwrap();
+        let d = dir.path().to_str().unwrap();
+        let from_dir = parse(&["--dataset", "azure-code", "--traces-dir", d]).unwrap();
+        let w2 = load_workload(&from_dir).unwrap();
+        assert_eq!(w2.name, "azure_llm_2023_code");
+        assert_eq!(w2.requests(), 8_819);
+
+        let none = parse(&["--dataset", "azure-conv", "--traces-dir", d]).unwrap();
+        let e = format!("{:#}", load_workload(&none).unwrap_err());
+        assert!(e.contains("azure_llm_2023_conv.csv.gz"), "{e}");
+        assert!(e.contains(d), "{e}");
     }
 
     #[test]

@@ -1,4 +1,6 @@
-//! Request traces: Mooncake JSONL and Azure LLM inference CSV (see `../shared/traces/README.md`).
+//! Request traces: Mooncake JSONL and Azure LLM inference CSV, plain or gzip-compressed.
+//! The four public traces ship with the binary ([`BUNDLED`]; sources and licences in
+//! `data/traces/README.md`).
 //!
 //! - **Mooncake** (`*.jsonl`), one object per line: `timestamp` (ms from the trace start),
 //!   `input_length`, `output_length` (tokens), `hash_ids` (one id per 512-token block of the
@@ -10,7 +12,8 @@
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
-use std::path::Path;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
 /// Tokens per Mooncake `hash_id` block.
 pub const MOONCAKE_BLOCK: u32 = 512;
@@ -48,17 +51,77 @@ pub fn detect_format(path: &Path, text: &str) -> TraceFormat {
     }
 }
 
-/// Read and parse the trace at `path`.
+/// The public traces, gzip-compressed and embedded in the binary (so `bench --dataset` works
+/// from any working directory and after `cargo install`): file name (without `.gz`) and bytes.
+pub const BUNDLED: [(&str, &[u8]); 4] = [
+    (
+        "mooncake_conversation_trace.jsonl",
+        include_bytes!("../../data/traces/mooncake_conversation_trace.jsonl.gz"),
+    ),
+    (
+        "mooncake_synthetic_trace.jsonl",
+        include_bytes!("../../data/traces/mooncake_synthetic_trace.jsonl.gz"),
+    ),
+    (
+        "azure_llm_2023_conv.csv",
+        include_bytes!("../../data/traces/azure_llm_2023_conv.csv.gz"),
+    ),
+    (
+        "azure_llm_2023_code.csv",
+        include_bytes!("../../data/traces/azure_llm_2023_code.csv.gz"),
+    ),
+];
+
+/// Read and parse the trace at `path`: plain, or gzip when the name ends in `.gz`. The format
+/// comes from the name without `.gz` (see [`detect_format`]).
 pub fn load(path: &Path) -> anyhow::Result<(TraceFormat, Vec<TraceRecord>)> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read trace {}", path.display()))?;
-    let format = detect_format(path, &text);
+    let bytes =
+        std::fs::read(path).with_context(|| format!("cannot read trace {}", path.display()))?;
+    parse_file(path, &bytes).with_context(|| format!("trace {}", path.display()))
+}
+
+/// The bundled trace `file` (a name of [`BUNDLED`], e.g. `azure_llm_2023_conv.csv`).
+pub fn load_bundled(file: &str) -> anyhow::Result<(TraceFormat, Vec<TraceRecord>)> {
+    let (name, gz) = BUNDLED
+        .iter()
+        .find(|(name, _)| *name == file)
+        .with_context(|| format!("no bundled trace named {file}"))?;
+    parse_file(Path::new(&format!("{name}.gz")), gz)
+        .with_context(|| format!("bundled trace {name}"))
+}
+
+/// Parse the bytes of a trace file named `name` (gzip when it ends in `.gz`).
+fn parse_file(name: &Path, bytes: &[u8]) -> anyhow::Result<(TraceFormat, Vec<TraceRecord>)> {
+    let (name, text) = if name.extension().is_some_and(|e| e == "gz") {
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(bytes)
+            .read_to_string(&mut text)
+            .context("cannot decompress (gzip, UTF-8)")?;
+        (name.with_extension(""), text)
+    } else {
+        let text = std::str::from_utf8(bytes).context("not UTF-8")?;
+        (name.to_owned(), text.to_owned())
+    };
+    let format = detect_format(&name, &text);
     let records = match format {
         TraceFormat::Mooncake => parse_mooncake(&text),
         TraceFormat::Azure => parse_azure(&text),
-    }
-    .with_context(|| format!("trace {}", path.display()))?;
+    }?;
     Ok((format, records))
+}
+
+/// A trace's short name: the file name without `.gz` and its format extension
+/// (`x/mooncake_conversation_trace.jsonl.gz` → `mooncake_conversation_trace`).
+pub fn trace_name(path: &Path) -> String {
+    let path: PathBuf = if path.extension().is_some_and(|e| e == "gz") {
+        path.with_extension("")
+    } else {
+        path.to_owned()
+    };
+    path.file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("trace")
+        .to_owned()
 }
 
 #[derive(Deserialize)]
@@ -234,24 +297,46 @@ mod tests {
         assert_eq!(detect_format(Path::new("a"), " {"), TraceFormat::Mooncake);
     }
 
-    /// The real traces in `../shared/traces/`, when present: every record parses, and the
-    /// README's ideal hit rate of the conversation trace (36.6 %) is reproduced.
+    /// The bundled traces: every record parses, and the ideal hit rate of the conversation
+    /// trace that `data/traces/README.md` states (36.6 %) is reproduced.
     #[test]
-    fn shared_traces_when_present() {
-        let dir = Path::new("/work/shared/traces");
-        let conv = dir.join("mooncake_conversation_trace.jsonl");
-        if !conv.exists() {
-            return;
-        }
-        let (fmt, r) = load(&conv).unwrap();
+    fn bundled_traces() {
+        let (fmt, r) = load_bundled("mooncake_conversation_trace.jsonl").unwrap();
         assert_eq!(fmt, TraceFormat::Mooncake);
         assert_eq!(r.len(), 12_031);
         let rate = crate::bench::workload::trace_block_hit_rate(&r);
         assert!((rate - 0.366).abs() < 0.001, "{rate}");
-        let (fmt, a) = load(&dir.join("azure_llm_2023_conv.csv")).unwrap();
+        let (_, s) = load_bundled("mooncake_synthetic_trace.jsonl").unwrap();
+        assert_eq!(s.len(), 3_993);
+        let (fmt, a) = load_bundled("azure_llm_2023_conv.csv").unwrap();
         assert_eq!(fmt, TraceFormat::Azure);
         assert_eq!(a.len(), 19_366);
-        let (_, c) = load(&dir.join("azure_llm_2023_code.csv")).unwrap();
+        let (_, c) = load_bundled("azure_llm_2023_code.csv").unwrap();
         assert_eq!(c.len(), 8_819);
+        assert!(load_bundled("nope.csv").is_err());
+    }
+
+    /// A trace file on disk, plain or gzip: the same records; a missing file's error names it.
+    #[test]
+    fn files_plain_and_gzip() {
+        use std::io::Write;
+        let text = "{\"timestamp\": 5, \"input_length\": 600, \"output_length\": 3, \"hash_ids\": [1, 2]}\n";
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("t.jsonl");
+        std::fs::write(&plain, text).unwrap();
+        let gz = dir.path().join("t.jsonl.gz");
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        enc.write_all(text.as_bytes()).unwrap();
+        std::fs::write(&gz, enc.finish().unwrap()).unwrap();
+        let a = load(&plain).unwrap();
+        let b = load(&gz).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.0, TraceFormat::Mooncake);
+        assert_eq!(a.1[0].hash_ids, vec![1, 2]);
+        assert_eq!(trace_name(&gz), "t");
+        assert_eq!(trace_name(&plain), "t");
+        let missing = dir.path().join("missing.csv");
+        let e = format!("{:#}", load(&missing).unwrap_err());
+        assert!(e.contains(&missing.display().to_string()), "{e}");
     }
 }

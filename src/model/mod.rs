@@ -40,10 +40,10 @@ pub const MODEL_ENV: &str = "FLOTILLA_MODEL";
 /// Errors while locating or loading a model.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error(
-        "model not found ({0}); run `make model` to fetch the default model, or pass --model / set FLOTILLA_MODEL"
-    )]
-    NotFound(String),
+    /// No model file or folder at this path. For the default path the message says to run
+    /// `make model`; for any other path it only names the path.
+    #[error("model not found: {} does not exist{}", .0.display(), fetch_hint(.0))]
+    NotFound(PathBuf),
     #[error(transparent)]
     Gguf(#[from] GgufError),
     #[error(transparent)]
@@ -56,17 +56,28 @@ pub enum ModelError {
     Template(#[from] TemplateError),
 }
 
+/// What to run when the missing model is the default one (`make model` fetches it).
+fn fetch_hint(path: &Path) -> &'static str {
+    if path.ends_with(DEFAULT_MODEL_PATH) {
+        " (run `make model` in the flotilla repository to fetch the default model, or pass \
+         --model PATH / set FLOTILLA_MODEL)"
+    } else {
+        ""
+    }
+}
+
 /// Finds the model: `explicit`, else `$FLOTILLA_MODEL`, else [`DEFAULT_MODEL_PATH`] relative
 /// to the current directory, then to this crate's manifest directory.
+///
+/// # Errors
+/// [`ModelError::NotFound`] naming the path that was tried (for the default, the one relative
+/// to the current directory, made absolute).
 pub fn resolve_model_path(explicit: Option<&Path>) -> Result<PathBuf, ModelError> {
     let check = |p: PathBuf| {
         if p.exists() {
             Ok(p)
         } else {
-            Err(ModelError::NotFound(format!(
-                "{} does not exist",
-                p.display()
-            )))
+            Err(ModelError::NotFound(p))
         }
     };
     if let Some(p) = explicit {
@@ -80,9 +91,8 @@ pub fn resolve_model_path(explicit: Option<&Path>) -> Result<PathBuf, ModelError
         Path::new(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_MODEL_PATH),
     ];
     cands.iter().find(|p| p.exists()).cloned().ok_or_else(|| {
-        ModelError::NotFound(format!(
-            "no --model, no {MODEL_ENV}, and {DEFAULT_MODEL_PATH} is missing"
-        ))
+        let cwd = std::env::current_dir().unwrap_or_default();
+        ModelError::NotFound(cwd.join(DEFAULT_MODEL_PATH))
     })
 }
 
@@ -116,10 +126,7 @@ pub fn load_model(path: &Path) -> Result<LoadedModel, ModelError> {
     } else if path.exists() {
         load_gguf(path)
     } else {
-        Err(ModelError::NotFound(format!(
-            "{} does not exist",
-            path.display()
-        )))
+        Err(ModelError::NotFound(path.to_owned()))
     }
 }
 

@@ -258,10 +258,18 @@ use flotilla::actors::engine_worker::{Engine, EngineConfig, SamplingParams, Step
 use flotilla::ids::{BlockId, SeqId};
 use flotilla::model::{LoadedModel, load_model, resolve_model_path};
 
+/// The golden cases of the default model (provenance in `tests/data/README.md`).
 pub const GOLDEN: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../shared/models/smollm2-golden.json"
+    "/tests/data/smollm2-golden.json"
 );
+
+/// The golden file as JSON; panics naming the path when it cannot be read.
+pub fn golden_json() -> serde_json::Value {
+    let text =
+        std::fs::read_to_string(GOLDEN).unwrap_or_else(|e| panic!("cannot read {GOLDEN}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{GOLDEN} is not JSON: {e}"))
+}
 
 #[derive(Debug, Clone)]
 pub struct Case {
@@ -273,8 +281,7 @@ pub struct Case {
 }
 
 pub fn golden() -> Vec<Case> {
-    let text = std::fs::read_to_string(GOLDEN).expect("golden file");
-    let j: serde_json::Value = serde_json::from_str(&text).expect("golden json");
+    let j = golden_json();
     let ids = |v: &serde_json::Value| -> Vec<u32> {
         v.as_array()
             .expect("array")
