@@ -423,7 +423,7 @@ async fn stop_strings_and_validation_errors() {
     assert_eq!(joined_text(&recs, 0), "DEFGHI", "held-back text released");
 
     // Logprobs never carry the text of a stop match either.
-    let body = json!({"model": MODEL, "prompt": "The capital of France is", "stop": ["Paris"], "max_tokens": 5, "temperature": 0, "logprobs": 1});
+    let body = json!({"model": MODEL, "prompt": "The capital of France is", "stop": ["Paris"], "max_tokens": 5, "temperature": 0, "logprobs": 0});
     let (s, _, t) = post(&comp, &body).await;
     assert_eq!(s, 200, "{t}");
     assert!(!t.contains("Paris"), "{t}");
