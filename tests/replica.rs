@@ -120,6 +120,7 @@ impl Harness {
             sampling: SamplingParams::default(),
             stop_token_ids: vec![],
             ignore_eos: false,
+            trace_id: None,
         };
         self.scheduler()
             .cast(SchedulerMsg::Submit(Wire::encode(&req)))

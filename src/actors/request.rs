@@ -279,7 +279,7 @@ impl RequestState {
                 }
                 if self.migrating_since.is_some() {
                     metrics::counter!("flotilla_migration_failures_total").increment(1);
-                    tracing::warn!(request = %self.args.job.request, %message, "migration failed");
+                    tracing::warn!(request = %self.args.job.request, trace_id = ?self.args.job.trace_id, %message, "migration failed");
                 }
                 self.fail(&message, status);
                 false
@@ -306,7 +306,7 @@ impl RequestState {
         self.migrating_since = Some(Instant::now());
         MIGRATIONS.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("flotilla_migrations_total").increment(1);
-        tracing::warn!(request = %self.args.job.request, ?from, generated = self.generated.len(), %why, "migrating");
+        tracing::warn!(request = %self.args.job.request, trace_id = ?self.args.job.trace_id, ?from, generated = self.generated.len(), %why, "migrating");
         self.place_or_retry(myself).await
     }
 

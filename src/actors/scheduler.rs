@@ -109,6 +109,9 @@ pub struct SubmitRequest {
     pub stop_token_ids: Vec<u32>,
     /// Keep generating past EOS.
     pub ignore_eos: bool,
+    /// The HTTP request's `x-request-id`, for this worker's log lines about the sequence.
+    #[serde(default)]
+    pub trace_id: Option<String>,
 }
 
 /// Load and memory of one replica.
@@ -203,6 +206,8 @@ struct Live {
     admitted: bool,
     /// Tokens emitted so far (the next token's index).
     emitted: u32,
+    /// `SubmitRequest::trace_id`.
+    trace_id: Option<String>,
 }
 
 /// How long events for a node without a token sink are kept and retried (a restarting sink
@@ -287,6 +292,7 @@ impl SchedulerState {
     fn drop_seq(&mut self, seq: SeqId) {
         self.core.cancel(seq);
         if let Some(l) = self.live.remove(&seq) {
+            tracing::debug!(worker = %self.args.worker, request = %l.request, trace_id = l.trace_id.as_deref().unwrap_or("-"), "sequence dropped");
             self.by_request.remove(&(l.reply_to, l.request));
         }
         let _ = self.engine.cast(EngineWorkerMsg::Release(seq));
@@ -320,6 +326,7 @@ impl SchedulerState {
                     && !live.admitted
                 {
                     live.admitted = true;
+                    tracing::debug!(worker = %self.args.worker, request = %live.request, trace_id = live.trace_id.as_deref().unwrap_or("-"), cached, "sequence admitted");
                     let (to, req) = (live.reply_to.clone(), live.request);
                     let worker = self.args.worker.clone();
                     self.emit(
@@ -437,6 +444,7 @@ impl SchedulerState {
             );
             if finish.is_some() {
                 if let Some(l) = self.live.remove(&u.seq) {
+                    tracing::debug!(worker = %self.args.worker, request = %l.request, trace_id = l.trace_id.as_deref().unwrap_or("-"), tokens = l.emitted, "sequence finished");
                     self.by_request.remove(&(l.reply_to, l.request));
                 }
                 let _ = self.engine.cast(EngineWorkerMsg::Release(u.seq));
@@ -643,6 +651,7 @@ impl Actor for Scheduler {
                 });
                 match added {
                     Ok(()) => {
+                        tracing::debug!(worker = %state.args.worker, request = %req.request, trace_id = req.trace_id.as_deref().unwrap_or("-"), "sequence queued");
                         state.by_request.insert(key, seq);
                         state.live.insert(
                             seq,
@@ -652,6 +661,7 @@ impl Actor for Scheduler {
                                 sampling: req.sampling,
                                 admitted: false,
                                 emitted: 0,
+                                trace_id: req.trace_id,
                             },
                         );
                     }
