@@ -26,7 +26,7 @@ use axum::response::Response;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnFailure, TraceLayer};
 
 #[cfg(test)]
 mod tests;
@@ -72,7 +72,9 @@ pub fn with_request_ids(app: axum::Router) -> axum::Router {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("-");
         tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path())
-    });
+    })
+    // A 5xx (load shedding's 503 included) is the route's to log, not one ERROR line each.
+    .on_failure(DefaultOnFailure::new().level(tracing::Level::DEBUG));
     app.layer(PropagateRequestIdLayer::x_request_id())
         .layer(trace)
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
