@@ -515,7 +515,10 @@ async fn stop_strings_and_validation_errors() {
     assert!(t.contains("messages"));
     // (Each route gets its own input field: the other route's is an unknown field, a 400.)
     for (url, input) in [
-        (&chat_url, json!({"messages": [{"role": "user", "content": "hi"}]})),
+        (
+            &chat_url,
+            json!({"messages": [{"role": "user", "content": "hi"}]}),
+        ),
         (&comp, json!({"prompt": "hi"})),
     ] {
         let mut body = input;
