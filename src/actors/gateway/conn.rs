@@ -28,6 +28,9 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+#[cfg(test)]
+mod tests;
+
 /// The connection limits (from `gateway.*`).
 #[derive(Clone, Copy, Debug)]
 pub struct ConnLimits {
