@@ -234,6 +234,20 @@ pub struct GatewayConfig {
     pub migration_backoff_base_ms: u64,
     /// Longest wait between placement tries (ms).
     pub migration_backoff_max_ms: u64,
+    /// A request's head (request line and headers) must be complete within this many ms of
+    /// the connection being ready for it: from its first byte on a new connection, from the
+    /// end of the previous response on a kept-alive one (so it also closes a kept-alive
+    /// connection idle this long). Else the connection is closed (hyper's
+    /// `header_read_timeout`).
+    pub request_header_timeout_ms: u64,
+    /// A request body must be complete within this many ms of the handler starting to read
+    /// it; else 408 in the OpenAI error shape and the connection is closed.
+    pub request_body_timeout_ms: u64,
+    /// A new connection that sends no byte for this many ms is closed.
+    pub idle_timeout_ms: u64,
+    /// Most open client connections; beyond, a new connection gets a 503 and is closed
+    /// (`flotilla_http_connections_open`, `flotilla_http_connections_refused_total`).
+    pub max_connections: usize,
 }
 
 impl Default for GatewayConfig {
@@ -249,6 +263,10 @@ impl Default for GatewayConfig {
             migration_deadline_ms: 30_000,
             migration_backoff_base_ms: 50,
             migration_backoff_max_ms: 1_000,
+            request_header_timeout_ms: 30_000,
+            request_body_timeout_ms: 30_000,
+            idle_timeout_ms: 30_000,
+            max_connections: 1024,
         }
     }
 }
@@ -464,6 +482,22 @@ impl Config {
         }
         if self.gateway.keep_alive_ms == 0 {
             return Err(invalid("gateway.keep_alive_ms", "must be at least 1"));
+        }
+        let g = &self.gateway;
+        for (field, ms) in [
+            (
+                "gateway.request_header_timeout_ms",
+                g.request_header_timeout_ms,
+            ),
+            ("gateway.request_body_timeout_ms", g.request_body_timeout_ms),
+            ("gateway.idle_timeout_ms", g.idle_timeout_ms),
+        ] {
+            if !(1..=600_000).contains(&ms) {
+                return Err(invalid(field, "must be within 1..=600000 (ms)"));
+            }
+        }
+        if g.max_connections == 0 {
+            return Err(invalid("gateway.max_connections", "must be at least 1"));
         }
         if self.gateway.max_body_bytes < 1024 {
             return Err(invalid("gateway.max_body_bytes", "must be at least 1024"));

@@ -77,6 +77,7 @@ async fn slow_streams_get_keep_alives_and_failures_become_error_records() {
     assert_eq!(r.status(), 400);
     let r = reqwest::Client::new()
         .post(c.url("/chaos/faults"))
+        .header("content-type", "application/json")
         .body("{")
         .send()
         .await

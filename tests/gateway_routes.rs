@@ -11,6 +11,8 @@ fn shared(discovery_name: &str) -> Arc<GatewayShared> {
         discovery_name: discovery_name.into(),
         metrics: flotilla::metrics::handle(),
         max_body_bytes: 4096,
+        request_body_timeout: std::time::Duration::from_secs(5),
+        http_addr: "127.0.0.1:0".parse().unwrap(),
         serving: None,
         chaos: None,
     })

@@ -120,6 +120,7 @@ impl Harness {
             ignore_eos: false,
             owner_incarnation: 1,
             arrival_ms: 0,
+            trace_id: None,
         };
         self.scheduler()
             .cast(SchedulerMsg::Submit(Wire::encode(&req)))

@@ -418,7 +418,7 @@ async fn stop_strings_and_validation_errors() {
     assert_eq!(joined_text(&recs, 0), "DEFGHI", "held-back text released");
 
     // Logprobs never carry the text of a stop match either.
-    let body = json!({"model": MODEL, "prompt": "The capital of France is", "stop": ["Paris"], "max_tokens": 5, "temperature": 0, "logprobs": 1});
+    let body = json!({"model": MODEL, "prompt": "The capital of France is", "stop": ["Paris"], "max_tokens": 5, "temperature": 0, "logprobs": 0});
     let (s, _, t) = post(&comp, &body).await;
     assert_eq!(s, 200, "{t}");
     assert!(!t.contains("Paris"), "{t}");
@@ -508,8 +508,17 @@ async fn stop_strings_and_validation_errors() {
     let (s, _, t) = post(&chat_url, &json!({"model": MODEL})).await;
     assert_eq!(s, 400);
     assert!(t.contains("messages"));
-    for url in [&chat_url, &comp] {
-        let (s, _, t) = post(url, &json!({"model": "no-such-model", "messages": [{"role":"user","content":"hi"}], "prompt": "hi"})).await;
+    // (Each route gets its own input field: the other route's is an unknown field, a 400.)
+    for (url, input) in [
+        (
+            &chat_url,
+            json!({"messages": [{"role": "user", "content": "hi"}]}),
+        ),
+        (&comp, json!({"prompt": "hi"})),
+    ] {
+        let mut body = input;
+        body["model"] = json!("no-such-model");
+        let (s, _, t) = post(url, &body).await;
         assert_eq!(s, 404, "{t}");
         let e: Value = serde_json::from_str(&t).unwrap();
         assert_eq!(e["error"]["code"], "model_not_found");

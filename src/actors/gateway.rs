@@ -1,13 +1,16 @@
 //! The HTTP gateway actor: the only door for clients.
 //!
 //! It binds its listener in `pre_start` (so a bind failure is a start failure its supervisor
-//! sees), serves the axum app from [`routes::app`] on a task, and stops the server in
+//! sees), serves the axum app from [`routes::app`] on a task through its own accept loop
+//! ([`conn::serve`]: connection cap, idle and header deadlines), and stops the server in
 //! `post_stop`: graceful shutdown first, aborted after [`SERVER_STOP_GRACE`]; a killed actor
 //! (no `post_stop`) still releases its listener, through a drop guard in its state. If the server
 //! task ends on its own, the actor fails so its supervisor restarts it; a restart re-binds the
 //! same port (the first bind's port when configured as 0).
 
 pub mod chaos_routes;
+pub mod conn;
+pub mod edge;
 pub mod error;
 pub mod frontend;
 pub mod openai;
@@ -43,6 +46,8 @@ pub struct GatewayArgs {
     pub bound: Arc<Mutex<Option<String>>>,
     /// Route state.
     pub shared: Arc<GatewayShared>,
+    /// Connection cap and deadlines.
+    pub limits: conn::ConnLimits,
 }
 
 /// The gateway actor.
@@ -89,11 +94,10 @@ impl Actor for HttpGateway {
         let cancel = CancellationToken::new();
         let app = routes::app(args.shared.clone());
         let token = cancel.clone();
+        let limits = args.limits;
         let me = myself.clone();
         let server = tokio::spawn(async move {
-            let result = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { token.cancelled().await })
-                .await;
+            let result = conn::serve(listener, app, limits, token).await;
             if !me.get_status().eq(&ractor::ActorStatus::Stopping) {
                 let why = match result {
                     Ok(()) => "server ended".to_owned(),

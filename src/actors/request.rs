@@ -291,7 +291,7 @@ impl RequestState {
             }
             Decision::Fail(why) => {
                 metrics::counter!("flotilla_migration_failures_total").increment(1);
-                tracing::warn!(request = %self.args.job.request, %message, %why, "migration failed");
+                tracing::warn!(request = %self.args.job.request, trace_id = ?self.args.job.trace_id, %message, %why, "migration failed");
                 self.fail(&format!("{message}; {why}"), 503);
                 false
             }
@@ -311,14 +311,14 @@ impl RequestState {
         {
             Decision::Fail(give_up) => {
                 metrics::counter!("flotilla_migration_failures_total").increment(1);
-                tracing::warn!(request = %self.args.job.request, ?from, %why, %give_up, "request given up");
+                tracing::warn!(request = %self.args.job.request, trace_id = ?self.args.job.trace_id, ?from, %why, %give_up, "request given up");
                 self.fail(&format!("{why}; {give_up}"), 503);
                 false
             }
             Decision::Place | Decision::Wait { .. } => {
                 MIGRATIONS.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!("flotilla_migrations_total").increment(1);
-                tracing::warn!(request = %self.args.job.request, ?from, generated = self.generated.len(),
+                tracing::warn!(request = %self.args.job.request, trace_id = ?self.args.job.trace_id, ?from, generated = self.generated.len(),
                     stalled = self.migration.stalled(), %why, "migrating");
                 self.place_or_retry(myself).await
             }

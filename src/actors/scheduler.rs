@@ -119,6 +119,9 @@ pub struct SubmitRequest {
     /// migrations: its place in the waiting queue.
     #[serde(default)]
     pub arrival_ms: u64,
+    /// The HTTP request's `x-request-id`, for this worker's log lines about the sequence.
+    #[serde(default)]
+    pub trace_id: Option<String>,
 }
 
 impl SubmitRequest {
@@ -223,6 +226,8 @@ struct Live {
     admitted: bool,
     /// Tokens emitted so far (the next token's index).
     emitted: u32,
+    /// `SubmitRequest::trace_id`.
+    trace_id: Option<String>,
 }
 
 /// Scheduler state.
@@ -347,6 +352,7 @@ impl SchedulerState {
     fn drop_seq(&mut self, seq: SeqId) {
         self.core.cancel(seq);
         if let Some(l) = self.live.remove(&seq) {
+            tracing::debug!(worker = %self.args.worker, request = %l.request, trace_id = l.trace_id.as_deref().unwrap_or("-"), "sequence dropped");
             self.by_request.remove(&(l.owner.node, l.request));
         }
         let _ = self.engine.cast(EngineWorkerMsg::Release(seq));
@@ -380,6 +386,7 @@ impl SchedulerState {
                     && !live.admitted
                 {
                     live.admitted = true;
+                    tracing::debug!(worker = %self.args.worker, request = %live.request, trace_id = live.trace_id.as_deref().unwrap_or("-"), cached, "sequence admitted");
                     let (to, req) = (live.owner.clone(), live.request);
                     let worker = self.args.worker.clone();
                     self.emit(
@@ -497,6 +504,7 @@ impl SchedulerState {
             );
             if finish.is_some() {
                 if let Some(l) = self.live.remove(&u.seq) {
+                    tracing::debug!(worker = %self.args.worker, request = %l.request, trace_id = l.trace_id.as_deref().unwrap_or("-"), tokens = l.emitted, "sequence finished");
                     self.by_request.remove(&(l.owner.node, l.request));
                 }
                 let _ = self.engine.cast(EngineWorkerMsg::Release(u.seq));
@@ -705,6 +713,7 @@ impl Actor for Scheduler {
                 });
                 match added {
                     Ok(()) => {
+                        tracing::debug!(worker = %state.args.worker, request = %req.request, trace_id = req.trace_id.as_deref().unwrap_or("-"), "sequence queued");
                         state.by_request.insert(key, seq);
                         state.live.insert(
                             seq,
@@ -714,6 +723,7 @@ impl Actor for Scheduler {
                                 sampling: req.sampling,
                                 admitted: false,
                                 emitted: 0,
+                                trace_id: req.trace_id,
                             },
                         );
                     }

@@ -151,6 +151,8 @@ fn gateway(ctx: &NodeContext) -> SupervisorSpec {
         discovery_name: ctx.name("discovery"),
         metrics: crate::metrics::handle(),
         max_body_bytes: ctx.config.gateway.max_body_bytes,
+        request_body_timeout: Duration::from_millis(ctx.config.gateway.request_body_timeout_ms),
+        http_addr: ctx.config.gateway.http_addr,
         serving,
         chaos,
     });
@@ -158,6 +160,7 @@ fn gateway(ctx: &NodeContext) -> SupervisorSpec {
         addr: ctx.config.gateway.http_addr,
         bound: ctx.http_addr.clone(),
         shared,
+        limits: crate::actors::gateway::conn::ConnLimits::of(&ctx.config.gateway),
     };
     let incarnation = ctx.incarnation;
     let owner = Owner::new(ctx.node_id.clone(), incarnation);

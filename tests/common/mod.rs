@@ -59,6 +59,29 @@ impl Cluster {
 
     /// As [`Cluster::start`], with extra `flotilla up` flags (`--no-restart`, `--chaos`).
     pub fn start_with(nodes: usize, flags: &[&str], sets: &[&str]) -> Self {
+        Self::spawn(nodes, flags, sets, &[], None)
+    }
+
+    /// As [`Cluster::start_with`], with environment variables for every node (e.g.
+    /// `FLOTILLA_LOG`), and every node's log (stderr) collected into the returned [`Logs`].
+    pub fn start_logged(
+        nodes: usize,
+        flags: &[&str],
+        sets: &[&str],
+        env: &[(&str, &str)],
+    ) -> (Self, Logs) {
+        let logs = Logs::default();
+        let c = Self::spawn(nodes, flags, sets, env, Some(logs.clone()));
+        (c, logs)
+    }
+
+    fn spawn(
+        nodes: usize,
+        flags: &[&str],
+        sets: &[&str],
+        env: &[(&str, &str)],
+        logs: Option<Logs>,
+    ) -> Self {
         use std::io::BufRead;
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"));
         cmd.args(["up", "--nodes", &nodes.to_string(), "--http", "127.0.0.1:0"]);
@@ -66,11 +89,25 @@ impl Cluster {
         for s in sets {
             cmd.args(["--set", s]);
         }
+        cmd.envs(env.iter().copied());
+        let stderr = if logs.is_some() {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::inherit()
+        };
         let mut child = cmd
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("flotilla up starts");
+        if let Some(logs) = logs {
+            let err = child.stderr.take().unwrap();
+            std::thread::spawn(move || {
+                for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                    logs.0.lock().unwrap().push(strip_ansi(&line));
+                }
+            });
+        }
         let out = child.stdout.take().unwrap();
         let mut lines = std::io::BufReader::new(out).lines();
         let gateway = loop {
@@ -106,6 +143,46 @@ impl Drop for Cluster {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// `line` without ANSI colour sequences (`ESC [ … letter`).
+pub fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Log lines of a cluster's nodes, collected as they come (see [`Cluster::start_logged`]).
+#[derive(Clone, Default)]
+pub struct Logs(pub std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Logs {
+    /// The lines collected so far that contain `needle`.
+    pub fn matching(&self, needle: &str) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .cloned()
+            .collect()
+    }
+
+    /// Every line collected so far.
+    pub fn all(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
     }
 }
 

@@ -1,7 +1,9 @@
 //! The chaos API on the gateway: `POST /chaos/faults`, `GET /chaos/faults`,
 //! `DELETE /chaos/faults/{id}` (see `actors/chaos.rs` for what faults do). Present only when
 //! `chaos.enabled`; when `chaos.token` is set every call needs `Authorization: Bearer <token>`
-//! (configuration refuses a gateway beyond loopback with chaos on and no token).
+//! (configuration refuses a gateway beyond loopback with chaos on and no token). The routes sit
+//! behind `edge::control_guard` (foreign `Origin`/`Host`: 403); a POST needs
+//! `Content-Type: application/json` (415).
 
 use super::error::{ApiError, ErrorKind};
 use super::routes::GatewayShared;
@@ -64,6 +66,11 @@ impl ChaosController {
             faults: Mutex::new(Vec::new()),
             token,
         }
+    }
+
+    /// Whether a bearer token guards the API.
+    pub fn has_token(&self) -> bool {
+        self.token.as_deref().is_some_and(|t| !t.is_empty())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<FaultRecord>> {
@@ -232,7 +239,10 @@ pub async fn create(
 ) -> Response {
     let result = async {
         let c = controller(&s, &headers)?;
-        let body = super::serve::read_body(&headers, body, MAX_FAULT_BYTES).await?;
+        super::edge::require_json(&headers)?;
+        let body =
+            super::serve::read_body(&headers, body, MAX_FAULT_BYTES, s.request_body_timeout)
+                .await?;
         let mut spec: FaultSpec = serde_json::from_slice(&body).map_err(|e| {
             ApiError::new(
                 ErrorKind::InvalidRequest,

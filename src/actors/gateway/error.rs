@@ -15,10 +15,17 @@ pub enum ErrorKind {
     InvalidRequest,
     /// 401: missing or wrong credentials.
     Unauthorized,
+    /// 403: the request comes from a place this route does not serve (a foreign `Host` or
+    /// `Origin` on the control API).
+    Forbidden,
     /// 404: unknown model or route.
     NotFound,
+    /// 408: the request body did not arrive within `gateway.request_body_timeout_ms`.
+    RequestTimeout,
     /// 413: body too large.
     PayloadTooLarge,
+    /// 415: a body that is not `application/json`.
+    UnsupportedMediaType,
     /// 429: a client exceeded its rate.
     RateLimited,
     /// 503: the fleet cannot take the request now.
@@ -71,8 +78,11 @@ impl ApiError {
         match self.kind {
             ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
             ErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorKind::Forbidden => StatusCode::FORBIDDEN,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ErrorKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -82,8 +92,12 @@ impl ApiError {
     /// OpenAI `type` string.
     pub fn type_str(&self) -> &'static str {
         match self.kind {
-            ErrorKind::InvalidRequest | ErrorKind::PayloadTooLarge => "invalid_request_error",
-            ErrorKind::NotFound => "invalid_request_error",
+            ErrorKind::InvalidRequest
+            | ErrorKind::PayloadTooLarge
+            | ErrorKind::UnsupportedMediaType
+            | ErrorKind::RequestTimeout
+            | ErrorKind::NotFound => "invalid_request_error",
+            ErrorKind::Forbidden => "permission_error",
             ErrorKind::Unauthorized => "authentication_error",
             ErrorKind::RateLimited => "rate_limit_error",
             ErrorKind::Unavailable => "service_unavailable",

@@ -1,5 +1,6 @@
-//! HTTP routes: the OpenAI routes (`serve.rs`), `/live`, `/health`, `/metrics`, `/v1/fleet`;
-//! everything else is a 404 in the OpenAI error shape.
+//! HTTP routes: the OpenAI routes (`serve.rs`), `/live`, `/health`, `/metrics`, `/v1/fleet`,
+//! the control API (`edge::control_routes`); everything else is a 404 in the OpenAI error
+//! shape. Every response carries `x-request-id` (`edge.rs`).
 
 use super::error::{ApiError, ErrorKind};
 use crate::actors::discovery;
@@ -23,6 +24,11 @@ pub struct GatewayShared {
     pub metrics: PrometheusHandle,
     /// Largest accepted body.
     pub max_body_bytes: usize,
+    /// A body must be read completely within this (`gateway.request_body_timeout_ms`).
+    pub request_body_timeout: std::time::Duration,
+    /// The configured listen address (`gateway.http_addr`), an allowed `Host` of the control
+    /// API.
+    pub http_addr: std::net::SocketAddr,
     /// The generation routes' state; `None` when this gateway serves no model (they answer 503).
     pub serving: Option<Arc<super::serve::Serving>>,
     /// The chaos API; `None` when disabled (its routes answer 404).
@@ -44,26 +50,20 @@ impl GatewayShared {
 /// The gateway's router (no socket: tests drive it with `tower::ServiceExt::oneshot`).
 pub fn app(shared: Arc<GatewayShared>) -> Router {
     use super::serve;
-    Router::new()
+    let app = Router::new()
         .route("/v1/chat/completions", axum::routing::post(serve::chat))
         .route("/v1/completions", axum::routing::post(serve::completions))
         .route("/v1/models", get(serve::models))
         .route("/v1/models/{id}", get(serve::model))
-        .route(
-            "/chaos/faults",
-            get(super::chaos_routes::list).post(super::chaos_routes::create),
-        )
-        .route(
-            "/chaos/faults/{id}",
-            axum::routing::delete(super::chaos_routes::delete),
-        )
+        .merge(super::edge::control_routes(shared.clone()))
         .route("/live", get(live))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/fleet", get(fleet))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(shared)
+        .with_state(shared);
+    super::edge::with_request_ids(app)
 }
 
 async fn live() -> Json<serde_json::Value> {

@@ -157,10 +157,14 @@ fn status_error(status: u16, message: String) -> ApiError {
     e
 }
 
+/// Read a whole body: 413 past `limit` bytes (without buffering more), 408 when it is not
+/// complete within `deadline` (a total deadline, not an inactivity timeout, so a client that
+/// trickles bytes cannot hold the request open either).
 pub(super) async fn read_body(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
+    deadline: Duration,
 ) -> Result<axum::body::Bytes, ApiError> {
     let too_large = || {
         ApiError::new(
@@ -175,9 +179,39 @@ pub(super) async fn read_body(
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large());
     }
-    axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| too_large())
+    match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) if is_length_limit(&e) => Err(too_large()),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "request body unreadable");
+            Err(ApiError::new(
+                ErrorKind::InvalidRequest,
+                "the request body could not be read",
+            ))
+        }
+        Err(_) => {
+            metrics::counter!("flotilla_http_body_timeouts_total").increment(1);
+            Err(ApiError::new(
+                ErrorKind::RequestTimeout,
+                format!(
+                    "the request body was not received within {} ms",
+                    deadline.as_millis()
+                ),
+            ))
+        }
+    }
+}
+
+/// Whether a body error is `to_bytes`'s length limit.
+fn is_length_limit(e: &axum::Error) -> bool {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = src {
+        if err.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        src = err.source();
+    }
+    false
 }
 
 /// Cancels every choice still running when dropped (client gone, error, or done).
@@ -357,7 +391,7 @@ async fn start(
         .as_ref()
         .ok_or_else(|| unavailable("this gateway serves no model"))?;
     admit(s, serving).await?;
-    let bytes = read_body(headers, body, s.max_body_bytes).await?;
+    let bytes = read_body(headers, body, s.max_body_bytes, s.request_body_timeout).await?;
     let req = parse_request(kind, &bytes)?;
     let fe = &serving.frontend;
     check_model(&req.model, &[fe.model_id.as_str()])?;
@@ -389,6 +423,7 @@ async fn start(
             },
             stop_token_ids: vec![],
             ignore_eos: req.ignore_eos,
+            trace_id: super::edge::request_id(headers),
         };
         guard
             .0
@@ -598,7 +633,13 @@ async fn generate(
         "completions"
     };
     let result = async {
+        super::edge::require_json(&headers)?;
         let st = start(&s, kind, &headers, body).await?;
+        tracing::debug!(
+            choices = st.choices.len(),
+            stream = st.stream,
+            "request admitted"
+        );
         if st.stream {
             let keep_alive = s
                 .serving
@@ -616,6 +657,7 @@ async fn generate(
         Err(e) => {
             metrics::counter!("flotilla_requests_total", "route" => route, "outcome" => "rejected")
                 .increment(1);
+            tracing::debug!(status = e.status().as_u16(), error = %e.message, "request refused");
             e.into_response()
         }
     }

@@ -27,24 +27,29 @@
 //! | `stream` | boolean | false |
 //! | `stream_options` | object `{include_usage: bool}`, only with `stream: true`, else 400 `param: "stream_options"` | include_usage false |
 //! | `n` | integer 1..=[`MAX_N`] | 1 |
-//! | `presence_penalty`, `frequency_penalty` | -2..=2 | 0 |
-//! | `logprobs` | chat: boolean; completions: integer 0..=5 | off |
-//! | `top_logprobs` (chat) | integer 0..=20, requires `logprobs: true` | 0 |
-//! | `user` | string | none |
+//! | `presence_penalty`, `frequency_penalty` | 0 only (penalties are not implemented); other values in -2..=2 → 400 "not supported", outside → 400 range | 0 |
+//! | `logprobs` | chat: boolean; completions: 0 only (integer 1..=5 asks for alternatives → 400 "not supported") | off |
+//! | `top_logprobs` (chat) | 0 only, requires `logprobs: true`; 1..=20 → 400 "not supported" (no alternatives are computed) | 0 |
+//! | `user` | string (an end-user id; not used) | none |
 //! | `ignore_eos` (extension) | boolean | false |
 //! | `response_format` | `{"type":"text"}`; `json_object` / `json_schema` → 400 "not supported" | text |
-//! | `tools`, `functions`, `logit_bias`, `echo`, `suffix`, `best_of` > 1 | only their unset value (null, false, "", [], {}, best_of 1); anything else → 400 "not supported" | — |
-//! | any other field | ignored | — |
+//! | `tool_choice`, `function_call` (chat) | `"none"` or `"auto"` (a plain answer: there are no tools); `"required"` or a named function → 400 `param` = the field | none |
+//! | `modalities` (chat) | `["text"]` | text |
+//! | `service_tier` (chat) | `"auto"` or `"default"` | auto |
+//! | `tools`, `functions`, `parallel_tool_calls`, `store`, `metadata`, `audio`, `prediction`, `reasoning_effort`, `web_search_options` (chat); `echo`, `suffix`, `best_of` (completions); `logit_bias` | only their unset value (null, false, "", [], {}, best_of 1); anything else → 400 "not supported" | — |
+//! | any other field (or a chat-only field on completions and back) | 400 `Unrecognized request argument supplied: X`, `param` = X, as OpenAI answers | — |
+//!
+//! The audit of unknown and unsupported fields is in [`fields`].
 
 use serde::Serialize;
 use serde_json::Value;
 
 use super::json::{
-    Obj, as_str, clip, describe, field, get_bool, get_int, get_number, get_str, invalid, is_unset,
-    type_name,
+    Obj, as_str, clip, describe, field, get_bool, get_int, get_number, get_str, invalid, type_name,
 };
 use crate::actors::gateway::error::{ApiError, ErrorKind};
 
+pub mod fields;
 mod input;
 mod limits;
 #[cfg(test)]
@@ -125,10 +130,6 @@ pub struct Sampling {
     pub top_k: Option<u32>,
     /// Fixed seed, if any.
     pub seed: Option<u64>,
-    /// -2..=2. Default 0.
-    pub presence_penalty: f32,
-    /// -2..=2. Default 0.
-    pub frequency_penalty: f32,
 }
 
 impl Default for Sampling {
@@ -138,8 +139,6 @@ impl Default for Sampling {
             top_p: 1.0,
             top_k: None,
             seed: None,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
         }
     }
 }
@@ -252,7 +251,7 @@ fn from_object(kind: RequestKind, obj: &Obj) -> Result<GenerationRequest, ApiErr
     let ignore_eos = get_bool(obj, "ignore_eos")?.unwrap_or(false);
     let user = get_str(obj, "user")?.map(str::to_owned);
     check_response_format(obj)?;
-    check_unsupported(obj)?;
+    fields::audit(kind, obj)?;
     Ok(GenerationRequest {
         kind,
         model,
@@ -291,17 +290,21 @@ fn parse_sampling(obj: &Obj) -> Result<Sampling, ApiError> {
         // Negative seeds keep their two's-complement bits; `as` does exactly that here.
         u64::try_from(s).unwrap_or(s as i64 as u64)
     });
-    let presence_penalty =
-        get_number(obj, "presence_penalty", -2.0, 2.0)?.map_or(0.0, |x| x as f32);
-    let frequency_penalty =
-        get_number(obj, "frequency_penalty", -2.0, 2.0)?.map_or(0.0, |x| x as f32);
+    for key in ["presence_penalty", "frequency_penalty"] {
+        if let Some(x) = get_number(obj, key, -2.0, 2.0)?
+            && x != 0.0
+        {
+            return Err(invalid(
+                key,
+                format!("{key} {x} is not supported by this server; only 0 is"),
+            ));
+        }
+    }
     Ok(Sampling {
         temperature,
         top_p,
         top_k,
         seed,
-        presence_penalty,
-        frequency_penalty,
     })
 }
 
@@ -380,6 +383,19 @@ fn parse_logprobs(kind: RequestKind, obj: &Obj) -> Result<Option<u32>, ApiError>
             get_int(obj, "logprobs", 0, i128::from(MAX_COMPLETION_LOGPROBS))?
         }
     };
+    if let Some(k) = k.filter(|&k| k > 0) {
+        let param = match kind {
+            RequestKind::Chat => "top_logprobs",
+            RequestKind::Completion => "logprobs",
+        };
+        return Err(invalid(
+            param,
+            format!(
+                "{param} {k} is not supported: this server returns the chosen token's logprob \
+                 without alternatives; use 0"
+            ),
+        ));
+    }
     Ok(k.and_then(|k| u32::try_from(k).ok()))
 }
 
@@ -410,26 +426,4 @@ fn check_response_format(obj: &Obj) -> Result<(), ApiError> {
             ),
         )),
     }
-}
-
-/// Known OpenAI features this server does not implement: accepted only when unset.
-fn check_unsupported(obj: &Obj) -> Result<(), ApiError> {
-    for key in [
-        "tools",
-        "functions",
-        "logit_bias",
-        "echo",
-        "suffix",
-        "best_of",
-    ] {
-        let Some(v) = obj.get(key) else { continue };
-        let default_best_of = key == "best_of" && v.as_f64() == Some(1.0);
-        if !is_unset(v) && !default_best_of {
-            return Err(invalid(
-                key,
-                format!("{key} is not supported by this server"),
-            ));
-        }
-    }
-    Ok(())
 }

@@ -70,10 +70,11 @@ fn full_chat_request() {
         ],
         "max_tokens": 10, "temperature": 0, "top_p": 0.5, "top_k": 40, "seed": -1,
         "stop": ["a", "bc"], "stream": true, "stream_options": {"include_usage": true},
-        "n": 2, "presence_penalty": -2, "frequency_penalty": 2.0, "logprobs": true,
-        "top_logprobs": 3, "user": "u", "ignore_eos": true,
-        "response_format": {"type": "text"}, "unknown_field": {"x": [1]}, "tools": [],
-        "best_of": 1, "echo": false,
+        "n": 2, "presence_penalty": 0, "frequency_penalty": 0.0, "logprobs": true,
+        "top_logprobs": 0, "user": "u", "ignore_eos": true,
+        "response_format": {"type": "text"}, "tools": [], "tool_choice": "auto",
+        "parallel_tool_calls": null, "store": false, "metadata": {}, "modalities": ["text"],
+        "service_tier": "auto",
     }))
     .unwrap();
     let Input::Chat(msgs) = &r.input else {
@@ -99,15 +100,11 @@ fn full_chat_request() {
     assert_eq!(r.sampling.top_p, 0.5);
     assert_eq!(r.sampling.top_k, Some(40));
     assert_eq!(r.sampling.seed, Some(u64::MAX));
-    assert_eq!(
-        (r.sampling.presence_penalty, r.sampling.frequency_penalty),
-        (-2.0, 2.0)
-    );
     assert_eq!(r.stop, vec!["a".to_owned(), "bc".to_owned()]);
     assert!(r.stream && r.include_usage && r.ignore_eos);
     assert_eq!(
         (r.n, r.logprobs, r.user.as_deref()),
-        (2, Some(3), Some("u"))
+        (2, Some(0), Some("u"))
     );
     let json = serde_json::to_value(&msgs[0]).unwrap();
     assert_eq!(json, json!({"role": "system", "content": "be brief"}));
@@ -131,10 +128,8 @@ fn completion_prompts() {
         completion(json!({"prompt": [[7]]})).unwrap().input,
         Input::Tokens(vec![7])
     );
-    assert_eq!(
-        completion(json!({"logprobs": 5})).unwrap().logprobs,
-        Some(5)
-    );
+    // Alternatives are not computed: logprobs > 0 is refused (B19).
+    bad(completion(json!({"logprobs": 5})), Some("logprobs"));
     assert_eq!(
         completion(json!({"logprobs": 0})).unwrap().logprobs,
         Some(0)
@@ -531,4 +526,103 @@ fn request_check_context_names_fields() {
         Some("max_completion_tokens")
     );
     assert_eq!(r.check_context(46, 4096).unwrap(), 4050);
+}
+
+#[test]
+fn tool_choice_that_forces_a_tool_is_refused() {
+    // B19: every trigger of the case, and the legacy `function_call`.
+    let forced = json!({"type": "function", "function": {"name": "f"}});
+    for extra in [
+        json!({"tool_choice": "required"}),
+        json!({"tool_choice": "required", "tools": []}),
+        json!({"tool_choice": forced}),
+        json!({"tool_choice": "required", "stream": true}),
+    ] {
+        let m = bad(chat(extra), Some("tool_choice"));
+        assert!(m.contains("no tool calling"), "{m}");
+    }
+    bad(
+        chat(json!({"function_call": {"name": "f"}})),
+        Some("function_call"),
+    );
+    bad(
+        chat(json!({"tool_choice": "sometimes"})),
+        Some("tool_choice"),
+    );
+    bad(chat(json!({"tool_choice": 1})), Some("tool_choice"));
+    // Values that need no tool are accepted, with or without an empty tool list.
+    for v in ["none", "auto"] {
+        assert!(chat(json!({"tool_choice": v})).is_ok());
+        assert!(chat(json!({"tool_choice": v, "tools": []})).is_ok());
+        assert!(chat(json!({"function_call": v})).is_ok());
+    }
+    assert!(chat(json!({"tool_choice": null})).is_ok());
+}
+
+#[test]
+fn fields_that_cannot_be_honoured_are_refused() {
+    for (k, v) in [
+        ("presence_penalty", json!(0.5)),
+        ("frequency_penalty", json!(-1)),
+        ("parallel_tool_calls", json!(true)),
+        ("store", json!(true)),
+        ("metadata", json!({"k": "v"})),
+        ("modalities", json!(["text", "audio"])),
+        ("modalities", json!("text")),
+        ("audio", json!({"voice": "alloy", "format": "wav"})),
+        ("prediction", json!({"type": "content", "content": "x"})),
+        ("reasoning_effort", json!("low")),
+        ("web_search_options", json!({})),
+        ("service_tier", json!("flex")),
+        ("service_tier", json!(1)),
+        ("functions", json!([{"name": "f"}])),
+    ] {
+        let r = chat(json!({k: v}));
+        if k == "web_search_options" {
+            // `{}` is its unset value.
+            assert!(r.is_ok(), "{k}");
+            continue;
+        }
+        bad(r, Some(k));
+    }
+    let m = bad(
+        chat(json!({"logprobs": true, "top_logprobs": 2})),
+        Some("top_logprobs"),
+    );
+    assert!(m.contains("without alternatives"), "{m}");
+    bad(completion(json!({"logprobs": 1})), Some("logprobs"));
+    assert_eq!(
+        completion(json!({"logprobs": 0})).unwrap().logprobs,
+        Some(0)
+    );
+    bad(completion(json!({"suffix": "x"})), Some("suffix"));
+    for k in ["presence_penalty", "frequency_penalty"] {
+        assert!(chat(json!({k: 0})).is_ok());
+        assert!(completion(json!({k: 0.0})).is_ok());
+    }
+    assert!(chat(json!({"service_tier": "default", "modalities": null})).is_ok());
+}
+
+#[test]
+fn unknown_fields_are_refused_on_both_routes() {
+    let m = bad(chat(json!({"unknown_field": 1})), Some("unknown_field"));
+    assert_eq!(m, "Unrecognized request argument supplied: unknown_field");
+    bad(completion(json!({"min_p": 0.1})), Some("min_p"));
+    // Each route's own fields are unknown to the other.
+    bad(
+        completion(json!({"tool_choice": "auto"})),
+        Some("tool_choice"),
+    );
+    bad(completion(json!({"top_logprobs": 0})), Some("top_logprobs"));
+    bad(chat(json!({"echo": false})), Some("echo"));
+    bad(chat(json!({"best_of": 1})), Some("best_of"));
+    // A null unknown field is still a field the server does not know.
+    bad(chat(json!({"foo": null})), Some("foo"));
+    // Every known field is known on its route.
+    for k in fields::ONLY_UNSET {
+        assert!(
+            fields::known(RequestKind::Chat, k) || fields::known(RequestKind::Completion, k),
+            "{k}"
+        );
+    }
 }
