@@ -3,8 +3,8 @@
 # Rust itself (cargo, rustc, with clippy and rustfmt) must already be installed.
 set -euo pipefail
 # Debian packages the build and tests need; grows as features land (UCX transport: libucx-dev,
-# libclang-dev). stress-ng: the CI soak runs under CPU contention made by it.
-pkgs=(stress-ng)
+# libclang-dev). (The contended soak makes its own CPU hog: no stress-ng needed.)
+pkgs=()
 need=()
 command -v python3 >/dev/null || need+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)

@@ -184,6 +184,23 @@ fn cookie() -> String {
         .collect()
 }
 
+/// Set `path` (dotted: `section.field`) in the JSON object `root` to `value`, creating the
+/// objects on the way.
+pub fn set_path(root: &mut serde_json::Value, path: &str, value: serde_json::Value) {
+    let mut cur = root;
+    let parts: Vec<&str> = path.split('.').collect();
+    for (i, p) in parts.iter().enumerate() {
+        if i + 1 == parts.len() {
+            cur[*p] = value;
+            return;
+        }
+        if !cur[*p].is_object() {
+            cur[*p] = serde_json::json!({});
+        }
+        cur = &mut cur[*p];
+    }
+}
+
 /// Apply one `--set section.field=value` to `overrides` (the value is JSON when it parses as
 /// JSON, else a string).
 ///
@@ -194,18 +211,7 @@ pub fn apply_set(overrides: &mut serde_json::Value, kv: &str) -> anyhow::Result<
         .split_once('=')
         .ok_or_else(|| anyhow::anyhow!("--set {kv}: expected section.field=value"))?;
     let v = serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.into()));
-    let mut cur = overrides;
-    let parts: Vec<&str> = path.split('.').collect();
-    for (i, p) in parts.iter().enumerate() {
-        if i + 1 == parts.len() {
-            cur[*p] = v;
-            break;
-        }
-        if !cur[*p].is_object() {
-            cur[*p] = serde_json::json!({});
-        }
-        cur = &mut cur[*p];
-    }
+    set_path(overrides, path, v);
     Ok(())
 }
 

@@ -130,20 +130,7 @@ fn init_tracing() {
         .try_init();
 }
 
-fn set_path(root: &mut serde_json::Value, path: &str, value: serde_json::Value) {
-    let mut cur = root;
-    let parts: Vec<&str> = path.split('.').collect();
-    for (i, p) in parts.iter().enumerate() {
-        if i + 1 == parts.len() {
-            cur[*p] = value;
-            return;
-        }
-        if !cur[*p].is_object() {
-            cur[*p] = serde_json::json!({});
-        }
-        cur = &mut cur[*p];
-    }
-}
+use flotilla::launcher::set_path;
 
 fn node_overrides(a: &NodeArgs) -> anyhow::Result<serde_json::Value> {
     let mut o = serde_json::json!({});

@@ -25,7 +25,13 @@ async fn soak_loses_nothing_while_workers_are_killed() {
         interval_ms: 1500,
         recover_timeout_ms: 60_000,
     };
-    let report = run(&c.gateway, None, &opts)
+    soak_and_check(&c, &opts).await;
+}
+
+/// Run the soak; nothing lost or changed, both kinds of kill, migrations, back to capacity
+/// after every fault.
+async fn soak_and_check(c: &Cluster, opts: &SoakOptions) {
+    let report = run(&c.gateway, None, opts)
         .await
         .unwrap_or_else(|e| panic!("the soak could not run: {e:#}"));
     eprintln!("{}", report.markdown());
@@ -88,10 +94,15 @@ impl Drop for CpuHog {
 async fn soak_loses_nothing_under_cpu_contention() {
     // A node kill every ~3 s on the busiest node outruns `up`'s default restart budget
     // (10 a minute): this soak kills on purpose, so it allows more.
+    // Under the hog a step can take seconds; a request stalled for the default 30 s would be
+    // given up although the fleet is only slow. 120 s still fails a real livelock.
     let c = Cluster::start_with(
         3,
         &["--chaos", "--max-restarts", "100"],
-        &["worker.kv_blocks=256"],
+        &[
+            "worker.kv_blocks=256",
+            "gateway.migration_deadline_ms=120000",
+        ],
     );
     let _hog = CpuHog::start(2);
     // Sized so that the fleet can make progress between faults: every kill makes the killed
@@ -106,14 +117,5 @@ async fn soak_loses_nothing_under_cpu_contention() {
         interval_ms: 1500,
         recover_timeout_ms: 90_000,
     };
-    let report = run(&c.gateway, None, &opts)
-        .await
-        .unwrap_or_else(|e| panic!("the soak could not run: {e:#}"));
-    eprintln!("{}", report.markdown());
-    assert!(report.problems.is_empty(), "{:#?}", report.problems);
-    assert_eq!(report.lost, 0);
-    assert_eq!(report.mismatched, 0);
-    assert!(report.faults.len() >= 2, "{:?}", report.faults);
-    assert!(report.migrations > 0, "migrations happened");
-    assert!(report.passed(), "back to full capacity after every fault");
+    soak_and_check(&c, &opts).await;
 }
