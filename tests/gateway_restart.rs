@@ -7,7 +7,9 @@
 
 mod common;
 
-use common::{Cluster, MODEL, fleet, node_pid, poll_until, signal, wait_routable, workers_sum};
+use common::{
+    Cluster, MODEL, fleet, node_pid, poll_until, post, signal, wait_routable, workers_sum,
+};
 use futures::StreamExt;
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
@@ -73,29 +75,20 @@ async fn one_request(c: &Cluster, i: usize) -> String {
                    "temperature": 0}),
         )
     };
-    let r = reqwest::Client::new()
-        .post(c.url(path))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let v: Value = r.json().await.unwrap();
+    let (status, _, text) = post(&c.url(path), &body).await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
     v["id"].as_str().unwrap().to_owned()
 }
 
 async fn harmless_fault(c: &Cluster) -> u64 {
-    let r = reqwest::Client::new()
-        .post(c.url("/chaos/faults"))
-        .json(&json!({"kind": "slow", "delay_ms": 1, "duration_ms": 1,
-                      "target": {"node": "node-1"}}))
-        .send()
-        .await
-        .unwrap();
-    let status = r.status();
-    let v: Value = r.json().await.unwrap();
-    assert!(status.is_success(), "{status} {v}");
-    v["id"].as_u64().unwrap()
+    let fault =
+        json!({"kind": "slow", "delay_ms": 1, "duration_ms": 1, "target": {"node": "node-1"}});
+    let (status, _, text) = post(&c.url("/chaos/faults"), &fault).await;
+    assert!((200..300).contains(&status), "{status} {text}");
+    serde_json::from_str::<Value>(&text).unwrap()["id"]
+        .as_u64()
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

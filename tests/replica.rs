@@ -57,6 +57,11 @@ struct Harness {
 
 impl Harness {
     async fn start(name: &str, num_blocks: usize) -> Self {
+        Self::start_with_grace(name, num_blocks, Duration::from_secs(3)).await
+    }
+
+    /// As [`Harness::start`], with the owner grace (`cluster.liveness_timeout_ms`) given.
+    async fn start_with_grace(name: &str, num_blocks: usize, owner_grace: Duration) -> Self {
         let node = NodeId::new(name);
         let worker = WorkerId::new(format!("{name}/replica-0"));
         let registry = SinkRegistry::default();
@@ -82,7 +87,7 @@ impl Harness {
             faults: Default::default(),
             step_timeout: Duration::from_secs(30),
             canary_interval: Duration::from_secs(5),
-            owner_grace: Duration::from_secs(3),
+            owner_grace,
             sim: None,
         });
         let (sup, _) = Actor::spawn(spec.actor_name.clone(), Supervisor, spec)
@@ -338,7 +343,8 @@ async fn refused_requests_fail_cleanly_and_stopping_fails_the_rest() {
 /// sink is just missing — and the old incarnation's events never reach the new one's sink.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sequences_of_a_gone_owner_are_aborted_and_freed() {
-    let h = Harness::start("rep-d", 128).await;
+    // A grace far longer than the test: an abort here can only come from the replaced owner.
+    let h = Harness::start_with_grace("rep-d", 128, Duration::from_secs(600)).await;
     let baseline = h.stats().await.kv_blocks_used;
     let (p3, _) = golden("long_prompt");
 
@@ -356,24 +362,27 @@ async fn sequences_of_a_gone_owner_are_aborted_and_freed() {
     )
     .await
     .unwrap();
-    let t0 = std::time::Instant::now();
-    poll_until(Duration::from_secs(10), "orphan aborted", || async {
-        let s = h.stats().await;
-        (s.running + s.waiting == 0 && s.kv_blocks_used == baseline).then_some(())
-    })
+    poll_until(
+        Duration::from_secs(30),
+        "orphan of a replaced owner aborted",
+        || async {
+            let s = h.stats().await;
+            (s.running + s.waiting == 0 && s.kv_blocks_used == baseline).then_some(())
+        },
+    )
     .await;
-    assert!(
-        t0.elapsed() < Duration::from_millis(2_900),
-        "a newer incarnation aborts at once (within ticks, not the 3 s grace): {:?}",
-        t0.elapsed()
-    );
     assert!(
         stray.try_recv().is_err(),
         "no event of the old incarnation reached the new one"
     );
 
-    // (2) The owner's sink is missing (no newer incarnation): aborted after the grace.
     new_sink.stop_and_wait(None, None).await.unwrap();
+    h.sup.stop_and_wait(None, None).await.unwrap();
+
+    // (2) The owner's sink is missing (no newer incarnation): aborted after the grace.
+    let h = Harness::start("rep-e", 128).await;
+    let baseline = h.stats().await.kv_blocks_used;
+    h.sink.stop_and_wait(None, None).await.unwrap();
     let mut rx = h.submit(22, p3, 3000);
     // Events pile up undelivered; the sequence runs until the grace is over.
     tokio::time::sleep(Duration::from_millis(300)).await;

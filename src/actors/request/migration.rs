@@ -231,11 +231,6 @@ impl Migration {
         self.current.take().is_some()
     }
 
-    /// Whether a migration is under way (placed or not, no token yet).
-    pub fn migrating(&self) -> bool {
-        self.current.is_some()
-    }
-
     /// Workers that failed this request, oldest first: to avoid when placing it.
     pub fn avoid(&self) -> &[WorkerId] {
         &self.avoid

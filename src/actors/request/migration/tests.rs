@@ -126,9 +126,10 @@ fn no_worker_for_two_seconds_then_one_waits_with_growing_jittered_backoff() {
     }
     assert!(waits.len() >= 4, "{waits:?}");
     // Then a worker is back: the placement succeeds and its first token ends the migration.
-    assert!(m.migrating());
-    assert!(m.on_resumed());
-    assert!(!m.migrating());
+    assert!(
+        m.on_resumed(),
+        "the first token ends the migration under way"
+    );
     assert!(!m.on_resumed(), "only once");
 }
 
