@@ -28,12 +28,12 @@ use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_mai
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use flotilla::actors::kv_block_manager::events::{KvEvent, KvEventData, StoredBlock, Tier};
-use flotilla::actors::kv_block_manager::hash::sequence_hash;
-use flotilla::actors::router::index::{ApplyOutcome, PrefixIndex};
-use flotilla::actors::router::load::LoadModel;
-use flotilla::actors::router::policy::{Selector, SelectorConfig};
-use flotilla::ids::{BlockHash, EventId, RequestId, SequenceHash, WorkerId};
+use flotilla::kv::events::{KvEvent, KvEventData, StoredBlock, Tier};
+use flotilla::kv::hash::sequence_hash;
+use flotilla::request_plane::router::index::{ApplyOutcome, PrefixIndex};
+use flotilla::request_plane::router::load::LoadModel;
+use flotilla::request_plane::router::policy::{Selector, SelectorConfig};
+use flotilla::runtime::ids::{BlockHash, EventId, RequestId, SequenceHash, WorkerId};
 
 const BLOCK_SIZE: u32 = 16;
 const PROMPT_BLOCKS: usize = 512;

@@ -11,9 +11,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use flotilla::actors::engine_worker::{Engine, EngineConfig, SamplingParams, StepBatch, StepSeq};
-use flotilla::ids::{BlockId, SeqId};
 use flotilla::model::{load_model, resolve_model_path};
+use flotilla::runtime::ids::{BlockId, SeqId};
+use flotilla::worker::engine::{Engine, EngineConfig, SamplingParams, StepBatch, StepSeq};
 use rayon::prelude::*;
 
 fn bandwidth_gbs(buf: &[u64]) -> f64 {

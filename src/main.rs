@@ -1,7 +1,7 @@
 //! The `flotilla` binary: parses flags and calls the library.
 
 use clap::{Args, Parser, Subcommand};
-use flotilla::config::{Config, Role};
+use flotilla::runtime::config::{Config, Role};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -25,13 +25,13 @@ enum Cmd {
     /// Print the fleet (nodes, roles, actors, states) from a gateway.
     Status(StatusArgs),
     /// Run the engine in-process (no cluster) and print the completion.
-    Generate(flotilla::generate::GenerateArgs),
+    Generate(flotilla::cli::generate::GenerateArgs),
     /// Inject and clear faults through the gateway's chaos API.
-    Chaos(flotilla::chaos_cli::ChaosArgs),
+    Chaos(flotilla::cli::chaos::ChaosArgs),
     /// Replay a trace or dataset against a gateway; report latency, goodput, prefix hits.
-    Bench(flotilla::bench::BenchArgs),
+    Bench(flotilla::cli::bench::BenchArgs),
     /// Measure the CPU engine and write a timing profile for the simulated engine.
-    Profile(flotilla::profile::ProfileArgs),
+    Profile(flotilla::cli::profile::ProfileArgs),
 }
 
 #[derive(Args)]
@@ -58,7 +58,7 @@ struct UpArgs {
     #[arg(long)]
     no_restart: bool,
     /// Most restarts of one node within 60 s; one more and it is left down.
-    #[arg(long, default_value_t = flotilla::launcher::MAX_RESPAWNS)]
+    #[arg(long, default_value_t = flotilla::cli::up::MAX_RESPAWNS)]
     max_restarts: usize,
     /// Engine of every replica: `cpu` (the real model) or `sim` (timing model, for fleet runs).
     #[arg(long, value_parser = ["cpu", "sim"])]
@@ -130,7 +130,7 @@ fn init_tracing() {
         .try_init();
 }
 
-use flotilla::launcher::set_path;
+use flotilla::cli::up::set_path;
 
 fn node_overrides(a: &NodeArgs) -> anyhow::Result<serde_json::Value> {
     let mut o = serde_json::json!({});
@@ -159,7 +159,7 @@ fn node_overrides(a: &NodeArgs) -> anyhow::Result<serde_json::Value> {
         set_path(&mut o, "worker.model_path", m.display().to_string().into());
     }
     for kv in &a.set {
-        flotilla::launcher::apply_set(&mut o, kv)?;
+        flotilla::cli::up::apply_set(&mut o, kv)?;
     }
     Ok(o)
 }
@@ -184,17 +184,17 @@ async fn run_node(a: NodeArgs) -> anyhow::Result<std::process::ExitCode> {
         flotilla::model::resolve_model_path(Some(m))?;
     }
     let cfg = Config::load(a.config.as_deref(), node_overrides(&a)?)?;
-    let node = flotilla::node::start(cfg).await?;
+    let node = flotilla::runtime::node::start(cfg).await?;
     let ready = node.ready_line();
     println!(
         "{}{}",
-        flotilla::node::READY_PREFIX,
+        flotilla::runtime::node::READY_PREFIX,
         serde_json::to_string(&ready)?
     );
     tracing::info!(node = %ready.node, cluster = %ready.cluster_addr, http = ?ready.http_addr, "node ready");
     match node.wait(shutdown_signal()).await {
-        flotilla::node::NodeExit::Stopped => Ok(std::process::ExitCode::SUCCESS),
-        flotilla::node::NodeExit::Escalated => Ok(std::process::ExitCode::from(1)),
+        flotilla::runtime::node::NodeExit::Stopped => Ok(std::process::ExitCode::SUCCESS),
+        flotilla::runtime::node::NodeExit::Escalated => Ok(std::process::ExitCode::from(1)),
     }
 }
 
@@ -203,7 +203,7 @@ async fn main() -> std::process::ExitCode {
     init_tracing();
     let cli = Cli::parse();
     let result = match cli.cmd {
-        Cmd::Up(mut a) => flotilla::launcher::up(flotilla::launcher::UpOptions {
+        Cmd::Up(mut a) => flotilla::cli::up::up(flotilla::cli::up::UpOptions {
             nodes: a.nodes,
             http: a.http,
             model: a.model,
@@ -228,29 +228,29 @@ async fn main() -> std::process::ExitCode {
         .await
         .map(|_| std::process::ExitCode::SUCCESS),
         Cmd::Node(a) => run_node(a).await,
-        Cmd::Profile(a) => tokio::task::spawn_blocking(move || flotilla::profile::run(a))
+        Cmd::Profile(a) => tokio::task::spawn_blocking(move || flotilla::cli::profile::run(a))
             .await
             .map_err(anyhow::Error::from)
             .and_then(|r| r)
             .map(|_| std::process::ExitCode::SUCCESS),
-        Cmd::Bench(a) => flotilla::bench::run(a)
+        Cmd::Bench(a) => flotilla::cli::bench::run(a)
             .await
             .map(|_| std::process::ExitCode::SUCCESS),
-        Cmd::Chaos(a) => flotilla::chaos_cli::run(a)
+        Cmd::Chaos(a) => flotilla::cli::chaos::run(a)
             .await
             .map(|_| std::process::ExitCode::SUCCESS),
-        Cmd::Generate(a) => tokio::task::spawn_blocking(move || flotilla::generate::run(a))
+        Cmd::Generate(a) => tokio::task::spawn_blocking(move || flotilla::cli::generate::run(a))
             .await
             .map_err(anyhow::Error::from)
             .and_then(|r| r)
             .map(|_| std::process::ExitCode::SUCCESS),
         Cmd::Status(a) => {
             async {
-                let (fleet, raw) = flotilla::status::fetch(&a.gateway).await?;
+                let (fleet, raw) = flotilla::cli::status::fetch(&a.gateway).await?;
                 if a.json {
                     println!("{}", serde_json::to_string_pretty(&raw)?);
                 } else {
-                    print!("{}", flotilla::status::render(&fleet));
+                    print!("{}", flotilla::cli::status::render(&fleet));
                 }
                 Ok(std::process::ExitCode::SUCCESS)
             }

@@ -7,7 +7,7 @@
 mod common;
 
 use common::Cluster;
-use flotilla::soak::{SoakOptions, run};
+use flotilla::cli::soak::{SoakOptions, run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_loses_nothing_while_workers_are_killed() {

@@ -4,11 +4,11 @@
 mod common;
 
 use common::{free_port, poll_until};
-use flotilla::actors::discovery::membership::NodeState;
-use flotilla::actors::discovery::{self, DiscoveryMsg, role_group};
-use flotilla::cluster::ClusterError;
-use flotilla::config::{Config, Role};
-use flotilla::node::{self, NodeError};
+use flotilla::control::discovery::membership::NodeState;
+use flotilla::control::discovery::{self, DiscoveryMsg, role_group};
+use flotilla::runtime::cluster::ClusterError;
+use flotilla::runtime::config::{Config, Role};
+use flotilla::runtime::node::{self, NodeError};
 use std::time::Duration;
 
 fn config(name: &str, port: u16, roles: &[Role], join: Option<u16>, cookie: &str) -> Config {
@@ -138,20 +138,20 @@ async fn an_unreachable_seed_is_a_clear_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_heartbeat_is_counted_not_fatal() {
-    flotilla::metrics::handle();
+    flotilla::runtime::metrics::handle();
     let p = free_port();
     let a = node::start(config("zeta", p, &[Role::Worker], None, "k"))
         .await
         .unwrap();
     let d = discovery_of("zeta/");
-    d.cast(DiscoveryMsg::Heartbeat(flotilla::wire::Wire::from_raw(
-        vec![0xc1, 0xff, 0x00],
-    )))
+    d.cast(DiscoveryMsg::Heartbeat(
+        flotilla::runtime::wire::Wire::from_raw(vec![0xc1, 0xff, 0x00]),
+    ))
     .unwrap();
     // Still answers.
     let f = discovery::fleet(&d).await.unwrap();
     assert_eq!(f.len(), 1);
-    let rendered = flotilla::metrics::handle().render();
+    let rendered = flotilla::runtime::metrics::handle().render();
     assert!(
         rendered.contains("flotilla_wire_decode_errors_total"),
         "{rendered}"

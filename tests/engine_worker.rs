@@ -5,10 +5,10 @@ mod common;
 use std::sync::Arc;
 
 use common::{blocks, golden, model, seq};
-use flotilla::actors::engine_worker::{
+use flotilla::runtime::ids::SeqId;
+use flotilla::worker::engine::{
     EngineConfig, EngineError, EngineWorker, EngineWorkerArgs, EngineWorkerMsg, StepBatch,
 };
-use flotilla::ids::SeqId;
 use ractor::{Actor, call_t};
 
 #[tokio::test]

@@ -2,14 +2,14 @@
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use flotilla::actors::gateway::routes::{GatewayShared, app};
+use flotilla::request_plane::gateway::routes::{GatewayShared, app};
 use std::sync::Arc;
 use tower::ServiceExt;
 
 fn shared(discovery_name: &str) -> Arc<GatewayShared> {
     Arc::new(GatewayShared {
         discovery_name: discovery_name.into(),
-        metrics: flotilla::metrics::handle(),
+        metrics: flotilla::runtime::metrics::handle(),
         max_body_bytes: 4096,
         request_body_timeout: std::time::Duration::from_secs(5),
         http_addr: "127.0.0.1:0".parse().unwrap(),

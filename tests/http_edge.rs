@@ -78,7 +78,7 @@ fn assert_refused(status: u16, ctype: &str, v: &Value, param: &str) {
 fn worker_lines(logs: &Logs, id: &str) -> Vec<String> {
     logs.matching(id)
         .into_iter()
-        .filter(|l| l.contains("flotilla::actors::scheduler"))
+        .filter(|l| l.contains("flotilla::worker::scheduler"))
         .collect()
 }
 
@@ -90,7 +90,7 @@ async fn refusals_and_request_ids() {
         &["worker.kv_blocks=128", "chaos.enabled=true"],
         &[(
             "FLOTILLA_LOG",
-            "info,flotilla::actors::gateway=debug,flotilla::actors::scheduler=debug,ractor_cluster=error,ractor=warn",
+            "info,flotilla::request_plane::gateway=debug,flotilla::worker::scheduler=debug,ractor_cluster=error,ractor=warn",
         )],
     );
     let chat_url = c.url("/v1/chat/completions");
@@ -300,7 +300,7 @@ async fn refusals_and_request_ids() {
         let gateway: Vec<_> = logs
             .matching(&format!("request_id={id}"))
             .into_iter()
-            .filter(|l| l.contains("flotilla::actors::gateway"))
+            .filter(|l| l.contains("flotilla::request_plane::gateway"))
             .collect();
         assert!(!gateway.is_empty(), "no gateway line with {id}");
         let worker = worker_lines(&logs, id);

@@ -5,8 +5,8 @@
 mod common;
 
 use common::{blocks, engine, golden, max_abs_diff, model, seq};
-use flotilla::actors::engine_worker::{EngineError, SamplingParams, StepBatch};
-use flotilla::ids::BlockId;
+use flotilla::runtime::ids::BlockId;
+use flotilla::worker::engine::{EngineError, SamplingParams, StepBatch};
 
 fn long_prompt() -> Vec<u32> {
     golden()
@@ -92,7 +92,7 @@ fn shared_prefix_blocks_match_solo() {
     let prefix = &p[..48]; // 3 full blocks
     let (a, b) = (&p[48..60], &p[100..117]);
     let mut e = engine(m, 64);
-    let solo = |e: &mut flotilla::actors::engine_worker::Engine, tail: &[u32], base: u32| {
+    let solo = |e: &mut flotilla::worker::engine::Engine, tail: &[u32], base: u32| {
         let full: Vec<u32> = prefix.iter().chain(tail).copied().collect();
         let t = blocks(base..base + 5);
         e.logits(&StepBatch {

@@ -5,17 +5,17 @@
 mod common;
 
 use common::poll_until;
-use flotilla::actors::engine_worker::{EngineConfig, SamplingParams};
-use flotilla::actors::kv_block_manager::KvBlockManagerMsg;
-use flotilla::actors::scheduler::{SchedulerConfig, SchedulerMsg, SchedulerStats, SubmitRequest};
-use flotilla::actors::token_sink::{
+use flotilla::kv::KvBlockManagerMsg;
+use flotilla::model::{LoadedModel, load_model, resolve_model_path};
+use flotilla::request_plane::token_sink::{
     Finish, Owner, SinkRegistry, TokenEventKind, TokenSink, sink_name,
 };
-use flotilla::ids::{NodeId, RequestId, WorkerId};
-use flotilla::model::{LoadedModel, load_model, resolve_model_path};
+use flotilla::runtime::ids::{NodeId, RequestId, WorkerId};
+use flotilla::runtime::wire::Wire;
 use flotilla::supervisors::tree::{ReplicaParams, replica};
 use flotilla::supervisors::{Shutdown, Strategy, Supervisor, SupervisorFlags};
-use flotilla::wire::Wire;
+use flotilla::worker::engine::{EngineConfig, SamplingParams};
+use flotilla::worker::scheduler::{SchedulerConfig, SchedulerMsg, SchedulerStats, SubmitRequest};
 use ractor::{Actor, ActorRef};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -52,7 +52,7 @@ struct Harness {
     worker: WorkerId,
     registry: SinkRegistry,
     sup: ActorRef<flotilla::supervisors::SupervisorMsg>,
-    sink: ActorRef<flotilla::actors::token_sink::TokenSinkMsg>,
+    sink: ActorRef<flotilla::request_plane::token_sink::TokenSinkMsg>,
 }
 
 impl Harness {
@@ -149,8 +149,8 @@ impl Harness {
 /// A KV event subscriber: joins the group and records what it is published.
 struct Subscriber;
 impl Actor for Subscriber {
-    type Msg = flotilla::actors::kv_block_manager::KvEventsMsg;
-    type State = Arc<std::sync::Mutex<Vec<flotilla::actors::kv_block_manager::KvEvent>>>;
+    type Msg = flotilla::kv::KvEventsMsg;
+    type State = Arc<std::sync::Mutex<Vec<flotilla::kv::KvEvent>>>;
     type Arguments = Self::State;
     async fn pre_start(
         &self,
@@ -158,7 +158,7 @@ impl Actor for Subscriber {
         s: Self::State,
     ) -> Result<Self::State, ractor::ActorProcessingErr> {
         ractor::pg::join(
-            flotilla::actors::kv_block_manager::KV_EVENTS_GROUP.to_owned(),
+            flotilla::kv::KV_EVENTS_GROUP.to_owned(),
             vec![me.get_cell()],
         );
         Ok(s)
@@ -169,7 +169,7 @@ impl Actor for Subscriber {
         msg: Self::Msg,
         s: &mut Self::State,
     ) -> Result<(), ractor::ActorProcessingErr> {
-        let flotilla::actors::kv_block_manager::KvEventsMsg::Publish(w) = msg;
+        let flotilla::kv::KvEventsMsg::Publish(w) = msg;
         s.lock().unwrap().extend(w.decode().unwrap());
         Ok(())
     }
@@ -239,8 +239,7 @@ async fn a_replica_serves_the_golden_cases_alone_and_batched() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_frees_the_blocks_and_events_reach_the_kv_manager() {
-    let sub_events: Arc<std::sync::Mutex<Vec<flotilla::actors::kv_block_manager::KvEvent>>> =
-        Default::default();
+    let sub_events: Arc<std::sync::Mutex<Vec<flotilla::kv::KvEvent>>> = Default::default();
     let (_sub, _) = Actor::spawn(None, Subscriber, sub_events.clone())
         .await
         .unwrap();

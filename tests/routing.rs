@@ -277,7 +277,7 @@ async fn a_measured_cpu_profile_drives_a_sim_fleet() {
         .status()
         .unwrap();
     assert!(status.success());
-    let p = flotilla::actors::engine_worker::sim::SimProfile::load(&out).unwrap();
+    let p = flotilla::worker::engine::sim::SimProfile::load(&out).unwrap();
     assert!(p.source.contains("CPU engine"), "{}", p.source);
     assert!(p.prefill_ms(512) > p.prefill_ms(16), "{p:?}");
     let set = format!("worker.sim_profile={}", out.display());

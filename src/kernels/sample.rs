@@ -71,7 +71,7 @@ pub struct SamplingParams {
     /// at this index; see [`SeqSampler`]).
     #[serde(default)]
     pub offset: u64,
-    /// Whether the caller wants [`SampledToken`](crate::actors::engine_worker::SampledToken)
+    /// Whether the caller wants [`SampledToken`](crate::worker::engine::SampledToken)
     /// logprobs (always computed; the flag is informational for the API layer).
     pub logprobs: bool,
 }

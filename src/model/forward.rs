@@ -7,10 +7,10 @@
 //! `x += (silu(h·Wgᵀ) ⊙ h·Wuᵀ)·Wdᵀ`. Final RMSNorm and the output projection run only for the
 //! rows whose logits are wanted.
 
-use crate::ids::BlockId;
 use crate::kernels::{AttnGeometry, AttnToken, Backend, Rope};
 use crate::model::kv_cache::KvCache;
 use crate::model::weights::ModelWeights;
+use crate::runtime::ids::BlockId;
 
 /// Errors for a malformed batch (checked before any KV write).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

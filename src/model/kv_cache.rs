@@ -9,7 +9,7 @@
 
 use std::ops::Range;
 
-use crate::ids::BlockId;
+use crate::runtime::ids::BlockId;
 
 /// Default tokens per block.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;

@@ -20,22 +20,22 @@
 //! node process) and are what `/v1/fleet` lists.
 
 use super::spec::{ChildSpec, Strategy, SupervisorFlags, SupervisorSpec};
-use crate::actors::chaos::{Chaos, FaultBook};
-use crate::actors::discovery::{Discovery, DiscoveryArgs};
-use crate::actors::engine_worker::sim::{SimEngineArgs, SimEngineWorker, SimProfile};
-use crate::actors::engine_worker::{EngineConfig, EngineWorker, EngineWorkerArgs};
-use crate::actors::gateway::chaos_routes::ChaosController;
-use crate::actors::gateway::routes::GatewayShared;
-use crate::actors::gateway::serve::{Admission, Serving};
-use crate::actors::gateway::{GatewayArgs, HttpGateway};
-use crate::actors::kv_block_manager::KvBlockManager;
-use crate::actors::router::Router;
-use crate::actors::scheduler::{Scheduler, SchedulerArgs, SchedulerConfig};
-use crate::actors::token_sink::{Owner, SinkRegistry, TokenSink, sink_name};
-use crate::config::Role;
-use crate::ids::WorkerId;
+use crate::control::chaos::{Chaos, FaultBook};
+use crate::control::discovery::{Discovery, DiscoveryArgs};
+use crate::kv::KvBlockManager;
 use crate::model::LoadedModel;
-use crate::node::NodeContext;
+use crate::request_plane::gateway::chaos_routes::ChaosController;
+use crate::request_plane::gateway::routes::GatewayShared;
+use crate::request_plane::gateway::serve::{Admission, Serving};
+use crate::request_plane::gateway::{GatewayArgs, HttpGateway};
+use crate::request_plane::router::Router;
+use crate::request_plane::token_sink::{Owner, SinkRegistry, TokenSink, sink_name};
+use crate::runtime::config::Role;
+use crate::runtime::ids::WorkerId;
+use crate::runtime::node::NodeContext;
+use crate::worker::engine::sim::{SimEngineArgs, SimEngineWorker, SimProfile};
+use crate::worker::engine::{EngineConfig, EngineWorker, EngineWorkerArgs};
+use crate::worker::scheduler::{Scheduler, SchedulerArgs, SchedulerConfig};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -99,7 +99,7 @@ fn discovery(ctx: &NodeContext) -> ChildSpec {
             roles: ctx.config.node.roles.clone(),
             incarnation: ctx.incarnation,
             http_addr: ctx.http_addr.clone(),
-            leases: crate::actors::discovery::membership::Leases {
+            leases: crate::control::discovery::membership::Leases {
                 suspect_after: Duration::from_millis(c.suspect_after_ms),
                 down_after: Duration::from_millis(c.liveness_timeout_ms),
                 retention: Duration::from_millis(c.down_retention_ms),
@@ -126,7 +126,7 @@ fn gateway(ctx: &NodeContext) -> SupervisorSpec {
             request_sup: ctx.name("request_sup"),
             next_id: Arc::new(AtomicU64::new(first_request_id(ctx.incarnation))),
             block_size: ctx.config.worker.block_size_tokens,
-            migration: crate::actors::request::migration::MigrationPolicy {
+            migration: crate::request_plane::request::migration::MigrationPolicy {
                 limit: ctx.config.gateway.migration_limit,
                 deadline: Duration::from_millis(ctx.config.gateway.migration_deadline_ms),
                 backoff_base: Duration::from_millis(ctx.config.gateway.migration_backoff_base_ms),
@@ -149,7 +149,7 @@ fn gateway(ctx: &NodeContext) -> SupervisorSpec {
         .then(|| Arc::new(ChaosController::new(ctx.config.chaos.token.clone())));
     let shared = Arc::new(GatewayShared {
         discovery_name: ctx.name("discovery"),
-        metrics: crate::metrics::handle(),
+        metrics: crate::runtime::metrics::handle(),
         max_body_bytes: ctx.config.gateway.max_body_bytes,
         request_body_timeout: Duration::from_millis(ctx.config.gateway.request_body_timeout_ms),
         http_addr: ctx.config.gateway.http_addr,
@@ -160,7 +160,7 @@ fn gateway(ctx: &NodeContext) -> SupervisorSpec {
         addr: ctx.config.gateway.http_addr,
         bound: ctx.http_addr.clone(),
         shared,
-        limits: crate::actors::gateway::conn::ConnLimits::of(&ctx.config.gateway),
+        limits: crate::request_plane::gateway::conn::ConnLimits::of(&ctx.config.gateway),
     };
     let incarnation = ctx.incarnation;
     let owner = Owner::new(ctx.node_id.clone(), incarnation);
@@ -182,7 +182,7 @@ fn gateway(ctx: &NodeContext) -> SupervisorSpec {
 
 fn router(ctx: &NodeContext) -> ChildSpec {
     let r = &ctx.config.router;
-    let config = crate::actors::router::policy::SelectorConfig {
+    let config = crate::request_plane::router::policy::SelectorConfig {
         policy: r.policy,
         block_size: ctx.config.worker.block_size_tokens as u32,
         overlap_weight: r.overlap_weight,

@@ -331,9 +331,9 @@ pub fn joined_text(records: &[serde_json::Value], index: u64) -> String {
 
 use std::sync::{Arc, OnceLock};
 
-use flotilla::actors::engine_worker::{Engine, EngineConfig, SamplingParams, StepBatch, StepSeq};
-use flotilla::ids::{BlockId, SeqId};
 use flotilla::model::{LoadedModel, load_model, resolve_model_path};
+use flotilla::runtime::ids::{BlockId, SeqId};
+use flotilla::worker::engine::{Engine, EngineConfig, SamplingParams, StepBatch, StepSeq};
 
 /// The golden cases of the default model (provenance in `tests/data/README.md`).
 pub const GOLDEN: &str = concat!(

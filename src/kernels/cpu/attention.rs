@@ -6,7 +6,7 @@
 
 use rayon::prelude::*;
 
-use crate::ids::BlockId;
+use crate::runtime::ids::BlockId;
 
 /// Head geometry of one attention layer.
 #[derive(Debug, Clone, Copy)]

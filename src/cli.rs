@@ -1,0 +1,19 @@
+//! The command-line tools: one module per `flotilla` subcommand (`main.rs` parses the flags and
+//! calls in here). This is where `anyhow` lives; the runtime below returns typed errors.
+//! - `up.rs` — `flotilla up`: a local cluster of node processes, restarted on failure.
+//! - `status.rs` — `flotilla status`: the fleet view from a gateway.
+//! - `generate.rs` — `flotilla generate`: the engine in-process, no cluster.
+//! - `chaos.rs` — `flotilla chaos`: a client of the gateway's chaos API.
+//! - `bench/` — `flotilla bench`: replay a trace or dataset, report latency, goodput, prefix hits.
+//! - `profile.rs` — `flotilla profile`: time the CPU engine, write the sim engine's profile.
+//! - `soak.rs` — `flotilla soak`-style chaos soaks (kills under load, nothing lost).
+//! - `client.rs` — the streaming OpenAI client the tools and tests share.
+
+pub mod bench;
+pub mod chaos;
+pub mod client;
+pub mod generate;
+pub mod profile;
+pub mod soak;
+pub mod status;
+pub mod up;

@@ -1,0 +1,402 @@
+//! Sending a workload: open or closed loop, sessions turn by turn, a progress line, and the
+//! gateway helpers the bench needs (`/v1/models`, idleness from `/v1/fleet`).
+
+use std::io::{IsTerminal, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::metrics::RequestResult;
+use super::synth::token_ids;
+use super::workload::{Prompt, Session, Turn, Workload};
+use crate::cli::client::{Route, stream_request};
+
+/// Where and how requests go.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// HTTP client (shared connection pool).
+    pub client: reqwest::Client,
+    /// Gateway base URL, no trailing `/`.
+    pub base: String,
+    /// `model` of every request.
+    pub model: String,
+    /// Longest time one request may take, stream included.
+    pub request_timeout: Duration,
+}
+
+/// One run of a workload.
+#[derive(Clone, Debug)]
+pub struct RunPlan {
+    /// Shown on the progress line.
+    pub label: String,
+    /// Start offset (s) of each session, in the workload's order (open loop); `None` for a
+    /// closed loop of `concurrency` sessions.
+    pub offsets: Option<Vec<f64>>,
+    /// Sessions at once in a closed loop.
+    pub concurrency: usize,
+    /// Prefix salt of this run (see the `bench` module doc).
+    pub salt: u64,
+    /// Headers added to every request (e.g. `x-flotilla-route-policy`).
+    pub headers: Vec<(String, String)>,
+}
+
+/// The system-message prefix that salts a chat prompt.
+pub fn chat_salt_prefix(salt: u64) -> String {
+    format!("Run {salt:016x}.")
+}
+
+/// The request body of `turn` under `salt` (`stream` and usage are added by the client), and
+/// the route it goes to. Every request sets `ignore_eos` and `temperature: 0`, so its output
+/// has exactly `max_tokens` tokens unless the context ends first.
+pub fn request_body(model: &str, turn: &Turn, salt: u64) -> (Route, Value) {
+    match &turn.prompt {
+        Prompt::Tokens(segs) => (
+            Route::Completions,
+            json!({
+                "model": model,
+                "prompt": token_ids(segs, salt),
+                "max_tokens": turn.max_tokens,
+                "ignore_eos": true,
+                "temperature": 0,
+            }),
+        ),
+        Prompt::Chat { conv, turn: k } => {
+            let messages: Vec<Value> = conv
+                .messages(*k, &chat_salt_prefix(salt))
+                .into_iter()
+                .map(|(role, content)| json!({"role": role, "content": content}))
+                .collect();
+            (
+                Route::Chat,
+                json!({
+                    "model": model,
+                    "messages": messages,
+                    "max_tokens": turn.max_tokens,
+                    "ignore_eos": true,
+                    "temperature": 0,
+                }),
+            )
+        }
+    }
+}
+
+/// Counters behind the progress line.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Requests finished (ok or not).
+    pub done: AtomicUsize,
+    /// Requests that failed or were skipped.
+    pub errors: AtomicUsize,
+    /// Requests sent and not yet finished.
+    pub in_flight: AtomicUsize,
+}
+
+impl Progress {
+    /// `[label] done/total  errors  in flight  elapsed`.
+    pub fn line(&self, label: &str, total: usize, elapsed: Duration) -> String {
+        format!(
+            "[{label}] {}/{total} done, {} errors, {} in flight, {:.1} s",
+            self.done.load(Ordering::Relaxed),
+            self.errors.load(Ordering::Relaxed),
+            self.in_flight.load(Ordering::Relaxed),
+            elapsed.as_secs_f64()
+        )
+    }
+
+    fn finish(&self, r: &RequestResult) {
+        self.done.fetch_add(1, Ordering::Relaxed);
+        if !r.ok {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Print the progress line on stderr until aborted: rewritten in place (`\r`) 5 times a second
+/// on a terminal, else one line every 10 s.
+fn spawn_progress(
+    progress: Arc<Progress>,
+    label: String,
+    total: usize,
+    start: Instant,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let tty = std::io::stderr().is_terminal();
+        let period = Duration::from_millis(if tty { 200 } else { 10_000 });
+        loop {
+            tokio::time::sleep(period).await;
+            let line = progress.line(&label, total, start.elapsed());
+            let mut err = std::io::stderr();
+            let _ = if tty {
+                write!(err, "\r{line}\x1b[K")
+            } else {
+                writeln!(err, "{line}")
+            };
+            let _ = err.flush();
+        }
+    })
+}
+
+/// Send one turn and read its answer.
+async fn send_turn(
+    target: &Target,
+    turn: &Turn,
+    salt: u64,
+    headers: &[(String, String)],
+) -> RequestResult {
+    let (route, body) = request_body(&target.model, turn, salt);
+    let call = stream_request(&target.client, &target.base, route, body, headers);
+    match tokio::time::timeout(target.request_timeout, call).await {
+        Ok(Ok(outcome)) => RequestResult::from_outcome(&outcome),
+        Ok(Err(e)) => RequestResult::failed(format!("transport: {e:#}")),
+        Err(_) => RequestResult::failed(format!(
+            "timed out after {:.0} s",
+            target.request_timeout.as_secs_f64()
+        )),
+    }
+}
+
+/// Run one session: its turns one after another; after a failure the rest are skipped (and
+/// counted as failed).
+async fn run_session(
+    target: &Target,
+    session: &Session,
+    plan: &RunPlan,
+    progress: &Progress,
+) -> Vec<RequestResult> {
+    let mut out = Vec::with_capacity(session.turns.len());
+    for turn in &session.turns {
+        if out.last().is_some_and(|r: &RequestResult| !r.ok) {
+            let skipped = RequestResult::failed("skipped: an earlier turn of the session failed");
+            progress.finish(&skipped);
+            out.push(skipped);
+            continue;
+        }
+        progress.in_flight.fetch_add(1, Ordering::Relaxed);
+        let r = send_turn(target, turn, plan.salt, &plan.headers).await;
+        progress.in_flight.fetch_sub(1, Ordering::Relaxed);
+        progress.finish(&r);
+        out.push(r);
+    }
+    out
+}
+
+/// Everything a spawned session task needs.
+#[derive(Clone)]
+struct Shared {
+    target: Arc<Target>,
+    workload: Arc<Workload>,
+    plan: Arc<RunPlan>,
+    progress: Arc<Progress>,
+}
+
+impl Shared {
+    async fn session(&self, i: usize) -> Vec<RequestResult> {
+        run_session(
+            &self.target,
+            &self.workload.sessions[i],
+            &self.plan,
+            &self.progress,
+        )
+        .await
+    }
+}
+
+/// Send every session of `workload` as `plan` says; returns every request's result and the
+/// wall time (s) from the start to the last completion.
+pub async fn execute(
+    target: Arc<Target>,
+    workload: Arc<Workload>,
+    plan: RunPlan,
+) -> (Vec<RequestResult>, f64) {
+    let total = workload.requests();
+    let shared = Shared {
+        target,
+        workload,
+        plan: Arc::new(plan),
+        progress: Arc::new(Progress::default()),
+    };
+    let start = Instant::now();
+    let ticker = spawn_progress(
+        Arc::clone(&shared.progress),
+        shared.plan.label.clone(),
+        total,
+        start,
+    );
+    let handles = match shared.plan.offsets.clone() {
+        Some(offsets) => open_loop(&shared, &offsets, start).await,
+        None => closed_loop(&shared),
+    };
+    let mut results = Vec::with_capacity(total);
+    for h in handles {
+        match h.await {
+            Ok(r) => results.extend(r),
+            Err(e) => results.push(RequestResult::failed(format!("task failed: {e}"))),
+        }
+    }
+    let wall = start.elapsed();
+    ticker.abort();
+    let line = shared.progress.line(&shared.plan.label, total, wall);
+    let tty = std::io::stderr().is_terminal();
+    eprintln!("{}{line}", if tty { "\r" } else { "" });
+    (results, wall.as_secs_f64())
+}
+
+type Handles = Vec<tokio::task::JoinHandle<Vec<RequestResult>>>;
+
+/// Start each session at its offset, without waiting for earlier ones.
+async fn open_loop(shared: &Shared, offsets: &[f64], start: Instant) -> Handles {
+    let mut order: Vec<usize> = (0..offsets.len().min(shared.workload.sessions.len())).collect();
+    order.sort_by(|&a, &b| offsets[a].total_cmp(&offsets[b]));
+    let mut handles = Vec::with_capacity(order.len());
+    for i in order {
+        let at = start + Duration::from_secs_f64(offsets[i].max(0.0));
+        tokio::time::sleep_until(at.into()).await;
+        let s = shared.clone();
+        handles.push(tokio::spawn(async move { s.session(i).await }));
+    }
+    handles
+}
+
+/// `plan.concurrency` workers, each taking the next session as soon as its last one ended.
+fn closed_loop(shared: &Shared) -> Handles {
+    let next = Arc::new(AtomicUsize::new(0));
+    let n = shared.workload.sessions.len();
+    (0..shared.plan.concurrency.max(1))
+        .map(|_| {
+            let (s, next) = (shared.clone(), Arc::clone(&next));
+            tokio::spawn(async move {
+                let mut out = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= n {
+                        break out;
+                    }
+                    out.extend(s.session(i).await);
+                }
+            })
+        })
+        .collect()
+}
+
+/// Requests in flight on the fleet: Σ `in_flight` over the workers of every node whose state
+/// is `up` in a `/v1/fleet` body (`{"nodes": [{"state", "workers": [{"in_flight"}]}]}`);
+/// `None` when the body has no `nodes` array.
+pub fn fleet_in_flight(body: &Value) -> Option<u64> {
+    let nodes = body["nodes"].as_array()?;
+    Some(
+        nodes
+            .iter()
+            .filter(|n| n["state"].as_str().is_none_or(|s| s == "up"))
+            .flat_map(|n| n["workers"].as_array().into_iter().flatten())
+            .map(|w| w["in_flight"].as_u64().unwrap_or(0))
+            .sum(),
+    )
+}
+
+/// Poll `GET {base}/v1/fleet` every 500 ms until no worker has a request in flight; gives up
+/// (with a warning) after `timeout`, or at once when the gateway has no usable fleet view.
+pub async fn wait_idle(client: &reqwest::Client, base: &str, timeout: Duration) {
+    let start = Instant::now();
+    loop {
+        let body = match client.get(format!("{base}/v1/fleet")).send().await {
+            Ok(r) => r.json::<Value>().await.ok(),
+            Err(_) => None,
+        };
+        match body.as_ref().and_then(fleet_in_flight) {
+            None => {
+                eprintln!("warning: no fleet view at {base}/v1/fleet; not waiting for idle");
+                return;
+            }
+            Some(0) => return,
+            Some(n) if start.elapsed() >= timeout => {
+                eprintln!(
+                    "warning: the fleet still has {n} requests in flight after {:.0} s; going on",
+                    timeout.as_secs_f64()
+                );
+                return;
+            }
+            Some(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+/// The first model `GET {base}/v1/models` lists.
+pub async fn first_model(client: &reqwest::Client, base: &str) -> anyhow::Result<String> {
+    let url = format!("{base}/v1/models");
+    let resp = client
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot reach the gateway at {base}: {e}"))?;
+    let body: Value = resp.json().await?;
+    body["data"][0]["id"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| anyhow::anyhow!("{url} lists no model: {body}; pass --model"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::bench::synth::Segment;
+    use crate::cli::bench::workload::ChatConv;
+
+    #[test]
+    fn bodies() {
+        let turn = Turn {
+            prompt: Prompt::Tokens(vec![Segment { seed: 1, len: 20 }]),
+            max_tokens: 7,
+        };
+        let (route, b) = request_body("m", &turn, 0);
+        assert_eq!(route, Route::Completions);
+        assert_eq!(b["prompt"].as_array().unwrap().len(), 20);
+        assert_eq!(
+            (b["max_tokens"].as_u64(), b["ignore_eos"].as_bool()),
+            (Some(7), Some(true))
+        );
+        let (_, other) = request_body("m", &turn, 1);
+        assert_ne!(b["prompt"], other["prompt"], "salt changes the ids");
+        let conv = Arc::new(ChatConv {
+            system: String::new(),
+            exchanges: vec![("q".into(), "a".into()), ("q2".into(), "a2".into())],
+        });
+        let chat = Turn {
+            prompt: Prompt::Chat { conv, turn: 1 },
+            max_tokens: 3,
+        };
+        let (route, b) = request_body("m", &chat, 0xab);
+        assert_eq!(route, Route::Chat);
+        let roles: Vec<&str> = b["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap())
+            .collect();
+        assert_eq!(roles, ["system", "user", "assistant", "user"]);
+        assert_eq!(b["messages"][0]["content"], "Run 00000000000000ab.");
+    }
+
+    #[test]
+    fn fleet_idle() {
+        let busy = json!({"nodes": [
+            {"state": "up", "workers": [{"in_flight": 2}, {"in_flight": 1}]},
+            {"state": "down", "workers": [{"in_flight": 5}]},
+            {"state": "up", "workers": []}]});
+        assert_eq!(fleet_in_flight(&busy), Some(3));
+        assert_eq!(fleet_in_flight(&json!({"nodes": []})), Some(0));
+        assert_eq!(fleet_in_flight(&json!({"error": {}})), None);
+    }
+
+    #[test]
+    fn progress_line() {
+        let p = Progress::default();
+        p.finish(&RequestResult::failed("x"));
+        p.in_flight.fetch_add(2, Ordering::Relaxed);
+        assert_eq!(
+            p.line("policy=a", 10, Duration::from_millis(1500)),
+            "[policy=a] 1/10 done, 1 errors, 2 in flight, 1.5 s"
+        );
+    }
+}

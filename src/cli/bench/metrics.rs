@@ -1,0 +1,364 @@
+//! Per-request results and the statistics of a run.
+//!
+//! Definitions (all times in ms, measured by the client from just before the request is sent):
+//! - **TTFT**: send → first non-empty content chunk; successful requests only.
+//! - **ITL**: every gap between consecutive content chunks of a request, pooled over all
+//!   successful requests (a chunk usually carries one token; it may carry several).
+//! - **TPOT**: per request, `(e2e − ttft) / (output_tokens − 1)`; requests with at least 2
+//!   output tokens (`output_tokens` = `usage.completion_tokens`, else the chunk count).
+//! - **E2E**: send → end of the stream; successful requests only.
+//! - Percentiles p50/p90/p99: [`crate::cli::client::percentile`], the sample at rank
+//!   `round((n − 1)·p)` of the sorted values; NaN (`null` in JSON) without samples.
+//! - **requests_per_s** = successful requests / wall time; **output_tokens_per_s** = their
+//!   output tokens / wall time. Wall time = the run's start (first arrival) → last completion.
+//! - A request **meets the SLOs** when it succeeded, `TTFT ≤ --slo-ttft-ms`, and its TPOT (its
+//!   mean inter-token latency) `≤ --slo-itl-ms` (a request with one output token has no TPOT
+//!   and is judged on TTFT alone).
+//! - **goodput_rps** = requests meeting the SLOs / wall time; **slo_attainment** = requests
+//!   meeting the SLOs / all requests of the run (failed and skipped ones included).
+//! - **errors**: requests that did not succeed (transport error, non-200, error record, no
+//!   `[DONE]`, timeout) plus later turns of a session that were skipped after one failed.
+//! - **prefix_hit_rate** = Σ `usage.prompt_tokens_details.cached_tokens` / Σ
+//!   `usage.prompt_tokens` over successful requests that report both; NaN when none do.
+
+use serde::Serialize;
+
+use super::workload::WorkloadInfo;
+use crate::cli::client::{StreamOutcome, percentile};
+
+/// What one request gave.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RequestResult {
+    /// Succeeded: 200, one id, one finish reason, `[DONE]`, no error record.
+    pub ok: bool,
+    /// Why not, when it failed.
+    pub error: Option<String>,
+    /// Send → first content chunk (ms).
+    pub ttft_ms: Option<f64>,
+    /// Send → end of stream (ms).
+    pub e2e_ms: f64,
+    /// Gaps between consecutive content chunks (ms).
+    pub itl_ms: Vec<f64>,
+    /// Output tokens (`usage.completion_tokens`, else content chunks).
+    pub output_tokens: u64,
+    /// `usage.prompt_tokens`.
+    pub prompt_tokens: Option<u64>,
+    /// `usage.prompt_tokens_details.cached_tokens`.
+    pub cached_tokens: Option<u64>,
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+impl RequestResult {
+    /// The result of a finished stream.
+    pub fn from_outcome(o: &StreamOutcome) -> Self {
+        let ok = o.is_complete();
+        let error = (!ok).then(|| match &o.error {
+            Some(e) => format!("status {}: {e}", o.status),
+            None => format!("status {}: incomplete stream", o.status),
+        });
+        Self {
+            ok,
+            error,
+            ttft_ms: o.ttft.map(ms),
+            e2e_ms: ms(o.e2e),
+            itl_ms: o
+                .chunk_times
+                .windows(2)
+                .map(|w| ms(w[1].saturating_sub(w[0])))
+                .collect(),
+            output_tokens: o.completion_tokens.unwrap_or(o.chunk_times.len() as u64),
+            prompt_tokens: o.prompt_tokens,
+            cached_tokens: o.cached_tokens,
+        }
+    }
+
+    /// A request that failed before any answer (or was skipped), with `why`.
+    pub fn failed(why: impl Into<String>) -> Self {
+        Self {
+            error: Some(why.into()),
+            ..Self::default()
+        }
+    }
+
+    /// TPOT (ms): `(e2e − ttft) / (output_tokens − 1)`, with at least 2 tokens.
+    pub fn tpot_ms(&self) -> Option<f64> {
+        let ttft = self.ttft_ms?;
+        (self.output_tokens >= 2).then(|| (self.e2e_ms - ttft) / (self.output_tokens - 1) as f64)
+    }
+}
+
+/// Service-level objectives (ms); `None` = no bound.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Slo {
+    /// Largest TTFT.
+    pub ttft_ms: Option<f64>,
+    /// Largest TPOT (mean inter-token latency of a request).
+    pub itl_ms: Option<f64>,
+}
+
+impl Slo {
+    /// Whether `r` meets both objectives (module doc).
+    pub fn met_by(&self, r: &RequestResult) -> bool {
+        let Some(ttft) = r.ttft_ms.filter(|_| r.ok) else {
+            return false;
+        };
+        let ttft_ok = self.ttft_ms.is_none_or(|t| ttft <= t);
+        let itl_ok = match (self.itl_ms, r.tpot_ms()) {
+            (Some(limit), Some(tpot)) => tpot <= limit,
+            _ => true,
+        };
+        ttft_ok && itl_ok
+    }
+}
+
+/// p50 / p90 / p99 of a metric (ms).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Quantiles {
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+impl Quantiles {
+    /// The quantiles of `v` (NaN when empty).
+    pub fn of(v: &[f64]) -> Self {
+        Self {
+            p50: percentile(v, 0.50),
+            p90: percentile(v, 0.90),
+            p99: percentile(v, 0.99),
+        }
+    }
+}
+
+/// One run's entry of `report.json` (definitions in the module doc).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunStats {
+    /// `policy=round_robin`, or the workload's name without `--compare`.
+    pub label: String,
+    /// TTFT quantiles.
+    pub ttft_ms: Quantiles,
+    /// ITL quantiles.
+    pub itl_ms: Quantiles,
+    /// TPOT quantiles.
+    pub tpot_ms: Quantiles,
+    /// End-to-end quantiles.
+    pub e2e_ms: Quantiles,
+    /// Successful requests per second.
+    pub requests_per_s: f64,
+    /// Output tokens per second.
+    pub output_tokens_per_s: f64,
+    /// Requests meeting the SLOs per second.
+    pub goodput_rps: f64,
+    /// Fraction of requests meeting the SLOs.
+    pub slo_attainment: f64,
+    /// Measured prefix-cache hit rate.
+    pub prefix_hit_rate: f64,
+    /// The workload's ideal hit rate (see `workload`).
+    pub ideal_prefix_hit_rate: f64,
+    /// Requests of the run.
+    pub requests: usize,
+    /// Requests that did not succeed.
+    pub errors: usize,
+    /// Wall time of the run (s).
+    pub wall_s: f64,
+    /// The run's prefix salt (see `bench` module doc).
+    pub salt: u64,
+    /// The workload: name, sessions, what the caps changed, Mooncake's own hit rate.
+    pub workload: WorkloadInfo,
+}
+
+/// The raw samples a CDF plot needs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Samples {
+    /// TTFT of each successful request (ms).
+    pub ttft_ms: Vec<f64>,
+    /// E2E of each successful request (ms).
+    pub e2e_ms: Vec<f64>,
+}
+
+/// Everything the bench needs to know about how a run went, besides its results.
+#[derive(Clone, Copy, Debug)]
+pub struct RunContext<'a> {
+    /// Label.
+    pub label: &'a str,
+    /// Wall time (s).
+    pub wall_s: f64,
+    /// Objectives.
+    pub slo: Slo,
+    /// Ideal hit rate of the workload.
+    pub ideal_hit_rate: f64,
+    /// Prefix salt.
+    pub salt: u64,
+    /// The workload.
+    pub workload: &'a WorkloadInfo,
+}
+
+/// Statistics and CDF samples of one run.
+pub fn summarize(ctx: RunContext<'_>, results: &[RequestResult]) -> (RunStats, Samples) {
+    let ok: Vec<&RequestResult> = results.iter().filter(|r| r.ok).collect();
+    let ttft: Vec<f64> = ok.iter().filter_map(|r| r.ttft_ms).collect();
+    let e2e: Vec<f64> = ok.iter().map(|r| r.e2e_ms).collect();
+    let itl: Vec<f64> = ok.iter().flat_map(|r| r.itl_ms.iter().copied()).collect();
+    let tpot: Vec<f64> = ok.iter().filter_map(|r| r.tpot_ms()).collect();
+    let tokens: u64 = ok.iter().map(|r| r.output_tokens).sum();
+    let met = results.iter().filter(|r| ctx.slo.met_by(r)).count();
+    let per_s = |x: f64| {
+        if ctx.wall_s > 0.0 {
+            x / ctx.wall_s
+        } else {
+            f64::NAN
+        }
+    };
+    let stats = RunStats {
+        label: ctx.label.to_owned(),
+        ttft_ms: Quantiles::of(&ttft),
+        itl_ms: Quantiles::of(&itl),
+        tpot_ms: Quantiles::of(&tpot),
+        e2e_ms: Quantiles::of(&e2e),
+        requests_per_s: per_s(ok.len() as f64),
+        output_tokens_per_s: per_s(tokens as f64),
+        goodput_rps: per_s(met as f64),
+        slo_attainment: met as f64 / results.len() as f64,
+        prefix_hit_rate: measured_hit_rate(&ok),
+        ideal_prefix_hit_rate: ctx.ideal_hit_rate,
+        requests: results.len(),
+        errors: results.len() - ok.len(),
+        wall_s: ctx.wall_s,
+        salt: ctx.salt,
+        workload: ctx.workload.clone(),
+    };
+    (
+        stats,
+        Samples {
+            ttft_ms: ttft,
+            e2e_ms: e2e,
+        },
+    )
+}
+
+/// Σ cached / Σ prompt tokens over requests reporting both; NaN when none does.
+fn measured_hit_rate(ok: &[&RequestResult]) -> f64 {
+    let (cached, prompt) = ok
+        .iter()
+        .filter_map(|r| Some((r.cached_tokens?, r.prompt_tokens?)))
+        .fold((0u64, 0u64), |(c, p), (rc, rp)| (c + rc, p + rp));
+    if prompt == 0 {
+        f64::NAN
+    } else {
+        cached as f64 / prompt as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn req(ttft: f64, e2e: f64, tokens: u64, cached: u64, prompt: u64) -> RequestResult {
+        RequestResult {
+            ok: true,
+            ttft_ms: Some(ttft),
+            e2e_ms: e2e,
+            itl_ms: vec![
+                (e2e - ttft) / (tokens.max(2) - 1) as f64;
+                tokens.saturating_sub(1) as usize
+            ],
+            output_tokens: tokens,
+            prompt_tokens: Some(prompt),
+            cached_tokens: Some(cached),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn percentiles_on_hand_made_samples() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        let q = Quantiles::of(&v);
+        // round(99·p): p50 → index 50 (51), p90 → 89 (90), p99 → 98 (99).
+        assert_eq!((q.p50, q.p90, q.p99), (51.0, 90.0, 99.0));
+        assert_eq!(Quantiles::of(&[7.0]).p99, 7.0);
+        assert!(Quantiles::of(&[]).p50.is_nan());
+    }
+
+    #[test]
+    fn tpot_and_outcome() {
+        let r = req(100.0, 1100.0, 11, 0, 10);
+        assert_eq!(r.tpot_ms(), Some(100.0));
+        assert_eq!(req(100.0, 100.0, 1, 0, 10).tpot_ms(), None);
+        let o = StreamOutcome {
+            status: 200,
+            ids: vec!["x".into()],
+            finish_reasons: vec!["length".into()],
+            done: true,
+            completion_tokens: Some(3),
+            prompt_tokens: Some(32),
+            cached_tokens: Some(16),
+            ttft: Some(Duration::from_millis(50)),
+            chunk_times: vec![
+                Duration::from_millis(50),
+                Duration::from_millis(60),
+                Duration::from_millis(80),
+            ],
+            e2e: Duration::from_millis(90),
+            ..StreamOutcome::default()
+        };
+        let r = RequestResult::from_outcome(&o);
+        assert!(r.ok && r.error.is_none());
+        assert_eq!(r.itl_ms, vec![10.0, 20.0]);
+        assert_eq!(r.tpot_ms(), Some(20.0));
+        let bad = RequestResult::from_outcome(&StreamOutcome {
+            status: 503,
+            ..StreamOutcome::default()
+        });
+        assert!(!bad.ok && bad.error.unwrap().contains("503"));
+    }
+
+    #[test]
+    fn goodput_and_slo_definitions() {
+        let results = vec![
+            req(100.0, 1100.0, 11, 8, 16),  // TPOT 100: meets both
+            req(300.0, 1300.0, 11, 0, 16),  // TTFT 300 > 200: misses
+            req(100.0, 2100.0, 11, 16, 32), // TPOT 200 > 150: misses
+            req(150.0, 150.0, 1, 0, 0),     // one token: TTFT only, meets
+            RequestResult::failed("connection refused"),
+        ];
+        let ctx = RunContext {
+            label: "x",
+            wall_s: 2.0,
+            slo: Slo {
+                ttft_ms: Some(200.0),
+                itl_ms: Some(150.0),
+            },
+            ideal_hit_rate: 0.5,
+            salt: 3,
+            workload: &WorkloadInfo::default(),
+        };
+        let (s, samples) = summarize(ctx, &results);
+        assert_eq!((s.requests, s.errors), (5, 1));
+        assert_eq!(s.goodput_rps, 1.0, "2 met / 2 s");
+        assert_eq!(s.slo_attainment, 0.4, "2 of 5");
+        assert_eq!(s.requests_per_s, 2.0);
+        assert_eq!(s.output_tokens_per_s, 17.0);
+        assert_eq!(s.prefix_hit_rate, 24.0 / 64.0);
+        assert_eq!(samples.ttft_ms.len(), 4);
+        assert_eq!(s.ttft_ms.p50, 150.0);
+        // Without SLOs every success counts.
+        let open = RunContext {
+            slo: Slo::default(),
+            ..ctx
+        };
+        assert_eq!(summarize(open, &results).0.slo_attainment, 0.8);
+        // No usage at all: hit rate unknown.
+        let none = [RequestResult {
+            prompt_tokens: None,
+            ..req(1.0, 2.0, 2, 0, 0)
+        }];
+        assert!(summarize(ctx, &none).0.prefix_hit_rate.is_nan());
+    }
+}

@@ -1,0 +1,667 @@
+//! `flotilla bench`: replay a request trace or a dataset against a gateway and report latency
+//! (TTFT, ITL, TPOT, end-to-end), throughput, goodput under SLOs and prefix-cache hit rates.
+//!
+//! ```text
+//! flotilla bench --gateway http://127.0.0.1:8080 --dataset mooncake-conversation \
+//!     --max-requests 200 --speedup 20 --compare policy=round_robin,kv --out bench-out
+//! ```
+//!
+//! **Workloads** ([`workload`]): `--trace FILE` or one of the bundled public traces
+//! (`--dataset mooncake-conversation`, `mooncake-synthetic`, `azure-conv`, `azure-code`,
+//! embedded in the binary, see [`trace::BUNDLED`]; `--traces-dir` reads them from a folder
+//! instead). Mooncake traces (prompts of token ids built per 512-token
+//! `hash_id`, posted to `/v1/completions` as `prompt: [ids]`, so prefix sharing is exact),
+//! Azure traces (lengths and arrivals only, random ids), `--dataset sharegpt` (multi-turn chat
+//! sessions through `/v1/chat/completions`) and `--dataset synthetic-sessions` (a shared
+//! system prefix plus multi-turn user messages, token ids). Every request sets `ignore_eos`
+//! with `max_tokens` = the wanted output length, so outputs have the workload's lengths.
+//! A session's turns follow each other without think time; turn k's history holds the
+//! dataset's *recorded* answers (synthetic ids for synthetic-sessions), not the model's, so
+//! every run sends the same prompts — the server can reuse turn k−1's prompt blocks, never
+//! its generated tokens. Lengths are capped by `--max-input-tokens` / `--max-output-tokens`;
+//! how many prompts were cut, outputs capped and turns dropped is printed and kept in
+//! `report.json` (`workload`).
+//!
+//! **Arrivals** ([`arrival`]): open loop (Poisson, Gamma, trace timestamps ÷ `--speedup`) or
+//! closed loop (`--arrival fixed --concurrency C`). The same seeded arrival times are used for
+//! every run of a `--compare`.
+//!
+//! **Metrics**: definitions in [`metrics`]; ideal hit rates in [`workload`].
+//!
+//! **`--compare KEY=V1,V2,…`** runs the same workload once per value, in order, labelled
+//! `KEY=V`. Only `policy` can be changed per request: each request of the run carries the
+//! header `x-flotilla-route-policy: V`, which the router honours; any other key is an error
+//! (other router settings need a restart of the fleet). Before each run the bench waits until
+//! `GET /v1/fleet` shows no request in flight on any worker.
+//!
+//! **Prefix salt**: caches stay warm between runs (and between invocations), so run `i` gets
+//! its own salt `combine(--salt, i)` (`--salt` defaults to a random value, printed): token ids
+//! are drawn from (salt, segment seed), and chat prompts get a system message
+//! `Run <salt hex>.` first. Within a run the sharing structure is the workload's; across runs
+//! nothing is shared, so run 2 does not profit from run 1's cache. Pass the same `--salt` to
+//! replay exactly the same prompts.
+
+pub mod arrival;
+pub mod driver;
+pub mod metrics;
+pub mod report;
+pub mod sharegpt;
+pub mod synth;
+pub mod trace;
+pub mod workload;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail, ensure};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use arrival::ArrivalKind;
+use driver::{RunPlan, Target};
+use metrics::{RunContext, RunStats, Samples, Slo};
+use workload::{Caps, SyntheticSpec, Workload};
+
+pub use crate::cli::status::base_url;
+pub use crate::request_plane::router::POLICY_HEADER;
+
+/// Named workloads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Dataset {
+    /// ShareGPT V3 conversations as multi-turn chat sessions (file: `--dataset-path`).
+    Sharegpt,
+    /// `--sessions` sessions sharing a `--system-prompt-tokens` prefix, `--turns` turns each.
+    SyntheticSessions,
+    /// Mooncake FAST'25 conversation trace (bundled; `mooncake_conversation_trace.jsonl`).
+    MooncakeConversation,
+    /// Mooncake FAST'25 synthetic trace (bundled; `mooncake_synthetic_trace.jsonl`).
+    MooncakeSynthetic,
+    /// Azure LLM inference trace 2023, conversation (bundled; `azure_llm_2023_conv.csv`).
+    AzureConv,
+    /// Azure LLM inference trace 2023, code (bundled; `azure_llm_2023_code.csv`).
+    AzureCode,
+}
+
+impl Dataset {
+    /// The trace file of a trace dataset.
+    fn trace_file(self) -> Option<&'static str> {
+        match self {
+            Dataset::MooncakeConversation => Some("mooncake_conversation_trace.jsonl"),
+            Dataset::MooncakeSynthetic => Some("mooncake_synthetic_trace.jsonl"),
+            Dataset::AzureConv => Some("azure_llm_2023_conv.csv"),
+            Dataset::AzureCode => Some("azure_llm_2023_code.csv"),
+            Dataset::Sharegpt | Dataset::SyntheticSessions => None,
+        }
+    }
+}
+
+/// Options of `flotilla bench`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Gateway base URL (or `host:port`).
+    #[arg(
+        long,
+        env = "FLOTILLA_GATEWAY",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub gateway: String,
+    /// Trace file: Mooncake `.jsonl` or Azure `.csv`, plain or `.gz`. Give either `--trace`
+    /// or `--dataset`.
+    #[arg(long, conflicts_with = "dataset", required_unless_present = "dataset")]
+    pub trace: Option<PathBuf>,
+    /// Named workload, the alternative to `--trace`; the four trace datasets are bundled
+    /// with flotilla.
+    #[arg(long, value_enum, conflicts_with = "trace")]
+    pub dataset: Option<Dataset>,
+    /// Read the trace datasets from this folder (`<name>` or `<name>.gz`, names as listed
+    /// under `--dataset`) instead of the bundled copies.
+    #[arg(long)]
+    pub traces_dir: Option<PathBuf>,
+    /// ShareGPT JSON file (default: `$FLOTILLA_SHAREGPT`, else
+    /// `~/.cache/flotilla/ShareGPT_V3_unfiltered_cleaned_split.json`, see
+    /// `scripts/fetch-sharegpt.sh`).
+    #[arg(long)]
+    pub dataset_path: Option<PathBuf>,
+    /// Send at most this many requests (the first of the trace; whole sessions in order, the
+    /// last one cut).
+    #[arg(long)]
+    pub max_requests: Option<usize>,
+    /// How sessions arrive [default: `trace` when the workload has timestamps, else `poisson`].
+    #[arg(long, value_enum)]
+    pub arrival: Option<ArrivalKind>,
+    /// Trace timestamps are divided by this (2 = twice as fast).
+    #[arg(long, default_value_t = 1.0)]
+    pub speedup: f64,
+    /// Uniform jitter added to each trace timestamp before `--speedup` (ms), to spread the
+    /// trace's ~3 s buckets.
+    #[arg(long, default_value_t = 0.0)]
+    pub trace_jitter_ms: f64,
+    /// Mean arrival rate of `poisson` and `gamma` (sessions per second).
+    #[arg(long, default_value_t = 1.0)]
+    pub rate: f64,
+    /// Gamma shape k of `gamma` (k < 1 burstier than Poisson, 1 = Poisson).
+    #[arg(long, default_value_t = 1.0)]
+    pub burstiness: f64,
+    /// Sessions at once with `--arrival fixed` (closed loop).
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Run the workload once per value: `policy=round_robin,kv` (only `policy`).
+    #[arg(long)]
+    pub compare: Option<String>,
+    /// Write `report.json` and `latency_cdf.svg` into this folder.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// TTFT objective (ms).
+    #[arg(long, default_value_t = 2000.0)]
+    pub slo_ttft_ms: f64,
+    /// Inter-token objective on each request's TPOT (ms).
+    #[arg(long, default_value_t = 200.0)]
+    pub slo_itl_ms: f64,
+    /// `model` of the requests [default: the first of `GET /v1/models`].
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Largest `max_tokens` (outputs longer in the workload are capped).
+    #[arg(long, default_value_t = 256)]
+    pub max_output_tokens: u32,
+    /// Longest prompt (tokens; longer prompts are cut, or session turns dropped).
+    #[arg(long, default_value_t = 4096)]
+    pub max_input_tokens: u32,
+    /// Seed of the arrival times and trace jitter.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Prefix salt of the first run [default: random, printed].
+    #[arg(long)]
+    pub salt: Option<u64>,
+    /// Longest wait for one request, stream included (s).
+    #[arg(long, default_value_t = 600)]
+    pub request_timeout_s: u64,
+    /// Longest wait for the fleet to go idle before a run (s).
+    #[arg(long, default_value_t = 300)]
+    pub idle_timeout_s: u64,
+    /// synthetic-sessions: sessions.
+    #[arg(long, default_value_t = 32)]
+    pub sessions: usize,
+    /// synthetic-sessions: turns per session.
+    #[arg(long, default_value_t = 4)]
+    pub turns: usize,
+    /// synthetic-sessions: tokens of the system prefix every session shares.
+    #[arg(long, default_value_t = 1024)]
+    pub system_prompt_tokens: u32,
+    /// synthetic-sessions: tokens of each user message.
+    #[arg(long, default_value_t = 128)]
+    pub user_tokens: u32,
+    /// synthetic-sessions: tokens of each answer.
+    #[arg(long, default_value_t = 128)]
+    pub session_output_tokens: u32,
+}
+
+/// What one run of a `--compare` changes: its label and its extra headers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Variant {
+    /// `policy=round_robin`, or the workload's name without `--compare`.
+    pub label: String,
+    /// Headers added to every request of the run.
+    pub headers: Vec<(String, String)>,
+}
+
+/// Parse `--compare KEY=V1,V2,…` into one variant per value (labels `KEY=V`). Only `policy`
+/// can be set per request (header [`POLICY_HEADER`]).
+pub fn parse_compare(spec: &str) -> anyhow::Result<Vec<Variant>> {
+    let (key, values) = spec
+        .split_once('=')
+        .with_context(|| format!("--compare {spec}: expected KEY=V1,V2,…"))?;
+    let key = key.trim();
+    if key != "policy" {
+        bail!(
+            "--compare {key}=…: only `policy` can be changed per request (header \
+             {POLICY_HEADER}); other router settings need the fleet restarted with \
+             `--set router.{key}=…` between benches"
+        );
+    }
+    let values: Vec<&str> = values
+        .split(',')
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .collect();
+    ensure!(!values.is_empty(), "--compare {spec}: no values");
+    for v in &values {
+        v.parse::<crate::request_plane::router::policy::Policy>()
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "--compare policy={v}: expected kv, least_loaded, round_robin or random"
+                )
+            })?;
+    }
+    Ok(values
+        .iter()
+        .map(|v| Variant {
+            label: format!("{key}={v}"),
+            headers: vec![(POLICY_HEADER.to_owned(), (*v).to_owned())],
+        })
+        .collect())
+}
+
+/// Check the numeric options.
+fn validate(a: &BenchArgs) -> anyhow::Result<()> {
+    ensure!(
+        a.speedup > 0.0 && a.speedup.is_finite(),
+        "--speedup must be > 0"
+    );
+    ensure!(a.rate > 0.0 && a.rate.is_finite(), "--rate must be > 0");
+    ensure!(
+        a.burstiness > 0.0 && a.burstiness.is_finite(),
+        "--burstiness must be > 0"
+    );
+    ensure!(a.trace_jitter_ms >= 0.0, "--trace-jitter-ms must be ≥ 0");
+    ensure!(a.concurrency >= 1, "--concurrency must be ≥ 1");
+    ensure!(a.max_input_tokens >= 1, "--max-input-tokens must be ≥ 1");
+    ensure!(a.max_output_tokens >= 1, "--max-output-tokens must be ≥ 1");
+    ensure!(a.max_requests != Some(0), "--max-requests must be ≥ 1");
+    Ok(())
+}
+
+/// The trace dataset file `file`: from `dir` when given (`dir/file`, else `dir/file.gz`), else
+/// the bundled copy.
+fn load_dataset_trace(
+    file: &str,
+    dir: Option<&Path>,
+) -> anyhow::Result<(trace::TraceFormat, Vec<trace::TraceRecord>)> {
+    let Some(dir) = dir else {
+        return trace::load_bundled(file);
+    };
+    let plain = dir.join(file);
+    let gz = dir.join(format!("{file}.gz"));
+    match [&plain, &gz].into_iter().find(|p| p.exists()) {
+        Some(p) => trace::load(p),
+        None => bail!(
+            "--traces-dir: neither {} nor {} exists (leave out --traces-dir to use the bundled \
+             trace)",
+            plain.display(),
+            gz.display()
+        ),
+    }
+}
+
+/// Load the workload the options name.
+pub fn load_workload(a: &BenchArgs) -> anyhow::Result<Workload> {
+    let caps = Caps {
+        max_input: a.max_input_tokens,
+        max_output: a.max_output_tokens,
+    };
+    let limit = a.max_requests.unwrap_or(usize::MAX);
+    let loaded = match (&a.trace, a.dataset) {
+        (Some(p), _) => Some((trace::trace_name(p), trace::load(p)?)),
+        (None, Some(d)) => match d.trace_file() {
+            Some(f) => Some((
+                trace::trace_name(Path::new(f)),
+                load_dataset_trace(f, a.traces_dir.as_deref())?,
+            )),
+            None => None,
+        },
+        (None, None) => bail!("give --trace FILE or --dataset NAME"),
+    };
+    if let Some((name, (format, records))) = loaded {
+        return Ok(workload::from_trace(&name, format, &records, caps, limit));
+    }
+    match a.dataset {
+        Some(Dataset::Sharegpt) => {
+            let path = a
+                .dataset_path
+                .clone()
+                .unwrap_or_else(sharegpt::default_path);
+            let convs = sharegpt::load(&path, limit)?;
+            ensure!(!convs.is_empty(), "no conversation in {}", path.display());
+            Ok(workload::from_sharegpt(&convs, caps, limit))
+        }
+        _ => {
+            let spec = SyntheticSpec {
+                sessions: a.sessions,
+                turns: a.turns,
+                system_tokens: a.system_prompt_tokens,
+                user_tokens: a.user_tokens,
+                output_tokens: a.session_output_tokens,
+            };
+            Ok(workload::synthetic_sessions(spec, caps, limit))
+        }
+    }
+}
+
+/// Session start offsets (s) for `kind`, or `None` for the closed loop.
+pub fn arrival_offsets(
+    a: &BenchArgs,
+    kind: ArrivalKind,
+    w: &Workload,
+) -> anyhow::Result<Option<Vec<f64>>> {
+    let mut rng = StdRng::seed_from_u64(a.seed);
+    let n = w.sessions.len();
+    Ok(match kind {
+        ArrivalKind::Fixed => None,
+        ArrivalKind::Poisson => Some(arrival::poisson(n, a.rate, &mut rng)),
+        ArrivalKind::Gamma => Some(arrival::gamma(n, a.rate, a.burstiness, &mut rng)),
+        ArrivalKind::Trace => {
+            ensure!(
+                w.has_timestamps(),
+                "--arrival trace needs a trace with timestamps; {} has none (use poisson, \
+                 gamma or fixed)",
+                w.name
+            );
+            let ts: Vec<f64> = w.sessions.iter().filter_map(|s| s.timestamp_ms).collect();
+            Some(arrival::trace(&ts, a.speedup, a.trace_jitter_ms, &mut rng))
+        }
+    })
+}
+
+/// Lines about the workload for stderr: size, what the caps changed, hit-rate ceilings.
+fn describe_workload(w: &Workload, ideal: f64, a: &BenchArgs, salt: u64) -> String {
+    let adj = &w.adjustments;
+    let mut s = format!(
+        "workload {}: {} sessions, {} requests; {} prompts cut to {} tokens, {} outputs capped \
+         at {} tokens, {} session turns dropped; ideal prefix hit rate {:.1} % (infinite \
+         cache, {}-token blocks)",
+        w.name,
+        w.sessions.len(),
+        w.requests(),
+        adj.truncated_inputs,
+        a.max_input_tokens,
+        adj.capped_outputs,
+        a.max_output_tokens,
+        adj.dropped_turns,
+        100.0 * ideal,
+        workload::SERVER_BLOCK,
+    );
+    if let Some(r) = w.trace_block_hit_rate {
+        s.push_str(&format!(
+            "; trace definition (512-token hash_id blocks seen before, uncapped): {:.1} %",
+            100.0 * r
+        ));
+    }
+    s.push_str(&format!(
+        "\nprefix salt {salt} (pass --salt {salt} to replay these prompts)"
+    ));
+    s
+}
+
+/// Write `report.json` and `latency_cdf.svg` into `dir`.
+fn write_outputs(
+    dir: &Path,
+    runs: &[RunStats],
+    samples: &[(String, Samples)],
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let json = dir.join("report.json");
+    std::fs::write(&json, report::report_json(runs)?)
+        .with_context(|| format!("cannot write {}", json.display()))?;
+    let svg = dir.join("latency_cdf.svg");
+    std::fs::write(&svg, report::latency_cdf_svg(samples))
+        .with_context(|| format!("cannot write {}", svg.display()))?;
+    eprintln!("wrote {} and {}", json.display(), svg.display());
+    Ok(())
+}
+
+/// Run `flotilla bench`: load the workload, send it once per `--compare` value (once without),
+/// print the table(s) and write the outputs.
+pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
+    validate(&a)?;
+    if let Some(dir) = &a.out {
+        // Fail before the run, not after it.
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("--out {}: cannot create the folder", dir.display()))?;
+        let probe = dir.join(".flotilla-bench-write-test");
+        std::fs::write(&probe, b"")
+            .with_context(|| format!("--out {}: not writable", dir.display()))?;
+        let _ = std::fs::remove_file(probe);
+    }
+    let variants = match &a.compare {
+        Some(spec) => parse_compare(spec)?,
+        None => Vec::new(),
+    };
+    let base = base_url(&a.gateway);
+    let workload = Arc::new(load_workload(&a)?);
+    ensure!(
+        workload.requests() > 0,
+        "the workload {} is empty",
+        workload.name
+    );
+    let variants = if variants.is_empty() {
+        vec![Variant {
+            label: workload.name.clone(),
+            headers: Vec::new(),
+        }]
+    } else {
+        variants
+    };
+    let kind = a.arrival.unwrap_or(if workload.has_timestamps() {
+        ArrivalKind::Trace
+    } else {
+        ArrivalKind::Poisson
+    });
+    let offsets = arrival_offsets(&a, kind, &workload)?;
+    let ideal = workload.ideal_hit_rate();
+    let info = workload.info();
+    let base_salt = a.salt.unwrap_or_else(rand::random);
+    eprintln!("{}", describe_workload(&workload, ideal, &a, base_salt));
+
+    let client = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .build()?;
+    let model = match &a.model {
+        Some(m) => m.clone(),
+        None => driver::first_model(&client, &base).await?,
+    };
+    let target = Arc::new(Target {
+        client: client.clone(),
+        base: base.clone(),
+        model,
+        request_timeout: Duration::from_secs(a.request_timeout_s),
+    });
+    let slo = Slo {
+        ttft_ms: Some(a.slo_ttft_ms),
+        itl_ms: Some(a.slo_itl_ms),
+    };
+
+    let mut runs = Vec::with_capacity(variants.len());
+    let mut samples = Vec::with_capacity(variants.len());
+    for (i, v) in variants.into_iter().enumerate() {
+        driver::wait_idle(&client, &base, Duration::from_secs(a.idle_timeout_s)).await;
+        let salt = synth::combine(base_salt, i as u64);
+        let plan = RunPlan {
+            label: v.label.clone(),
+            offsets: offsets.clone(),
+            concurrency: a.concurrency,
+            salt,
+            headers: v.headers,
+        };
+        let (results, wall_s) =
+            driver::execute(Arc::clone(&target), Arc::clone(&workload), plan).await;
+        let ctx = RunContext {
+            label: &v.label,
+            wall_s,
+            slo,
+            ideal_hit_rate: ideal,
+            salt,
+            workload: &info,
+        };
+        let (stats, s) = metrics::summarize(ctx, &results);
+        report_first_error(&v.label, &results);
+        runs.push(stats);
+        samples.push((v.label, s));
+    }
+
+    println!("{}", report::markdown_table(&runs));
+    if runs.len() > 1 {
+        println!("{}", report::compare_table(&runs));
+    }
+    if let Some(dir) = &a.out {
+        write_outputs(dir, &runs, &samples)?;
+    }
+    Ok(())
+}
+
+/// Print the first error of a run, if any, so a misconfiguration shows at once.
+fn report_first_error(label: &str, results: &[metrics::RequestResult]) {
+    if let Some(e) = results.iter().find_map(|r| r.error.as_deref()) {
+        eprintln!("[{label}] first error: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
+        let mut v = vec!["bench"];
+        v.extend_from_slice(args);
+        Cli::try_parse_from(v).map(|c| c.bench)
+    }
+
+    #[test]
+    fn compare_spec() {
+        let v = parse_compare("policy=round_robin, kv").unwrap();
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[1].label, "policy=kv");
+        assert_eq!(
+            v[0].headers,
+            vec![(POLICY_HEADER.to_owned(), "round_robin".to_owned())]
+        );
+        let err = parse_compare("block_size=16,32").unwrap_err().to_string();
+        assert!(err.contains("only `policy`"), "{err}");
+        assert!(parse_compare("policy").is_err());
+        assert!(parse_compare("policy=").is_err());
+    }
+
+    #[test]
+    fn flags() {
+        let a = parse(&[
+            "--dataset",
+            "synthetic-sessions",
+            "--arrival",
+            "gamma",
+            "--burstiness",
+            "0.5",
+        ])
+        .unwrap();
+        assert_eq!(a.dataset, Some(Dataset::SyntheticSessions));
+        assert_eq!(a.arrival, Some(ArrivalKind::Gamma));
+        assert_eq!((a.max_input_tokens, a.max_output_tokens), (4096, 256));
+        assert!(parse(&[]).is_err(), "a workload is required");
+        assert!(parse(&["--trace", "x.jsonl", "--dataset", "sharegpt"]).is_err());
+        assert_eq!(base_url("127.0.0.1:8080/"), "http://127.0.0.1:8080");
+    }
+
+    #[test]
+    fn synthetic_workload_and_arrivals() {
+        let a = parse(&[
+            "--dataset",
+            "synthetic-sessions",
+            "--sessions",
+            "5",
+            "--turns",
+            "2",
+            "--max-requests",
+            "7",
+        ])
+        .unwrap();
+        let w = load_workload(&a).unwrap();
+        assert_eq!(w.requests(), 7);
+        assert_eq!(w.sessions.len(), 4);
+        let off = arrival_offsets(&a, ArrivalKind::Poisson, &w)
+            .unwrap()
+            .unwrap();
+        assert_eq!(off.len(), 4);
+        assert_eq!(arrival_offsets(&a, ArrivalKind::Fixed, &w).unwrap(), None);
+        assert!(
+            arrival_offsets(&a, ArrivalKind::Trace, &w).is_err(),
+            "no timestamps"
+        );
+    }
+
+    #[test]
+    fn trace_workload_from_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.jsonl");
+        std::fs::write(
+            &p,
+            "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 4, \"hash_ids\": [1, 2]}\n\
+             {\"timestamp\": 3000, \"input_length\": 600, \"output_length\": 4, \"hash_ids\": [1, 3]}\n",
+        )
+        .unwrap();
+        let a = parse(&["--trace", p.to_str().unwrap(), "--speedup", "3"]).unwrap();
+        let w = load_workload(&a).unwrap();
+        assert_eq!(w.name, "t");
+        assert_eq!(w.trace_block_hit_rate, Some(0.25));
+        let off = arrival_offsets(&a, ArrivalKind::Trace, &w)
+            .unwrap()
+            .unwrap();
+        assert_eq!(off, vec![0.0, 1.0]);
+        // The second prompt re-uses block 1 (512 tokens = 32 server blocks) of the first.
+        assert!((w.ideal_hit_rate() - 512.0 / 1200.0).abs() < 1e-12);
+        let mut bad = a.clone();
+        bad.speedup = 0.0;
+        assert!(validate(&bad).is_err());
+    }
+
+    /// `--dataset azure-code` works with nothing on disk (the bundled trace), and from a
+    /// `--traces-dir` holding the `.gz` file; a folder without it gives an error naming both
+    /// paths tried.
+    #[test]
+    fn dataset_traces_bundled_or_from_a_folder() {
+        let a = parse(&["--dataset", "azure-code", "--max-requests", "5"]).unwrap();
+        let w = load_workload(&a).unwrap();
+        assert_eq!(w.name, "azure_llm_2023_code");
+        assert_eq!(w.requests(), 5);
+
+        let dir = tempfile::tempdir().unwrap();
+        let gz = trace::BUNDLED
+            .iter()
+            .find(|(n, _)| *n == "azure_llm_2023_code.csv")
+            .unwrap()
+            .1;
+        std::fs::write(dir.path().join("azure_llm_2023_code.csv.gz"), gz).unwrap();
+        let d = dir.path().to_str().unwrap();
+        let from_dir = parse(&["--dataset", "azure-code", "--traces-dir", d]).unwrap();
+        let w2 = load_workload(&from_dir).unwrap();
+        assert_eq!(w2.name, "azure_llm_2023_code");
+        assert_eq!(w2.requests(), 8_819);
+
+        let none = parse(&["--dataset", "azure-conv", "--traces-dir", d]).unwrap();
+        let e = format!("{:#}", load_workload(&none).unwrap_err());
+        assert!(e.contains("azure_llm_2023_conv.csv.gz"), "{e}");
+        assert!(e.contains(d), "{e}");
+    }
+
+    #[test]
+    fn outputs_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let results = vec![metrics::RequestResult {
+            ok: true,
+            ttft_ms: Some(10.0),
+            e2e_ms: 20.0,
+            output_tokens: 2,
+            ..Default::default()
+        }];
+        let ctx = RunContext {
+            label: "policy=a",
+            wall_s: 1.0,
+            slo: Slo::default(),
+            ideal_hit_rate: 0.0,
+            salt: 0,
+            workload: &workload::WorkloadInfo::default(),
+        };
+        let (stats, s) = metrics::summarize(ctx, &results);
+        write_outputs(dir.path(), &[stats], &[("policy=a".into(), s)]).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join("report.json")).unwrap())
+                .unwrap();
+        assert_eq!(json[0]["label"], "policy=a");
+        let svg = std::fs::read_to_string(dir.path().join("latency_cdf.svg")).unwrap();
+        assert!(svg.starts_with("<svg"));
+    }
+}

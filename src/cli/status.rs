@@ -1,0 +1,80 @@
+//! `flotilla status`: the fleet as the gateway's `GET /v1/fleet` reports it.
+
+use crate::control::discovery::membership::NodeView;
+use serde::Deserialize;
+use std::fmt::Write;
+
+/// The `/v1/fleet` body.
+#[derive(Debug, Deserialize)]
+pub struct Fleet {
+    /// Nodes, the gateway's own first.
+    pub nodes: Vec<NodeView>,
+}
+
+/// A gateway base URL from a URL or a bare `host:port` (http assumed), without a trailing `/`.
+pub fn base_url(gateway: &str) -> String {
+    let g = gateway.trim_end_matches('/');
+    if g.contains("://") {
+        g.to_owned()
+    } else {
+        format!("http://{g}")
+    }
+}
+
+/// Fetch `/v1/fleet` from `gateway` (a base URL such as `http://127.0.0.1:8080`).
+pub async fn fetch(gateway: &str) -> anyhow::Result<(Fleet, serde_json::Value)> {
+    let url = format!("{}/v1/fleet", base_url(gateway));
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(5))
+        .build()?;
+    let resp = client
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot reach the gateway at {gateway}: {e}"))?;
+    let status = resp.status();
+    let body: serde_json::Value = resp.json().await?;
+    if !status.is_success() {
+        anyhow::bail!("{url} answered {status}: {body}");
+    }
+    let fleet: Fleet = serde_json::from_value(body.clone())?;
+    Ok((fleet, body))
+}
+
+/// A one-screen table: nodes, roles, state, workers, then each node's actors.
+pub fn render(fleet: &Fleet) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<24} {:<18} {:<22} {:<8} WORKERS",
+        "NODE", "ADDR", "ROLES", "STATE"
+    );
+    for n in &fleet.nodes {
+        let roles: Vec<_> = n.roles.iter().map(|r| r.as_str()).collect();
+        let workers: Vec<_> = n.workers.iter().map(|w| w.id.as_str()).collect();
+        let state = format!("{:?}", n.state).to_lowercase();
+        let _ = writeln!(
+            out,
+            "{:<24} {:<18} {:<22} {:<8} {}",
+            n.id.as_str(),
+            n.addr,
+            roles.join(","),
+            state,
+            if workers.is_empty() {
+                "-".to_owned()
+            } else {
+                workers.join(",")
+            }
+        );
+    }
+    let _ = writeln!(out);
+    for n in &fleet.nodes {
+        let _ = writeln!(out, "{} actors:", n.id);
+        for a in &n.actors {
+            let depth = a.path.matches('/').count();
+            let name = a.path.rsplit('/').next().unwrap_or(&a.path);
+            let _ = writeln!(out, "  {}{:<28} {}", "  ".repeat(depth), name, a.state);
+        }
+    }
+    out
+}

@@ -1,0 +1,426 @@
+//! `flotilla up`: a local cluster of node processes on loopback.
+//!
+//! Node 0 runs the gateway and router roles; nodes 1.. run workers and join node 0 (with a
+//! single node, it runs every role). Every child gets a fresh random cookie, a free loopback
+//! cluster port, and `PR_SET_PDEATHSIG` so it dies with this process even on SIGKILL. Once the
+//! gateway reports every node up, the summary is printed (and a machine-readable
+//! `FLOTILLA_UP {"gateway": URL}` line). A node that exits before that (HTTP port in use,
+//! model missing, …) fails `up` at once: its own error is already on stderr, the other
+//! nodes are stopped and `up` returns an error naming the node. After start-up, a node that
+//! dies (crash, chaos `kill_node`) is started again under its name and joins the others; one
+//! that stops cleanly is left stopped.
+//! On Ctrl-C / SIGTERM each child gets SIGTERM — each node drains (see `node::drain`) — and is
+//! given `STOP_GRACE` to stop in order, then SIGKILL; `up` exits 0 with no child left behind.
+
+use crate::runtime::node::{READY_PREFIX, ReadyLine};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Time children get to stop after SIGTERM before they are killed.
+pub const STOP_GRACE: Duration = Duration::from_secs(60);
+/// Time allowed for the cluster to form while every node is alive.
+pub const FORM_TIMEOUT: Duration = Duration::from_secs(90);
+/// Prefix of the machine-readable line printed once the cluster is up.
+pub const UP_PREFIX: &str = "FLOTILLA_UP ";
+
+/// Options of `flotilla up`.
+#[derive(Debug, Clone)]
+pub struct UpOptions {
+    /// Node processes.
+    pub nodes: usize,
+    /// Gateway HTTP address (port 0: any free port).
+    pub http: SocketAddr,
+    /// Model file for the workers (passed on as `--model`).
+    pub model: Option<PathBuf>,
+    /// Config file passed to every node.
+    pub config: Option<PathBuf>,
+    /// Extra `--set`-style flags for every node (`key=value`).
+    pub node_args: Vec<String>,
+    /// Serve the chaos API on the gateway.
+    pub chaos: bool,
+    /// Start a node that dies again (`--no-restart` turns it off).
+    pub restart: bool,
+    /// Most restarts of one node within [`RESPAWN_WINDOW`]; one more and it stays down.
+    pub max_restarts: usize,
+}
+
+struct NodeProc {
+    name: String,
+    child: Child,
+    /// When it was restarted (within the respawn window).
+    restarts: Vec<std::time::Instant>,
+    /// It exited with success (drained on SIGTERM): not restarted.
+    stopped: bool,
+}
+
+/// Default of [`UpOptions::max_restarts`]: most restarts of one node within
+/// [`RESPAWN_WINDOW`].
+pub const MAX_RESPAWNS: usize = 10;
+/// Window of [`UpOptions::max_restarts`].
+pub const RESPAWN_WINDOW: Duration = Duration::from_secs(60);
+
+fn node_name(i: usize) -> String {
+    format!("node-{i}")
+}
+
+/// What every node process of one `up` shares.
+struct Launch {
+    /// Starts of each node so far (the first is not a restart).
+    starts: Vec<std::sync::atomic::AtomicU64>,
+    exe: PathBuf,
+    cookie: String,
+    ports: Vec<u16>,
+    opts: UpOptions,
+}
+
+impl Launch {
+    /// Start node `i`, joining `join`, serving HTTP on `http` (node 0); its ready line goes to
+    /// `ready`, its other output to ours.
+    fn spawn(
+        &self,
+        i: usize,
+        join: &[String],
+        http: Option<&str>,
+        ready: &tokio::sync::mpsc::UnboundedSender<ReadyLine>,
+    ) -> anyhow::Result<Child> {
+        let opts = &self.opts;
+        let name = node_name(i);
+        let roles = match (i, opts.nodes) {
+            (_, 1) => "gateway,router,worker",
+            (0, _) => "gateway,router",
+            _ => "worker",
+        };
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("node")
+            .arg("--name")
+            .arg(&name)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{}", self.ports[i]))
+            .arg("--roles")
+            .arg(roles)
+            .env("FLOTILLA_NODE__COOKIE", &self.cookie);
+        if let Some(starts) = self.starts.get(i) {
+            let before = starts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            cmd.env(
+                crate::runtime::resilience::NODE_RESTARTS_ENV,
+                before.to_string(),
+            );
+        }
+        if let Some(h) = http {
+            cmd.arg("--http").arg(h);
+        }
+        for j in join {
+            cmd.arg("--join").arg(j);
+        }
+        if let Some(m) = &opts.model {
+            cmd.arg("--model").arg(m);
+        }
+        if let Some(c) = &opts.config {
+            cmd.arg("--config").arg(c);
+        }
+        for a in &opts.node_args {
+            cmd.arg("--set").arg(a);
+        }
+        if opts.chaos {
+            cmd.arg("--set").arg("chaos.enabled=true");
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .process_group(0);
+        // SAFETY: prctl is async-signal-safe; the closure only calls it.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                    .map_err(std::io::Error::other)
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("cannot start {name}: {e}"))?;
+        if let Some(out) = child.stdout.take() {
+            let tx = ready.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(out).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    match line.strip_prefix(READY_PREFIX) {
+                        Some(json) => {
+                            if let Ok(r) = serde_json::from_str::<ReadyLine>(json) {
+                                let _ = tx.send(r);
+                            }
+                        }
+                        None => println!("{line}"),
+                    }
+                }
+            });
+        }
+        Ok(child)
+    }
+}
+
+/// How the start-up phase of `up` ended.
+enum Startup {
+    /// Every node is up: the gateway URL and the fleet.
+    Formed((String, crate::cli::status::Fleet)),
+    /// A node exited, or the cluster did not form in time.
+    Failed(anyhow::Error),
+    /// Ctrl-C or SIGTERM.
+    Stopped,
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn cookie() -> String {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    (0..32)
+        .map(|_| char::from(b"0123456789abcdef"[rng.random_range(0..16)]))
+        .collect()
+}
+
+/// Set `path` (dotted: `section.field`) in the JSON object `root` to `value`, creating the
+/// objects on the way.
+pub fn set_path(root: &mut serde_json::Value, path: &str, value: serde_json::Value) {
+    let mut cur = root;
+    let parts: Vec<&str> = path.split('.').collect();
+    for (i, p) in parts.iter().enumerate() {
+        if i + 1 == parts.len() {
+            cur[*p] = value;
+            return;
+        }
+        if !cur[*p].is_object() {
+            cur[*p] = serde_json::json!({});
+        }
+        cur = &mut cur[*p];
+    }
+}
+
+/// Apply one `--set section.field=value` to `overrides` (the value is JSON when it parses as
+/// JSON, else a string).
+///
+/// # Errors
+/// `kv` has no `=`.
+pub fn apply_set(overrides: &mut serde_json::Value, kv: &str) -> anyhow::Result<()> {
+    let (path, v) = kv
+        .split_once('=')
+        .ok_or_else(|| anyhow::anyhow!("--set {kv}: expected section.field=value"))?;
+    let v = serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.into()));
+    set_path(overrides, path, v);
+    Ok(())
+}
+
+/// What every node checks first — the configuration and the model path — checked once before
+/// any node starts, so such a mistake is one plain error in milliseconds, not one per node.
+/// Returns the model path the nodes will use.
+fn preflight(opts: &UpOptions, cookie: &str) -> anyhow::Result<PathBuf> {
+    let mut o = serde_json::json!({ "node": { "cookie": cookie } });
+    for kv in &opts.node_args {
+        apply_set(&mut o, kv)?;
+    }
+    if let Some(m) = &opts.model {
+        o["worker"]["model_path"] = serde_json::Value::String(m.display().to_string());
+    }
+    let config = crate::runtime::config::Config::load(opts.config.as_deref(), o)?;
+    Ok(crate::model::resolve_model_path(
+        config.worker.model_path.as_deref(),
+    )?)
+}
+
+/// Run a local cluster until Ctrl-C / SIGTERM.
+///
+/// # Errors
+/// A bad configuration or a missing model (before any node starts); a node that exits before
+/// the cluster has formed (its own error is on stderr; the others are stopped); the cluster not
+/// forming within [`FORM_TIMEOUT`].
+pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
+    anyhow::ensure!(opts.nodes >= 1, "--nodes must be at least 1");
+    let exe = std::env::current_exe()?;
+    let cookie = cookie();
+    let model = preflight(&opts, &cookie)?;
+    let mut ports = Vec::new();
+    for _ in 0..opts.nodes {
+        ports.push(free_port()?);
+    }
+    let seed = format!("127.0.0.1:{}", ports[0]);
+    let mut procs: Vec<NodeProc> = Vec::new();
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::unbounded_channel::<ReadyLine>();
+    let launch = Launch {
+        starts: ports.iter().map(|_| Default::default()).collect(),
+        exe,
+        cookie,
+        ports: ports.clone(),
+        opts: opts.clone(),
+    };
+    for i in 0..ports.len() {
+        let join = if i == 0 { vec![] } else { vec![seed.clone()] };
+        let http = (i == 0).then(|| opts.http.to_string());
+        let child = launch.spawn(i, &join, http.as_deref(), &ready_tx)?;
+        procs.push(NodeProc {
+            name: node_name(i),
+            child,
+            restarts: Vec::new(),
+            stopped: false,
+        });
+    }
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let formed = async {
+        let mut gateway = None;
+        while gateway.is_none() {
+            let r = ready_rx
+                .recv()
+                .await
+                .ok_or_else(|| anyhow::anyhow!("every node exited before the gateway was ready"))?;
+            if let Some(h) = r.http_addr {
+                gateway = Some(format!("http://{h}"));
+            }
+        }
+        let gateway = gateway.unwrap_or_default();
+        loop {
+            if let Ok((fleet, _)) = crate::cli::status::fetch(&gateway).await {
+                let up = fleet
+                    .nodes
+                    .iter()
+                    .filter(|n| n.state == crate::control::discovery::membership::NodeState::Up)
+                    .count();
+                if up >= opts.nodes {
+                    return Ok::<_, anyhow::Error>((gateway, fleet));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    // Start-up ends when the cluster forms, when a node exits (its own error is on stderr
+    // already: `up` stops the others and fails at once), at FORM_TIMEOUT, or on a signal.
+    let died = async {
+        loop {
+            for p in procs.iter_mut() {
+                if let Ok(Some(status)) = p.child.try_wait() {
+                    return (p.name.clone(), status);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let result = tokio::select! {
+        r = tokio::time::timeout(FORM_TIMEOUT, formed) => match r {
+            Ok(Ok(formed)) => Startup::Formed(formed),
+            Ok(Err(e)) => Startup::Failed(e),
+            Err(_) => Startup::Failed(anyhow::anyhow!(
+                "the cluster did not form within {} s",
+                FORM_TIMEOUT.as_secs()
+            )),
+        },
+        (name, status) = died => Startup::Failed(anyhow::anyhow!(
+            "{name} exited during start-up ({status}); its error is printed above"
+        )),
+        _ = tokio::signal::ctrl_c() => Startup::Stopped,
+        _ = sigterm.recv() => Startup::Stopped,
+    };
+    let gateway_addr = match result {
+        Startup::Formed((gateway, fleet)) => {
+            println!("Flotilla is up: {} node(s)", opts.nodes);
+            println!("gateway: {gateway}");
+            println!("model:   {}", model.display());
+            println!();
+            print!("{}", crate::cli::status::render(&fleet));
+            println!("{UP_PREFIX}{}", serde_json::json!({ "gateway": gateway }));
+            println!("Ctrl-C stops the cluster.");
+            gateway.trim_start_matches("http://").to_owned()
+        }
+        Startup::Failed(e) => {
+            stop_all(&mut procs).await;
+            return Err(e);
+        }
+        Startup::Stopped => {
+            stop_all(&mut procs).await;
+            return Ok(());
+        }
+    };
+
+    // Supervise until asked to stop: a node that dies (crash, `kill_node`: a non-zero exit or
+    // a signal) is started again under the same name, joining the others; more than
+    // `max_restarts` within RESPAWN_WINDOW and it stays down. A node that stops cleanly (it
+    // drained after its own SIGTERM) stays stopped.
+    let gateway_http = gateway_addr;
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = sigterm.recv() => break,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                for (i, p) in procs.iter_mut().enumerate() {
+                    if p.stopped {
+                        continue;
+                    }
+                    if !opts.restart {
+                        if let Ok(Some(status)) = p.child.try_wait() {
+                            eprintln!("flotilla up: {} exited ({status}); left down (--no-restart)", p.name);
+                            p.stopped = true;
+                        }
+                        continue;
+                    }
+                    let Ok(Some(status)) = p.child.try_wait() else { continue };
+                    if status.success() {
+                        // Drained and stopped on purpose (SIGTERM to that node): leave it.
+                        eprintln!("flotilla up: {} stopped ({status})", p.name);
+                        p.stopped = true;
+                        continue;
+                    }
+                    let now = std::time::Instant::now();
+                    p.restarts.retain(|t| now.duration_since(*t) < RESPAWN_WINDOW);
+                    if p.restarts.len() >= opts.max_restarts {
+                        eprintln!(
+                            "flotilla up: {} exited ({status}) {} times within {} s; leaving it down (--max-restarts)",
+                            p.name, p.restarts.len() + 1, RESPAWN_WINDOW.as_secs()
+                        );
+                        p.stopped = true;
+                        continue;
+                    }
+                    eprintln!("flotilla up: {} exited ({status}); starting it again", p.name);
+                    p.restarts.push(now);
+                    let join: Vec<String> = (0..ports.len())
+                        .filter(|j| *j != i)
+                        .map(|j| format!("127.0.0.1:{}", ports[j]))
+                        .collect();
+                    let http = (i == 0).then_some(gateway_http.as_str());
+                    match launch.spawn(i, &join, http, &ready_tx) {
+                        Ok(child) => p.child = child,
+                        Err(e) => eprintln!("flotilla up: cannot restart {}: {e}", node_name(i)),
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("flotilla up: stopping {} node(s)…", procs.len());
+    stop_all(&mut procs).await;
+    Ok(())
+}
+
+async fn stop_all(procs: &mut [NodeProc]) {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    for p in procs.iter() {
+        if let Some(pid) = p.child.id() {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+        }
+    }
+    let deadline = tokio::time::Instant::now() + STOP_GRACE;
+    for p in procs.iter_mut() {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, p.child.wait()).await {
+            Ok(_) => {}
+            Err(_) => {
+                eprintln!("flotilla up: {} did not stop in time; killing it", p.name);
+                let _ = p.child.kill().await;
+            }
+        }
+    }
+}

@@ -1,0 +1,544 @@
+//! Chaos: faults injected on purpose while load runs (first step of the chaos API).
+//!
+//! The gateway's `/chaos/faults` routes ([`ChaosController`]) resolve a fault's target to
+//! workers from the fleet view and send it to the Chaos actor of each affected node (process
+//! group [`CHAOS_GROUP`], name `<node>/chaos`), which records it in the node's [`FaultBook`].
+//! The replica's scheduler consults the book on its step path: `slow` adds a delay before
+//! every engine step of the worker; `fail_engine` makes the engine step fail after a number
+//! of further steps (every sequence of that worker then fails with an error record). A
+//! fault with `duration_ms` clears itself; `DELETE /chaos/faults/{id}` clears it at once.
+//! The routes exist only when `chaos.enabled` (`flotilla up --chaos`).
+
+use crate::runtime::ids::{NodeId, WorkerId};
+use crate::runtime::wire::Wire;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor_cluster::RactorClusterMessage;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Process group of every Chaos actor.
+pub const CHAOS_GROUP: &str = "flotilla.chaos";
+
+/// What a fault does.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum FaultKind {
+    /// Add `delay_ms` before every engine step of the target workers.
+    Slow {
+        /// Added delay per step (ms).
+        delay_ms: u64,
+    },
+    /// Fail the engine step of the target workers after `after_steps` more steps.
+    FailEngine {
+        /// Steps that still succeed.
+        #[serde(default)]
+        after_steps: u64,
+    },
+    /// The engines of the target workers stop answering (steps and canary pings) while their
+    /// processes go on. Lasts until the fault is cleared or the replica is restarted — which
+    /// the scheduler's step watchdog does after `worker.step_timeout_ms`.
+    Hang,
+    /// Kill one actor of each target (no cleanup runs, as after a crash); its supervisor
+    /// reacts. `actor`: `replica` (the replica's supervisor and so all of it), `scheduler`,
+    /// `engine`, `kv_manager` — or a node-wide actor of the target's node: `router`,
+    /// `http_gateway`, `token_sink`, `discovery`, `worker_pool` (the supervisor of its
+    /// replicas).
+    KillActor {
+        /// Which actor.
+        #[serde(default = "default_kill_actor")]
+        actor: String,
+    },
+    /// The target's node process exits abruptly (SIGKILL of itself). `flotilla up` starts it
+    /// again.
+    KillNode,
+    /// The target workers' KV block managers drop this fraction of their KV events on the
+    /// way to the routers (seeded by the fault's `seed`): routers see gaps and resync from
+    /// snapshots.
+    DropKvEvents {
+        /// Fraction of events dropped, in `[0, 1]`.
+        rate: f64,
+    },
+    /// Occupy this fraction of the target workers' KV blocks (free or evictable ones) with a
+    /// phantom sequence until the fault ends; admission and shedding see the fuller pool.
+    FillKv {
+        /// Fraction of the pool, in `[0, 1]`.
+        fraction: f64,
+    },
+    /// The target workers' schedulers panic while handling their next message (their
+    /// supervisor restarts the replica; the panic is counted).
+    Panic,
+    /// Cut the nodes in `nodes` off from all the others (every node refuses sessions across
+    /// the cut: a filter on the inter-node path), then heal after `duration_ms` (required).
+    /// `DELETE` heals the side the gateway still reaches at once; the far side heals at the
+    /// deadline.
+    Partition {
+        /// One side of the cut.
+        nodes: Vec<String>,
+    },
+    /// A bare task on the target's node panics — one no supervisor watches; the panic hook
+    /// counts and logs it (`flotilla_panics_total`).
+    PanicTask,
+}
+
+fn default_kill_actor() -> String {
+    "replica".into()
+}
+
+/// Actors `kill_actor` can name, per worker.
+pub const WORKER_ACTORS: [&str; 4] = ["replica", "scheduler", "engine", "kv_manager"];
+/// Actors `kill_actor` can name, per node.
+pub const NODE_ACTORS: [&str; 5] = [
+    "router",
+    "http_gateway",
+    "token_sink",
+    "discovery",
+    "worker_pool",
+];
+
+impl FaultKind {
+    /// One-shot kinds act once when installed and stay listed only as history.
+    pub fn is_one_shot(&self) -> bool {
+        matches!(
+            self,
+            FaultKind::KillActor { .. }
+                | FaultKind::KillNode
+                | FaultKind::Panic
+                | FaultKind::PanicTask
+        )
+    }
+}
+
+/// Whom a fault hits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    /// One worker by id (`node-1/replica-0`).
+    Worker(WorkerId),
+    /// Every worker of a node.
+    Node(NodeId),
+    /// A worker with in-flight requests (the busiest).
+    AnyBusy,
+}
+
+fn any_busy() -> Target {
+    Target::AnyBusy
+}
+
+/// A fault as the API receives it: `{"kind": "slow", "delay_ms": 2000, "target": {"worker":
+/// "node-1/replica-0"} | {"node": "node-1"} | "any_busy", "duration_ms": 5000}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FaultSpec {
+    /// What it does.
+    #[serde(flatten)]
+    pub kind: FaultKind,
+    /// Whom it hits (default `any_busy`; ignored by `partition`, which names its nodes).
+    #[serde(default = "any_busy")]
+    pub target: Target,
+    /// Clears itself after this long; `None`: until deleted.
+    #[serde(default)]
+    pub duration_ms: Option<u64>,
+    /// Seed for randomised kinds (none yet).
+    #[serde(default)]
+    pub seed: Option<u64>,
+}
+
+/// A fault sent to a node: its id, what it does, and the workers it hits there.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Injection {
+    /// Fault id.
+    pub id: u64,
+    /// The node it is sent to.
+    #[serde(default)]
+    pub node: String,
+    /// What it does.
+    pub kind: FaultKind,
+    /// Workers hit.
+    pub workers: Vec<WorkerId>,
+    /// Seed of randomised kinds.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// How long it lasts (ms), for kinds that end themselves on each node (`partition`).
+    #[serde(default)]
+    pub duration_ms: Option<u64>,
+}
+
+/// Fault id → (workers hit, what it does).
+type Faults = HashMap<u64, (Vec<WorkerId>, FaultKind)>;
+
+/// The faults active in this process, by fault id; read by the schedulers' step path.
+#[derive(Clone, Default, Debug)]
+pub struct FaultBook {
+    inner: Arc<Mutex<Faults>>,
+    /// The generator of `drop_kv_events` (seeded by the last such fault's seed).
+    rng: Arc<Mutex<Option<rand::rngs::StdRng>>>,
+}
+
+impl FaultBook {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Faults> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Record an injection (`seed` seeds randomised kinds).
+    pub fn apply(&self, inj: Injection) {
+        if matches!(inj.kind, FaultKind::DropKvEvents { .. }) {
+            use rand::SeedableRng;
+            let rng = rand::rngs::StdRng::seed_from_u64(inj.seed.unwrap_or(inj.id));
+            *self.rng.lock().unwrap_or_else(|p| p.into_inner()) = Some(rng);
+        }
+        self.lock().insert(inj.id, (inj.workers, inj.kind));
+    }
+
+    /// The fraction of `worker`'s pool a `fill_kv` fault occupies, if any.
+    pub fn fill_kv(&self, worker: &WorkerId) -> Option<f64> {
+        self.lock()
+            .values()
+            .filter(|(ws, _)| ws.contains(worker))
+            .filter_map(|(_, k)| match k {
+                FaultKind::FillKv { fraction } => Some(*fraction),
+                _ => None,
+            })
+            .reduce(f64::max)
+    }
+
+    /// Whether `worker`'s next KV event is dropped (`drop_kv_events`).
+    pub fn drop_kv_event(&self, worker: &WorkerId) -> bool {
+        let rate: f64 = self
+            .lock()
+            .values()
+            .filter(|(ws, _)| ws.contains(worker))
+            .map(|(_, k)| match k {
+                FaultKind::DropKvEvents { rate } => *rate,
+                _ => 0.0,
+            })
+            .fold(0.0, f64::max);
+        if rate <= 0.0 {
+            return false;
+        }
+        let mut g = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        let rng = g.get_or_insert_with(|| rand::SeedableRng::seed_from_u64(0));
+        rand::Rng::random_bool(rng, rate.min(1.0))
+    }
+
+    /// Remove a fault; false when unknown.
+    pub fn clear(&self, id: u64) -> bool {
+        self.lock().remove(&id).is_some()
+    }
+
+    /// Total added delay before `worker`'s next step.
+    pub fn step_delay(&self, worker: &WorkerId) -> Duration {
+        let ms: u64 = self
+            .lock()
+            .values()
+            .filter(|(ws, _)| ws.contains(worker))
+            .map(|(_, k)| match k {
+                FaultKind::Slow { delay_ms } => *delay_ms,
+                _ => 0,
+            })
+            .sum();
+        Duration::from_millis(ms)
+    }
+
+    /// Whether `worker`'s engine is hung.
+    pub fn hangs(&self, worker: &WorkerId) -> bool {
+        self.lock()
+            .values()
+            .any(|(ws, k)| *k == FaultKind::Hang && ws.contains(worker))
+    }
+
+    /// Whether `worker`'s scheduler must panic now (consumes the fault for that worker).
+    pub fn take_panic(&self, worker: &WorkerId) -> bool {
+        let mut book = self.lock();
+        let mut hit = false;
+        for (ws, k) in book.values_mut() {
+            if *k == FaultKind::Panic && ws.contains(worker) {
+                ws.retain(|w| w != worker);
+                hit = true;
+            }
+        }
+        book.retain(|_, (ws, _)| !ws.is_empty());
+        hit
+    }
+
+    /// End every hang of `worker` (its replica restarts).
+    pub fn end_hangs(&self, worker: &WorkerId) {
+        let mut book = self.lock();
+        for (ws, k) in book.values_mut() {
+            if *k == FaultKind::Hang {
+                ws.retain(|w| w != worker);
+            }
+        }
+    }
+
+    /// Whether `worker`'s next step must fail (counts the step down otherwise).
+    pub fn step_fails(&self, worker: &WorkerId) -> bool {
+        let mut book = self.lock();
+        let mut fail = false;
+        for (ws, k) in book.values_mut() {
+            if let FaultKind::FailEngine { after_steps } = k
+                && ws.contains(worker)
+            {
+                if *after_steps == 0 {
+                    fail = true;
+                } else {
+                    *after_steps -= 1;
+                }
+            }
+        }
+        fail
+    }
+}
+
+/// Chaos messages (serializable: the gateway on any node sends them).
+#[derive(RactorClusterMessage)]
+pub enum ChaosMsg {
+    /// Install a fault on this node (cast).
+    Apply(Wire<Injection>),
+    /// Remove a fault (cast; unknown ids ignored).
+    Clear(Wire<u64>),
+    /// [`ChaosMsg::Apply`], answered once the fault is in force (call).
+    #[rpc]
+    ApplyAck(Wire<Injection>, RpcReplyPort<Wire<bool>>),
+    /// [`ChaosMsg::Clear`], answered once the fault is gone (call).
+    #[rpc]
+    ClearAck(Wire<u64>, RpcReplyPort<Wire<bool>>),
+}
+
+/// The Chaos actor; its arguments are the node's fault book and its cluster handle.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Chaos;
+
+/// A partition in force on this node: the peers it cut (name, listen address) and one side
+/// of the cut.
+type ActivePartition = (Vec<(String, String)>, Vec<String>);
+
+/// Chaos actor state.
+pub struct ChaosState {
+    book: FaultBook,
+    cluster: crate::runtime::cluster::ClusterHandle,
+    /// Active partitions by fault id.
+    partitions: HashMap<u64, ActivePartition>,
+}
+
+impl ChaosState {
+    async fn partition(&mut self, myself: &ActorRef<ChaosMsg>, inj: &Injection, nodes: &[String]) {
+        let me = self.cluster.node_id.to_string();
+        self.cluster.partition.set(&me, nodes);
+        let cut = self.cluster.partition.cut(&self.cluster.server).await;
+        self.partitions.insert(inj.id, (cut, nodes.to_vec()));
+        if let Some(ms) = inj.duration_ms {
+            let id = inj.id;
+            myself.send_after(Duration::from_millis(ms), move || {
+                ChaosMsg::Clear(Wire::encode(&id))
+            });
+        }
+    }
+
+    async fn apply(&mut self, myself: &ActorRef<ChaosMsg>, inj: Injection) {
+        tracing::warn!(fault = inj.id, kind = ?inj.kind, workers = ?inj.workers, "chaos: fault installed");
+        match &inj.kind {
+            FaultKind::KillActor { actor } => kill_actors(actor, &inj.node, &inj.workers),
+            FaultKind::KillNode => kill_this_node(),
+            FaultKind::PanicTask => {
+                tokio::spawn(async { panic!("injected panic in a bare task (chaos)") });
+            }
+            FaultKind::Partition { nodes } => {
+                let nodes = nodes.clone();
+                self.partition(myself, &inj, &nodes).await;
+            }
+            _ => self.book.apply(inj),
+        }
+    }
+
+    fn clear(&mut self, id: u64) {
+        self.heal(id);
+        if self.book.clear(id) {
+            tracing::warn!(fault = id, "chaos: fault cleared");
+        }
+    }
+
+    /// Heal partition `id`: drop the filter and dial every peer across the cut — those it
+    /// cut and those the membership table knows (the far side may have cut first). Both
+    /// sides dial; `ractor_cluster` elects one session when two connect at once.
+    fn heal(&mut self, id: u64) {
+        let Some((cut, group)) = self.partitions.remove(&id) else {
+            return;
+        };
+        self.cluster.partition.clear();
+        tracing::warn!(fault = id, "chaos: partition healed");
+        let me = self.cluster.node_id.to_string();
+        let server = self.cluster.server.clone();
+        let discovery = crate::control::discovery::local(&format!("{me}/discovery"));
+        tokio::spawn(async move {
+            let inside = group.contains(&me);
+            let mut addrs: Vec<(String, String)> = cut;
+            if let Some(d) = discovery
+                && let Ok(view) = crate::control::discovery::fleet(&d).await
+            {
+                for n in view {
+                    let peer = n.id.to_string();
+                    if peer != me && group.contains(&peer) != inside {
+                        addrs.push((peer, n.addr.clone()));
+                    }
+                }
+            }
+            addrs.sort();
+            addrs.dedup();
+            for (peer, addr) in addrs {
+                if let Err(e) = ractor_cluster::client_connect(&server, addr.as_str()).await {
+                    tracing::warn!(%peer, error = %e, "re-dial after a partition failed");
+                }
+            }
+        });
+    }
+}
+
+impl Actor for Chaos {
+    type Msg = ChaosMsg;
+    type State = ChaosState;
+    type Arguments = (FaultBook, crate::runtime::cluster::ClusterHandle);
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        (book, cluster): (FaultBook, crate::runtime::cluster::ClusterHandle),
+    ) -> Result<Self::State, ActorProcessingErr> {
+        ractor::pg::join(CHAOS_GROUP.to_owned(), vec![myself.get_cell()]);
+        Ok(ChaosState {
+            book,
+            cluster,
+            partitions: HashMap::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ChaosMsg::Apply(w) => {
+                if let Ok(inj) = w.decode() {
+                    state.apply(&myself, inj).await;
+                }
+            }
+            ChaosMsg::ApplyAck(w, reply) => {
+                let ok = match w.decode() {
+                    Ok(inj) => {
+                        state.apply(&myself, inj).await;
+                        true
+                    }
+                    Err(_) => false,
+                };
+                let _ = reply.send(Wire::encode(&ok));
+            }
+            ChaosMsg::Clear(w) => {
+                if let Ok(id) = w.decode() {
+                    state.clear(id);
+                }
+            }
+            ChaosMsg::ClearAck(w, reply) => {
+                let ok = w.decode().is_ok_and(|id| {
+                    state.clear(id);
+                    true
+                });
+                let _ = reply.send(Wire::encode(&ok));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Registered name of the actor `actor` for `worker` (see [`FaultKind::KillActor`]).
+pub fn actor_name(actor: &str, worker: &WorkerId) -> Option<String> {
+    let node = worker.as_str().split('/').next().unwrap_or_default();
+    match actor {
+        "replica" => Some(worker.to_string()),
+        a if WORKER_ACTORS.contains(&a) => Some(format!("{worker}/{a}")),
+        a if NODE_ACTORS.contains(&a) => Some(format!("{node}/{a}")),
+        _ => None,
+    }
+}
+
+fn kill_actors(actor: &str, node: &str, workers: &[WorkerId]) {
+    let mut names: Vec<String> = if NODE_ACTORS.contains(&actor) {
+        vec![format!("{node}/{actor}")]
+    } else {
+        workers
+            .iter()
+            .filter_map(|w| actor_name(actor, w))
+            .collect()
+    };
+    names.dedup();
+    for name in names {
+        match ractor::registry::where_is(name.clone()) {
+            Some(cell) => {
+                tracing::warn!(actor = %name, "chaos: killing actor");
+                cell.kill();
+            }
+            None => tracing::warn!(actor = %name, "chaos: no such actor to kill"),
+        }
+    }
+}
+
+fn kill_this_node() {
+    tracing::warn!("chaos: killing this node process (SIGKILL)");
+    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    std::process::abort();
+}
+
+/// The Chaos actor of `node`, wherever it runs.
+pub fn find_chaos(node: &str) -> Option<ActorRef<ChaosMsg>> {
+    crate::runtime::cluster::member_named(CHAOS_GROUP, &format!("{node}/chaos")).map(Into::into)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_apply_to_their_workers_and_clear() {
+        let book = FaultBook::default();
+        let (a, b) = (WorkerId::new("n/a"), WorkerId::new("n/b"));
+        book.apply(Injection {
+            node: "n".into(),
+            id: 1,
+            kind: FaultKind::Slow { delay_ms: 5 },
+            workers: vec![a.clone()],
+            seed: None,
+            duration_ms: None,
+        });
+        book.apply(Injection {
+            node: "n".into(),
+            id: 2,
+            kind: FaultKind::FailEngine { after_steps: 1 },
+            workers: vec![b.clone()],
+            seed: None,
+            duration_ms: None,
+        });
+        assert_eq!(book.step_delay(&a), Duration::from_millis(5));
+        assert_eq!(book.step_delay(&b), Duration::ZERO);
+        assert!(!book.step_fails(&b), "one step still succeeds");
+        assert!(book.step_fails(&b));
+        assert!(!book.step_fails(&a));
+        assert!(book.clear(1) && !book.clear(1));
+        assert_eq!(book.step_delay(&a), Duration::ZERO);
+    }
+
+    #[test]
+    fn specs_parse_from_the_documented_json() {
+        let f: FaultSpec = serde_json::from_str(
+            r#"{"kind": "slow", "delay_ms": 2000, "target": {"worker": "node-1/replica-0"}, "duration_ms": 5000}"#,
+        )
+        .unwrap();
+        assert_eq!(f.kind, FaultKind::Slow { delay_ms: 2000 });
+        assert_eq!(f.target, Target::Worker(WorkerId::new("node-1/replica-0")));
+        let f: FaultSpec = serde_json::from_str(
+            r#"{"kind": "fail_engine", "after_steps": 10, "target": "any_busy"}"#,
+        )
+        .unwrap();
+        assert_eq!(f.target, Target::AnyBusy);
+    }
+}

@@ -1,0 +1,319 @@
+//! Membership table: who is in the cluster and whether they are alive (pure; time passed in).
+//!
+//! Liveness is a heartbeat lease: a peer unheard for `suspect_after` becomes `Suspect`, for
+//! `down_after` (the liveness timeout) `Down`; a session drop makes an `Up` peer `Suspect` at
+//! once. A `Down` peer that heartbeats again comes back `Up` (a restarted process reuses its
+//! name). Down peers stay listed for `retention`, then are forgotten.
+
+use crate::runtime::clock::Instant;
+use crate::runtime::config::Role;
+use crate::runtime::ids::NodeId;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Liveness of a node as seen from here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeState {
+    /// Heard from within `suspect_after`.
+    Up,
+    /// Silent for longer than `suspect_after`, or its session dropped.
+    Suspect,
+    /// Silent for longer than the liveness timeout.
+    Down,
+}
+
+/// One actor in a node's supervision tree, as listed in the fleet view.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActorView {
+    /// Path of registered names from the node supervisor down, `/`-separated.
+    pub path: String,
+    /// ractor status (`running`, `stopping`, …).
+    pub state: String,
+}
+
+/// One worker (replica) of a node, with its load as of the node's last heartbeat.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct WorkerView {
+    /// Worker id (`<node>/replica-<k>`).
+    pub id: String,
+    /// ractor status of the replica supervisor.
+    pub state: String,
+    /// Sequences running (admitted) on its scheduler.
+    #[serde(default)]
+    pub running: usize,
+    /// Sequences waiting for admission.
+    #[serde(default)]
+    pub waiting: usize,
+    /// Requests in flight on it (running + waiting).
+    #[serde(default)]
+    pub in_flight: usize,
+    /// KV blocks pinned by live sequences.
+    #[serde(default)]
+    pub kv_blocks_used: usize,
+    /// KV blocks in its pool.
+    #[serde(default)]
+    pub kv_blocks_total: usize,
+    /// `ready` (routable), `draining` (finishing its requests, not routable) or `unhealthy`
+    /// (its watchdog found the engine hung; the replica is being restarted); empty when its
+    /// scheduler did not answer.
+    #[serde(default)]
+    pub health: String,
+}
+
+/// What a node says about itself in every heartbeat.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// Node name.
+    pub id: NodeId,
+    /// Cluster listen address.
+    pub addr: String,
+    /// HTTP address, for gateway nodes.
+    pub http_addr: Option<String>,
+    /// Roles.
+    pub roles: Vec<Role>,
+    /// Process start time (ms since the Unix epoch): tells a restarted node from the old one.
+    pub incarnation: u64,
+    /// OS process id (for operators and chaos tooling on one machine).
+    pub pid: u32,
+    /// The node's actors.
+    pub actors: Vec<ActorView>,
+    /// The node's workers.
+    pub workers: Vec<WorkerView>,
+    /// Resilience counters since the process started.
+    #[serde(default)]
+    pub counters: NodeCounters,
+}
+
+/// What the resilience loop did on one node: every counter counts since the node's process
+/// started (its `incarnation`, shown beside them in `/v1/fleet`) and goes back to 0 when the
+/// node restarts, except `node_restarts`, which the launcher carries across restarts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeCounters {
+    /// Requests this gateway migrated to another worker.
+    pub migrations: u64,
+    /// Children restarted by this node's supervisors.
+    pub restarts: u64,
+    /// Panics caught anywhere in the process (actors and bare tasks).
+    pub panics: u64,
+    /// Engine hangs its schedulers' watchdogs detected.
+    pub engine_hangs: u64,
+    /// Times `flotilla up` started this node again after it died (across incarnations).
+    #[serde(default)]
+    pub node_restarts: u64,
+}
+
+/// A node as shown in `/v1/fleet`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeView {
+    /// Node name.
+    pub id: NodeId,
+    /// Cluster address.
+    pub addr: String,
+    /// HTTP address, if it runs a gateway.
+    pub http_addr: Option<String>,
+    /// Roles.
+    pub roles: Vec<Role>,
+    /// OS process id.
+    pub pid: u32,
+    /// Start of the node's process (ms since the Unix epoch): the per-incarnation counters
+    /// count from here.
+    #[serde(default)]
+    pub incarnation: u64,
+    /// Liveness.
+    pub state: NodeState,
+    /// Milliseconds since it was last heard from (0 for this node).
+    pub last_seen_ms: u64,
+    /// Workers.
+    pub workers: Vec<WorkerView>,
+    /// Actors.
+    pub actors: Vec<ActorView>,
+    /// Resilience counters.
+    #[serde(default)]
+    pub counters: NodeCounters,
+}
+
+/// A change of membership, published to subscribers.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MembershipEvent {
+    /// A node joined or came back.
+    NodeUp(NodeInfo),
+    /// A node went silent or lost its session.
+    NodeSuspect(NodeId),
+    /// A node exceeded the liveness timeout.
+    NodeDown(NodeId),
+}
+
+/// Lease durations.
+#[derive(Clone, Copy, Debug)]
+pub struct Leases {
+    /// Silence before `Suspect`.
+    pub suspect_after: Duration,
+    /// Silence before `Down` (the liveness timeout).
+    pub down_after: Duration,
+    /// How long `Down` nodes stay listed.
+    pub retention: Duration,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    info: NodeInfo,
+    last_seen: Instant,
+    state: NodeState,
+}
+
+/// The membership table of one node.
+#[derive(Debug)]
+pub struct Membership {
+    me: NodeInfo,
+    leases: Leases,
+    peers: BTreeMap<NodeId, Entry>,
+}
+
+impl Membership {
+    /// A table that knows only this node.
+    pub fn new(me: NodeInfo, leases: Leases) -> Self {
+        Self {
+            me,
+            leases,
+            peers: BTreeMap::new(),
+        }
+    }
+
+    /// This node's own info.
+    pub fn me(&self) -> &NodeInfo {
+        &self.me
+    }
+
+    /// Replace this node's own info (actors and workers change).
+    pub fn set_me(&mut self, me: NodeInfo) {
+        self.me = me;
+    }
+
+    /// A heartbeat from `info.id` arrived at `now`.
+    pub fn on_heartbeat(&mut self, info: NodeInfo, now: Instant) -> Vec<MembershipEvent> {
+        if info.id == self.me.id {
+            return Vec::new();
+        }
+        let mut events = Vec::new();
+        match self.peers.get_mut(&info.id) {
+            Some(e) => {
+                let came_back = e.state != NodeState::Up || e.info.incarnation != info.incarnation;
+                e.last_seen = now;
+                e.state = NodeState::Up;
+                e.info = info.clone();
+                if came_back {
+                    events.push(MembershipEvent::NodeUp(info));
+                }
+            }
+            None => {
+                self.peers.insert(
+                    info.id.clone(),
+                    Entry {
+                        info: info.clone(),
+                        last_seen: now,
+                        state: NodeState::Up,
+                    },
+                );
+                events.push(MembershipEvent::NodeUp(info));
+            }
+        }
+        events
+    }
+
+    /// The cluster session to `node` dropped: an `Up` node becomes `Suspect` at once.
+    pub fn on_session_lost(&mut self, node: &NodeId) -> Vec<MembershipEvent> {
+        match self.peers.get_mut(node) {
+            Some(e) if e.state == NodeState::Up => {
+                e.state = NodeState::Suspect;
+                vec![MembershipEvent::NodeSuspect(node.clone())]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Advance leases to `now`.
+    pub fn tick(&mut self, now: Instant) -> Vec<MembershipEvent> {
+        let mut events = Vec::new();
+        let leases = self.leases;
+        self.peers.retain(|id, e| {
+            let silent = now.saturating_duration_since(e.last_seen);
+            if silent >= leases.down_after {
+                if e.state != NodeState::Down {
+                    e.state = NodeState::Down;
+                    events.push(MembershipEvent::NodeDown(id.clone()));
+                }
+                return silent < leases.down_after + leases.retention;
+            }
+            if silent >= leases.suspect_after && e.state == NodeState::Up {
+                e.state = NodeState::Suspect;
+                events.push(MembershipEvent::NodeSuspect(id.clone()));
+            }
+            true
+        });
+        events
+    }
+
+    /// State of `node` (this node is always `Up`).
+    pub fn state(&self, node: &NodeId) -> Option<NodeState> {
+        if *node == self.me.id {
+            return Some(NodeState::Up);
+        }
+        self.peers.get(node).map(|e| e.state)
+    }
+
+    /// Whether any peer (other than this node) is `Up` or `Suspect`.
+    pub fn has_live_peers(&self) -> bool {
+        self.peers.values().any(|e| e.state != NodeState::Down)
+    }
+
+    /// Every known node, this one first, then by name.
+    pub fn view(&self, now: Instant) -> Vec<NodeView> {
+        let mine = std::iter::once(NodeView {
+            id: self.me.id.clone(),
+            addr: self.me.addr.clone(),
+            http_addr: self.me.http_addr.clone(),
+            roles: self.me.roles.clone(),
+            pid: self.me.pid,
+            incarnation: self.me.incarnation,
+            state: NodeState::Up,
+            last_seen_ms: 0,
+            workers: self.me.workers.clone(),
+            actors: self.me.actors.clone(),
+            counters: self.me.counters,
+        });
+        mine.chain(self.peers.values().map(|e| {
+            NodeView {
+                id: e.info.id.clone(),
+                addr: e.info.addr.clone(),
+                http_addr: e.info.http_addr.clone(),
+                roles: e.info.roles.clone(),
+                pid: e.info.pid,
+                incarnation: e.info.incarnation,
+                state: e.state,
+                last_seen_ms: now.saturating_duration_since(e.last_seen).as_millis() as u64,
+                // A node not up cannot vouch for its workers: their last report is shown with
+                // health `unreachable`.
+                workers: e
+                    .info
+                    .workers
+                    .iter()
+                    .cloned()
+                    .map(|mut w| {
+                        if e.state != NodeState::Up {
+                            w.health = "unreachable".into();
+                        }
+                        w
+                    })
+                    .collect(),
+                actors: e.info.actors.clone(),
+                counters: e.info.counters,
+            }
+        }))
+        .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

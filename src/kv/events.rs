@@ -1,0 +1,131 @@
+//! KV events: what a block pool tells the routers about the blocks it holds.
+//!
+//! Every event carries the worker, a per-pool event id (monotonic, starting at 1, no gaps) and
+//! the tier. A consumer applies them in id order; [`EventReplay`] is the reference consumer
+//! (a set of registered blocks) and reports a gap so the caller can ask for a snapshot.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::runtime::ids::{BlockHash, EventId, SequenceHash, WorkerId};
+
+/// Storage tier of the blocks an event talks about (DESIGN.md §5: G1..G4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// Accelerator memory (G1). The only tier the pool manages today.
+    Device,
+    /// Host memory (G2).
+    Host,
+    /// Local disk (G3).
+    Disk,
+    /// A remote node (G4).
+    Remote,
+}
+
+/// One block inside a [`KvEventData::Stored`] chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct StoredBlock {
+    pub seq_hash: SequenceHash,
+    pub block_hash: BlockHash,
+}
+
+/// What happened.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum KvEventData {
+    /// A chain of blocks became reusable: `blocks[0]`'s parent is `parent` (`None` = root),
+    /// `blocks[i]`'s parent is `blocks[i-1]`.
+    Stored {
+        parent: Option<SequenceHash>,
+        blocks: Vec<StoredBlock>,
+    },
+    /// These blocks are no longer held.
+    Removed { blocks: Vec<SequenceHash> },
+    /// Every block of this worker and tier is gone (a `Stored` of survivors may follow).
+    Cleared,
+}
+
+/// One KV event as published by a block pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvEvent {
+    pub worker: WorkerId,
+    pub event_id: EventId,
+    pub tier: Tier,
+    pub data: KvEventData,
+}
+
+/// One registered block as listed by a snapshot or held by a replay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SnapshotBlock {
+    pub seq_hash: SequenceHash,
+    pub parent: Option<SequenceHash>,
+    pub block_hash: BlockHash,
+}
+
+/// Errors of event consumers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EventError {
+    /// An event id was skipped or repeated: the consumer must resync (replay or snapshot).
+    #[error("kv event gap: expected event {expected}, got {got}")]
+    Gap { expected: EventId, got: EventId },
+}
+
+/// Reference consumer: applies events in order to a set of registered blocks.
+#[derive(Debug, Default, Clone)]
+pub struct EventReplay {
+    blocks: HashMap<SequenceHash, SnapshotBlock>,
+    last_event: Option<EventId>,
+}
+
+impl EventReplay {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Applies one event; an id that does not follow the previous one is rejected (state kept).
+    pub fn apply(&mut self, ev: &KvEvent) -> Result<(), EventError> {
+        let expected = EventId(self.last_event.map_or(1, |e| e.0 + 1));
+        if ev.event_id != expected {
+            return Err(EventError::Gap {
+                expected,
+                got: ev.event_id,
+            });
+        }
+        self.last_event = Some(ev.event_id);
+        match &ev.data {
+            KvEventData::Stored { parent, blocks } => {
+                let mut parent = *parent;
+                for b in blocks {
+                    self.blocks.insert(
+                        b.seq_hash,
+                        SnapshotBlock {
+                            seq_hash: b.seq_hash,
+                            parent,
+                            block_hash: b.block_hash,
+                        },
+                    );
+                    parent = Some(b.seq_hash);
+                }
+            }
+            KvEventData::Removed { blocks } => {
+                for h in blocks {
+                    self.blocks.remove(h);
+                }
+            }
+            KvEventData::Cleared => self.blocks.clear(),
+        }
+        Ok(())
+    }
+
+    /// The blocks currently held, keyed by sequence hash.
+    pub fn blocks(&self) -> &HashMap<SequenceHash, SnapshotBlock> {
+        &self.blocks
+    }
+
+    /// The id of the last applied event.
+    pub fn last_event(&self) -> Option<EventId> {
+        self.last_event
+    }
+}

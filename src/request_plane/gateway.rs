@@ -1,0 +1,148 @@
+//! The HTTP gateway actor: the only door for clients.
+//!
+//! It binds its listener in `pre_start` (so a bind failure is a start failure its supervisor
+//! sees), serves the axum app from [`routes::app`] on a task through its own accept loop
+//! ([`conn::serve`]: connection cap, idle and header deadlines), and stops the server in
+//! `post_stop`: graceful shutdown first, aborted after [`SERVER_STOP_GRACE`]; a killed actor
+//! (no `post_stop`) still releases its listener, through a drop guard in its state. If the server
+//! task ends on its own, the actor fails so its supervisor restarts it; a restart re-binds the
+//! same port (the first bind's port when configured as 0).
+
+pub mod chaos_routes;
+pub mod conn;
+pub mod edge;
+pub mod frontend;
+pub mod routes;
+pub mod serve;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use routes::GatewayShared;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// How long open connections get to finish when the gateway stops.
+pub const SERVER_STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// Gateway messages (local).
+#[derive(Debug)]
+pub enum GatewayMsg {
+    /// The HTTP server task ended by itself (with the error, if any).
+    ServerExited(String),
+}
+
+impl ractor::Message for GatewayMsg {}
+
+/// What the gateway needs to start.
+#[derive(Clone)]
+pub struct GatewayArgs {
+    /// Configured listen address (port 0: any; the chosen port is kept for restarts).
+    pub addr: SocketAddr,
+    /// Where the bound address is published (for the node's ready line and heartbeats).
+    pub bound: Arc<Mutex<Option<String>>>,
+    /// Route state.
+    pub shared: Arc<GatewayShared>,
+    /// Connection cap and deadlines.
+    pub limits: conn::ConnLimits,
+}
+
+/// The gateway actor.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HttpGateway;
+
+/// Gateway state.
+pub struct GatewayState {
+    cancel: CancellationToken,
+    /// Cancels the server when the state is dropped — also when the actor is killed and
+    /// `post_stop` does not run — so the listener is released for the restarted actor.
+    _stop_on_drop: tokio_util::sync::DropGuard,
+    server: Option<JoinHandle<()>>,
+    /// The bound address.
+    pub addr: SocketAddr,
+}
+
+impl Actor for HttpGateway {
+    type Msg = GatewayMsg;
+    type State = GatewayState;
+    type Arguments = GatewayArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: GatewayArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let previous = args
+            .bound
+            .lock()
+            .map(|g| g.clone())
+            .unwrap_or_else(|p| p.into_inner().clone());
+        let addr = match previous.and_then(|p| p.parse::<SocketAddr>().ok()) {
+            Some(prev) if args.addr.port() == 0 => prev,
+            _ => args.addr,
+        };
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("gateway cannot listen on {addr}: {e}"))?;
+        let addr = listener.local_addr()?;
+        if let Ok(mut g) = args.bound.lock() {
+            *g = Some(addr.to_string());
+        }
+        let cancel = CancellationToken::new();
+        let app = routes::app(args.shared.clone());
+        let token = cancel.clone();
+        let limits = args.limits;
+        let me = myself.clone();
+        let server = tokio::spawn(async move {
+            let result = conn::serve(listener, app, limits, token).await;
+            if !me.get_status().eq(&ractor::ActorStatus::Stopping) {
+                let why = match result {
+                    Ok(()) => "server ended".to_owned(),
+                    Err(e) => e.to_string(),
+                };
+                let _ = me.cast(GatewayMsg::ServerExited(why));
+            }
+        });
+        tracing::info!(%addr, "gateway listening");
+        Ok(GatewayState {
+            _stop_on_drop: cancel.clone().drop_guard(),
+            cancel,
+            server: Some(server),
+            addr,
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        state.cancel.cancel();
+        if let Some(mut server) = state.server.take()
+            && tokio::time::timeout(SERVER_STOP_GRACE, &mut server)
+                .await
+                .is_err()
+        {
+            server.abort();
+            let _ = server.await;
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            GatewayMsg::ServerExited(why) => {
+                if state.cancel.is_cancelled() {
+                    return Ok(());
+                }
+                Err(format!("HTTP server on {} exited: {why}", state.addr).into())
+            }
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! The HTTP edge: what every request meets before a route runs (B20, B22). The connection
+//! limits (B21) are in `conn.rs`.
+//!
+//! - **Request ids.** Every response carries `x-request-id`: the client's value when it is 1 to
+//!   [`MAX_REQUEST_ID_LEN`] visible ASCII characters, else (absent, longer, other bytes) a
+//!   generated UUID v4 that replaces it — never a 4xx for a bad id. The id is a field of the
+//!   `request` tracing span around the whole request (so of every log line it emits, the
+//!   streamed body included) and travels to the worker as `SubmitRequest::trace_id`.
+//!   (tower-http `SetRequestIdLayer` / `PropagateRequestIdLayer` / `TraceLayer`.)
+//! - **JSON bodies.** The POST routes (`/v1/chat/completions`, `/v1/completions`,
+//!   `/chaos/faults`) need `Content-Type: application/json` (or `application/*+json`, any
+//!   parameters): otherwise, or with none, 415 in the OpenAI error shape before any work
+//!   ([`require_json`]). A cross-site HTML form cannot send that type without a CORS preflight.
+//! - **The control API** (`/chaos/*`, and any admin route added to [`control_routes`]'s
+//!   router): a foreign `Origin` is refused (403), and when no `chaos.token` is set the `Host`
+//!   must be a loopback name — `localhost`, `127.0.0.0/8`, `[::1]` — or the configured
+//!   `gateway.http_addr` IP, any port (403 otherwise: a DNS-rebinding page's requests carry
+//!   its own host name). A request with no `Host` is refused too ([`check_control`]).
+
+use super::routes::GatewayShared;
+use crate::openai::error::{ApiError, ErrorKind};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::middleware::Next;
+use axum::response::Response;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::{DefaultOnFailure, TraceLayer};
+
+#[cfg(test)]
+mod tests;
+
+/// The request-id header.
+pub const REQUEST_ID: &str = "x-request-id";
+/// Longest client-chosen request id kept (characters); longer ones are replaced.
+pub const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// Whether a client's request id is kept: 1..=[`MAX_REQUEST_ID_LEN`] bytes of visible ASCII.
+pub fn request_id_ok(v: &HeaderValue) -> bool {
+    let b = v.as_bytes();
+    !b.is_empty() && b.len() <= MAX_REQUEST_ID_LEN && b.iter().all(|c| c.is_ascii_graphic())
+}
+
+/// Drop a request id that is not kept, so that `SetRequestIdLayer` makes a new one.
+async fn bound_request_id(mut req: Request, next: Next) -> Response {
+    if req
+        .headers()
+        .get(REQUEST_ID)
+        .is_some_and(|v| !request_id_ok(v))
+    {
+        req.headers_mut().remove(REQUEST_ID);
+    }
+    next.run(req).await
+}
+
+/// The request id of a request that went through [`with_request_ids`].
+pub fn request_id(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// Wrap `app` in the request-id and tracing layers (outermost first: bound the client's id,
+/// set one when missing, open the `request` span, copy the id onto the response).
+pub fn with_request_ids(app: axum::Router) -> axum::Router {
+    let trace = TraceLayer::new_for_http().make_span_with(|req: &Request| {
+        let id = req
+            .headers()
+            .get(REQUEST_ID)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-");
+        tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path())
+    })
+    // A 5xx (load shedding's 503 included) is the route's to log, not one ERROR line each.
+    .on_failure(DefaultOnFailure::new().level(tracing::Level::DEBUG));
+    app.layer(PropagateRequestIdLayer::x_request_id())
+        .layer(trace)
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(axum::middleware::from_fn(bound_request_id))
+}
+
+/// 415 unless the body is declared `application/json` (or `application/*+json`).
+pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    let refuse = |got: &str| {
+        Err(ApiError::new(
+            ErrorKind::UnsupportedMediaType,
+            format!("Content-Type must be application/json, got {got}"),
+        )
+        .code("unsupported_media_type"))
+    };
+    let Some(v) = headers.get(header::CONTENT_TYPE) else {
+        return refuse("none");
+    };
+    let Ok(v) = v.to_str() else {
+        return refuse("a non-ASCII value");
+    };
+    let mime = v.split(';').next().unwrap_or_default().trim();
+    let mime = mime.to_ascii_lowercase();
+    let json = mime == "application/json"
+        || mime
+            .strip_prefix("application/")
+            .is_some_and(|s| s.ends_with("+json"));
+    if json {
+        Ok(())
+    } else {
+        let shown: String = mime.chars().take(64).collect();
+        refuse(&format!("'{shown}'"))
+    }
+}
+
+/// Who may call the control API.
+#[derive(Clone, Copy, Debug)]
+pub struct ControlPolicy {
+    /// The configured listen address (`gateway.http_addr`); its IP is an allowed `Host`.
+    pub http_addr: SocketAddr,
+    /// Whether a bearer token guards the control API (then any `Host` is accepted).
+    pub token_set: bool,
+}
+
+/// The host part of a `Host` value or an origin's authority, without the port, lower-cased.
+fn host_of(authority: &str) -> String {
+    let a = authority.trim().to_ascii_lowercase();
+    if a.starts_with('[') {
+        return match a.find(']') {
+            Some(end) => a[..=end].to_owned(),
+            None => a,
+        };
+    }
+    match a.rsplit_once(':') {
+        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h.to_owned(),
+        _ => a,
+    }
+}
+
+/// Whether `host` (no port) names this machine's loopback or the configured address.
+pub fn host_allowed(host: &str, configured: IpAddr) -> bool {
+    let host = host.trim_end_matches('.');
+    if host == "localhost" {
+        return true;
+    }
+    let ip = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<IpAddr>().ok(),
+        None => host.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4),
+    };
+    ip.is_some_and(|ip| ip.is_loopback() || (!configured.is_unspecified() && ip == configured))
+}
+
+/// Whether an `Origin` value is this gateway's own kind of origin (an allowed host).
+pub fn origin_allowed(origin: &str, configured: IpAddr) -> bool {
+    let Some((scheme, rest)) = origin.split_once("://") else {
+        return false; // "null" and anything that is not an origin
+    };
+    if !matches!(scheme.to_ascii_lowercase().as_str(), "http" | "https") {
+        return false;
+    }
+    host_allowed(&host_of(rest.trim_end_matches('/')), configured)
+}
+
+/// Refuse a control-API request from a foreign origin or, without a token, a foreign host.
+pub fn check_control(headers: &HeaderMap, policy: ControlPolicy) -> Result<(), ApiError> {
+    let ip = policy.http_addr.ip();
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let ok = origin.to_str().is_ok_and(|o| origin_allowed(o, ip));
+        if !ok {
+            return Err(ApiError::new(
+                ErrorKind::Forbidden,
+                "cross-origin requests to the control API are refused",
+            )
+            .code("forbidden_origin"));
+        }
+    }
+    if !policy.token_set {
+        let ok = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .is_some_and(|h| host_allowed(&host_of(h), ip));
+        if !ok {
+            return Err(ApiError::new(
+                ErrorKind::Forbidden,
+                "the control API answers only a loopback Host or the configured address \
+                 (set chaos.token to serve other names)",
+            )
+            .code("forbidden_host"));
+        }
+    }
+    Ok(())
+}
+
+/// Middleware of the control routes: [`check_control`].
+pub async fn control_guard(
+    State(s): State<Arc<GatewayShared>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    use axum::response::IntoResponse;
+    let policy = ControlPolicy {
+        http_addr: s.http_addr,
+        token_set: s.chaos.as_ref().is_some_and(|c| c.has_token()),
+    };
+    match check_control(req.headers(), policy) {
+        Ok(()) => next.run(req).await,
+        Err(e) => {
+            tracing::warn!(error = %e.message, "control API request refused");
+            e.into_response()
+        }
+    }
+}
+
+/// The control API's routes, behind [`control_guard`].
+pub fn control_routes(shared: Arc<GatewayShared>) -> axum::Router<Arc<GatewayShared>> {
+    use super::chaos_routes;
+    axum::Router::new()
+        .route(
+            "/chaos/faults",
+            axum::routing::get(chaos_routes::list).post(chaos_routes::create),
+        )
+        .route(
+            "/chaos/faults/{id}",
+            axum::routing::delete(chaos_routes::delete),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(shared, control_guard))
+}

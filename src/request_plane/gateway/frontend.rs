@@ -1,0 +1,166 @@
+//! What the gateway needs of the model to accept requests: its name, tokenizer, chat template
+//! and context length. Loaded from the GGUF metadata alone (no weights) — routing needs token
+//! ids, so the gateway tokenizes.
+
+use crate::model::chat_template::{ChatMessage, ChatTemplate};
+use crate::model::tokenizer::Tokenizer;
+use crate::model::{ModelError, gguf::GgufFile};
+use crate::openai::error::{ApiError, ErrorKind};
+use crate::openai::request::{GenerationRequest, Input};
+use std::borrow::Borrow;
+use std::path::Path;
+use std::sync::Arc;
+
+/// The served model as the gateway sees it.
+pub struct Frontend {
+    /// Name clients use in `model` (the file stem of the model path).
+    pub model_id: String,
+    /// Tokenizer (shared with the streaming detokenizers).
+    pub tokenizer: Arc<Tokenizer>,
+    /// Chat template, if the model has one.
+    pub template: Option<ChatTemplate>,
+    /// Context window in tokens (prompt + generated), capped by the workers' limit.
+    pub context_len: usize,
+    /// Vocabulary size (prompt token ids must be below it).
+    pub vocab_size: usize,
+    /// The block-hash salt the workers' pools use for this model
+    /// (`supervisors::tree::model_salt`), so the gateway computes the same sequence hashes.
+    pub salt: u64,
+}
+
+/// A cheap handle on the tokenizer that detokenizers can own.
+#[derive(Clone)]
+pub struct TokRef(pub Arc<Tokenizer>);
+
+impl Borrow<tokenizers::Tokenizer> for TokRef {
+    fn borrow(&self) -> &tokenizers::Tokenizer {
+        self.0.inner()
+    }
+}
+
+impl Frontend {
+    /// Load from a GGUF file (metadata only) or a Hugging Face directory; `max_context`
+    /// caps the model's own context length.
+    pub fn load(path: &Path, max_context: usize) -> Result<Self, ModelError> {
+        let model_id = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into());
+        let (tokenizer, template, ctx, vocab, salt) = if path.is_dir() {
+            let m = crate::model::load_model(path)?;
+            let c = m.config().clone();
+            let salt = crate::supervisors::tree::config_salt(&c);
+            (
+                m.tokenizer,
+                m.chat_template,
+                c.max_context,
+                c.vocab_size,
+                salt,
+            )
+        } else {
+            let f = GgufFile::open(path)?;
+            let config = crate::model::config::ModelConfig::from_gguf(&f)?;
+            let tokenizer = Tokenizer::from_gguf(&f)?;
+            let tok = |id: Option<u32>| {
+                id.and_then(|i| tokenizer.id_to_token(i))
+                    .unwrap_or_default()
+            };
+            let template = match f.get_str("tokenizer.chat_template") {
+                Ok(src) => Some(ChatTemplate::new(
+                    src,
+                    &tok(tokenizer.bos_id),
+                    &tok(tokenizer.eos_ids.first().copied()),
+                )?),
+                Err(_) => None,
+            };
+            let salt = crate::supervisors::tree::config_salt(&config);
+            (
+                tokenizer,
+                template,
+                config.max_context,
+                config.vocab_size,
+                salt,
+            )
+        };
+        Ok(Self {
+            model_id,
+            tokenizer: Arc::new(tokenizer),
+            template,
+            context_len: ctx.min(max_context),
+            vocab_size: vocab,
+            salt,
+        })
+    }
+
+    /// The prompt's token ids: chat messages through the template (its own special tokens,
+    /// one BOS if the template writes one, no extra), text tokenized as-is (BOS added only when
+    /// the model asks for one and the text lacks it), token ids checked against the vocabulary.
+    pub fn prompt_ids(&self, req: &GenerationRequest) -> Result<Vec<u32>, ApiError> {
+        let internal = |e: String| {
+            tracing::error!(error = %e, "tokenization failed");
+            ApiError::new(
+                ErrorKind::Internal,
+                "internal error while tokenizing the prompt",
+            )
+        };
+        match &req.input {
+            Input::Chat(messages) => {
+                let template = self.template.as_ref().ok_or_else(|| {
+                    ApiError::new(
+                        ErrorKind::InvalidRequest,
+                        "this model has no chat template; use /v1/completions",
+                    )
+                    .param("messages")
+                })?;
+                let msgs: Vec<ChatMessage> = messages
+                    .iter()
+                    .map(|m| ChatMessage {
+                        role: serde_json::to_value(m.role)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_owned))
+                            .unwrap_or_else(|| "user".into()),
+                        content: m.content.clone(),
+                    })
+                    .collect();
+                let text = template.render(&msgs, true).map_err(|e| {
+                    ApiError::new(
+                        ErrorKind::InvalidRequest,
+                        format!("the chat template rejected the messages: {e}"),
+                    )
+                    .param("messages")
+                })?;
+                self.tokenizer
+                    .encode(&text)
+                    .map_err(|e| internal(e.to_string()))
+            }
+            Input::Text(text) => self
+                .tokenizer
+                .encode(text)
+                .map_err(|e| internal(e.to_string())),
+            Input::Tokens(ids) => {
+                if let Some(bad) = ids.iter().find(|&&t| t as usize >= self.vocab_size) {
+                    return Err(ApiError::new(
+                        ErrorKind::InvalidRequest,
+                        format!(
+                            "prompt token id {bad} is out of range (vocabulary size {})",
+                            self.vocab_size
+                        ),
+                    )
+                    .param("prompt"));
+                }
+                Ok(ids.clone())
+            }
+        }
+    }
+
+    /// `GET /v1/models` entry of the served model.
+    pub fn model_object(&self) -> serde_json::Value {
+        serde_json::json!({
+            "id": self.model_id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "flotilla",
+            "max_model_len": self.context_len,
+        })
+    }
+}

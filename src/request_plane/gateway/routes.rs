@@ -1,0 +1,158 @@
+//! HTTP routes: the OpenAI routes (`serve.rs`), `/live`, `/health`, `/metrics`, `/v1/fleet`,
+//! the control API (`edge::control_routes`); everything else is a 404 in the OpenAI error
+//! shape. Every response carries `x-request-id` (`edge.rs`).
+
+use crate::control::discovery;
+use crate::control::discovery::membership::{NodeState, NodeView};
+use crate::openai::error::{ApiError, ErrorKind};
+use crate::runtime::config::Role;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::json;
+use std::sync::Arc;
+
+/// What the routes share.
+pub struct GatewayShared {
+    /// Name of this node's Discovery actor (looked up per request, so a restarted Discovery
+    /// is found).
+    pub discovery_name: String,
+    /// Metrics renderer.
+    pub metrics: PrometheusHandle,
+    /// Largest accepted body.
+    pub max_body_bytes: usize,
+    /// A body must be read completely within this (`gateway.request_body_timeout_ms`).
+    pub request_body_timeout: std::time::Duration,
+    /// The configured listen address (`gateway.http_addr`), an allowed `Host` of the control
+    /// API.
+    pub http_addr: std::net::SocketAddr,
+    /// The generation routes' state; `None` when this gateway serves no model (they answer 503).
+    pub serving: Option<Arc<super::serve::Serving>>,
+    /// The chaos API; `None` when disabled (its routes answer 404).
+    pub chaos: Option<Arc<super::chaos_routes::ChaosController>>,
+}
+
+impl GatewayShared {
+    pub(crate) async fn fleet(&self) -> Result<Vec<NodeView>, ApiError> {
+        let discovery = discovery::local(&self.discovery_name).ok_or_else(|| {
+            ApiError::new(ErrorKind::Unavailable, "cluster membership is restarting")
+        })?;
+        discovery::fleet(&discovery).await.map_err(|e| {
+            tracing::warn!(error = %e, "fleet view unavailable");
+            ApiError::new(ErrorKind::Unavailable, "cluster membership is unavailable")
+        })
+    }
+}
+
+/// The gateway's router (no socket: tests drive it with `tower::ServiceExt::oneshot`).
+pub fn app(shared: Arc<GatewayShared>) -> Router {
+    use super::serve;
+    let app = Router::new()
+        .route("/v1/chat/completions", axum::routing::post(serve::chat))
+        .route("/v1/completions", axum::routing::post(serve::completions))
+        .route("/v1/models", get(serve::models))
+        .route("/v1/models/{id}", get(serve::model))
+        .merge(super::edge::control_routes(shared.clone()))
+        .route("/live", get(live))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/v1/fleet", get(fleet))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(shared);
+    super::edge::with_request_ids(app)
+}
+
+async fn live() -> Json<serde_json::Value> {
+    Json(json!({"status": "alive"}))
+}
+
+/// Readiness: 200 `ready` when at least one worker in the cluster is routable (alive,
+/// healthy, not draining) and this gateway is not draining; else 503 (`not_ready` or
+/// `draining`). `live_worker_nodes` counts worker nodes up; `routable_workers` the replicas a
+/// router may choose.
+async fn health(State(s): State<Arc<GatewayShared>>) -> Response {
+    match s.fleet().await {
+        Ok(nodes) => {
+            let worker_nodes = nodes
+                .iter()
+                .filter(|n| n.state == NodeState::Up && n.roles.contains(&Role::Worker))
+                .count();
+            let routable = crate::request_plane::router::live_workers().len();
+            let word = if crate::runtime::resilience::draining() {
+                "draining"
+            } else if routable > 0 {
+                "ready"
+            } else {
+                "not_ready"
+            };
+            let status = if word == "ready" {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            (
+                status,
+                Json(json!({"status": word, "live_worker_nodes": worker_nodes, "routable_workers": routable})),
+            )
+                .into_response()
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn metrics(State(s): State<Arc<GatewayShared>>) -> Response {
+    // Per-worker gauges from the fleet view (workers report through heartbeats).
+    if let Ok(nodes) = s.fleet().await {
+        for w in nodes
+            .iter()
+            .filter(|n| n.state == NodeState::Up)
+            .flat_map(|n| &n.workers)
+        {
+            let id = w.id.clone();
+            metrics::gauge!("flotilla_worker_waiting", "worker" => id.clone())
+                .set(w.waiting as f64);
+            metrics::gauge!("flotilla_worker_running", "worker" => id.clone())
+                .set(w.running as f64);
+            metrics::gauge!("flotilla_worker_kv_blocks_used", "worker" => id.clone())
+                .set(w.kv_blocks_used as f64);
+            metrics::gauge!("flotilla_worker_kv_blocks_total", "worker" => id)
+                .set(w.kv_blocks_total as f64);
+        }
+    }
+    if let Some(serving) = &s.serving {
+        metrics::gauge!("flotilla_requests_in_flight").set(serving.registry.len() as f64);
+    }
+    s.metrics.run_upkeep();
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        s.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn fleet(State(s): State<Arc<GatewayShared>>) -> Result<Json<serde_json::Value>, ApiError> {
+    let nodes = s.fleet().await?;
+    Ok(Json(json!({ "nodes": nodes })))
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let mut r = ApiError::new(
+        ErrorKind::InvalidRequest,
+        format!("method {method} is not allowed on {}", uri.path()),
+    )
+    .code("method_not_allowed")
+    .into_response();
+    *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    r
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::new(ErrorKind::NotFound, format!("no route for {}", uri.path())).code("not_found")
+}

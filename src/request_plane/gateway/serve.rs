@@ -1,0 +1,701 @@
+//! The generation routes: `POST /v1/chat/completions`, `POST /v1/completions`, streaming (SSE)
+//! and not, plus `GET /v1/models[/{id}]`.
+//!
+//! Order of work for one request: read the body (413 past `gateway.max_body_bytes`, without
+//! buffering more) → parse and validate (`openai::request`) → check the model (404) →
+//! tokenize (`frontend.rs`) → check the context (400) → one Request actor per choice → wait
+//! for each choice's first event, so that a refusal (no worker: 503; can never fit: 400) is
+//! an HTTP status before any stream header → stream or collect.
+//!
+//! Per choice, tokens go through the incremental detokenizer, then the stop-string matcher
+//! (text that might start a stop string is held back, never sent); a stop-string match cancels
+//! the request at its worker. Documented choices: `completion_tokens` counts every token the
+//! model generated for the choice, including the end-of-sequence token and the token that
+//! completed a stop string; `logprobs` carry the chosen token's logprob and no alternatives
+//! (`top_logprobs` lists are empty); a failure after the stream started is one SSE error
+//! record, then the stream ends without `[DONE]`; keep-alive comments are sent every
+//! `gateway.keep_alive_ms` (10 s) while a stream waits for tokens.
+
+use super::frontend::{Frontend, TokRef};
+use super::routes::GatewayShared;
+use crate::openai::detok::IncrementalDetokenizer;
+use crate::openai::error::{ApiError, ErrorKind};
+use crate::openai::request::{RequestKind, check_model, model_not_found, parse_request};
+use crate::openai::response::{
+    self, ChoiceOutput, FinishReason, ResponseMeta, StreamState, TokenLogprob, Usage,
+};
+use crate::openai::sse;
+use crate::openai::stop::StopMatcher;
+use crate::request_plane::request::{Job, Request, RequestArgs, RequestMsg};
+use crate::request_plane::router::policy::Policy;
+use crate::request_plane::token_sink::{Finish, SinkRegistry, TokenEventKind};
+use crate::runtime::ids::{NodeId, RequestId};
+use crate::supervisors::{ChildSpec, Restart, Shutdown, SupervisorMsg};
+use crate::worker::engine::SamplingParams;
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use ractor::ActorRef;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// What the generation routes share.
+pub struct Serving {
+    /// The model.
+    pub frontend: Arc<Frontend>,
+    /// This node.
+    pub node: NodeId,
+    /// Where this node's TokenSink delivers.
+    pub registry: SinkRegistry,
+    /// Registered name of the request supervisor.
+    pub request_sup: String,
+    /// Request id counter (shared with Request actors: each migration attempt takes a new id).
+    pub next_id: Arc<AtomicU64>,
+    /// Tokens per KV block (`worker.block_size_tokens`), for the requests' sequence hashes.
+    pub block_size: usize,
+    /// When a request whose worker is lost migrates, waits or gives up
+    /// (`gateway.migration_*`).
+    pub migration: crate::request_plane::request::migration::MigrationPolicy,
+    /// Time for the Request actors.
+    pub clock: crate::runtime::clock::SharedClock,
+    /// This node's incarnation (its start, ms since the Unix epoch): every submitted sequence
+    /// names it, so that workers can tell a restarted gateway's requests from the orphans of
+    /// the one before.
+    pub incarnation: u64,
+    /// Interval of SSE keep-alive comments while a stream waits (`gateway.keep_alive_ms`).
+    pub keep_alive: Duration,
+    /// Admission thresholds.
+    pub admission: Admission,
+}
+
+/// Admission control (load shedding), checked before the body is read: a worker is busy when
+/// `kv_blocks_used / kv_blocks_total ≥ busy_kv_ratio` or `waiting ≥ busy_waiting` (as of its
+/// node's last heartbeat, ≤ `cluster.heartbeat_interval_ms` old); when every live worker is
+/// busy, or this gateway has `max_in_flight` choices in flight, the request gets **503** with
+/// `Retry-After: 1` and no work is done. (429 is reserved for per-key rate limits, which do
+/// not exist yet.)
+#[derive(Clone, Copy, Debug)]
+pub struct Admission {
+    /// See `gateway.busy_kv_ratio`.
+    pub busy_kv_ratio: f64,
+    /// See `gateway.busy_waiting`.
+    pub busy_waiting: usize,
+    /// See `gateway.max_in_flight`.
+    pub max_in_flight: usize,
+}
+
+async fn admit(s: &GatewayShared, serving: &Serving) -> Result<(), ApiError> {
+    let a = serving.admission;
+    if crate::runtime::resilience::draining() {
+        metrics::counter!("flotilla_shed_total", "reason" => "draining").increment(1);
+        return Err(unavailable("this gateway is draining; use another"));
+    }
+    if serving.registry.len() >= a.max_in_flight {
+        metrics::counter!("flotilla_shed_total", "reason" => "gateway_queue").increment(1);
+        return Err(unavailable(
+            "the gateway is at its in-flight limit; retry shortly",
+        ));
+    }
+    let fleet = s.fleet().await?;
+    let workers: Vec<_> = fleet
+        .iter()
+        .filter(|n| n.state == crate::control::discovery::membership::NodeState::Up)
+        .flat_map(|n| &n.workers)
+        .collect();
+    let busy = |w: &&crate::control::discovery::membership::WorkerView| {
+        w.waiting >= a.busy_waiting
+            || (w.kv_blocks_total > 0
+                && w.kv_blocks_used as f64 >= a.busy_kv_ratio * w.kv_blocks_total as f64)
+    };
+    if !workers.is_empty() && workers.iter().all(busy) {
+        metrics::counter!("flotilla_shed_total", "reason" => "all_workers_busy").increment(1);
+        return Err(unavailable("every worker is busy; retry shortly"));
+    }
+    Ok(())
+}
+
+/// The routing policy asked for by the `x-flotilla-route-policy` header, if any.
+fn route_policy(headers: &HeaderMap) -> Result<Option<Policy>, ApiError> {
+    let Some(v) = headers.get(crate::request_plane::router::POLICY_HEADER) else {
+        return Ok(None);
+    };
+    v.to_str()
+        .ok()
+        .and_then(|s| s.trim().parse::<Policy>().ok())
+        .map(Some)
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "header {}: expected one of kv, least_loaded, round_robin, random",
+                    crate::request_plane::router::POLICY_HEADER
+                ),
+            )
+        })
+}
+
+fn unavailable(msg: &str) -> ApiError {
+    let mut e = ApiError::new(ErrorKind::Unavailable, msg);
+    e.retry_after_s = Some(1);
+    e
+}
+
+fn status_error(status: u16, message: String) -> ApiError {
+    let kind = match status {
+        400 => ErrorKind::InvalidRequest,
+        503 => ErrorKind::Unavailable,
+        _ => ErrorKind::Internal,
+    };
+    let mut e = ApiError::new(kind, message);
+    if kind == ErrorKind::Unavailable {
+        e.retry_after_s = Some(1);
+    }
+    e
+}
+
+/// Read a whole body: 413 past `limit` bytes (without buffering more), 408 when it is not
+/// complete within `deadline` (a total deadline, not an inactivity timeout, so a client that
+/// trickles bytes cannot hold the request open either).
+pub(super) async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    deadline: Duration,
+) -> Result<axum::body::Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            ErrorKind::PayloadTooLarge,
+            format!("request body exceeds the limit of {limit} bytes"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) if is_length_limit(&e) => Err(too_large()),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "request body unreadable");
+            Err(ApiError::new(
+                ErrorKind::InvalidRequest,
+                "the request body could not be read",
+            ))
+        }
+        Err(_) => {
+            metrics::counter!("flotilla_http_body_timeouts_total").increment(1);
+            Err(ApiError::new(
+                ErrorKind::RequestTimeout,
+                format!(
+                    "the request body was not received within {} ms",
+                    deadline.as_millis()
+                ),
+            ))
+        }
+    }
+}
+
+/// Whether a body error is `to_bytes`'s length limit.
+fn is_length_limit(e: &axum::Error) -> bool {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = src {
+        if err.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        src = err.source();
+    }
+    false
+}
+
+/// Cancels every choice still running when dropped (client gone, error, or done).
+struct CancelGuard(Vec<ActorRef<RequestMsg>>);
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        for r in &self.0 {
+            let _ = r.cast(RequestMsg::Cancel);
+        }
+    }
+}
+
+/// One choice's decoding state.
+struct Choice {
+    detok: IncrementalDetokenizer<TokRef>,
+    stop: StopMatcher,
+    tokenizer: TokRef,
+    want_logprobs: bool,
+    completion_tokens: u32,
+    cached_tokens: u32,
+    finish: Option<FinishReason>,
+    /// When the request was received.
+    t0: Instant,
+    /// When the previous token arrived.
+    last: Option<Instant>,
+    /// Logprobs of tokens whose text the stop matcher still holds back.
+    held_logprobs: Vec<TokenLogprob>,
+}
+
+/// What one event produced for the client.
+struct Produced {
+    text: String,
+    logprobs: Vec<TokenLogprob>,
+}
+
+impl Choice {
+    fn on_event(&mut self, ev: TokenEventKind) -> Result<Produced, ApiError> {
+        let mut out = Produced {
+            text: String::new(),
+            logprobs: Vec::new(),
+        };
+        match ev {
+            TokenEventKind::Admitted {
+                cached_tokens,
+                worker,
+            } => {
+                self.cached_tokens = cached_tokens;
+                metrics::counter!("flotilla_prefix_hit_tokens_total", "worker" => worker.to_string())
+                    .increment(u64::from(cached_tokens));
+            }
+            TokenEventKind::Failed { message, status } => {
+                return Err(status_error(status, message));
+            }
+            TokenEventKind::Lost { reason } => {
+                return Err(status_error(503, reason));
+            }
+            TokenEventKind::Token {
+                id,
+                logprob,
+                finish,
+                ..
+            } => {
+                if self.finish.is_some() {
+                    return Ok(out);
+                }
+                let now = Instant::now();
+                match self.last {
+                    None => metrics::histogram!("flotilla_ttft_seconds")
+                        .record((now - self.t0).as_secs_f64()),
+                    Some(prev) => metrics::histogram!("flotilla_itl_seconds")
+                        .record((now - prev).as_secs_f64()),
+                }
+                self.last = Some(now);
+                self.completion_tokens += 1;
+                let mut piece = self.detok.step(id)?;
+                if finish.is_some() {
+                    piece.push_str(&self.detok.finish()?);
+                }
+                if self.want_logprobs {
+                    let token = self.tokenizer.0.decode(&[id], false).unwrap_or_default();
+                    self.held_logprobs.push(TokenLogprob {
+                        token,
+                        logprob,
+                        top: vec![],
+                    });
+                }
+                let step = self.stop.feed(&piece);
+                out.text = step.release;
+                if step.stopped.is_some() {
+                    self.finish = Some(FinishReason::Stop);
+                    // Tokens whose text is (part of) the stop match are never shown.
+                    self.held_logprobs.clear();
+                } else if let Some(f) = finish {
+                    out.text.push_str(&self.stop.finish());
+                    self.finish = Some(match f {
+                        Finish::Stop => FinishReason::Stop,
+                        Finish::Length | Finish::ContextLimit => FinishReason::Length,
+                    });
+                }
+                // A token's logprob goes out with its text: not while the text is held back.
+                if self.finish.is_some() || self.stop.held().is_empty() {
+                    out.logprobs.append(&mut self.held_logprobs);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+struct Started {
+    kind: RequestKind,
+    stream: bool,
+    include_usage: bool,
+    meta: ResponseMeta,
+    prompt_tokens: u32,
+    choices: Vec<Choice>,
+    rx: mpsc::UnboundedReceiver<(u32, TokenEventKind)>,
+    pending: Vec<(u32, TokenEventKind)>,
+    guard: CancelGuard,
+    t0: Instant,
+}
+
+async fn spawn_choice(
+    serving: &Serving,
+    policy: Option<Policy>,
+    job: Job,
+    index: u32,
+    merged: mpsc::UnboundedSender<(u32, TokenEventKind)>,
+) -> Result<ActorRef<RequestMsg>, ApiError> {
+    let sup: ActorRef<SupervisorMsg> = ractor::registry::where_is(serving.request_sup.clone())
+        .ok_or_else(|| unavailable("the gateway is restarting"))?
+        .into();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(ev) = rx.recv().await {
+            if merged.send((index, ev)).is_err() {
+                break;
+            }
+        }
+    });
+    let name = format!("{}/request-{}", serving.node, job.request);
+    let args = RequestArgs {
+        job: job.clone(),
+        registry: serving.registry.clone(),
+        events: tx,
+        ids: serving.next_id.clone(),
+        migration: serving.migration,
+        clock: serving.clock.clone(),
+        block_size: serving.block_size,
+        salt: serving.frontend.salt,
+        policy,
+    };
+    let spec = ChildSpec::actor(format!("request-{}", job.request), Some(name), move || {
+        (Request, args.clone())
+    })
+    .restart(Restart::Temporary)
+    .shutdown(Shutdown::Timeout(Duration::from_secs(1)));
+    let cell = ractor::call!(sup, SupervisorMsg::StartChild, spec)
+        .map_err(|_| unavailable("the gateway is restarting"))?
+        .map_err(|e| {
+            tracing::error!(error = %e, "request actor failed to start");
+            ApiError::new(ErrorKind::Internal, "internal error starting the request")
+        })?;
+    Ok(cell.into())
+}
+
+async fn start(
+    s: &GatewayShared,
+    kind: RequestKind,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Started, ApiError> {
+    let t0 = Instant::now();
+    let serving = s
+        .serving
+        .as_ref()
+        .ok_or_else(|| unavailable("this gateway serves no model"))?;
+    admit(s, serving).await?;
+    let bytes = read_body(headers, body, s.max_body_bytes, s.request_body_timeout).await?;
+    let req = parse_request(kind, &bytes)?;
+    let fe = &serving.frontend;
+    check_model(&req.model, &[fe.model_id.as_str()])?;
+    let policy = route_policy(headers)?;
+    let prompt = fe.prompt_ids(&req)?;
+    let max_tokens = req.check_context(prompt.len(), fe.context_len)?;
+    let first_id = serving
+        .next_id
+        .fetch_add(u64::from(req.n), Ordering::Relaxed);
+    let (merged_tx, rx) = mpsc::unbounded_channel();
+    let mut guard = CancelGuard(Vec::new());
+    let mut choices = Vec::new();
+    for i in 0..req.n {
+        let sp = &req.sampling;
+        let job = Job {
+            reply_to: serving.node.clone(),
+            owner_incarnation: serving.incarnation,
+            arrival_ms: crate::runtime::clock::unix_ms(),
+            request: RequestId(first_id + u64::from(i)),
+            prompt: prompt.clone(),
+            max_tokens,
+            sampling: SamplingParams {
+                temperature: sp.temperature,
+                top_p: sp.top_p,
+                top_k: sp.top_k.unwrap_or(0) as usize,
+                seed: sp.seed.map(|x| x.wrapping_add(u64::from(i))),
+                offset: 0,
+                logprobs: req.logprobs.is_some(),
+            },
+            stop_token_ids: vec![],
+            ignore_eos: req.ignore_eos,
+            trace_id: super::edge::request_id(headers),
+        };
+        guard
+            .0
+            .push(spawn_choice(serving, policy, job, i, merged_tx.clone()).await?);
+        let tok = TokRef(fe.tokenizer.clone());
+        choices.push(Choice {
+            detok: IncrementalDetokenizer::with_context(tok.clone(), &prompt),
+            stop: StopMatcher::new(&req.stop),
+            tokenizer: tok,
+            want_logprobs: req.logprobs.is_some(),
+            completion_tokens: 0,
+            cached_tokens: 0,
+            finish: None,
+            t0,
+            last: None,
+            held_logprobs: Vec::new(),
+        });
+    }
+    drop(merged_tx);
+    let mut started = Started {
+        kind,
+        stream: req.stream,
+        include_usage: req.include_usage,
+        meta: ResponseMeta {
+            id: response::response_id(kind, format!("{}-{first_id}", serving.node)),
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or_default(),
+            model: fe.model_id.clone(),
+        },
+        prompt_tokens: prompt.len() as u32,
+        choices,
+        rx,
+        pending: Vec::new(),
+        guard,
+        t0,
+    };
+    // Each choice's first event decides between an HTTP error and a response.
+    let mut heard = vec![false; req.n as usize];
+    while heard.iter().any(|h| !h) {
+        let (i, ev) = started
+            .rx
+            .recv()
+            .await
+            .ok_or_else(|| unavailable("the request ended unexpectedly"))?;
+        match ev {
+            TokenEventKind::Failed { message, status } => {
+                return Err(status_error(status, message));
+            }
+            TokenEventKind::Lost { reason } => return Err(status_error(503, reason)),
+            _ => {}
+        }
+        heard[i as usize] = true;
+        started.pending.push((i, ev));
+    }
+    Ok(started)
+}
+
+fn usage_of(st: &Started) -> Usage {
+    Usage {
+        prompt_tokens: st.prompt_tokens,
+        completion_tokens: st.choices.iter().map(|c| c.completion_tokens).sum(),
+        cached_tokens: st.choices.first().map(|c| c.cached_tokens).unwrap_or(0),
+    }
+}
+
+fn record(route: &'static str, outcome: &'static str, st: &Started) {
+    metrics::counter!("flotilla_requests_total", "route" => route, "outcome" => outcome)
+        .increment(1);
+    metrics::counter!("flotilla_prompt_tokens_total").increment(u64::from(st.prompt_tokens));
+    let completion: u32 = st.choices.iter().map(|c| c.completion_tokens).sum();
+    metrics::counter!("flotilla_completion_tokens_total").increment(u64::from(completion));
+    metrics::histogram!("flotilla_e2e_latency_seconds").record(st.t0.elapsed().as_secs_f64());
+}
+
+async fn collect(mut st: Started) -> Result<Response, ApiError> {
+    let n = st.choices.len();
+    let mut texts = vec![String::new(); n];
+    let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
+    let mut queue = std::mem::take(&mut st.pending);
+    let route = if st.kind == RequestKind::Chat {
+        "chat"
+    } else {
+        "completions"
+    };
+    loop {
+        if st.choices.iter().all(|c| c.finish.is_some()) {
+            break;
+        }
+        let (i, ev) = if queue.is_empty() {
+            st.rx
+                .recv()
+                .await
+                .ok_or_else(|| unavailable("the request ended unexpectedly"))?
+        } else {
+            queue.remove(0)
+        };
+        let c = &mut st.choices[i as usize];
+        let p = c
+            .on_event(ev)
+            .inspect_err(|_| record(route, "error", &st))?;
+        let c = &st.choices[i as usize];
+        if c.finish.is_some()
+            && let Some(r) = st.guard.0.get(i as usize)
+        {
+            let _ = r.cast(RequestMsg::Cancel); // a stop string may have ended it early
+        }
+        texts[i as usize].push_str(&p.text);
+        lps[i as usize].extend(p.logprobs);
+    }
+    let outputs: Vec<ChoiceOutput> = st
+        .choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| ChoiceOutput {
+            text: std::mem::take(&mut texts[i]),
+            finish_reason: c.finish.unwrap_or(FinishReason::Stop),
+            logprobs: c.want_logprobs.then(|| std::mem::take(&mut lps[i])),
+        })
+        .collect();
+    let usage = usage_of(&st);
+    record(route, "ok", &st);
+    Ok(Json(response::completion_body(
+        st.kind, &st.meta, &outputs, &usage,
+    ))
+    .into_response())
+}
+
+fn stream(st: Started, keep_alive: Duration) -> Response {
+    let route = if st.kind == RequestKind::Chat {
+        "chat"
+    } else {
+        "completions"
+    };
+    let body = async_stream::stream! {
+        let mut st = st;
+        let mut state = StreamState::new(st.kind, st.meta.clone(), st.choices.len() as u32, st.include_usage);
+        let mut queue = std::mem::take(&mut st.pending);
+        loop {
+            if st.choices.iter().all(|c| c.finish.is_some()) {
+                break;
+            }
+            let next = if queue.is_empty() {
+                tokio::select! {
+                    ev = st.rx.recv() => ev,
+                    _ = tokio::time::sleep(keep_alive) => {
+                        yield Ok::<_, std::convert::Infallible>(sse::KEEP_ALIVE.to_owned());
+                        continue;
+                    }
+                }
+            } else {
+                Some(queue.remove(0))
+            };
+            let Some((i, ev)) = next else {
+                yield Ok(sse::error(&unavailable("the request ended unexpectedly")));
+                record(route, "error", &st);
+                return;
+            };
+            let p = match st.choices[i as usize].on_event(ev) {
+                Ok(p) => p,
+                Err(e) => {
+                    yield Ok(sse::error(&e));
+                    record(route, "error", &st);
+                    return;
+                }
+            };
+            let lp = (!p.logprobs.is_empty()).then_some(p.logprobs.as_slice());
+            if let Some(chunk) = state.delta(i, &p.text, lp) {
+                yield Ok(sse::data(&chunk));
+            }
+            if let Some(reason) = st.choices[i as usize].finish {
+                if let Some(r) = st.guard.0.get(i as usize) {
+                    let _ = r.cast(RequestMsg::Cancel);
+                }
+                if let Some(chunk) = state.finish(i, reason) {
+                    yield Ok(sse::data(&chunk));
+                }
+            }
+        }
+        if let Some(chunk) = state.usage(&usage_of(&st)) {
+            yield Ok(sse::data(&chunk));
+        }
+        record(route, "ok", &st);
+        yield Ok(sse::DONE.to_owned());
+    };
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, sse::CONTENT_TYPE),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+async fn generate(
+    s: Arc<GatewayShared>,
+    kind: RequestKind,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let route = if kind == RequestKind::Chat {
+        "chat"
+    } else {
+        "completions"
+    };
+    let result = async {
+        super::edge::require_json(&headers)?;
+        let st = start(&s, kind, &headers, body).await?;
+        tracing::debug!(
+            choices = st.choices.len(),
+            stream = st.stream,
+            "request admitted"
+        );
+        if st.stream {
+            let keep_alive = s
+                .serving
+                .as_ref()
+                .map(|v| v.keep_alive)
+                .unwrap_or(Duration::from_secs(10));
+            Ok(stream(st, keep_alive))
+        } else {
+            collect(st).await
+        }
+    }
+    .await;
+    match result {
+        Ok(r) => r,
+        Err(e) => {
+            metrics::counter!("flotilla_requests_total", "route" => route, "outcome" => "rejected")
+                .increment(1);
+            tracing::debug!(status = e.status().as_u16(), error = %e.message, "request refused");
+            e.into_response()
+        }
+    }
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat(State(s): State<Arc<GatewayShared>>, headers: HeaderMap, body: Body) -> Response {
+    generate(s, RequestKind::Chat, headers, body).await
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(
+    State(s): State<Arc<GatewayShared>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    generate(s, RequestKind::Completion, headers, body).await
+}
+
+/// `GET /v1/models`.
+pub async fn models(State(s): State<Arc<GatewayShared>>) -> Response {
+    let data: Vec<_> = s
+        .serving
+        .iter()
+        .map(|v| v.frontend.model_object())
+        .collect();
+    Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /v1/models/{id}`.
+pub async fn model(State(s): State<Arc<GatewayShared>>, Path(id): Path<String>) -> Response {
+    match s.serving.as_ref().filter(|v| v.frontend.model_id == id) {
+        Some(v) => Json(v.frontend.model_object()).into_response(),
+        None => model_not_found(&id).into_response(),
+    }
+}
+
+/// Requests in flight on this gateway.
+pub fn in_flight(serving: &Serving) -> usize {
+    serving.registry.len()
+}

@@ -1,0 +1,556 @@
+//! Request: one actor per in-flight request, a temporary child of the gateway's
+//! `request_sup`. It owns the request from placement to the last token: asks a Router for a
+//! worker, submits to that worker's Scheduler, receives the tokens through this node's
+//! TokenSink and hands them to the HTTP handler, and on the way out releases the placement.
+//!
+//! # Attempts and migration
+//! Each placement is an **attempt** with its own request id (taken from the gateway's id
+//! counter), registered in the node's sink registry; events of an older attempt can no longer
+//! reach the handler, so a token is never delivered twice. The actor keeps every token it has
+//! delivered. When the worker is lost — its scheduler leaves the schedulers' group (node down,
+//! replica killed or restarted by its watchdog; a process-group monitor reports it at once,
+//! and a poll every [`WORKER_CHECK_INTERVAL_MS`] backs it up) or
+//! the worker says it will not continue ([`TokenEventKind::Lost`]: drain deadline, replica
+//! stopping) — the request **migrates**: a new attempt is placed with the prompt plus every
+//! token delivered so far as its prompt, `max_tokens` reduced by as many, and the sampler
+//! resuming at the same draw index (`SamplingParams::offset`), so the client sees one stream,
+//! one id, and the same tokens a run without the fault produces. When to migrate again, wait
+//! for a worker or give up is [`migration::Migration`]'s pure rule: a request that keeps
+//! making progress is never given up; `gateway.migration_limit` counts only migrations without
+//! progress; a migration that finds no worker waits with jittered backoff up to
+//! `gateway.migration_deadline_ms`; a worker that failed the request is avoided. A request
+//! given up gets a 503 (before the first byte) or an error record (mid-stream). A
+//! worker-side failure that is not a loss (`Failed`: bad request, engine fault) is passed on,
+//! not migrated.
+//!
+//! Metrics: `flotilla_migrations_total`, `flotilla_migration_failures_total`, and
+//! `flotilla_migration_resume_gap_seconds` (last token before the loss → first token after it,
+//! as the client sees it).
+//!
+//! # Cancellation
+//! When the client goes away the handler's stream is dropped, which casts
+//! [`RequestMsg::Cancel`] (and the event channel closes, which is detected on the next
+//! event). The actor then cancels at the scheduler, which frees the sequence's KV blocks at
+//! once — the step already running completes, its token for this sequence is discarded. So
+//! the worker's KV usage is back where it was within one engine step of the disconnect.
+
+pub mod migration;
+
+use crate::kv::block_hashes;
+use crate::request_plane::router::policy::Policy;
+use crate::request_plane::router::{RouteRequest, RouterMsg, find_router};
+use crate::request_plane::token_sink::{SinkRegistry, TokenEventKind};
+use crate::runtime::clock::{Instant, SharedClock};
+use crate::runtime::ids::{NodeId, RequestId, WorkerId};
+use crate::runtime::wire::Wire;
+use crate::worker::scheduler::{SCHEDULER_GROUP, SchedulerMsg, SubmitRequest};
+use migration::{Decision, GiveUp, Migration, MigrationPolicy};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// How long placement may take before the request fails with 503 (ms).
+pub const ROUTE_TIMEOUT_MS: u64 = 5_000;
+/// How often a Request re-checks that its scheduler still exists (ms), besides being told at
+/// once when it leaves the schedulers' group (a process-group monitor).
+pub const WORKER_CHECK_INTERVAL_MS: u64 = 1_000;
+/// Silence after which a Request asks its scheduler whether it still has the request (ms).
+/// Events lost on the way (a token sink killed with messages in its mailbox) are found this
+/// way, or sooner by a gap in the token indices.
+pub const STALL_CHECK_MS: u64 = 5_000;
+
+/// Process-wide count of migrations started by this node's Request actors (shown in
+/// `/v1/fleet`).
+pub static MIGRATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// What to generate: exactly what is submitted to the chosen worker's scheduler
+/// (`reply_to` is this gateway node). `request` is the id of the first attempt.
+pub type Job = SubmitRequest;
+
+/// Spawn inputs.
+#[derive(Clone)]
+pub struct RequestArgs {
+    /// The job.
+    pub job: Job,
+    /// This node's sink registry.
+    pub registry: SinkRegistry,
+    /// Where events go (the HTTP handler).
+    pub events: mpsc::UnboundedSender<TokenEventKind>,
+    /// The gateway's request id counter (each migration attempt takes a fresh id).
+    pub ids: Arc<AtomicU64>,
+    /// When to migrate, wait or give up.
+    pub migration: MigrationPolicy,
+    /// Time, for the migration rule and the resume gap.
+    pub clock: SharedClock,
+    /// Tokens per KV block and the model's hash salt: the request's sequence hashes are
+    /// computed here so that the router can match them against its prefix index.
+    pub block_size: usize,
+    /// See `block_size`.
+    pub salt: u64,
+    /// Routing policy for this request (`None`: the router's).
+    pub policy: Option<Policy>,
+}
+
+/// Request messages (local).
+#[derive(Debug)]
+pub enum RequestMsg {
+    /// An event from the worker, for the attempt with this id.
+    Event(RequestId, TokenEventKind),
+    /// The client is gone or the handler is done: cancel downstream and stop.
+    Cancel,
+    /// Internal: the scheduler serving this attempt left the schedulers' group.
+    WorkerLost(RequestId),
+    /// Internal: try placing again (a migration found no worker and waited).
+    Retry,
+    /// Internal: nothing heard from this attempt for [`STALL_CHECK_MS`]: ask the scheduler
+    /// whether it still has it.
+    CheckStall(RequestId),
+}
+
+impl ractor::Message for RequestMsg {}
+
+/// The Request actor.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Request;
+
+/// One placement of the request.
+struct Attempt {
+    id: RequestId,
+    worker: WorkerId,
+    scheduler: ractor::ActorId,
+    tasks: Vec<JoinHandle<()>>,
+    first_token_seen: bool,
+    /// The worker admitted it (its prefill began): a loss from here on counts against it.
+    admitted: bool,
+    /// Tokens received from this attempt (the next expected index).
+    received: u32,
+    /// When the last event of this attempt arrived (ms since the Unix epoch).
+    last_event_ms: Arc<AtomicU64>,
+}
+
+/// Request state.
+pub struct RequestState {
+    args: RequestArgs,
+    attempt: Option<Attempt>,
+    /// Tokens delivered to the handler, in order.
+    generated: Vec<u32>,
+    migration: Migration,
+    admitted_sent: bool,
+    done: bool,
+    last_token_at: Option<Instant>,
+}
+
+fn scheduler_of(worker: &WorkerId) -> Option<ActorRef<SchedulerMsg>> {
+    crate::runtime::cluster::member_named(SCHEDULER_GROUP, &format!("{worker}/scheduler"))
+        .map(Into::into)
+}
+
+/// Why a placement failed: the message and HTTP status for the client.
+type PlaceError = (String, u16);
+
+impl RequestState {
+    fn node(&self) -> NodeId {
+        self.args.job.reply_to.clone()
+    }
+
+    fn fail(&mut self, message: &str, status: u16) {
+        let _ = self.args.events.send(TokenEventKind::Failed {
+            message: message.to_owned(),
+            status,
+        });
+        self.done = true;
+    }
+
+    /// End the current attempt: cancel it at its scheduler (if `cancel`), release the
+    /// placement, stop listening for its events. Idempotent.
+    fn end_attempt(&mut self, cancel: bool) {
+        let Some(a) = self.attempt.take() else {
+            return;
+        };
+        let key = (self.node(), a.id);
+        if cancel && let Some(s) = scheduler_of(&a.worker) {
+            let _ = s.cast(SchedulerMsg::Cancel(Wire::encode(&key)));
+        }
+        if let Some(r) = find_router() {
+            let _ = r.cast(RouterMsg::Release(Wire::encode(&key)));
+        }
+        self.args.registry.unregister(a.id);
+        for t in a.tasks {
+            t.abort();
+        }
+    }
+
+    /// The job of the next attempt: the prompt plus what was delivered, the rest of the budget.
+    fn next_job(&self, id: RequestId) -> Job {
+        let mut job = self.args.job.clone();
+        job.request = id;
+        job.prompt.extend_from_slice(&self.generated);
+        job.max_tokens = job.max_tokens.saturating_sub(self.generated.len() as u32);
+        job.sampling.offset = self.generated.len() as u64;
+        job
+    }
+
+    /// Place a new attempt and start listening for its events and its worker's presence.
+    async fn place(&mut self, myself: &ActorRef<RequestMsg>) -> Result<(), PlaceError> {
+        let id = if self.migration.total() == 0 {
+            self.args.job.request
+        } else {
+            RequestId(self.args.ids.fetch_add(1, Ordering::Relaxed))
+        };
+        let job = self.next_job(id);
+        let router = find_router().ok_or(("no router is available".to_owned(), 503))?;
+        let req = RouteRequest {
+            node: job.reply_to.clone(),
+            request: id,
+            prompt_tokens: job.prompt.len() as u32,
+            seq_hashes: block_hashes(&job.prompt, self.args.block_size, self.args.salt)
+                .into_iter()
+                .map(|(_, s)| s)
+                .collect(),
+            policy: self.args.policy,
+            avoid: self.migration.avoid().to_vec(),
+        };
+        let pick = ractor::call_t!(
+            router,
+            RouterMsg::Route,
+            ROUTE_TIMEOUT_MS,
+            Wire::encode(&req)
+        )
+        .map_err(|_| ("the router did not answer".to_owned(), 503))?
+        .decode()
+        .map_err(|_| ("the router sent a malformed reply".to_owned(), 500))?;
+        let worker = pick.ok_or(("no worker is available".to_owned(), 503))?;
+        let release = || {
+            let _ = router.cast(RouterMsg::Release(Wire::encode(&(
+                job.reply_to.clone(),
+                id,
+            ))));
+        };
+        let Some(scheduler) = scheduler_of(&worker) else {
+            release();
+            return Err(("the chosen worker went away".to_owned(), 503));
+        };
+        // Listen before submitting so that no event can be missed.
+        let mut rx = self.args.registry.register(id);
+        let me = myself.clone();
+        let forwarder = tokio::spawn(async move {
+            while let Some(ev) = rx.recv().await {
+                if me.cast(RequestMsg::Event(id, ev)).is_err() {
+                    break;
+                }
+            }
+        });
+        let last_event_ms = Arc::new(AtomicU64::new(crate::runtime::clock::unix_ms()));
+        let watchdog = watch(
+            scheduler.get_id(),
+            id,
+            last_event_ms.clone(),
+            myself.clone(),
+        );
+        if scheduler
+            .cast(SchedulerMsg::Submit(Wire::encode(&job)))
+            .is_err()
+        {
+            self.args.registry.unregister(id);
+            forwarder.abort();
+            watchdog.abort();
+            release();
+            return Err(("the chosen worker went away".to_owned(), 503));
+        }
+        self.attempt = Some(Attempt {
+            id,
+            worker,
+            scheduler: scheduler.get_id(),
+            tasks: vec![forwarder, watchdog],
+            first_token_seen: false,
+            admitted: false,
+            received: 0,
+            last_event_ms,
+        });
+        Ok(())
+    }
+
+    /// Place (first attempt or a migration); on failure, wait and retry or fail the request,
+    /// as the migration rule says.
+    async fn place_or_retry(&mut self, myself: &ActorRef<RequestMsg>) -> bool {
+        let Err((message, status)) = self.place(myself).await else {
+            return true;
+        };
+        let now = self.args.clock.now();
+        match self.migration.on_place_failed(now, status == 503) {
+            Decision::Wait { until } => {
+                myself.send_after(until.saturating_duration_since(now), || RequestMsg::Retry);
+                true
+            }
+            Decision::Place => true, // not produced by a failed placement
+            Decision::Fail(GiveUp::FirstPlacement) => {
+                self.fail(&message, status);
+                false
+            }
+            Decision::Fail(why) => {
+                metrics::counter!("flotilla_migration_failures_total").increment(1);
+                tracing::warn!(request = %self.args.job.request, trace_id = ?self.args.job.trace_id, %message, %why, "migration failed");
+                self.fail(&format!("{message}; {why}"), 503);
+                false
+            }
+        }
+    }
+
+    /// The worker is gone: re-place the request with what it has generated, unless the
+    /// migration rule gives it up.
+    async fn migrate(&mut self, myself: &ActorRef<RequestMsg>, why: &str) -> bool {
+        let from = self.attempt.as_ref().map(|a| a.worker.clone());
+        let ran = self.attempt.as_ref().is_some_and(|a| a.admitted);
+        self.end_attempt(true);
+        let now = self.args.clock.now();
+        match self
+            .migration
+            .on_loss(now, self.generated.len(), ran, from.clone())
+        {
+            Decision::Fail(give_up) => {
+                metrics::counter!("flotilla_migration_failures_total").increment(1);
+                tracing::warn!(request = %self.args.job.request, trace_id = ?self.args.job.trace_id, ?from, %why, %give_up, "request given up");
+                self.fail(&format!("{why}; {give_up}"), 503);
+                false
+            }
+            Decision::Place | Decision::Wait { .. } => {
+                MIGRATIONS.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("flotilla_migrations_total").increment(1);
+                tracing::warn!(request = %self.args.job.request, trace_id = ?self.args.job.trace_id, ?from, generated = self.generated.len(),
+                    stalled = self.migration.stalled(), %why, "migrating");
+                self.place_or_retry(myself).await
+            }
+        }
+    }
+
+    /// The attempt has been quiet: if its scheduler no longer has it (its last events were
+    /// lost), resume elsewhere. A scheduler that does not answer is left to the step watchdog.
+    async fn check_stall(&mut self, myself: &ActorRef<RequestMsg>) -> bool {
+        let Some(a) = &self.attempt else {
+            return true;
+        };
+        let Some(s) = scheduler_of(&a.worker) else {
+            return true; // the membership watch reports the loss
+        };
+        let key = (self.node(), a.id);
+        match ractor::call_t!(s, SchedulerMsg::Has, 2_000, Wire::encode(&key)) {
+            Ok(w) if w.decode().ok() == Some(false) => {
+                self.migrate(
+                    myself,
+                    "the worker no longer has this request (events lost)",
+                )
+                .await
+            }
+            _ => true,
+        }
+    }
+
+    /// Pass one event of the current attempt on; returns false when the request is over.
+    async fn on_event(&mut self, myself: &ActorRef<RequestMsg>, ev: TokenEventKind) -> bool {
+        if let Some(a) = self.attempt.as_mut() {
+            a.last_event_ms
+                .store(crate::runtime::clock::unix_ms(), Ordering::Relaxed);
+            if let TokenEventKind::Token { index, .. } = ev {
+                if index != a.received {
+                    // Events were lost between the worker and here: resume from what was
+                    // delivered, elsewhere or on the same worker.
+                    let why = format!("token events lost (expected {}, got {index})", a.received);
+                    return self.migrate(myself, &why).await;
+                }
+                a.received += 1;
+            }
+            if matches!(ev, TokenEventKind::Admitted { .. }) {
+                a.admitted = true;
+            }
+        }
+        match ev {
+            TokenEventKind::Lost { reason } => return self.migrate(myself, &reason).await,
+            TokenEventKind::Admitted { .. } if self.admitted_sent => return true,
+            TokenEventKind::Admitted { .. } => self.admitted_sent = true,
+            TokenEventKind::Token { id, .. } => {
+                if let Some(a) = &self.attempt
+                    && !a.first_token_seen
+                    && let Some(r) = find_router()
+                {
+                    let _ = r.cast(RouterMsg::FirstToken(Wire::encode(&(self.node(), a.id))));
+                }
+                if let Some(a) = self.attempt.as_mut() {
+                    a.first_token_seen = true;
+                }
+                self.generated.push(id);
+                let now = self.args.clock.now();
+                if self.migration.on_resumed()
+                    && let Some(last) = self.last_token_at
+                {
+                    metrics::histogram!("flotilla_migration_resume_gap_seconds")
+                        .record((now - last).as_secs_f64());
+                }
+                self.last_token_at = Some(now);
+            }
+            TokenEventKind::Failed { .. } => {}
+        }
+        let last = matches!(
+            ev,
+            TokenEventKind::Failed { .. }
+                | TokenEventKind::Token {
+                    finish: Some(_),
+                    ..
+                }
+        );
+        if self.args.events.send(ev).is_err() {
+            // The handler is gone: the client disconnected.
+            self.end_attempt(true);
+            self.done = true;
+            return false;
+        }
+        if last {
+            self.end_attempt(false);
+            self.done = true;
+            return false;
+        }
+        true
+    }
+}
+
+/// Watch the scheduler an attempt was submitted to: when it leaves the schedulers' group
+/// (node down: its session dropped; replica killed or restarted: a new actor), report it;
+/// after [`STALL_CHECK_MS`] without an event, ask for a stall check (and again after each
+/// further `STALL_CHECK_MS` of silence).
+fn watch(
+    scheduler: ractor::ActorId,
+    attempt: RequestId,
+    last_event_ms: Arc<AtomicU64>,
+    me: ActorRef<RequestMsg>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut last_check = 0u64;
+        loop {
+            tokio::time::sleep(Duration::from_millis(WORKER_CHECK_INTERVAL_MS)).await;
+            let alive = ractor::pg::get_members(&SCHEDULER_GROUP.to_owned())
+                .iter()
+                .any(|c| c.get_id() == scheduler);
+            if !alive {
+                let _ = me.cast(RequestMsg::WorkerLost(attempt));
+                break;
+            }
+            let now = crate::runtime::clock::unix_ms();
+            let quiet_since = last_event_ms.load(Ordering::Relaxed).max(last_check);
+            if now.saturating_sub(quiet_since) >= STALL_CHECK_MS {
+                last_check = now;
+                let _ = me.cast(RequestMsg::CheckStall(attempt));
+            }
+        }
+    })
+}
+
+impl Actor for Request {
+    type Msg = RequestMsg;
+    type State = RequestState;
+    type Arguments = RequestArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: RequestArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        crate::runtime::resilience::GATEWAY_IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
+        // Told at once when a scheduler leaves (removed when this actor stops).
+        ractor::pg::monitor(SCHEDULER_GROUP.to_owned(), myself.get_cell());
+        let migration = Migration::new(args.migration, args.job.request.0);
+        Ok(RequestState {
+            args,
+            attempt: None,
+            generated: Vec::new(),
+            migration,
+            admitted_sent: false,
+            done: false,
+            last_token_at: None,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if !state.place_or_retry(&myself).await {
+            myself.stop(None);
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        crate::runtime::resilience::GATEWAY_IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
+        let running = !state.done;
+        state.end_attempt(running);
+        if running {
+            // Stopped from outside (node shutdown) while running: tell the handler.
+            let _ = state.args.events.send(TokenEventKind::Failed {
+                message: "the gateway is shutting down".into(),
+                status: 503,
+            });
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: ractor::SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if let ractor::SupervisionEvent::ProcessGroupChanged(ractor::pg::GroupChangeMessage::Leave(
+            _,
+            group,
+            gone,
+        )) = event
+            && group == SCHEDULER_GROUP
+            && let Some(a) = &state.attempt
+            && gone.iter().any(|c| c.get_id() == a.scheduler)
+        {
+            let _ = myself.cast(RequestMsg::WorkerLost(a.id));
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let current = state.attempt.as_ref().map(|a| a.id);
+        let go_on = match msg {
+            RequestMsg::Event(id, ev) if Some(id) == current => state.on_event(&myself, ev).await,
+            RequestMsg::Event(..) => true, // an older attempt: ignored
+            RequestMsg::Cancel => {
+                state.end_attempt(true);
+                state.done = true;
+                false
+            }
+            RequestMsg::WorkerLost(id) if Some(id) == current => {
+                state
+                    .migrate(&myself, "the worker serving this request was lost")
+                    .await
+            }
+            RequestMsg::WorkerLost(_) => true,
+            RequestMsg::CheckStall(id) if Some(id) == current => state.check_stall(&myself).await,
+            RequestMsg::CheckStall(_) => true,
+            RequestMsg::Retry if current.is_none() && !state.done => {
+                state.place_or_retry(&myself).await
+            }
+            RequestMsg::Retry => true,
+        };
+        if !go_on {
+            myself.stop(None);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,1258 @@
+//! [`PrefixIndex`]: which worker holds which KV block, built from every worker's KV events.
+//!
+//! # Structure
+//!
+//! A radix tree over sequence hashes (see `kv_block_manager::hash`): one node per block,
+//! keyed by its [`SequenceHash`] in a hash map, with a link to its parent's sequence hash
+//! (`None` = first block of a sequence) and a count of child nodes. Equal sequence hashes mean
+//! equal prefixes (block 0 up to this block), so a node *is* a prefix and the tree needs no
+//! token comparison. Each node lists its *holders*: the workers holding the block and, per
+//! worker, a 4-bit set of [`Tier`]s, packed into one `u32` (`slot << 4 | tiers`, sorted by
+//! slot; a slot is the worker's interned index). Up to three holders live inline in the node;
+//! more spill to a boxed list plus a bitset of their slots.
+//!
+//! A node exists while it has a holder or a child. A `Stored` chain whose parent has no node
+//! yet creates that parent as a *placeholder* (no holder, parent unknown), so the tree stays
+//! connected; placeholders are dropped once their last child goes. The worker is **not**
+//! recorded as holding the parent: the event says only that it holds the chain, and a chain
+//! cut from its prefix is still stored because its blocks are real (their sequence hashes
+//! name the whole prefix). Such blocks never add to the worker's overlap until the missing
+//! ancestors are stored too, because overlap counts leading blocks only.
+//!
+//! # Overlap (the query)
+//!
+//! For a request with block sequence hashes `h_0 … h_{n-1}` (the request's full blocks) and
+//! a tier filter `T`:
+//!
+//! ```text
+//! overlap(w) = max { k ≤ n : for all i < k, w holds h_i in some tier of T }   (blocks)
+//! ```
+//!
+//! i.e. the number of leading blocks `w` can reuse; the prefix reuse of vLLM automatic prefix
+//! caching stops at the first miss the same way. The walk looks up `h_0, h_1, …` in the node
+//! map, 64 hashes at a time before using any (independent lookups overlap their cache misses,
+//! which dominate on a large index), and narrows the set of workers still matching: when a
+//! node's holders are exactly the active set (the common case: a shared system prompt, or one
+//! worker's own conversation) nothing changes, which costs a comparison of ≤ 3 slots or of
+//! `⌈workers/64⌉` bitset words; otherwise the active set is intersected with the holders
+//! (bitset membership, binary search, or a merge, whichever is cheapest). The walk stops at
+//! the first hash without a node or once no worker is left. Cost: one hash lookup per
+//! matched block, `O(workers/64)` per block in the common case and at most
+//! `O(|active| + |holders|)`; scratch vectors of `O(workers)` and 64 entries.
+//!
+//! # Event protocol
+//!
+//! Each worker numbers its events `1, 2, 3, …` (per pool, all tiers together). The index keeps
+//! the id of the last event it applied per worker and applies the next one only:
+//!
+//! - `id == last + 1`: applied ([`ApplyOutcome::Applied`]).
+//! - anything else: a gap (`id > last + 1`, including the first event of a worker the index
+//!   joins late), a duplicate (`1 < id ≤ last`) or a reset (`id == 1` after higher ids: the
+//!   worker restarted). The index cannot apply it safely, so it returns
+//!   [`ApplyOutcome::NeedsResync`] **once** and marks the worker *pending*. While pending,
+//!   the worker's last known contents stay visible to queries (stale but usually right), and
+//!   its events are buffered by id (the latest arrival of an id wins; an id-1 event, the
+//!   first of a new incarnation, drops what was buffered before it; at most
+//!   [`DEFAULT_MAX_BUFFERED`] events, further ones are [`ApplyOutcome::Ignored`]) and answered
+//!   [`ApplyOutcome::Buffered`], never with a second resync request.
+//! - [`PrefixIndex::resync`] replaces the worker's contents with a snapshot taken after its
+//!   event `last_event_id`, then replays the buffered events `last_event_id + 1, + 2, …` while
+//!   they are contiguous and discards the rest (older ones are already in the snapshot; those
+//!   after a hole are lost, and the next live event will then show a gap and ask for a new
+//!   resync). Each resync request therefore answers one inconsistency actually observed: the
+//!   protocol cannot loop by itself.
+//!
+//! Event ids alone cannot tell two incarnations of a worker apart: the design assumes that
+//! a worker's old events are not delivered after its new incarnation's (one ordered
+//! transport session per worker). A caller that learns of a restart from membership should
+//! call [`PrefixIndex::remove_worker`], which also drops any buffer. A lost resync request
+//! leaves the worker pending: the caller re-asks after a timeout of its own
+//! ([`PrefixIndex::pending_resyncs`] lists them).
+//!
+//! `Removed` of a block the worker does not hold in that tier is ignored, so is a `Stored` of
+//! a block already held in that tier (the first parent link recorded for a hash is kept).
+//!
+//! # Slots
+//!
+//! Workers are interned to slots (reused after [`PrefixIndex::remove_worker`]).
+//! [`PrefixIndex::slot`] and [`Overlaps::at`] let a caller that resolves a worker list once
+//! read overlaps without hashing worker ids per decision; the resolution stays valid while
+//! [`PrefixIndex::workers_epoch`] is unchanged (the epoch changes whenever a slot is handed
+//! out or freed, and is unique across tables in the process).
+//!
+//! # Costs
+//!
+//! `Stored` and `Removed`: one node-map and one worker-map operation per block, plus a
+//! sorted insert or removal in the node's holder list (`O(holders)`). `Cleared` and
+//! [`PrefixIndex::remove_worker`]: `O(blocks the worker held)` such steps, found through a
+//! per-worker map of held sequence hashes (no scan of the tree). Memory: a 48-byte map bucket per node (at most three holders inline;
+//! a node with more adds a boxed list of 4 bytes per holder plus a `⌈workers/64⌉`-word
+//! bitset) and a 16-byte bucket per (worker, block) in the per-worker maps, at the maps' load
+//! factor (½ to ⅞).
+//!
+//! Hashing: sequence hashes are already XXH3 outputs, so the maps use [`FastHasher`] (a
+//! multiply-rotate mixer for integers, XXH3 for byte strings) instead of SipHash. It is not
+//! HashDoS-resistant; inputs come from our own workers and gateways.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use crate::kv::events::{KvEvent, KvEventData, SnapshotBlock, Tier};
+use crate::runtime::ids::{EventId, SequenceHash, WorkerId};
+
+/// Events buffered per pending worker before further ones are ignored.
+pub const DEFAULT_MAX_BUFFERED: usize = 4096;
+
+// ---------------------------------------------------------------------------------------------
+// Hashing
+
+/// Fast non-cryptographic hasher: integers go through a rotate-xor-multiply step, byte strings
+/// through XXH3-64 seeded with the running state.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct FastHasher(u64);
+
+const MIX: u64 = 0x9E37_79B9_7F4A_7C15;
+
+impl FastHasher {
+    #[inline]
+    fn mix(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(26) ^ v).wrapping_mul(MIX);
+    }
+}
+
+impl Hasher for FastHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        self.0 = xxh3_64_with_seed(bytes, self.0);
+    }
+    #[inline]
+    fn write_u8(&mut self, v: u8) {
+        self.mix(u64::from(v));
+    }
+    #[inline]
+    fn write_u32(&mut self, v: u32) {
+        self.mix(u64::from(v));
+    }
+    #[inline]
+    fn write_u64(&mut self, v: u64) {
+        self.mix(v);
+    }
+    #[inline]
+    fn write_usize(&mut self, v: usize) {
+        self.mix(v as u64);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0.rotate_left(26)
+    }
+}
+
+/// A `HashMap` with [`FastHasher`].
+pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+
+// ---------------------------------------------------------------------------------------------
+// Tiers
+
+/// A set of [`Tier`]s, used to filter which copies count as a hit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TierSet(u8);
+
+impl TierSet {
+    /// No tier.
+    pub const EMPTY: TierSet = TierSet(0);
+    /// Every tier.
+    pub const ALL: TierSet = TierSet(0b1111);
+    /// Accelerator memory only.
+    pub const DEVICE: TierSet = TierSet(TIER_DEVICE);
+
+    /// The set holding only `tier`.
+    pub const fn only(tier: Tier) -> TierSet {
+        TierSet(tier_bit(tier))
+    }
+
+    /// This set plus `tier`.
+    pub const fn with(self, tier: Tier) -> TierSet {
+        TierSet(self.0 | tier_bit(tier))
+    }
+
+    /// Whether `tier` is in the set.
+    pub const fn contains(self, tier: Tier) -> bool {
+        self.0 & tier_bit(tier) != 0
+    }
+
+    /// Whether the set is empty.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The tiers in the set, device first.
+    pub fn tiers(self) -> impl Iterator<Item = Tier> {
+        [Tier::Device, Tier::Host, Tier::Disk, Tier::Remote]
+            .into_iter()
+            .filter(move |t| self.contains(*t))
+    }
+}
+
+impl From<Tier> for TierSet {
+    fn from(tier: Tier) -> Self {
+        TierSet::only(tier)
+    }
+}
+
+impl FromIterator<Tier> for TierSet {
+    fn from_iter<I: IntoIterator<Item = Tier>>(iter: I) -> Self {
+        iter.into_iter().fold(TierSet::EMPTY, TierSet::with)
+    }
+}
+
+const TIER_DEVICE: u8 = 1;
+
+const fn tier_bit(tier: Tier) -> u8 {
+    match tier {
+        Tier::Device => TIER_DEVICE,
+        Tier::Host => 2,
+        Tier::Disk => 4,
+        Tier::Remote => 8,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Holders: sorted packed `slot << 4 | tiers`, three inline
+
+const TIER_BITS: u32 = 4;
+const TIER_MASK: u32 = (1 << TIER_BITS) - 1;
+/// Slots must fit in the 28 bits above the tier bits.
+const MAX_SLOTS: usize = 1 << (32 - TIER_BITS);
+const INLINE_HOLDERS: usize = 3;
+
+#[inline]
+const fn pack(slot: u32, tiers: u8) -> u32 {
+    (slot << TIER_BITS) | tiers as u32
+}
+
+#[inline]
+const fn slot_of(holder: u32) -> u32 {
+    holder >> TIER_BITS
+}
+
+#[derive(Debug, Clone)]
+enum Holders {
+    Inline {
+        len: u8,
+        items: [u32; INLINE_HOLDERS],
+    },
+    Spilled(Box<Spilled>),
+}
+
+/// More than [`INLINE_HOLDERS`] holders: the sorted list, plus a bitset of their slots so the
+/// walk compares large sets a word (64 workers) at a time.
+#[derive(Debug, Clone, Default)]
+struct Spilled {
+    list: Vec<u32>,
+    bits: Vec<u64>,
+}
+
+impl Spilled {
+    fn set_bit(&mut self, slot: u32, on: bool) {
+        let (word, bit) = (slot as usize / 64, slot % 64);
+        if on {
+            if self.bits.len() <= word {
+                self.bits.resize(word + 1, 0);
+            }
+            self.bits[word] |= 1 << bit;
+        } else if let Some(x) = self.bits.get_mut(word) {
+            *x &= !(1 << bit);
+        }
+    }
+
+    #[inline]
+    fn has(&self, slot: u32) -> bool {
+        let word = self.bits.get(slot as usize / 64).copied().unwrap_or(0);
+        word & (1 << (slot % 64)) != 0
+    }
+
+    /// Whether every slot here is set in `bits` (a bitset at least as long).
+    #[inline]
+    fn subset_of(&self, bits: &[u64]) -> bool {
+        debug_assert!(self.bits.len() <= bits.len());
+        let outside = self
+            .bits
+            .iter()
+            .zip(bits)
+            .fold(0, |acc, (n, a)| acc | (n & !a));
+        outside == 0
+    }
+}
+
+impl Holders {
+    const fn new() -> Self {
+        Holders::Inline {
+            len: 0,
+            items: [0; INLINE_HOLDERS],
+        }
+    }
+
+    #[inline]
+    fn as_slice(&self) -> &[u32] {
+        match self {
+            Holders::Inline { len, items } => &items[..usize::from(*len)],
+            Holders::Spilled(s) => &s.list,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.as_slice().is_empty()
+    }
+
+    /// Position of `slot`, or where it would be inserted.
+    fn find(&self, slot: u32) -> Result<usize, usize> {
+        self.as_slice().binary_search_by_key(&slot, |h| slot_of(*h))
+    }
+
+    /// Replaces the holder at `i` by one with the same slot (other tiers).
+    fn set_at(&mut self, i: usize, holder: u32) {
+        match self {
+            Holders::Inline { items, .. } => items[i] = holder,
+            Holders::Spilled(s) => s.list[i] = holder,
+        }
+    }
+
+    fn insert_at(&mut self, i: usize, holder: u32) {
+        match self {
+            Holders::Inline { len, items } if usize::from(*len) < INLINE_HOLDERS => {
+                let n = usize::from(*len);
+                items.copy_within(i..n, i + 1);
+                items[i] = holder;
+                *len += 1;
+            }
+            Holders::Inline { items, .. } => {
+                let mut list = Vec::with_capacity(INLINE_HOLDERS * 2);
+                list.extend_from_slice(items);
+                list.insert(i, holder);
+                let mut spilled = Spilled {
+                    list,
+                    bits: Vec::new(),
+                };
+                for k in 0..spilled.list.len() {
+                    spilled.set_bit(slot_of(spilled.list[k]), true);
+                }
+                *self = Holders::Spilled(Box::new(spilled));
+            }
+            Holders::Spilled(s) => {
+                s.list.insert(i, holder);
+                s.set_bit(slot_of(holder), true);
+            }
+        }
+    }
+
+    fn remove_at(&mut self, i: usize) {
+        match self {
+            Holders::Inline { len, items } => {
+                let n = usize::from(*len);
+                items.copy_within(i + 1..n, i);
+                *len -= 1;
+            }
+            Holders::Spilled(s) => {
+                let holder = s.list.remove(i);
+                s.set_bit(slot_of(holder), false);
+                // Back inline once well below the threshold (one of slack against flapping).
+                if s.list.len() < INLINE_HOLDERS {
+                    let mut items = [0; INLINE_HOLDERS];
+                    items[..s.list.len()].copy_from_slice(&s.list);
+                    let len = s.list.len() as u8;
+                    *self = Holders::Inline { len, items };
+                }
+            }
+        }
+    }
+
+    /// Union of the holders' tier bits.
+    fn tier_union(&self) -> u8 {
+        let slice = self.as_slice();
+        let bits = slice.iter().fold(0, |acc, h| acc | (h & TIER_MASK));
+        bits as u8
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Nodes
+
+/// A node's parent link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Parent {
+    /// First block of a sequence.
+    Root,
+    Known(SequenceHash),
+    /// A placeholder created as some block's parent: its own parent is not known yet.
+    Unknown,
+}
+
+#[derive(Debug, Clone)]
+struct Node {
+    parent: Parent,
+    children: u32,
+    /// Union of the holders' tiers (every holder qualifies for a filter containing it).
+    tiers_any: u8,
+    holders: Holders,
+}
+
+impl Node {
+    const fn new(parent: Parent) -> Self {
+        Node {
+            parent,
+            children: 0,
+            tiers_any: 0,
+            holders: Holders::new(),
+        }
+    }
+
+    fn is_garbage(&self) -> bool {
+        self.holders.is_empty() && self.children == 0
+    }
+
+    /// Sets `slot`'s tiers (0 removes it); returns whether the holder list went from
+    /// empty to non-empty (+1), non-empty to empty (-1) or neither (0).
+    fn set_holder(&mut self, slot: u32, tiers: u8) -> i8 {
+        let was_empty = self.holders.is_empty();
+        match (self.holders.find(slot), tiers) {
+            (Ok(i), 0) => self.holders.remove_at(i),
+            (Ok(i), t) => self.holders.set_at(i, pack(slot, t)),
+            (Err(_), 0) => {}
+            (Err(i), t) => self.holders.insert_at(i, pack(slot, t)),
+        }
+        self.tiers_any = self.holders.tier_union();
+        match (was_empty, self.holders.is_empty()) {
+            (true, false) => 1,
+            (false, true) => -1,
+            _ => 0,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Public protocol types
+
+/// Why a worker needs a resync.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResyncReason {
+    /// An id was skipped (also the first event of a worker the index joins late).
+    Gap { expected: EventId, got: EventId },
+    /// An id at or below the last applied one, other than 1.
+    Duplicate { last: EventId, got: EventId },
+    /// Event 1 after higher ids: the worker most likely restarted.
+    Reset { last: EventId },
+}
+
+/// What [`PrefixIndex::apply`] did with an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApplyOutcome {
+    /// Applied in order.
+    Applied,
+    /// A resync of this worker is pending: kept for replay after it.
+    Buffered,
+    /// A resync is pending and the buffer is full: dropped.
+    Ignored,
+    /// Out of order: ask `worker` for a snapshot and call [`PrefixIndex::resync`]. Returned
+    /// once per inconsistency; later events are buffered until the resync.
+    NeedsResync {
+        worker: WorkerId,
+        reason: ResyncReason,
+    },
+}
+
+/// What [`PrefixIndex::resync`] did with the events buffered while the worker was pending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ResyncReport {
+    /// Buffered events applied after the snapshot (ids `last_event_id + 1 …`, contiguous).
+    pub replayed: usize,
+    /// Buffered events already covered by the snapshot (id ≤ `last_event_id`).
+    pub stale: usize,
+    /// Buffered events after a hole, discarded (the next live event will ask for a resync).
+    pub after_gap: usize,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workers
+
+/// Events held while a resync is pending.
+#[derive(Debug, Clone, Default)]
+struct Pending {
+    buffered: BTreeMap<u64, KvEvent>,
+}
+
+#[derive(Debug, Clone)]
+struct WorkerEntry {
+    id: WorkerId,
+    /// Held blocks and the tier bits each is held in.
+    blocks: FastMap<SequenceHash, u8>,
+    /// Id of the last applied event (0: none).
+    last_event: u64,
+    pending: Option<Pending>,
+}
+
+impl WorkerEntry {
+    fn new(id: WorkerId) -> Self {
+        WorkerEntry {
+            id,
+            blocks: FastMap::default(),
+            last_event: 0,
+            pending: None,
+        }
+    }
+}
+
+fn classify(last: u64, got: u64) -> ResyncReason {
+    if got > last + 1 {
+        ResyncReason::Gap {
+            expected: EventId(last + 1),
+            got: EventId(got),
+        }
+    } else if got == 1 {
+        ResyncReason::Reset {
+            last: EventId(last),
+        }
+    } else {
+        ResyncReason::Duplicate {
+            last: EventId(last),
+            got: EventId(got),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The index
+
+/// Global prefix index over every worker's KV blocks (see the module docs).
+#[derive(Debug, Clone)]
+pub struct PrefixIndex {
+    nodes: FastMap<SequenceHash, Node>,
+    slots: Vec<Option<WorkerEntry>>,
+    free_slots: Vec<u32>,
+    by_id: FastMap<WorkerId, u32>,
+    /// Bumped whenever a slot is handed out or freed (see [`PrefixIndex::slot`]).
+    epoch: u64,
+    /// Nodes with at least one holder.
+    held_nodes: usize,
+    /// Σ over workers of held blocks.
+    holdings: usize,
+    max_buffered: usize,
+}
+
+impl Default for PrefixIndex {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PrefixIndex {
+    /// An empty index.
+    pub fn new() -> Self {
+        PrefixIndex {
+            nodes: FastMap::default(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            by_id: FastMap::default(),
+            epoch: 0,
+            held_nodes: 0,
+            holdings: 0,
+            max_buffered: DEFAULT_MAX_BUFFERED,
+        }
+    }
+
+    /// Sets how many events are buffered per pending worker (default [`DEFAULT_MAX_BUFFERED`]).
+    pub fn with_max_buffered(mut self, max: usize) -> Self {
+        self.max_buffered = max;
+        self
+    }
+
+    // --- events ------------------------------------------------------------------------------
+
+    /// Applies one event of `ev.worker` (see the module docs for the protocol).
+    pub fn apply(&mut self, ev: &KvEvent) -> ApplyOutcome {
+        let slot = self.slot_or_insert(&ev.worker);
+        let max_buffered = self.max_buffered;
+        let entry = self.entry_mut(slot);
+        if let Some(pending) = entry.pending.as_mut() {
+            return buffer(pending, ev, max_buffered);
+        }
+        let last = entry.last_event;
+        let got = ev.event_id.0;
+        if got == last + 1 {
+            entry.last_event = got;
+            self.apply_data(slot, ev.tier, &ev.data);
+            return ApplyOutcome::Applied;
+        }
+        let mut pending = Pending::default();
+        buffer(&mut pending, ev, max_buffered);
+        entry.pending = Some(pending);
+        ApplyOutcome::NeedsResync {
+            worker: ev.worker.clone(),
+            reason: classify(last, got),
+        }
+    }
+
+    /// Replaces `worker`'s contents by a device-tier snapshot (a `BlockPool::snapshot` taken
+    /// right after its event `last_event_id`; `EventId(0)` = before any event), then replays
+    /// the buffered events that follow it. Works for unknown or non-pending workers too (e.g.
+    /// to bootstrap a router that starts late).
+    pub fn resync(
+        &mut self,
+        worker: &WorkerId,
+        last_event_id: EventId,
+        blocks: &[SnapshotBlock],
+    ) -> ResyncReport {
+        self.resync_tiers(worker, last_event_id, &[(Tier::Device, blocks)])
+    }
+
+    /// [`PrefixIndex::resync`] with a snapshot per tier.
+    pub fn resync_tiers(
+        &mut self,
+        worker: &WorkerId,
+        last_event_id: EventId,
+        snapshot: &[(Tier, &[SnapshotBlock])],
+    ) -> ResyncReport {
+        let slot = self.slot_or_insert(worker);
+        let pending = self.entry_mut(slot).pending.take();
+        self.purge_blocks(slot);
+        for (tier, blocks) in snapshot {
+            let bit = tier_bit(*tier);
+            for b in *blocks {
+                self.store_one(slot, bit, b.parent, b.seq_hash);
+            }
+        }
+        self.entry_mut(slot).last_event = last_event_id.0;
+        let buffered = pending.map(|p| p.buffered).unwrap_or_default();
+        self.replay(slot, buffered)
+    }
+
+    /// Forgets `worker` (it died or restarted): every trace, buffered events included, in
+    /// `O(blocks it held)`. Returns whether it was known.
+    pub fn remove_worker(&mut self, worker: &WorkerId) -> bool {
+        let Some(slot) = self.by_id.remove(worker) else {
+            return false;
+        };
+        self.purge_blocks(slot);
+        self.slots[slot as usize] = None;
+        self.free_slots.push(slot);
+        self.epoch = fresh_epoch();
+        true
+    }
+
+    // --- queries -----------------------------------------------------------------------------
+
+    /// Leading blocks of the request (`hashes`: its full blocks' sequence hashes, in order)
+    /// held by each worker, any tier.
+    pub fn overlaps(&self, hashes: &[SequenceHash]) -> Overlaps<'_> {
+        self.overlaps_in(hashes, TierSet::ALL)
+    }
+
+    /// Like [`PrefixIndex::overlaps`], counting only copies in `tiers`.
+    pub fn overlaps_in(&self, hashes: &[SequenceHash], tiers: TierSet) -> Overlaps<'_> {
+        let mut walk = Walk::new(self.slots.len(), tiers);
+        let mut found: Vec<Found<'_>> = Vec::with_capacity(WALK_CHUNK.min(hashes.len()));
+        for chunk in hashes.chunks(WALK_CHUNK) {
+            // Look a whole chunk up first: independent lookups overlap their cache misses.
+            found.clear();
+            found.extend(
+                chunk
+                    .iter()
+                    .map_while(|h| self.nodes.get(h).map(Found::new)),
+            );
+            let whole = found.len() == chunk.len();
+            if !found.iter().all(|f| walk.step(f)) || !whole {
+                break;
+            }
+        }
+        Overlaps {
+            index: self,
+            scores: walk.finish(),
+        }
+    }
+
+    /// Distinct blocks held by at least one worker.
+    pub fn num_blocks(&self) -> usize {
+        self.held_nodes
+    }
+
+    /// `worker`'s slot, to read [`Overlaps::at`] without hashing its id again. A slot stays
+    /// valid while [`PrefixIndex::workers_epoch`] is unchanged.
+    pub fn slot(&self, worker: &WorkerId) -> Option<WorkerSlot> {
+        self.by_id.get(worker).map(|s| WorkerSlot(*s))
+    }
+
+    /// Changes whenever a worker is added to or removed from the index (never equal to the
+    /// epoch of another index that has had workers).
+    pub fn workers_epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Whether some worker holds `hash` (any tier).
+    pub fn contains(&self, hash: SequenceHash) -> bool {
+        self.nodes.get(&hash).is_some_and(|n| !n.holders.is_empty())
+    }
+
+    /// Nodes in the tree, placeholders (unheld parents of held blocks) included.
+    pub fn num_nodes(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Σ over workers of the blocks each holds (a block held by 3 workers counts 3).
+    pub fn num_holdings(&self) -> usize {
+        self.holdings
+    }
+
+    /// The workers known to the index (pending ones included), in no particular order.
+    pub fn workers(&self) -> impl Iterator<Item = &WorkerId> {
+        self.slots.iter().flatten().map(|e| &e.id)
+    }
+
+    /// Number of workers known to the index.
+    pub fn num_workers(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Blocks held by `worker` (any tier); 0 if unknown.
+    pub fn blocks_of(&self, worker: &WorkerId) -> usize {
+        self.entry(worker).map_or(0, |e| e.blocks.len())
+    }
+
+    /// Tiers in which `worker` holds `hash` (empty if none).
+    pub fn tiers_of(&self, worker: &WorkerId, hash: SequenceHash) -> TierSet {
+        let bits = self
+            .entry(worker)
+            .and_then(|e| e.blocks.get(&hash).copied());
+        TierSet(bits.unwrap_or(0))
+    }
+
+    /// Every block `worker` holds with its tiers, in no particular order.
+    pub fn held_by(&self, worker: &WorkerId) -> Vec<(SequenceHash, TierSet)> {
+        self.entry(worker).map_or_else(Vec::new, |e| {
+            e.blocks.iter().map(|(h, t)| (*h, TierSet(*t))).collect()
+        })
+    }
+
+    /// Id of the last event applied for `worker` (`EventId(0)`: none yet); `None` if unknown.
+    pub fn last_event_id(&self, worker: &WorkerId) -> Option<EventId> {
+        self.entry(worker).map(|e| EventId(e.last_event))
+    }
+
+    /// Whether a resync of `worker` is pending.
+    pub fn is_pending(&self, worker: &WorkerId) -> bool {
+        self.entry(worker).is_some_and(|e| e.pending.is_some())
+    }
+
+    /// Workers waiting for a resync, with the number of events buffered for each.
+    pub fn pending_resyncs(&self) -> Vec<(WorkerId, usize)> {
+        let pending = self.slots.iter().flatten();
+        pending
+            .filter_map(|e| e.pending.as_ref().map(|p| (e.id.clone(), p.buffered.len())))
+            .collect()
+    }
+
+    // --- internals: workers ------------------------------------------------------------------
+
+    fn entry(&self, worker: &WorkerId) -> Option<&WorkerEntry> {
+        let slot = *self.by_id.get(worker)?;
+        self.slots[slot as usize].as_ref()
+    }
+
+    fn entry_mut(&mut self, slot: u32) -> &mut WorkerEntry {
+        self.slots[slot as usize]
+            .as_mut()
+            .expect("slots handed out by slot_or_insert stay occupied until remove_worker")
+    }
+
+    fn slot_or_insert(&mut self, worker: &WorkerId) -> u32 {
+        if let Some(slot) = self.by_id.get(worker) {
+            return *slot;
+        }
+        let entry = Some(WorkerEntry::new(worker.clone()));
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.slots[s as usize] = entry;
+                s
+            }
+            None => {
+                assert!(self.slots.len() < MAX_SLOTS, "more than 2^28 workers");
+                self.slots.push(entry);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.by_id.insert(worker.clone(), slot);
+        self.epoch = fresh_epoch();
+        slot
+    }
+
+    fn replay(&mut self, slot: u32, buffered: BTreeMap<u64, KvEvent>) -> ResyncReport {
+        let mut report = ResyncReport::default();
+        for (id, ev) in buffered {
+            let last = self.entry_mut(slot).last_event;
+            if id <= last {
+                report.stale += 1;
+            } else if id == last + 1 {
+                self.entry_mut(slot).last_event = id;
+                self.apply_data(slot, ev.tier, &ev.data);
+                report.replayed += 1;
+            } else {
+                report.after_gap += 1;
+            }
+        }
+        report
+    }
+
+    // --- internals: contents -----------------------------------------------------------------
+
+    fn apply_data(&mut self, slot: u32, tier: Tier, data: &KvEventData) {
+        let bit = tier_bit(tier);
+        match data {
+            KvEventData::Stored { parent, blocks } => {
+                let mut parent = *parent;
+                for b in blocks {
+                    self.store_one(slot, bit, parent, b.seq_hash);
+                    parent = Some(b.seq_hash);
+                }
+            }
+            KvEventData::Removed { blocks } => {
+                for h in blocks {
+                    self.remove_one(slot, bit, *h);
+                }
+            }
+            KvEventData::Cleared => self.clear_tier(slot, bit),
+        }
+    }
+
+    fn store_one(&mut self, slot: u32, bit: u8, parent: Option<SequenceHash>, h: SequenceHash) {
+        let entry = self.entry_mut(slot);
+        let tiers = entry.blocks.entry(h).or_insert(0);
+        let was = *tiers;
+        if was & bit != 0 {
+            return;
+        }
+        *tiers |= bit;
+        if was == 0 {
+            self.holdings += 1;
+        }
+        self.ensure_node(h, parent);
+        let node = self.nodes.get_mut(&h).expect("ensure_node created it");
+        if node.set_holder(slot, was | bit) > 0 {
+            self.held_nodes += 1;
+        }
+    }
+
+    fn remove_one(&mut self, slot: u32, bit: u8, h: SequenceHash) {
+        let entry = self.entry_mut(slot);
+        let Some(tiers) = entry.blocks.get_mut(&h) else {
+            return;
+        };
+        if *tiers & bit == 0 {
+            return;
+        }
+        *tiers &= !bit;
+        let now = *tiers;
+        if now == 0 {
+            entry.blocks.remove(&h);
+            self.holdings -= 1;
+        }
+        self.set_node_holder(h, slot, now);
+    }
+
+    fn clear_tier(&mut self, slot: u32, bit: u8) {
+        let entry = self.entry_mut(slot);
+        let held: Vec<SequenceHash> = entry
+            .blocks
+            .iter()
+            .filter(|(_, t)| **t & bit != 0)
+            .map(|(h, _)| *h)
+            .collect();
+        for h in held {
+            self.remove_one(slot, bit, h);
+        }
+    }
+
+    /// Drops every block of `slot` (all tiers); buffered events are left to the caller.
+    fn purge_blocks(&mut self, slot: u32) {
+        let blocks = std::mem::take(&mut self.entry_mut(slot).blocks);
+        self.holdings -= blocks.len();
+        for h in blocks.into_keys() {
+            self.set_node_holder(h, slot, 0);
+        }
+    }
+
+    /// Sets `slot`'s tiers on node `h` (0 removes it) and collects the node if it emptied.
+    fn set_node_holder(&mut self, h: SequenceHash, slot: u32, tiers: u8) {
+        let node = self.nodes.get_mut(&h).expect("every held block has a node");
+        if node.set_holder(slot, tiers) < 0 {
+            self.held_nodes -= 1;
+            self.collect(h);
+        }
+    }
+
+    /// Creates node `h` if needed and links it under `parent` (creating a placeholder parent)
+    /// when its parent was not known yet. A known parent link is never changed.
+    fn ensure_node(&mut self, h: SequenceHash, parent: Option<SequenceHash>) {
+        let link = match parent {
+            Some(p) if p == h => Parent::Unknown, // only a corrupt event: never self-link
+            Some(p) => Parent::Known(p),
+            None => Parent::Root,
+        };
+        match self.nodes.get_mut(&h) {
+            Some(node) if node.parent == Parent::Unknown && link != Parent::Unknown => {
+                node.parent = link;
+            }
+            Some(_) => return,
+            None => {
+                self.nodes.insert(h, Node::new(link));
+            }
+        }
+        if let Parent::Known(p) = link {
+            let parent = self.nodes.entry(p).or_insert(Node::new(Parent::Unknown));
+            parent.children += 1;
+        }
+    }
+
+    /// Removes node `h` if it has neither holder nor child, then its ancestors likewise.
+    fn collect(&mut self, mut h: SequenceHash) {
+        loop {
+            let Some(node) = self.nodes.get(&h) else {
+                return;
+            };
+            if !node.is_garbage() {
+                return;
+            }
+            let parent = node.parent;
+            self.nodes.remove(&h);
+            let Parent::Known(p) = parent else {
+                return;
+            };
+            let pn = self
+                .nodes
+                .get_mut(&p)
+                .expect("a node with children is never removed");
+            pn.children -= 1;
+            h = p;
+        }
+    }
+
+    /// Checks every structural invariant; `O(size)`, for tests and debugging.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.check_nodes()?;
+        self.check_workers()
+    }
+
+    fn check_nodes(&self) -> Result<(), String> {
+        let mut children: FastMap<SequenceHash, u32> = FastMap::default();
+        let mut held = 0;
+        for (h, node) in &self.nodes {
+            if node.is_garbage() {
+                return Err(format!("node {h} has neither holder nor child"));
+            }
+            if let Parent::Known(p) = node.parent {
+                if !self.nodes.contains_key(&p) {
+                    return Err(format!("node {h} links to missing parent {p}"));
+                }
+                *children.entry(p).or_default() += 1;
+            }
+            let holders = node.holders.as_slice();
+            held += usize::from(!holders.is_empty());
+            if node.tiers_any != node.holders.tier_union() {
+                return Err(format!("node {h}: stale tier union"));
+            }
+            if holders.windows(2).any(|w| slot_of(w[0]) >= slot_of(w[1])) {
+                return Err(format!("node {h}: holders not strictly sorted"));
+            }
+            for x in holders {
+                self.check_holder(*h, *x)?;
+            }
+        }
+        for (h, node) in &self.nodes {
+            let want = children.get(h).copied().unwrap_or(0);
+            if node.children != want {
+                return Err(format!(
+                    "node {h}: {} children, counted {want}",
+                    node.children
+                ));
+            }
+        }
+        if held != self.held_nodes {
+            return Err(format!("held_nodes {} != {held}", self.held_nodes));
+        }
+        Ok(())
+    }
+
+    fn check_holder(&self, h: SequenceHash, holder: u32) -> Result<(), String> {
+        let slot = slot_of(holder) as usize;
+        let tiers = (holder & TIER_MASK) as u8;
+        let entry = self.slots.get(slot).and_then(Option::as_ref);
+        let Some(entry) = entry else {
+            return Err(format!("node {h}: holder slot {slot} is free"));
+        };
+        match entry.blocks.get(&h) {
+            Some(t) if *t == tiers && tiers != 0 => Ok(()),
+            other => Err(format!(
+                "node {h}: {} holds tiers {tiers:#b}, worker map says {other:?}",
+                entry.id
+            )),
+        }
+    }
+
+    fn check_workers(&self) -> Result<(), String> {
+        let mut holdings = 0;
+        for (slot, entry) in self.slots.iter().enumerate() {
+            let Some(entry) = entry else {
+                if !self.free_slots.contains(&(slot as u32)) {
+                    return Err(format!("slot {slot} is empty but not free"));
+                }
+                continue;
+            };
+            if self.by_id.get(&entry.id) != Some(&(slot as u32)) {
+                return Err(format!("worker {} not mapped to slot {slot}", entry.id));
+            }
+            holdings += entry.blocks.len();
+            for (h, t) in &entry.blocks {
+                let node = self.nodes.get(h).ok_or(format!("{h} held without node"))?;
+                let found = node.holders.find(slot as u32).ok();
+                let x = found.map(|i| node.holders.as_slice()[i]);
+                if x != Some(pack(slot as u32, *t)) {
+                    return Err(format!("{h}: worker {} not listed in its node", entry.id));
+                }
+            }
+        }
+        if self.by_id.len() + self.free_slots.len() != self.slots.len() {
+            return Err("slot accounting".into());
+        }
+        if holdings != self.holdings {
+            return Err(format!("holdings {} != {holdings}", self.holdings));
+        }
+        Ok(())
+    }
+}
+
+/// Buffers `ev` for a pending worker.
+fn buffer(pending: &mut Pending, ev: &KvEvent, max: usize) -> ApplyOutcome {
+    let id = ev.event_id.0;
+    if id == 1 {
+        // The first event of a new incarnation: what came before is of the old one.
+        pending.buffered.clear();
+    }
+    if pending.buffered.len() >= max && !pending.buffered.contains_key(&id) {
+        return ApplyOutcome::Ignored;
+    }
+    pending.buffered.insert(id, ev.clone());
+    ApplyOutcome::Buffered
+}
+
+/// Hashes looked up at once by the overlap walk.
+const WALK_CHUNK: usize = 64;
+
+/// A node met by the overlap walk, with the fields the walk reads, loaded during the lookup
+/// pass (half the map's buckets straddle two cache lines; reading them here keeps those
+/// misses overlapped too).
+struct Found<'a> {
+    node: &'a Node,
+    holders: &'a [u32],
+    tiers_any: u8,
+}
+
+impl<'a> Found<'a> {
+    #[inline]
+    fn new(node: &'a Node) -> Self {
+        Found {
+            node,
+            holders: node.holders.as_slice(),
+            tiers_any: node.tiers_any,
+        }
+    }
+}
+
+/// One overlap walk: the workers still matching after `depth` blocks.
+struct Walk {
+    filter: u32,
+    depth: u32,
+    /// Slots still matching, sorted, and as a bitset.
+    active: Vec<u32>,
+    active_bits: Vec<u64>,
+    next: Vec<u32>,
+    /// Final overlap by slot, written when a worker drops out (or at the end).
+    scores: Vec<u32>,
+}
+
+impl Walk {
+    fn new(slots: usize, tiers: TierSet) -> Self {
+        Walk {
+            filter: u32::from(tiers.0),
+            depth: 0,
+            active: Vec::new(),
+            active_bits: vec![0; slots.div_ceil(64)],
+            next: Vec::new(),
+            scores: vec![0; slots],
+        }
+    }
+
+    /// Takes the next block's node; `false` once no worker is left.
+    #[inline]
+    fn step(&mut self, found: &Found<'_>) -> bool {
+        let filter = self.filter;
+        if self.depth == 0 {
+            let qualifying = found.holders.iter().filter(|x| *x & filter != 0);
+            self.active.extend(qualifying.map(|x| slot_of(*x)));
+            self.sync_bits();
+        } else if !self.unchanged(found) {
+            let (depth, scores) = (self.depth, &mut self.scores);
+            intersect(&self.active, found.node, filter, &mut self.next, |s| {
+                scores[s as usize] = depth;
+            });
+            std::mem::swap(&mut self.active, &mut self.next);
+            self.next.clear();
+            self.sync_bits();
+        }
+        if self.active.is_empty() {
+            return false;
+        }
+        self.depth += 1;
+        true
+    }
+
+    /// Whether every holder of `node` qualifies and the holders are exactly the active
+    /// workers: then the active set carries over unchanged.
+    #[inline]
+    fn unchanged(&self, found: &Found<'_>) -> bool {
+        let holders = found.holders;
+        if u32::from(found.tiers_any) & !self.filter != 0 || holders.len() != self.active.len() {
+            return false;
+        }
+        match &found.node.holders {
+            // Equal sizes and holders ⊆ active: equal sets.
+            Holders::Spilled(s) => s.subset_of(&self.active_bits),
+            Holders::Inline { .. } => same_slots(holders, &self.active),
+        }
+    }
+
+    fn sync_bits(&mut self) {
+        self.active_bits.fill(0);
+        for s in &self.active {
+            self.active_bits[*s as usize / 64] |= 1 << (s % 64);
+        }
+    }
+
+    fn finish(mut self) -> Vec<u32> {
+        for s in &self.active {
+            self.scores[*s as usize] = self.depth;
+        }
+        self.scores
+    }
+}
+
+/// Whether the holders' slots are exactly `active` (both sorted).
+#[inline]
+fn same_slots(holders: &[u32], active: &[u32]) -> bool {
+    holders.len() == active.len()
+        && holders
+            .iter()
+            .zip(active)
+            .fold(0, |acc, (h, a)| acc | (slot_of(*h) ^ a))
+            == 0
+}
+
+/// `next = active ∩ {qualifying holders of node}`; `dropped(slot)` for every active slot left
+/// out.
+#[inline]
+fn intersect(
+    active: &[u32],
+    node: &Node,
+    filter: u32,
+    next: &mut Vec<u32>,
+    mut dropped: impl FnMut(u32),
+) {
+    let holders = node.holders.as_slice();
+    let all_qualify = u32::from(node.tiers_any) & !filter == 0;
+    if let (Holders::Spilled(s), true) = (&node.holders, all_qualify) {
+        for a in active {
+            if s.has(*a) {
+                next.push(*a);
+            } else {
+                dropped(*a);
+            }
+        }
+        return;
+    }
+    if active.len() * 8 < holders.len() {
+        for a in active {
+            match holders.binary_search_by_key(a, |h| slot_of(*h)) {
+                Ok(i) if holders[i] & filter != 0 => next.push(*a),
+                _ => dropped(*a),
+            }
+        }
+        return;
+    }
+    let mut j = 0;
+    for a in active {
+        while j < holders.len() && slot_of(holders[j]) < *a {
+            j += 1;
+        }
+        if j < holders.len() && slot_of(holders[j]) == *a && holders[j] & filter != 0 {
+            next.push(*a);
+        } else {
+            dropped(*a);
+        }
+    }
+}
+
+/// A value no other call returns in this process: epochs of different tables never collide,
+/// so a slot cached against one table cannot pass for a slot of another.
+pub(crate) fn fresh_epoch() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A worker's slot in a [`PrefixIndex`] (see [`PrefixIndex::slot`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WorkerSlot(u32);
+
+/// Result of [`PrefixIndex::overlaps`]: leading blocks held, per worker.
+#[derive(Debug, Clone)]
+pub struct Overlaps<'a> {
+    index: &'a PrefixIndex,
+    /// By slot.
+    scores: Vec<u32>,
+}
+
+impl<'a> Overlaps<'a> {
+    /// Leading blocks `worker` holds (0 if none or unknown).
+    pub fn get(&self, worker: &WorkerId) -> u32 {
+        let slot = self.index.by_id.get(worker);
+        slot.and_then(|s| self.scores.get(*s as usize).copied())
+            .unwrap_or(0)
+    }
+
+    /// Leading blocks the worker in `slot` holds (`slot` from the same index and epoch).
+    #[inline]
+    pub fn at(&self, slot: WorkerSlot) -> u32 {
+        self.scores.get(slot.0 as usize).copied().unwrap_or(0)
+    }
+
+    /// Workers with a non-zero overlap, in slot order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'a WorkerId, u32)> + '_ {
+        let index = self.index;
+        self.scores
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .filter_map(move |(slot, n)| index.slots[slot].as_ref().map(|e| (&e.id, *n)))
+    }
+
+    /// The largest overlap (0 if none).
+    pub fn max(&self) -> u32 {
+        self.scores.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Owned copy of the non-zero overlaps.
+    pub fn to_map(&self) -> HashMap<WorkerId, u32> {
+        self.iter().map(|(w, n)| (w.clone(), n)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

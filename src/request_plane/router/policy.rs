@@ -1,0 +1,450 @@
+//! [`Selector`]: picks a live worker for a request under one of four [`Policy`]s.
+//!
+//! # `kv` (default): NVIDIA Dynamo's KV router cost
+//!
+//! Source: Dynamo KV Router, "Routing Concepts — Cost Calculation"
+//! (<https://docs.nvidia.com/dynamo/dev/components/router/routing-concepts>):
+//! `cost = overlap_score_weight * prefill_blocks + decode_blocks`, lowest cost wins. Here, for a
+//! request of `P` prompt tokens and a worker `w`, with block size `B` (tokens per KV block):
+//!
+//! ```text
+//! overlap(w)        = leading prompt blocks w already holds (PrefixIndex::overlaps)      blocks
+//! uncached(w)       = P − min(overlap(w) × B, P)                                          tokens
+//! prefill_blocks(w) = (queued_prefill_tokens(w) + uncached(w)) / B      (f64, not rounded) blocks
+//! request_blocks    = ceil(P / B)                                                          blocks
+//! decode_blocks(w)  = active_decode_blocks(w) + request_blocks                             blocks
+//! cost(w)           = overlap_weight × prefill_blocks(w) + decode_blocks(w)                blocks
+//! ```
+//!
+//! `queued_prefill_tokens` and `active_decode_blocks` come from [`LoadModel`];
+//! `overlap_weight` defaults to 1.0 (Dynamo's `--kv-overlap-score-weight`): higher favours
+//! cache reuse (time to first token), lower favours even decode load (inter-token latency).
+//!
+//! With `temperature == 0` the lowest cost wins. Costs within `1e-9 × max(1, |min|)` of the
+//! minimum tie; ties go to a rotating cursor over the tied workers sorted by id (the cursor
+//! advances on every decision), so equal workers take turns and the choice is a pure function
+//! of the inputs and the selector's history, whatever the order of `live`.
+//!
+//! With `temperature T > 0` the worker is sampled (Dynamo's `--router-temperature`):
+//!
+//! ```text
+//! n(w) = (cost(w) − min cost) / (max cost − min cost)      (0 for all when max == min)
+//! p(w) = exp(−n(w) / T) / Σ_v exp(−n(v) / T)
+//! ```
+//!
+//! drawn with a `StdRng` seeded from [`SelectorConfig::seed`] over the live workers sorted by
+//! id, so a given seed and history reproduce the same choices. Normalising makes `T`
+//! independent of the cost scale: at `T = 1` the cheapest worker is `e ≈ 2.7` times as likely
+//! as the most expensive one, at `T = 0.1` about 22 000 times.
+//!
+//! # Other policies
+//!
+//! - `least_loaded`: fewest requests in flight, then fewest decode blocks; ties by the rotating
+//!   cursor as above.
+//! - `round_robin`: the rotating cursor over the live workers sorted by id.
+//! - `random`: uniform over the live workers sorted by id, from the seeded `StdRng`.
+//!
+//! # Cost of a decision
+//!
+//! One [`PrefixIndex::overlaps_in`] walk, then `O(|live|)` arithmetic (plus a sort of the tied
+//! workers, or of all live workers for `round_robin`, `random` and `temperature > 0`). The
+//! selector remembers the last `live` list resolved to index and load slots and reuses it
+//! while the list (compared element by element) and both tables' worker epochs are unchanged,
+//! so worker ids are not hashed on every decision.
+//!
+//! Every policy only ever picks from `live` (duplicates are harmless), and every
+//! [`Decision`] carries the chosen worker's overlap and kv cost so the caller can measure
+//! prefix hits whatever the policy. There is no separate imbalance guard: the decode term is
+//! the load balancer, and `overlap_weight` sets how much prefix reuse may outweigh it.
+
+use std::fmt;
+use std::str::FromStr;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::runtime::ids::{SequenceHash, WorkerId};
+
+use super::index::{Overlaps, PrefixIndex, TierSet, WorkerSlot};
+use super::load::{LoadModel, LoadSlot, WorkerLoad};
+
+/// Tokens per KV block unless configured (the engine's default).
+pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+
+/// How the router picks a worker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Lowest KV cost (prefix reuse against load), see the module docs.
+    #[default]
+    Kv,
+    /// Fewest requests in flight, then fewest decode blocks.
+    LeastLoaded,
+    /// Each live worker in turn.
+    RoundRobin,
+    /// Uniformly at random (seeded).
+    Random,
+}
+
+impl Policy {
+    /// Every policy.
+    pub const ALL: [Policy; 4] = [
+        Policy::Kv,
+        Policy::LeastLoaded,
+        Policy::RoundRobin,
+        Policy::Random,
+    ];
+
+    /// The name used in configuration: `kv`, `least_loaded`, `round_robin`, `random`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Policy::Kv => "kv",
+            Policy::LeastLoaded => "least_loaded",
+            Policy::RoundRobin => "round_robin",
+            Policy::Random => "random",
+        }
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A policy name that is none of [`Policy::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown routing policy {0:?}: expected kv, least_loaded, round_robin or random")]
+pub struct UnknownPolicy(pub String);
+
+impl FromStr for Policy {
+    type Err = UnknownPolicy;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Policy::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| UnknownPolicy(s.to_owned()))
+    }
+}
+
+/// Selector settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SelectorConfig {
+    pub policy: Policy,
+    /// Tokens per KV block (must match the workers'), > 0.
+    pub block_size: u32,
+    /// Weight of prefill blocks against decode blocks in the kv cost, finite and ≥ 0.
+    pub overlap_weight: f64,
+    /// 0: lowest cost wins; > 0: softmax sampling (kv policy only), finite.
+    pub temperature: f64,
+    /// Seed of the random generator (temperature sampling, `random`).
+    pub seed: u64,
+}
+
+impl Default for SelectorConfig {
+    fn default() -> Self {
+        SelectorConfig {
+            policy: Policy::Kv,
+            block_size: DEFAULT_BLOCK_SIZE,
+            overlap_weight: 1.0,
+            temperature: 0.0,
+            seed: 0,
+        }
+    }
+}
+
+/// An invalid [`SelectorConfig`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("block_size must be > 0")]
+    ZeroBlockSize,
+    #[error("overlap_weight must be finite and >= 0, got {0}")]
+    OverlapWeight(f64),
+    #[error("temperature must be finite and >= 0, got {0}")]
+    Temperature(f64),
+}
+
+impl SelectorConfig {
+    /// Checks the ranges documented on the fields.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.block_size == 0 {
+            return Err(ConfigError::ZeroBlockSize);
+        }
+        let w = self.overlap_weight;
+        if !(w.is_finite() && w >= 0.0) {
+            return Err(ConfigError::OverlapWeight(w));
+        }
+        let t = self.temperature;
+        if !(t.is_finite() && t >= 0.0) {
+            return Err(ConfigError::Temperature(t));
+        }
+        Ok(())
+    }
+}
+
+/// The kv cost of one worker for one request, with its terms (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Cost {
+    /// Leading prompt blocks the worker holds.
+    pub overlap_blocks: u32,
+    /// Prompt tokens the worker would have to prefill.
+    pub uncached_tokens: u32,
+    /// `(queued prefill tokens + uncached tokens) / block_size`.
+    pub prefill_blocks: f64,
+    /// `active decode blocks + request blocks`.
+    pub decode_blocks: f64,
+    /// `overlap_weight × prefill_blocks + decode_blocks`.
+    pub cost: f64,
+}
+
+/// `ceil(prompt_tokens / block_size)`: the KV blocks a request occupies (`block_size` > 0).
+pub fn request_blocks(prompt_tokens: u32, block_size: u32) -> u32 {
+    prompt_tokens.div_ceil(block_size)
+}
+
+/// The kv cost of a worker with `load` holding `overlap_blocks` leading blocks of a prompt of
+/// `prompt_tokens` tokens (`config.block_size` > 0).
+pub fn kv_cost(
+    config: &SelectorConfig,
+    prompt_tokens: u32,
+    overlap_blocks: u32,
+    load: WorkerLoad,
+) -> Cost {
+    let bs = config.block_size;
+    let cached = overlap_blocks.saturating_mul(bs).min(prompt_tokens);
+    let uncached = prompt_tokens - cached;
+    let prefill_blocks = (load.prefill_tokens + u64::from(uncached)) as f64 / f64::from(bs);
+    let decode_blocks = (load.decode_blocks + u64::from(request_blocks(prompt_tokens, bs))) as f64;
+    Cost {
+        overlap_blocks,
+        uncached_tokens: uncached,
+        prefill_blocks,
+        decode_blocks,
+        cost: config.overlap_weight * prefill_blocks + decode_blocks,
+    }
+}
+
+/// One placement, with what the caller needs to book it and measure it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub worker: WorkerId,
+    pub policy: Policy,
+    /// Leading prompt blocks the chosen worker holds.
+    pub overlap_blocks: u32,
+    /// The largest overlap among the live workers (`overlap_blocks` ≤ this).
+    pub best_overlap_blocks: u32,
+    /// Prompt tokens the chosen worker must prefill: pass to [`LoadModel::on_routed`].
+    pub uncached_tokens: u32,
+    /// `ceil(prompt_tokens / block_size)`: pass to [`LoadModel::on_routed`].
+    pub request_blocks: u32,
+    /// The chosen worker's kv cost terms (computed whatever the policy).
+    pub prefill_blocks: f64,
+    pub decode_blocks: f64,
+    pub cost: f64,
+    /// Live workers passed (duplicates included).
+    pub candidates: usize,
+}
+
+/// Picks workers (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Selector {
+    config: SelectorConfig,
+    tiers: TierSet,
+    rng: StdRng,
+    cursor: u64,
+    cache: LiveCache,
+}
+
+/// The last live list resolved to index and load slots, so that a decision does not hash
+/// every worker id twice; valid while the list and both tables' worker epochs are unchanged.
+#[derive(Debug, Clone, Default)]
+struct LiveCache {
+    live: Vec<WorkerId>,
+    index_epoch: u64,
+    load_epoch: u64,
+    slots: Vec<(Option<WorkerSlot>, Option<LoadSlot>)>,
+}
+
+impl LiveCache {
+    fn refresh(&mut self, live: &[WorkerId], index: &PrefixIndex, load: &LoadModel) {
+        let (ie, le) = (index.workers_epoch(), load.workers_epoch());
+        if self.index_epoch == ie && self.load_epoch == le && self.live == live {
+            return;
+        }
+        self.live = live.to_vec();
+        (self.index_epoch, self.load_epoch) = (ie, le);
+        self.slots = live.iter().map(|w| (index.slot(w), load.slot(w))).collect();
+    }
+
+    /// Load of the `i`-th live worker.
+    fn load(&self, i: usize, load: &LoadModel) -> WorkerLoad {
+        self.slots[i]
+            .1
+            .map_or_else(WorkerLoad::default, |s| load.load_at(s))
+    }
+}
+
+impl Selector {
+    /// A selector; overlaps count blocks held in any tier (see [`Selector::with_tiers`]).
+    pub fn new(config: SelectorConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Selector {
+            rng: StdRng::seed_from_u64(config.seed),
+            config,
+            tiers: TierSet::ALL,
+            cursor: 0,
+            cache: LiveCache::default(),
+        })
+    }
+
+    /// Counts only blocks held in `tiers` as cached.
+    pub fn with_tiers(mut self, tiers: TierSet) -> Self {
+        self.tiers = tiers;
+        self
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &SelectorConfig {
+        &self.config
+    }
+
+    /// Picks one of `live` for a request of `prompt_tokens` tokens whose full blocks have the
+    /// sequence hashes `hashes` (`kv_block_manager::hash::block_hashes`, in order). `None` iff
+    /// `live` is empty. Does not book the placement: call [`LoadModel::on_routed`] with the
+    /// decision.
+    pub fn select(
+        &mut self,
+        live: &[WorkerId],
+        hashes: &[SequenceHash],
+        prompt_tokens: u32,
+        index: &PrefixIndex,
+        load: &LoadModel,
+    ) -> Option<Decision> {
+        if live.is_empty() {
+            return None;
+        }
+        self.cache.refresh(live, index, load);
+        let overlaps = index.overlaps_in(hashes, self.tiers);
+        let costs = self.costs(&overlaps, prompt_tokens, load);
+        let pick = self.pick(live, &costs, load);
+        let c = costs[pick];
+        Some(Decision {
+            worker: live[pick].clone(),
+            policy: self.config.policy,
+            overlap_blocks: c.overlap_blocks,
+            best_overlap_blocks: costs.iter().map(|c| c.overlap_blocks).max().unwrap_or(0),
+            uncached_tokens: c.uncached_tokens,
+            request_blocks: request_blocks(prompt_tokens, self.config.block_size),
+            prefill_blocks: c.prefill_blocks,
+            decode_blocks: c.decode_blocks,
+            cost: c.cost,
+            candidates: live.len(),
+        })
+    }
+
+    /// The kv cost of every live worker (in `live` order, resolved by the cache).
+    fn costs(&self, overlaps: &Overlaps<'_>, prompt_tokens: u32, load: &LoadModel) -> Vec<Cost> {
+        let cache = &self.cache;
+        (0..cache.slots.len())
+            .map(|i| {
+                let overlap = cache.slots[i].0.map_or(0, |s| overlaps.at(s));
+                kv_cost(&self.config, prompt_tokens, overlap, cache.load(i, load))
+            })
+            .collect()
+    }
+
+    /// Index into `live` of the worker the policy picks.
+    fn pick(&mut self, live: &[WorkerId], costs: &[Cost], load: &LoadModel) -> usize {
+        match self.config.policy {
+            Policy::Kv if self.config.temperature > 0.0 => self.sample(live, costs),
+            Policy::Kv => self.lowest_cost(live, costs),
+            Policy::LeastLoaded => {
+                let loads = (0..live.len()).map(|i| self.cache.load(i, load)).collect();
+                self.least_loaded(live, loads)
+            }
+            Policy::RoundRobin => self.take_turn(live, (0..live.len()).collect()),
+            Policy::Random => self.uniform(live),
+        }
+    }
+
+    /// Lowest cost; ties take turns.
+    fn lowest_cost(&mut self, live: &[WorkerId], costs: &[Cost]) -> usize {
+        let min = costs.iter().map(|c| c.cost).fold(f64::INFINITY, f64::min);
+        let eps = 1e-9 * min.abs().max(1.0);
+        let ties = (0..live.len()).filter(|i| costs[*i].cost <= min + eps);
+        self.take_turn(live, ties.collect())
+    }
+
+    /// Fewest in flight, then fewest decode blocks; ties take turns.
+    fn least_loaded(&mut self, live: &[WorkerId], loads: Vec<WorkerLoad>) -> usize {
+        let key = |i: usize| (loads[i].in_flight, loads[i].decode_blocks);
+        let min = (0..live.len()).map(key).min().expect("live is not empty");
+        let ties = (0..live.len()).filter(|i| key(*i) == min);
+        self.take_turn(live, ties.collect())
+    }
+
+    /// `candidates` (indices into `live`, not empty) sorted by worker id, deduplicated, and
+    /// the one under the rotating cursor; advances the cursor.
+    fn take_turn(&mut self, live: &[WorkerId], candidates: Vec<usize>) -> usize {
+        let sorted = sorted_unique(live, candidates);
+        let i = sorted[(self.cursor % sorted.len() as u64) as usize];
+        self.cursor = self.cursor.wrapping_add(1);
+        i
+    }
+
+    /// Uniform over the distinct live workers.
+    fn uniform(&mut self, live: &[WorkerId]) -> usize {
+        let sorted = sorted_unique(live, (0..live.len()).collect());
+        sorted[self.rng.random_range(0..sorted.len())]
+    }
+
+    /// Softmax over normalised negative costs (see the module docs).
+    fn sample(&mut self, live: &[WorkerId], costs: &[Cost]) -> usize {
+        let sorted = sorted_unique(live, (0..live.len()).collect());
+        let weights = softmax_weights(&sorted, costs, self.config.temperature);
+        let total: f64 = weights.iter().sum();
+        let mut x = self.rng.random::<f64>() * total;
+        for (i, w) in sorted.iter().zip(&weights) {
+            if x < *w {
+                return *i;
+            }
+            x -= w;
+        }
+        *sorted.last().expect("live is not empty")
+    }
+}
+
+/// `exp(−n / T)` for each candidate, `n` its min-max normalised cost.
+fn softmax_weights(candidates: &[usize], costs: &[Cost], temperature: f64) -> Vec<f64> {
+    let cost = |i: &usize| costs[*i].cost;
+    let min = candidates.iter().map(cost).fold(f64::INFINITY, f64::min);
+    let max = candidates
+        .iter()
+        .map(cost)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let range = max - min;
+    candidates
+        .iter()
+        .map(|i| {
+            let n = if range > 0.0 {
+                (cost(i) - min) / range
+            } else {
+                0.0
+            };
+            (-n / temperature).exp()
+        })
+        .collect()
+}
+
+/// Indices into `live`, sorted by worker id, one per distinct worker.
+fn sorted_unique(live: &[WorkerId], mut indices: Vec<usize>) -> Vec<usize> {
+    indices.sort_unstable_by(|a, b| live[*a].cmp(&live[*b]).then(a.cmp(b)));
+    indices.dedup_by(|a, b| live[*a] == live[*b]);
+    indices
+}
+
+#[cfg(test)]
+mod tests;

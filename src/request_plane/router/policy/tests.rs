@@ -1,0 +1,508 @@
+use std::collections::HashMap;
+
+use serde::de::IntoDeserializer;
+use serde::de::value::{Error as DeError, StrDeserializer};
+
+use super::*;
+use crate::kv::events::{KvEvent, KvEventData, StoredBlock, Tier};
+use crate::kv::hash::block_hashes;
+use crate::request_plane::router::load::RequestKey;
+use crate::runtime::ids::{EventId, RequestId};
+
+fn w(s: &str) -> WorkerId {
+    WorkerId::new(s)
+}
+
+fn key(n: u64) -> RequestKey {
+    ("gw".into(), RequestId(n))
+}
+
+/// Sequence hashes of a prompt of `blocks` full blocks of 16 tokens, varying with `seed`.
+fn prompt(blocks: usize, seed: u32) -> Vec<SequenceHash> {
+    let tokens: Vec<u32> = (0..blocks as u32 * 16).map(|t| t * 7 + seed).collect();
+    block_hashes(&tokens, 16, 42)
+        .into_iter()
+        .map(|(_, s)| s)
+        .collect()
+}
+
+/// An index where `worker` holds the first `n` blocks of `hashes` (one Stored event).
+fn hold(index: &mut PrefixIndex, worker: &str, hashes: &[SequenceHash], n: usize) {
+    let next = index.last_event_id(&w(worker)).map_or(1, |e| e.0 + 1);
+    let blocks = hashes[..n]
+        .iter()
+        .map(|h| StoredBlock {
+            seq_hash: *h,
+            block_hash: crate::runtime::ids::BlockHash(h.0),
+        })
+        .collect();
+    let ev = KvEvent {
+        worker: w(worker),
+        event_id: EventId(next),
+        tier: Tier::Device,
+        data: KvEventData::Stored {
+            parent: None,
+            blocks,
+        },
+    };
+    assert_eq!(
+        index.apply(&ev),
+        crate::request_plane::router::index::ApplyOutcome::Applied
+    );
+}
+
+fn selector(policy: Policy) -> Selector {
+    Selector::new(SelectorConfig {
+        policy,
+        ..SelectorConfig::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn names_parse_display_and_deserialize() {
+    for p in Policy::ALL {
+        assert_eq!(p.to_string().parse::<Policy>(), Ok(p));
+        let de: StrDeserializer<'_, DeError> = p.as_str().into_deserializer();
+        assert_eq!(Policy::deserialize(de).unwrap(), p);
+    }
+    assert_eq!(Policy::default(), Policy::Kv);
+    assert_eq!(
+        "least-loaded".parse::<Policy>(),
+        Err(UnknownPolicy("least-loaded".into()))
+    );
+    assert!(
+        UnknownPolicy("x".into())
+            .to_string()
+            .contains("kv, least_loaded, round_robin or random")
+    );
+}
+
+#[test]
+fn config_is_validated() {
+    let bad = |f: fn(&mut SelectorConfig)| {
+        let mut c = SelectorConfig::default();
+        f(&mut c);
+        Selector::new(c).unwrap_err()
+    };
+    assert_eq!(bad(|c| c.block_size = 0), ConfigError::ZeroBlockSize);
+    assert!(matches!(
+        bad(|c| c.overlap_weight = -1.0),
+        ConfigError::OverlapWeight(_)
+    ));
+    assert!(matches!(
+        bad(|c| c.temperature = f64::NAN),
+        ConfigError::Temperature(_)
+    ));
+}
+
+#[test]
+fn empty_live_list_gives_none() {
+    let index = PrefixIndex::new();
+    let load = LoadModel::new();
+    for p in Policy::ALL {
+        assert_eq!(
+            selector(p).select(&[], &prompt(4, 0), 64, &index, &load),
+            None
+        );
+    }
+}
+
+#[test]
+fn cost_formula_by_hand() {
+    // B = 16, P = 100 tokens (7 blocks), overlap 4 blocks (64 tokens) → 36 uncached;
+    // queued prefill 32 tokens, 10 decode blocks, weight 2:
+    // prefill = (32 + 36) / 16 = 4.25, decode = 10 + 7 = 17, cost = 2 × 4.25 + 17 = 25.5.
+    let config = SelectorConfig {
+        overlap_weight: 2.0,
+        ..SelectorConfig::default()
+    };
+    let load = WorkerLoad {
+        prefill_tokens: 32,
+        decode_blocks: 10,
+        in_flight: 3,
+    };
+    let c = kv_cost(&config, 100, 4, load);
+    assert_eq!(c.uncached_tokens, 36);
+    assert_eq!(c.prefill_blocks, 4.25);
+    assert_eq!(c.decode_blocks, 17.0);
+    assert_eq!(c.cost, 25.5);
+    // An overlap beyond the prompt caps at the prompt.
+    assert_eq!(kv_cost(&config, 100, 50, load).uncached_tokens, 0);
+    assert_eq!(request_blocks(100, 16), 7);
+    assert_eq!(request_blocks(96, 16), 6);
+}
+
+#[test]
+fn decision_reports_the_formula_terms() {
+    let hashes = prompt(6, 1);
+    let mut index = PrefixIndex::new();
+    hold(&mut index, "a", &hashes, 4);
+    let mut load = LoadModel::new();
+    load.on_routed(key(1), &w("a"), 32, 10, 0);
+    let mut s = Selector::new(SelectorConfig {
+        overlap_weight: 2.0,
+        ..SelectorConfig::default()
+    })
+    .unwrap();
+    // Only "a" is live: 100-token prompt, 4 blocks cached → the hand-computed 25.5.
+    let d = s.select(&[w("a")], &hashes, 100, &index, &load).unwrap();
+    assert_eq!(d.worker, w("a"));
+    assert_eq!(d.policy, Policy::Kv);
+    assert_eq!(
+        (d.overlap_blocks, d.best_overlap_blocks, d.uncached_tokens),
+        (4, 4, 36)
+    );
+    assert_eq!(d.request_blocks, 7);
+    assert_eq!(
+        (d.prefill_blocks, d.decode_blocks, d.cost),
+        (4.25, 17.0, 25.5)
+    );
+    assert_eq!(d.candidates, 1);
+}
+
+#[test]
+fn prefix_holder_wins_when_loads_are_equal() {
+    let hashes = prompt(32, 2);
+    let mut index = PrefixIndex::new();
+    hold(&mut index, "b", &hashes, 20);
+    hold(&mut index, "c", &hashes, 5);
+    let load = LoadModel::new();
+    let live = [w("a"), w("b"), w("c"), w("d")];
+    let mut s = selector(Policy::Kv);
+    for _ in 0..5 {
+        let d = s.select(&live, &hashes, 32 * 16, &index, &load).unwrap();
+        assert_eq!(d.worker, w("b"));
+        assert_eq!(d.overlap_blocks, 20);
+        assert_eq!(d.uncached_tokens, 12 * 16);
+    }
+}
+
+#[test]
+fn load_wins_when_the_holder_is_much_busier() {
+    let hashes = prompt(32, 3);
+    let mut index = PrefixIndex::new();
+    hold(&mut index, "a", &hashes, 32);
+    let mut load = LoadModel::new();
+    // a saves 32 prefill blocks but carries 1000 decode blocks more than b.
+    load.on_routed(key(1), &w("a"), 0, 1000, 0);
+    let mut s = selector(Policy::Kv);
+    let d = s
+        .select(&[w("a"), w("b")], &hashes, 32 * 16, &index, &load)
+        .unwrap();
+    assert_eq!(d.worker, w("b"));
+    assert_eq!(
+        d.best_overlap_blocks, 32,
+        "the better prefix existed elsewhere"
+    );
+    // With a load gap below the prefill saving, the holder wins again.
+    load.on_finished(&key(1));
+    load.on_routed(key(2), &w("a"), 0, 20, 0);
+    let d = s
+        .select(&[w("a"), w("b")], &hashes, 32 * 16, &index, &load)
+        .unwrap();
+    assert_eq!(d.worker, w("a"), "cost a = 0 + 20 + 32, b = 32 + 32");
+    // A larger overlap weight makes the prefix worth more than the same load gap.
+    let mut heavy = Selector::new(SelectorConfig {
+        overlap_weight: 40.0,
+        ..SelectorConfig::default()
+    })
+    .unwrap();
+    load.on_finished(&key(2));
+    load.on_routed(key(3), &w("a"), 0, 1000, 0);
+    let d = heavy
+        .select(&[w("a"), w("b")], &hashes, 32 * 16, &index, &load)
+        .unwrap();
+    assert_eq!(d.worker, w("a"), "a = 1032 + 0, b = 32 + 40 × 32");
+}
+
+#[test]
+fn queued_prefill_counts_against_a_worker() {
+    let hashes = prompt(8, 4);
+    let index = PrefixIndex::new();
+    let mut load = LoadModel::new();
+    load.on_routed(key(1), &w("a"), 4096, 0, 0);
+    let mut s = selector(Policy::Kv);
+    let d = s
+        .select(&[w("a"), w("b")], &hashes, 128, &index, &load)
+        .unwrap();
+    assert_eq!(d.worker, w("b"));
+    load.on_first_token(&key(1), 1);
+    let picks: Vec<_> = (0..2)
+        .map(|_| s.select(&[w("a"), w("b")], &hashes, 128, &index, &load))
+        .map(|d| d.unwrap().worker)
+        .collect();
+    assert_eq!(
+        picks,
+        [w("b"), w("a")],
+        "prefill done: equal costs, the cursor takes turns"
+    );
+}
+
+#[test]
+fn ties_are_deterministic_whatever_the_live_order() {
+    let index = PrefixIndex::new();
+    let load = LoadModel::new();
+    let hashes = prompt(4, 5);
+    let orders = [
+        [w("c"), w("a"), w("b")],
+        [w("b"), w("c"), w("a")],
+        [w("a"), w("b"), w("c")],
+    ];
+    for p in [Policy::Kv, Policy::LeastLoaded, Policy::RoundRobin] {
+        let runs: Vec<Vec<WorkerId>> = orders
+            .iter()
+            .map(|live| {
+                let mut s = selector(p);
+                (0..6)
+                    .map(|_| s.select(live, &hashes, 64, &index, &load).unwrap().worker)
+                    .collect()
+            })
+            .collect();
+        let want = [w("a"), w("b"), w("c"), w("a"), w("b"), w("c")];
+        for run in &runs {
+            assert_eq!(run, &want, "{p}");
+        }
+    }
+}
+
+#[test]
+fn booking_decisions_spreads_cold_requests() {
+    let index = PrefixIndex::new();
+    let mut load = LoadModel::new();
+    let live = [w("a"), w("b"), w("c"), w("d")];
+    let mut s = selector(Policy::Kv);
+    let mut count: HashMap<WorkerId, u32> = HashMap::new();
+    for i in 0..40 {
+        let hashes = prompt(8, 100 + i as u32);
+        let d = s.select(&live, &hashes, 128, &index, &load).unwrap();
+        load.on_routed(key(i), &d.worker, d.uncached_tokens, d.request_blocks, 0);
+        *count.entry(d.worker).or_default() += 1;
+    }
+    assert!(count.values().all(|n| *n == 10), "{count:?}");
+}
+
+#[test]
+fn temperature_sampling_is_reproducible_and_spreads() {
+    let hashes = prompt(32, 6);
+    let mut index = PrefixIndex::new();
+    hold(&mut index, "a", &hashes, 32);
+    hold(&mut index, "b", &hashes, 16);
+    let load = LoadModel::new();
+    let live = [w("d"), w("c"), w("b"), w("a")];
+    let config = SelectorConfig {
+        temperature: 0.5,
+        seed: 7,
+        ..SelectorConfig::default()
+    };
+    let run = |live: &[WorkerId], seed: u64| -> Vec<WorkerId> {
+        let mut s = Selector::new(SelectorConfig {
+            seed,
+            ..config.clone()
+        })
+        .unwrap();
+        (0..400)
+            .map(|_| s.select(live, &hashes, 512, &index, &load).unwrap().worker)
+            .collect()
+    };
+    let first = run(&live, 7);
+    assert_eq!(first, run(&live, 7), "same seed, same choices");
+    let mut reversed = live.clone();
+    reversed.reverse();
+    assert_eq!(first, run(&reversed, 7), "independent of the live order");
+    assert_ne!(first, run(&live, 8), "another seed, other choices");
+    let mut count: HashMap<&WorkerId, u32> = HashMap::new();
+    for x in &first {
+        *count.entry(x).or_default() += 1;
+    }
+    // Costs: a = 32, b = 48, c = d = 64 → n = 0, 0.5, 1, 1 → weights 1, e^-1, e^-2, e^-2.
+    assert_eq!(count.len(), 4, "every worker gets some: {count:?}");
+    assert!(count[&w("a")] > count[&w("b")], "{count:?}");
+    assert!(count[&w("b")] > count[&w("c")], "{count:?}");
+    let p_a = f64::from(count[&w("a")]) / 400.0;
+    let want = 1.0 / (1.0 + (-1.0f64).exp() + 2.0 * (-2.0f64).exp());
+    assert!((p_a - want).abs() < 0.08, "p(a) = {p_a}, expected ≈ {want}");
+}
+
+#[test]
+fn temperature_with_equal_costs_is_uniform() {
+    let index = PrefixIndex::new();
+    let load = LoadModel::new();
+    let live = [w("a"), w("b")];
+    let mut s = Selector::new(SelectorConfig {
+        temperature: 1.0,
+        seed: 3,
+        ..SelectorConfig::default()
+    })
+    .unwrap();
+    let a = (0..1000)
+        .filter(|_| {
+            s.select(&live, &prompt(2, 0), 32, &index, &load)
+                .unwrap()
+                .worker
+                == w("a")
+        })
+        .count();
+    assert!((400..600).contains(&a), "{a}");
+}
+
+#[test]
+fn dead_workers_are_never_chosen() {
+    let hashes = prompt(16, 7);
+    let mut index = PrefixIndex::new();
+    hold(&mut index, "dead", &hashes, 16);
+    hold(&mut index, "b", &hashes, 2);
+    let load = LoadModel::new();
+    let live = [w("a"), w("b"), w("c")];
+    for p in Policy::ALL {
+        for temperature in [0.0, 0.3, 50.0] {
+            let mut s = Selector::new(SelectorConfig {
+                policy: p,
+                temperature,
+                seed: 11,
+                ..SelectorConfig::default()
+            })
+            .unwrap();
+            for _ in 0..200 {
+                let d = s.select(&live, &hashes, 256, &index, &load).unwrap();
+                assert_ne!(d.worker, w("dead"), "{p} T={temperature}");
+                assert!(live.contains(&d.worker));
+                assert!(d.best_overlap_blocks <= 2, "dead holders do not count");
+            }
+        }
+    }
+}
+
+#[test]
+fn least_loaded_prefers_fewest_in_flight_then_decode_blocks() {
+    let hashes = prompt(8, 8);
+    let mut index = PrefixIndex::new();
+    hold(&mut index, "a", &hashes, 8);
+    let mut load = LoadModel::new();
+    load.on_routed(key(1), &w("a"), 0, 1, 0);
+    load.on_routed(key(2), &w("b"), 0, 50, 0);
+    load.on_routed(key(3), &w("c"), 0, 10, 0);
+    load.on_routed(key(4), &w("c"), 0, 10, 0);
+    let live = [w("a"), w("b"), w("c")];
+    let mut s = selector(Policy::LeastLoaded);
+    let d = s.select(&live, &hashes, 128, &index, &load).unwrap();
+    assert_eq!(d.worker, w("a"), "1 in flight with 1 block beats 1 with 50");
+    assert_eq!(d.overlap_blocks, 8, "overlap is reported for any policy");
+    load.on_routed(key(5), &w("a"), 0, 100, 0);
+    let d = s.select(&live, &hashes, 128, &index, &load).unwrap();
+    assert_eq!(d.worker, w("b"), "a now has 2 in flight");
+    assert_eq!(d.overlap_blocks, 0);
+}
+
+#[test]
+fn round_robin_cycles_through_sorted_live_workers() {
+    let index = PrefixIndex::new();
+    let mut load = LoadModel::new();
+    load.on_routed(key(1), &w("b"), 999, 999, 0);
+    let mut s = selector(Policy::RoundRobin);
+    let live = [w("c"), w("b"), w("a"), w("b")];
+    let picks: Vec<_> = (0..6)
+        .map(|_| s.select(&live, &[], 10, &index, &load).unwrap().worker)
+        .collect();
+    assert_eq!(picks, [w("a"), w("b"), w("c"), w("a"), w("b"), w("c")]);
+}
+
+#[test]
+fn random_is_seeded_uniform_over_live_workers() {
+    let index = PrefixIndex::new();
+    let load = LoadModel::new();
+    let live: Vec<WorkerId> = (0..5).map(|i| w(&format!("w{i}"))).collect();
+    let run = |seed: u64| -> Vec<WorkerId> {
+        let mut s = Selector::new(SelectorConfig {
+            policy: Policy::Random,
+            seed,
+            ..SelectorConfig::default()
+        })
+        .unwrap();
+        (0..1000)
+            .map(|_| s.select(&live, &[], 10, &index, &load).unwrap().worker)
+            .collect()
+    };
+    let picks = run(1);
+    assert_eq!(picks, run(1));
+    assert_ne!(picks, run(2));
+    let mut count: HashMap<WorkerId, u32> = HashMap::new();
+    for p in picks {
+        *count.entry(p).or_default() += 1;
+    }
+    assert_eq!(count.len(), 5);
+    assert!(count.values().all(|n| (140..260).contains(n)), "{count:?}");
+}
+
+#[test]
+fn device_only_selector_ignores_host_copies() {
+    let hashes = prompt(8, 9);
+    let mut index = PrefixIndex::new();
+    let blocks = hashes
+        .iter()
+        .map(|h| StoredBlock {
+            seq_hash: *h,
+            block_hash: crate::runtime::ids::BlockHash(h.0),
+        })
+        .collect();
+    index.apply(&KvEvent {
+        worker: w("a"),
+        event_id: EventId(1),
+        tier: Tier::Host,
+        data: KvEventData::Stored {
+            parent: None,
+            blocks,
+        },
+    });
+    let load = LoadModel::new();
+    let d = selector(Policy::Kv)
+        .select(&[w("a")], &hashes, 128, &index, &load)
+        .unwrap();
+    assert_eq!(d.overlap_blocks, 8, "any tier by default");
+    let d = selector(Policy::Kv)
+        .with_tiers(TierSet::DEVICE)
+        .select(&[w("a")], &hashes, 128, &index, &load)
+        .unwrap();
+    assert_eq!(d.overlap_blocks, 0);
+}
+
+#[test]
+fn cached_slots_follow_worker_churn() {
+    let hashes = prompt(8, 10);
+    let mut index = PrefixIndex::new();
+    hold(&mut index, "a", &hashes, 8);
+    let mut load = LoadModel::new();
+    let mut s = selector(Policy::Kv);
+    let live = [w("a"), w("b")];
+    let d = s.select(&live, &hashes, 128, &index, &load).unwrap();
+    assert_eq!((d.worker.clone(), d.overlap_blocks), (w("a"), 8));
+    // a leaves the index, c takes its slot with the same prefix: same live list, new answer.
+    index.remove_worker(&w("a"));
+    hold(&mut index, "c", &hashes, 8);
+    let d = s.select(&live, &hashes, 128, &index, &load).unwrap();
+    assert_eq!(d.overlap_blocks, 0, "a's old slot now belongs to c");
+    assert_eq!(d.best_overlap_blocks, 0);
+    let d = s
+        .select(&[w("b"), w("c")], &hashes, 128, &index, &load)
+        .unwrap();
+    assert_eq!((d.worker.clone(), d.overlap_blocks), (w("c"), 8));
+    // Load: c gets very busy, is removed from the load model, and d reuses its slot.
+    load.on_routed(key(1), &w("c"), 0, 10_000, 0);
+    let d = s
+        .select(&[w("b"), w("c")], &hashes, 128, &index, &load)
+        .unwrap();
+    assert_eq!(d.worker, w("b"));
+    load.remove_worker(&w("c"));
+    load.on_routed(key(2), &w("d"), 0, 10_000, 0);
+    let d = s
+        .select(&[w("b"), w("c")], &hashes, 128, &index, &load)
+        .unwrap();
+    assert_eq!(d.worker, w("c"), "c is idle again; d's load is not c's");
+    // Another index with the same history does not reuse the cache by mistake.
+    let mut other = PrefixIndex::new();
+    hold(&mut other, "b", &hashes, 3);
+    let d = s
+        .select(&[w("b"), w("c")], &hashes, 128, &other, &load)
+        .unwrap();
+    assert_eq!(d.best_overlap_blocks, 3);
+}

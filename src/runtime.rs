@@ -1,0 +1,19 @@
+//! What every node runs on, whatever its roles: the node process, the cluster, configuration,
+//! identifiers, time, payloads between nodes, metrics and resilience counters.
+//! - `node.rs` — one node process: start, ready line, ordered stop.
+//! - `cluster.rs` — the `ractor_cluster` NodeServer, joining, cookie errors.
+//! - `config.rs` — the typed configuration tree (TOML + env + `--set`).
+//! - `ids.rs` — newtypes: node, worker, request, sequence and event ids.
+//! - `clock.rs` — injected time (`SystemClock`, `ManualClock`).
+//! - `wire.rs` — MessagePack payloads between nodes.
+//! - `metrics.rs` — the Prometheus recorder.
+//! - `resilience.rs` — counters of the resilience loop and panic accounting.
+
+pub mod clock;
+pub mod cluster;
+pub mod config;
+pub mod ids;
+pub mod metrics;
+pub mod node;
+pub mod resilience;
+pub mod wire;

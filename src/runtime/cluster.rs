@@ -1,0 +1,387 @@
+//! The cluster transport for control messages: a `ractor_cluster` NodeServer per node.
+//!
+//! Nodes authenticate each other with a shared cookie (SHA-256 challenge/response; the cookie
+//! is never sent). `ractor_cluster` fails silently on a wrong cookie — the session just never
+//! becomes ready — so [`join`] watches the session events and turns that into
+//! [`ClusterError::AuthFailed`]. Connections are transitive: joining one seed connects the node
+//! to every node the seed knows. Only small control messages travel here (about 250 MB/s,
+//! frames up to `cluster.max_frame_bytes`); KV blocks move through the transport actor.
+
+use crate::runtime::ids::NodeId;
+use ractor::{Actor, ActorRef};
+use ractor_cluster::node::{NodeConnectionMode, NodeServerSessionInformation};
+use ractor_cluster::{NodeEventSubscription, NodeServer, NodeServerMessage};
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Errors of the cluster layer.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The listen address cannot be bound.
+    #[error("cannot listen for cluster connections on {addr}: {source}")]
+    Listen {
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The NodeServer actor failed to start.
+    #[error("cluster node server failed to start: {0}")]
+    Start(String),
+    /// The peer closed the session during the handshake: almost always a cookie mismatch.
+    #[error(
+        "cluster handshake with {seed} failed: the peer closed the session before authenticating \
+         (does --cookie match the cluster's?)"
+    )]
+    AuthFailed {
+        /// Seed address.
+        seed: String,
+    },
+    /// No seed answered in time.
+    #[error("could not join the cluster through {seeds:?} within {timeout_ms} ms: {last_error}")]
+    Unreachable {
+        /// Seeds tried.
+        seeds: Vec<String>,
+        /// Time allowed.
+        timeout_ms: u64,
+        /// Last error seen.
+        last_error: String,
+    },
+    /// The node server actor is gone.
+    #[error("cluster node server is not running")]
+    ServerGone,
+}
+
+/// A running NodeServer.
+#[derive(Clone, Debug)]
+pub struct ClusterHandle {
+    /// The NodeServer actor.
+    pub server: ActorRef<NodeServerMessage>,
+    /// This node's name.
+    pub node_id: NodeId,
+    /// Listen address.
+    pub addr: SocketAddr,
+    /// Chaos `partition`: which peers this node refuses sessions with.
+    pub partition: PartitionFilter,
+}
+
+/// A filter on the inter-node path (chaos `partition`): while set, every session with a peer
+/// on the other side of the cut is stopped as soon as it authenticates (so neither a redial
+/// nor a transitive connection gets through), and [`PartitionFilter::cut`] stops the ones
+/// that exist. Sides: the nodes listed in `group` against all others.
+#[derive(Clone, Debug, Default)]
+pub struct PartitionFilter {
+    inner: Arc<Mutex<Option<Partition>>>,
+}
+
+#[derive(Clone, Debug)]
+struct Partition {
+    group: HashSet<String>,
+    /// Whether this node is in `group`.
+    inside: bool,
+}
+
+/// The node name of a session's peer (`node-2` from `node-2@127.0.0.1`).
+fn peer_node(ses: &NodeServerSessionInformation) -> Option<String> {
+    ses.peer_name
+        .as_ref()
+        .map(|n| n.name.split('@').next().unwrap_or_default().to_owned())
+}
+
+impl PartitionFilter {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Partition>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Cut `group` from the rest, as seen from node `me`.
+    pub fn set(&self, me: &str, group: &[String]) {
+        let group: HashSet<String> = group.iter().cloned().collect();
+        let inside = group.contains(me);
+        *self.lock() = Some(Partition { group, inside });
+    }
+
+    /// Heal.
+    pub fn clear(&self) {
+        *self.lock() = None;
+    }
+
+    /// Whether sessions with `peer` are refused now.
+    pub fn blocks(&self, peer: &str) -> bool {
+        self.lock()
+            .as_ref()
+            .is_some_and(|p| p.inside != p.group.contains(peer))
+    }
+
+    /// Stop every established session the filter blocks; returns the listen addresses
+    /// (`connection_string`) of the peers cut, for redialling when the partition heals.
+    pub async fn cut(&self, server: &ActorRef<NodeServerMessage>) -> Vec<(String, String)> {
+        let Ok(sessions) = ractor::call_t!(server, NodeServerMessage::GetSessions, 2_000) else {
+            return Vec::new();
+        };
+        let mut cut = Vec::new();
+        for ses in sessions.values() {
+            if let Some(peer) = peer_node(ses)
+                && self.blocks(&peer)
+            {
+                tracing::warn!(%peer, "chaos: partition cuts the session");
+                if let Some(n) = &ses.peer_name {
+                    cut.push((peer.clone(), n.connection_string.clone()));
+                }
+                ses.actor.stop(Some("partitioned (chaos)".into()));
+            }
+        }
+        cut
+    }
+}
+
+struct FilterSubscription(PartitionFilter);
+
+impl FilterSubscription {
+    fn check(&self, ses: &NodeServerSessionInformation) {
+        if let Some(peer) = peer_node(ses)
+            && self.0.blocks(&peer)
+        {
+            tracing::warn!(%peer, "chaos: partition refuses a session");
+            ses.actor.stop(Some("partitioned (chaos)".into()));
+        }
+    }
+}
+
+impl NodeEventSubscription for FilterSubscription {
+    fn node_session_opened(&self, _ses: NodeServerSessionInformation) {}
+    fn node_session_disconnected(&self, _ses: NodeServerSessionInformation) {}
+    fn node_session_authenticated(&self, ses: NodeServerSessionInformation) {
+        self.check(&ses);
+    }
+    fn node_session_ready(&self, ses: NodeServerSessionInformation) {
+        self.check(&ses);
+    }
+}
+
+/// Start this node's NodeServer on `addr` with the given cookie and frame limit.
+pub async fn start_node_server(
+    node_id: NodeId,
+    addr: SocketAddr,
+    cookie: String,
+    max_frame_bytes: u64,
+) -> Result<ClusterHandle, ClusterError> {
+    // ractor_cluster binds inside an actor and only logs a failure: probe the address first
+    // so that "address in use" is a clear error.
+    std::net::TcpListener::bind(addr).map_err(|source| ClusterError::Listen { addr, source })?;
+    let server = NodeServer::new(
+        addr.port(),
+        cookie,
+        node_id.to_string(),
+        addr.ip().to_string(),
+        None,
+        Some(NodeConnectionMode::Transitive),
+    )
+    .with_listen_addr(addr.ip())
+    .with_max_inbound_frame_size(max_frame_bytes);
+    let (server, _) = Actor::spawn(None, server, ())
+        .await
+        .map_err(|e| ClusterError::Start(e.to_string()))?;
+    let partition = PartitionFilter::default();
+    server
+        .cast(NodeServerMessage::SubscribeToEvents {
+            id: "chaos-partition".into(),
+            subscription: Box::new(FilterSubscription(partition.clone())),
+        })
+        .map_err(|_| ClusterError::ServerGone)?;
+    Ok(ClusterHandle {
+        server,
+        node_id,
+        addr,
+        partition,
+    })
+}
+
+/// Session lifecycle events forwarded to a channel.
+#[derive(Debug, Clone)]
+pub enum SessionEvent {
+    /// TCP session opened.
+    Opened(SessionPeer),
+    /// Authenticated.
+    Authenticated(SessionPeer),
+    /// State exchange done: remote actors and pg groups are visible.
+    Ready(SessionPeer),
+    /// Closed.
+    Disconnected(SessionPeer),
+}
+
+/// Who a session is with.
+#[derive(Debug, Clone)]
+pub struct SessionPeer {
+    /// Peer's node name, once known.
+    pub name: Option<String>,
+    /// Peer's socket address.
+    pub addr: String,
+    /// Whether the peer dialled us.
+    pub incoming: bool,
+}
+
+impl From<&NodeServerSessionInformation> for SessionPeer {
+    fn from(s: &NodeServerSessionInformation) -> Self {
+        Self {
+            name: s.peer_name.as_ref().map(|n| n.name.clone()),
+            addr: s.peer_addr.clone(),
+            incoming: s.is_server,
+        }
+    }
+}
+
+/// A [`NodeEventSubscription`] that forwards into an unbounded channel.
+pub struct ChannelSubscription(pub mpsc::UnboundedSender<SessionEvent>);
+
+impl NodeEventSubscription for ChannelSubscription {
+    fn node_session_opened(&self, ses: NodeServerSessionInformation) {
+        let _ = self.0.send(SessionEvent::Opened((&ses).into()));
+    }
+    fn node_session_disconnected(&self, ses: NodeServerSessionInformation) {
+        let _ = self.0.send(SessionEvent::Disconnected((&ses).into()));
+    }
+    fn node_session_authenticated(&self, ses: NodeServerSessionInformation) {
+        let _ = self.0.send(SessionEvent::Authenticated((&ses).into()));
+    }
+    fn node_session_ready(&self, ses: NodeServerSessionInformation) {
+        let _ = self.0.send(SessionEvent::Ready((&ses).into()));
+    }
+}
+
+static SUB_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Subscribe to session events; returns the subscription id (for unsubscribing) and the stream.
+pub fn subscribe(
+    server: &ActorRef<NodeServerMessage>,
+    label: &str,
+) -> Result<(String, mpsc::UnboundedReceiver<SessionEvent>), ClusterError> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let id = format!("{label}-{}", SUB_SEQ.fetch_add(1, Ordering::Relaxed));
+    server
+        .cast(NodeServerMessage::SubscribeToEvents {
+            id: id.clone(),
+            subscription: Box::new(ChannelSubscription(tx)),
+        })
+        .map_err(|_| ClusterError::ServerGone)?;
+    Ok((id, rx))
+}
+
+/// Connect to `seed` and wait until the session is ready (authenticated and state exchanged).
+/// A session that closes before authenticating is [`ClusterError::AuthFailed`].
+pub async fn join(
+    server: &ActorRef<NodeServerMessage>,
+    seed: &str,
+    timeout: Duration,
+) -> Result<(), ClusterError> {
+    let seed_addr: Vec<SocketAddr> = tokio::net::lookup_host(seed)
+        .await
+        .map(|a| a.collect())
+        .unwrap_or_default();
+    let (sub, mut rx) = subscribe(server, "join")?;
+    let result = async {
+        ractor_cluster::client_connect(server, seed)
+            .await
+            .map_err(|e| ClusterError::Unreachable {
+                seeds: vec![seed.to_owned()],
+                timeout_ms: timeout.as_millis() as u64,
+                last_error: e.to_string(),
+            })?;
+        let ours = |p: &SessionPeer| {
+            !p.incoming
+                && p.addr
+                    .parse::<SocketAddr>()
+                    .map(|a| seed_addr.contains(&a))
+                    .unwrap_or(p.addr == seed)
+        };
+        let mut authenticated = false;
+        let wait = async {
+            while let Some(ev) = rx.recv().await {
+                match ev {
+                    SessionEvent::Authenticated(p) if ours(&p) => authenticated = true,
+                    SessionEvent::Ready(p) if ours(&p) => return Ok(()),
+                    SessionEvent::Disconnected(p) if ours(&p) => {
+                        return Err(if authenticated {
+                            ClusterError::Unreachable {
+                                seeds: vec![seed.to_owned()],
+                                timeout_ms: timeout.as_millis() as u64,
+                                last_error: "session closed after authentication".into(),
+                            }
+                        } else {
+                            ClusterError::AuthFailed {
+                                seed: seed.to_owned(),
+                            }
+                        });
+                    }
+                    _ => {}
+                }
+            }
+            Err(ClusterError::ServerGone)
+        };
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(r) => r,
+            Err(_) => Err(ClusterError::Unreachable {
+                seeds: vec![seed.to_owned()],
+                timeout_ms: timeout.as_millis() as u64,
+                last_error: "handshake timed out".into(),
+            }),
+        }
+    }
+    .await;
+    let _ = server.cast(NodeServerMessage::UnsubscribeToEvents(sub));
+    result
+}
+
+/// Join through any of `seeds`, retrying refused connections (a seed may still be starting)
+/// until `timeout`. An authentication failure is final.
+pub async fn join_any(
+    server: &ActorRef<NodeServerMessage>,
+    seeds: &[String],
+    timeout: Duration,
+) -> Result<(), ClusterError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last_error = String::from("no seed given");
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        for seed in seeds {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match join(server, seed, left.min(Duration::from_secs(5))).await {
+                Ok(()) => return Ok(()),
+                Err(e @ ClusterError::AuthFailed { .. }) => return Err(e),
+                Err(e) => last_error = e.to_string(),
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ClusterError::Unreachable {
+                seeds: seeds.to_vec(),
+                timeout_ms: timeout.as_millis() as u64,
+                last_error,
+            });
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// The member of process group `group` registered as `name`, on this node or a peer (a
+/// peer's actor appears here as its proxy, bearing the same name). Names are node-prefixed,
+/// so at most one actor of the cluster bears a given name.
+pub fn member_named(group: &str, name: &str) -> Option<ractor::ActorCell> {
+    ractor::pg::get_members(&group.to_owned())
+        .into_iter()
+        .find(|c| c.get_name().as_deref() == Some(name))
+}
+
+/// Number of established sessions.
+pub async fn session_count(server: &ActorRef<NodeServerMessage>) -> Result<usize, ClusterError> {
+    ractor::call_t!(server, NodeServerMessage::GetSessions, 2_000)
+        .map(|m| m.len())
+        .map_err(|_| ClusterError::ServerGone)
+}

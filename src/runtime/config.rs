@@ -1,0 +1,543 @@
+//! One typed configuration tree.
+//!
+//! Sources, lowest precedence first: built-in defaults → a TOML file (`--config PATH` or
+//! `FLOTILLA_CONFIG`) → environment variables `FLOTILLA_<SECTION>__<FIELD>` (for example
+//! `FLOTILLA_CLUSTER__LIVENESS_TIMEOUT_MS=5000`) → command-line flags. Units are in field
+//! names; every section has a `Default`; [`Config::validate`] runs once at start and names
+//! the offending field.
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// What a node runs; roles select the branches of the supervision tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The HTTP gateway (OpenAI API, health, metrics, fleet status).
+    Gateway,
+    /// Request placement.
+    Router,
+    /// Model replicas.
+    Worker,
+    /// Pool sizing.
+    Planner,
+}
+
+impl Role {
+    /// Every role, in display order.
+    pub const ALL: [Role; 4] = [Role::Gateway, Role::Router, Role::Worker, Role::Planner];
+
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Gateway => "gateway",
+            Role::Router => "router",
+            Role::Worker => "worker",
+            Role::Planner => "planner",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Role {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Role::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s.trim())
+            .ok_or_else(|| {
+                format!("unknown role {s:?} (expected gateway, router, worker or planner)")
+            })
+    }
+}
+
+/// The whole configuration.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// This node.
+    pub node: NodeConfig,
+    /// Cluster membership and liveness.
+    pub cluster: ClusterConfig,
+    /// HTTP gateway.
+    pub gateway: GatewayConfig,
+    /// Supervision budgets.
+    pub supervision: SupervisionConfig,
+    /// Worker nodes.
+    pub worker: WorkerConfig,
+    /// The chaos API.
+    pub chaos: ChaosConfig,
+    /// Request placement.
+    pub router: RouterConfig,
+}
+
+/// Request placement (see `request_plane/router/policy.rs` for the cost formula and its source).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterConfig {
+    /// `kv` (prefix overlap against load), `least_loaded`, `round_robin` or `random`; a
+    /// request may override it with the `x-flotilla-route-policy` header.
+    pub policy: crate::request_plane::router::policy::Policy,
+    /// Weight of the prefill term in the `kv` cost (Dynamo's `--kv-overlap-score-weight`).
+    pub overlap_weight: f64,
+    /// 0: the cheapest worker wins; above, a softmax over normalised costs is sampled.
+    pub temperature: f64,
+    /// Seed of the router's random choices (`random`, `temperature > 0`).
+    pub seed: u64,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            policy: Default::default(),
+            overlap_weight: 1.0,
+            temperature: 0.0,
+            seed: 0,
+        }
+    }
+}
+
+/// The chaos API (fault injection), off by default.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ChaosConfig {
+    /// Serve `/chaos/faults` on the gateway.
+    pub enabled: bool,
+    /// Bearer token the chaos routes require; mandatory when the gateway listens beyond
+    /// loopback.
+    pub token: Option<String>,
+}
+
+/// This node's identity and place in the cluster.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Node name, unique in the cluster; defaults to `node@<listen_addr>`.
+    pub name: Option<String>,
+    /// Cluster listen address (TCP).
+    pub listen_addr: SocketAddr,
+    /// Seed nodes to join (`host:port`); empty for the first node.
+    pub join: Vec<String>,
+    /// Roles this node runs.
+    pub roles: Vec<Role>,
+    /// Shared secret every node of the cluster must present (challenge/response; never sent).
+    pub cookie: String,
+    /// Drain on SIGTERM: the node leaves routing at once, in-flight requests get this long to
+    /// finish, the rest migrate, then the node stops (ms). `flotilla up` gives its nodes
+    /// `launcher::STOP_GRACE` (60 s) in all before it kills them.
+    pub drain_grace_ms: u64,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            name: None,
+            listen_addr: "127.0.0.1:7070".parse().expect("static address"),
+            join: Vec::new(),
+            roles: vec![Role::Gateway, Role::Router, Role::Worker],
+            cookie: String::new(),
+            drain_grace_ms: 30_000,
+        }
+    }
+}
+
+impl NodeConfig {
+    /// The effective node name.
+    pub fn name(&self) -> String {
+        self.name
+            .clone()
+            .unwrap_or_else(|| format!("node@{}", self.listen_addr))
+    }
+}
+
+/// Membership, heartbeats and liveness.
+///
+/// A peer that has not been heard from for `suspect_after_ms` is *suspect* (still routed to);
+/// after `liveness_timeout_ms` it is *down*: subscribers are told and its workers leave
+/// routing. With the defaults a killed node is declared down at most 3 s + one heartbeat
+/// interval after its last heartbeat.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Interval between heartbeats sent to every peer.
+    pub heartbeat_interval_ms: u64,
+    /// Silence after which a peer is suspect.
+    pub suspect_after_ms: u64,
+    /// Silence after which a peer is declared down (the liveness timeout).
+    pub liveness_timeout_ms: u64,
+    /// How long a down node stays listed (as `down`) in the fleet view.
+    pub down_retention_ms: u64,
+    /// How long a joining node keeps trying to reach its seeds before giving up.
+    pub connect_timeout_ms: u64,
+    /// Largest inbound cluster frame accepted (ractor_cluster's default is 16 MiB; a larger
+    /// frame tears the session down, so every node must use the same value).
+    pub max_frame_bytes: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval_ms: 250,
+            suspect_after_ms: 1_000,
+            liveness_timeout_ms: 3_000,
+            down_retention_ms: 60_000,
+            connect_timeout_ms: 15_000,
+            max_frame_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// Heartbeat interval.
+    pub fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_interval_ms)
+    }
+}
+
+/// HTTP gateway.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// HTTP listen address (port 0 picks a free port, reported in the node's ready line).
+    pub http_addr: SocketAddr,
+    /// Largest accepted request body; larger bodies get 413 without being buffered.
+    pub max_body_bytes: usize,
+    /// Interval of SSE keep-alive comments while a stream waits for tokens.
+    pub keep_alive_ms: u64,
+    /// Admission: a worker is busy when this fraction of its KV blocks is in use…
+    pub busy_kv_ratio: f64,
+    /// …or when this many sequences wait for admission on it. When every live worker is
+    /// busy, new requests get 503 with `Retry-After` before any work is done.
+    pub busy_waiting: usize,
+    /// Admission: most choices in flight on this gateway; beyond, 503.
+    pub max_in_flight: usize,
+    /// Losses in a row **without progress** (no new token since the previous loss) that
+    /// never give a request up; beyond them, a stall of `migration_deadline_ms` does. Losses
+    /// after progress do not count. See `request_plane::request::migration`.
+    pub migration_limit: u32,
+    /// How long one migration keeps looking for a worker, from the loss, and how long a stall
+    /// of more than `migration_limit` losses may last, before the request fails (ms).
+    pub migration_deadline_ms: u64,
+    /// First wait between placement tries while no worker is routable (ms); doubles per try,
+    /// with jitter, up to `migration_backoff_max_ms`.
+    pub migration_backoff_base_ms: u64,
+    /// Longest wait between placement tries (ms).
+    pub migration_backoff_max_ms: u64,
+    /// A request's head (request line and headers) must be complete within this many ms of
+    /// the connection being ready for it: from its first byte on a new connection, from the
+    /// end of the previous response on a kept-alive one (so it also closes a kept-alive
+    /// connection idle this long). Else the connection is closed (hyper's
+    /// `header_read_timeout`).
+    pub request_header_timeout_ms: u64,
+    /// A request body must be complete within this many ms of the handler starting to read
+    /// it; else 408 in the OpenAI error shape and the connection is closed.
+    pub request_body_timeout_ms: u64,
+    /// A new connection that sends no byte for this many ms is closed.
+    pub idle_timeout_ms: u64,
+    /// Most open client connections; beyond, a new connection gets a 503 and is closed
+    /// (`flotilla_http_connections_open`, `flotilla_http_connections_refused_total`).
+    pub max_connections: usize,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            http_addr: "127.0.0.1:8080".parse().expect("static address"),
+            max_body_bytes: 4 * 1024 * 1024,
+            keep_alive_ms: 10_000,
+            busy_kv_ratio: 0.95,
+            busy_waiting: 64,
+            max_in_flight: 4096,
+            migration_limit: 3,
+            migration_deadline_ms: 30_000,
+            migration_backoff_base_ms: 50,
+            migration_backoff_max_ms: 1_000,
+            request_header_timeout_ms: 30_000,
+            request_body_timeout_ms: 30_000,
+            idle_timeout_ms: 30_000,
+            max_connections: 1024,
+        }
+    }
+}
+
+/// Restart budgets (see `supervisors::spec::SupervisorFlags`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SupervisionConfig {
+    /// The node supervisor's budget: more restarts than this within `node_period_ms` and
+    /// the node process exits non-zero.
+    pub node_max_restarts: u32,
+    /// Window of the node budget.
+    pub node_period_ms: u64,
+    /// Budget of every inner supervisor.
+    pub max_restarts: u32,
+    /// Window of the inner budgets.
+    pub period_ms: u64,
+    /// First restart delay; doubles per restart within the window.
+    pub backoff_base_ms: u64,
+    /// Largest restart delay.
+    pub backoff_max_ms: u64,
+    /// Time a child is given to stop before it is killed.
+    pub shutdown_timeout_ms: u64,
+}
+
+impl Default for SupervisionConfig {
+    fn default() -> Self {
+        Self {
+            node_max_restarts: 3,
+            node_period_ms: 60_000,
+            max_restarts: 10,
+            period_ms: 60_000,
+            backoff_base_ms: 10,
+            backoff_max_ms: 1_000,
+            shutdown_timeout_ms: 5_000,
+        }
+    }
+}
+
+/// Worker nodes: replicas and their engines.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Replicas per worker node.
+    pub replicas: u32,
+    /// Model file (GGUF) or Hugging Face directory; `None`: `FLOTILLA_MODEL`, else
+    /// `models/smollm2-135m-instruct-q4_1.gguf` (what `make model` fetches).
+    pub model_path: Option<std::path::PathBuf>,
+    /// KV blocks per replica. The default model's KV is 46 KiB per token in f32 (30 layers ×
+    /// K,V × 3 heads × 64 × 4 bytes), so 512 blocks of 16 tokens take 360 MiB.
+    pub kv_blocks: usize,
+    /// Tokens per KV block.
+    pub block_size_tokens: usize,
+    /// Sequences batched at once per replica.
+    pub max_num_seqs: usize,
+    /// Tokens per engine step (prefill chunks + decode tokens).
+    pub max_num_batched_tokens: usize,
+    /// Context limit (capped by the model's own).
+    pub max_model_len_tokens: usize,
+    /// Step watchdog: an engine step running longer than this marks the replica unhealthy
+    /// and restarts it (ms). The slowest step measured on the CPU engine (a 512-token prefill
+    /// chunk on 2 cores) takes about 1.4 s; the default leaves a wide margin.
+    pub step_timeout_ms: u64,
+    /// Canary: an idle replica pings its engine this often; no answer within
+    /// `step_timeout_ms` counts as a hang (ms).
+    pub canary_interval_ms: u64,
+    /// `cpu` (the real transformer) or `sim` (the real scheduler and KV manager over a timing
+    /// model: `worker/engine/sim.rs`), for fleet-scale runs.
+    pub engine: EngineKind,
+    /// Timing profile of the sim engine (JSON written by `flotilla profile`); `None`: the
+    /// built-in H100 profile.
+    pub sim_profile: Option<std::path::PathBuf>,
+    /// The sim engine's step times are divided by this.
+    pub sim_speedup: f64,
+}
+
+/// Which engine a replica runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineKind {
+    /// The real model on the CPU backend.
+    #[default]
+    Cpu,
+    /// The timing model with placeholder tokens.
+    Sim,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            replicas: 1,
+            model_path: None,
+            kv_blocks: 512,
+            block_size_tokens: 16,
+            max_num_seqs: 64,
+            max_num_batched_tokens: 512,
+            max_model_len_tokens: 8192,
+            step_timeout_ms: 30_000,
+            canary_interval_ms: 5_000,
+            engine: EngineKind::Cpu,
+            sim_profile: None,
+            sim_speedup: 1.0,
+        }
+    }
+}
+
+/// A configuration that cannot be used, naming the field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A source could not be read or parsed.
+    #[error("configuration: {0}")]
+    Load(#[from] Box<figment::Error>),
+    /// A value is out of range or inconsistent.
+    #[error("configuration: {field}: {message}")]
+    Invalid {
+        /// Dotted field path.
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field,
+        message: message.into(),
+    }
+}
+
+impl Config {
+    /// Load defaults → `file` (if any) → `FLOTILLA_*` env → `overrides` (flags, as a partial
+    /// tree), then validate.
+    pub fn load(file: Option<&Path>, overrides: serde_json::Value) -> Result<Self, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(invalid(
+                    "--config",
+                    format!("file {} does not exist", path.display()),
+                ));
+            }
+            fig = fig.merge(Toml::file(path));
+        }
+        // Only `SECTION__FIELD` variables belong to the tree; FLOTILLA_MODEL, FLOTILLA_CONFIG
+        // and friends are read by the CLI itself.
+        fig = fig.merge(
+            Env::prefixed("FLOTILLA_")
+                .filter(|k| k.as_str().contains("__"))
+                .split("__"),
+        );
+        fig = fig.merge(Serialized::defaults(overrides));
+        let cfg: Config = fig.extract().map_err(Box::new)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Check ranges and consistency.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let c = &self.cluster;
+        if c.heartbeat_interval_ms == 0 {
+            return Err(invalid(
+                "cluster.heartbeat_interval_ms",
+                "must be at least 1",
+            ));
+        }
+        if c.suspect_after_ms <= c.heartbeat_interval_ms {
+            return Err(invalid(
+                "cluster.suspect_after_ms",
+                format!(
+                    "must exceed cluster.heartbeat_interval_ms ({} <= {})",
+                    c.suspect_after_ms, c.heartbeat_interval_ms
+                ),
+            ));
+        }
+        if c.liveness_timeout_ms < c.suspect_after_ms {
+            return Err(invalid(
+                "cluster.liveness_timeout_ms",
+                format!(
+                    "must be at least cluster.suspect_after_ms ({} < {})",
+                    c.liveness_timeout_ms, c.suspect_after_ms
+                ),
+            ));
+        }
+        if c.max_frame_bytes < 1024 * 1024 {
+            return Err(invalid("cluster.max_frame_bytes", "must be at least 1 MiB"));
+        }
+        if self.node.roles.is_empty() {
+            return Err(invalid("node.roles", "at least one role is required"));
+        }
+        if self.node.cookie.is_empty() {
+            return Err(invalid(
+                "node.cookie",
+                "a cluster cookie is required (--cookie or FLOTILLA_NODE__COOKIE)",
+            ));
+        }
+        if self.chaos.enabled
+            && !self.gateway.http_addr.ip().is_loopback()
+            && self.chaos.token.as_deref().is_none_or(str::is_empty)
+        {
+            return Err(invalid(
+                "chaos.token",
+                "required when chaos.enabled and the gateway listens beyond loopback",
+            ));
+        }
+        if !(self.gateway.busy_kv_ratio > 0.0 && self.gateway.busy_kv_ratio <= 1.0) {
+            return Err(invalid("gateway.busy_kv_ratio", "must be in (0, 1]"));
+        }
+        if self.gateway.max_in_flight == 0 || self.gateway.busy_waiting == 0 {
+            return Err(invalid(
+                "gateway.max_in_flight",
+                "admission bounds must be at least 1",
+            ));
+        }
+        if self.gateway.keep_alive_ms == 0 {
+            return Err(invalid("gateway.keep_alive_ms", "must be at least 1"));
+        }
+        let g = &self.gateway;
+        for (field, ms) in [
+            (
+                "gateway.request_header_timeout_ms",
+                g.request_header_timeout_ms,
+            ),
+            ("gateway.request_body_timeout_ms", g.request_body_timeout_ms),
+            ("gateway.idle_timeout_ms", g.idle_timeout_ms),
+        ] {
+            if !(1..=600_000).contains(&ms) {
+                return Err(invalid(field, "must be within 1..=600000 (ms)"));
+            }
+        }
+        if g.max_connections == 0 {
+            return Err(invalid("gateway.max_connections", "must be at least 1"));
+        }
+        if self.gateway.max_body_bytes < 1024 {
+            return Err(invalid("gateway.max_body_bytes", "must be at least 1024"));
+        }
+        if self.supervision.node_max_restarts == 0 && self.supervision.node_period_ms == 0 {
+            return Err(invalid("supervision.node_period_ms", "must be positive"));
+        }
+        if self.supervision.backoff_max_ms < self.supervision.backoff_base_ms {
+            return Err(invalid(
+                "supervision.backoff_max_ms",
+                "must be at least supervision.backoff_base_ms",
+            ));
+        }
+        let w = &self.worker;
+        if w.replicas == 0 {
+            return Err(invalid("worker.replicas", "must be at least 1"));
+        }
+        if w.kv_blocks == 0 {
+            return Err(invalid("worker.kv_blocks", "must be at least 1"));
+        }
+        if w.block_size_tokens == 0 {
+            return Err(invalid("worker.block_size_tokens", "must be at least 1"));
+        }
+        if w.max_num_seqs == 0 || w.max_num_batched_tokens == 0 {
+            return Err(invalid(
+                "worker.max_num_seqs",
+                "batch limits must be at least 1",
+            ));
+        }
+        if w.max_model_len_tokens < 2 {
+            return Err(invalid("worker.max_model_len_tokens", "must be at least 2"));
+        }
+        Ok(())
+    }
+
+    /// Whether this node runs `role`.
+    pub fn has_role(&self, role: Role) -> bool {
+        self.node.roles.contains(&role)
+    }
+}
+
+#[cfg(test)]
+mod tests;

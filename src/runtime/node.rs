@@ -1,0 +1,316 @@
+//! One node process: its NodeServer, its supervision tree, and how it starts and stops.
+
+use crate::control::discovery::membership::MembershipEvent;
+use crate::model::LoadedModel;
+use crate::runtime::clock::SharedClock;
+use crate::runtime::cluster::{self, ClusterError, ClusterHandle};
+use crate::runtime::config::Config;
+use crate::runtime::ids::NodeId;
+use crate::supervisors::{Supervisor, SupervisorMsg, tree};
+use ractor::{Actor, ActorRef};
+use serde::Serialize;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// Everything the tree's start functions need, cloned into them.
+#[derive(Clone)]
+pub struct NodeContext {
+    /// Validated configuration.
+    pub config: Arc<Config>,
+    /// This node's name.
+    pub node_id: NodeId,
+    /// Prefix of every registered actor name: `<node>/`. Names must be unique cluster-wide,
+    /// not only per process: ractor unregisters a *name* when any actor bearing it stops, and
+    /// the proxies of a peer's actors bear the peer's names, so a peer going away would
+    /// otherwise erase our own registrations.
+    pub prefix: String,
+    /// The cluster server.
+    pub cluster: ClusterHandle,
+    /// Membership changes (a lagging subscriber re-reads the fleet view).
+    pub membership: tokio::sync::broadcast::Sender<MembershipEvent>,
+    /// The gateway's bound HTTP address, once bound.
+    pub http_addr: Arc<Mutex<Option<String>>>,
+    /// Process start, ms since the Unix epoch.
+    pub incarnation: u64,
+    /// Injected clock.
+    pub clock: SharedClock,
+    /// The model, loaded once per process, when this node runs workers.
+    pub model: Option<Arc<LoadedModel>>,
+    /// Faults injected on this node (read by schedulers, written by the Chaos actor).
+    pub faults: crate::control::chaos::FaultBook,
+    /// The model's tokenizer, template and limits, when this node runs a gateway.
+    pub frontend: Option<Arc<crate::request_plane::gateway::frontend::Frontend>>,
+    /// The sim engine's timing profile when `worker.engine = "sim"`.
+    pub sim_profile: Option<crate::worker::engine::sim::SimProfile>,
+}
+
+impl NodeContext {
+    /// Registered name for a node-local actor.
+    pub fn name(&self, base: &str) -> String {
+        format!("{}{}", self.prefix, base)
+    }
+}
+
+/// Errors starting a node.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// Cluster layer.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// The model could not be loaded.
+    #[error("model: {0}")]
+    Model(#[from] crate::model::ModelError),
+    /// The supervision tree failed to start.
+    #[error("supervision tree failed to start: {0}")]
+    Tree(String),
+}
+
+/// The line a node prints on stdout once it is up, prefixed by [`READY_PREFIX`].
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct ReadyLine {
+    /// Node name.
+    pub node: String,
+    /// Cluster address.
+    pub cluster_addr: String,
+    /// HTTP address, when the node runs a gateway.
+    pub http_addr: Option<String>,
+}
+
+/// Prefix of the ready line.
+pub const READY_PREFIX: &str = "FLOTILLA_READY ";
+
+/// A started node.
+pub struct RunningNode {
+    /// Shared context.
+    pub ctx: NodeContext,
+    /// Root supervisor.
+    pub root: ActorRef<SupervisorMsg>,
+    root_task: JoinHandle<()>,
+}
+
+/// How a node ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeExit {
+    /// Asked to stop; everything stopped in order.
+    Stopped,
+    /// The root supervisor exceeded its restart budget.
+    Escalated,
+}
+
+/// A start failure of the tree as a plain chain of causes: ractor words every start failure
+/// "Actor panicked during startup '…'" (nested once per supervisor level, and no panic is
+/// involved); this keeps "child X failed to start: …" down to the innermost cause.
+fn plain_start_error(e: &ractor::SpawnErr) -> String {
+    let s = e.to_string();
+    let plain = s.replace("Actor panicked during startup '", "");
+    let quotes = s.matches("Actor panicked during startup '").count();
+    let mut out = plain.as_str();
+    for _ in 0..quotes {
+        out = out.strip_suffix('\'').unwrap_or(out);
+    }
+    out.to_owned()
+}
+
+/// Start a node: NodeServer, tree, then join the seeds (an authentication failure is fatal).
+pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
+    crate::runtime::metrics::handle();
+    crate::runtime::resilience::install_panic_hook();
+    let config = Arc::new(config);
+    let node_id = NodeId::new(config.node.name());
+    let model = if config.has_role(crate::runtime::config::Role::Worker) {
+        let path = crate::model::resolve_model_path(config.worker.model_path.as_deref())?;
+        let loaded = crate::model::load_model(&path)?;
+        tracing::info!(model = %path.display(), "model loaded");
+        Some(Arc::new(loaded))
+    } else {
+        None
+    };
+    let frontend = if config.has_role(crate::runtime::config::Role::Gateway) {
+        let path = crate::model::resolve_model_path(config.worker.model_path.as_deref())?;
+        let fe = crate::request_plane::gateway::frontend::Frontend::load(
+            &path,
+            config.worker.max_model_len_tokens,
+        )?;
+        tracing::info!(model = %fe.model_id, context = fe.context_len, "serving model");
+        Some(Arc::new(fe))
+    } else {
+        None
+    };
+    let sim_profile = match config.worker.engine {
+        crate::runtime::config::EngineKind::Cpu => None,
+        crate::runtime::config::EngineKind::Sim => Some(match &config.worker.sim_profile {
+            Some(p) => crate::worker::engine::sim::SimProfile::load(p)
+                .map_err(|e| NodeError::Tree(e.to_string()))?,
+            None => Default::default(),
+        }),
+    };
+    let cluster = cluster::start_node_server(
+        node_id.clone(),
+        config.node.listen_addr,
+        config.node.cookie.clone(),
+        config.cluster.max_frame_bytes,
+    )
+    .await?;
+    if let Some(n) = std::env::var(crate::runtime::resilience::NODE_RESTARTS_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        crate::runtime::resilience::NODE_RESTARTS.store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+    let ctx = NodeContext {
+        config: config.clone(),
+        node_id: node_id.clone(),
+        prefix: format!("{node_id}/"),
+        cluster: cluster.clone(),
+        membership: tokio::sync::broadcast::channel(1024).0,
+        http_addr: Arc::new(Mutex::new(None)),
+        incarnation: crate::runtime::clock::unix_ms(),
+        clock: crate::runtime::clock::system(),
+        model,
+        faults: Default::default(),
+        frontend,
+        sim_profile,
+    };
+    let spec = tree::node_tree(&ctx);
+    let (root, root_task) = match Actor::spawn(spec.actor_name.clone(), Supervisor, spec).await {
+        Ok(x) => x,
+        Err(e) => {
+            cluster.server.stop(None);
+            return Err(NodeError::Tree(plain_start_error(&e)));
+        }
+    };
+    let node = RunningNode {
+        ctx,
+        root,
+        root_task,
+    };
+    if !config.node.join.is_empty() {
+        let timeout = Duration::from_millis(config.cluster.connect_timeout_ms);
+        if let Err(e) = cluster::join_any(&cluster.server, &config.node.join, timeout).await {
+            node.stop().await;
+            return Err(e.into());
+        }
+    }
+    Ok(node)
+}
+
+impl RunningNode {
+    /// The ready line for this node.
+    pub fn ready_line(&self) -> ReadyLine {
+        ReadyLine {
+            node: self.ctx.node_id.to_string(),
+            cluster_addr: self.ctx.cluster.addr.to_string(),
+            http_addr: self
+                .ctx
+                .http_addr
+                .lock()
+                .map(|g| g.clone())
+                .unwrap_or_else(|p| p.into_inner().clone()),
+        }
+    }
+
+    /// Run until `shutdown` resolves (then drain and stop in order) or the root supervisor
+    /// dies.
+    pub async fn wait(mut self, shutdown: impl std::future::Future<Output = ()>) -> NodeExit {
+        tokio::select! {
+            _ = shutdown => {
+                let grace = Duration::from_millis(self.ctx.config.node.drain_grace_ms);
+                drain(grace).await;
+                self.stop_ref().await;
+                NodeExit::Stopped
+            }
+            _ = &mut self.root_task => {
+                tracing::error!("node supervisor exceeded its restart budget; node exits");
+                self.ctx.cluster.server.stop(None);
+                NodeExit::Escalated
+            }
+        }
+    }
+
+    async fn stop_ref(&mut self) {
+        let _ = self
+            .root
+            .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(60)))
+            .await;
+        let _ = self
+            .ctx
+            .cluster
+            .server
+            .stop_and_wait(None, Some(Duration::from_secs(5)))
+            .await;
+    }
+
+    /// Stop the tree (reverse start order) and the cluster server.
+    pub async fn stop(mut self) {
+        self.stop_ref().await;
+    }
+}
+
+/// Drain this node: its workers leave routing at once (routers stop choosing them; `/health`
+/// and `/v1/fleet` show `draining`), its gateway refuses new requests with 503; in-flight
+/// requests get `grace` to finish; whatever still runs on its workers then migrates
+/// ([`crate::worker::scheduler::SchedulerMsg::Evict`]). Returns when nothing is left or the
+/// grace period is over.
+pub async fn drain(grace: Duration) {
+    use crate::runtime::wire::Wire;
+    use crate::worker::scheduler::{SCHEDULER_GROUP, SchedulerMsg};
+    use std::sync::atomic::Ordering;
+    crate::runtime::resilience::DRAINING.store(true, Ordering::Relaxed);
+    let schedulers: Vec<ActorRef<SchedulerMsg>> =
+        ractor::pg::get_local_members(&SCHEDULER_GROUP.to_owned())
+            .into_iter()
+            .map(Into::into)
+            .collect();
+    for s in &schedulers {
+        let _ = s.cast(SchedulerMsg::Drain(Wire::encode(&())));
+    }
+    let deadline = tokio::time::Instant::now() + grace;
+    let started = std::time::Instant::now();
+    loop {
+        let mut busy =
+            crate::runtime::resilience::GATEWAY_IN_FLIGHT.load(Ordering::Relaxed) as usize;
+        for s in &schedulers {
+            if let Ok(w) = ractor::call_t!(s, SchedulerMsg::Stats, 500)
+                && let Ok(st) = w.decode()
+            {
+                busy += st.running + st.waiting;
+            }
+        }
+        if busy == 0 {
+            tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "drained");
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(busy, "drain grace period over; migrating what is left");
+            for s in &schedulers {
+                let _ = s.cast(SchedulerMsg::Evict(Wire::encode(
+                    &"the worker drained".to_owned(),
+                )));
+            }
+            // Let the evictions reach their gateways before the node stops.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn start_errors_read_plainly() {
+        let inner: ractor::ActorProcessingErr =
+            "gateway cannot listen on 127.0.0.1:1: in use".into();
+        let mid: ractor::ActorProcessingErr = format!(
+            "child http_gateway failed to start: {}",
+            ractor::SpawnErr::StartupFailed(inner)
+        )
+        .into();
+        let e = ractor::SpawnErr::StartupFailed(mid);
+        assert_eq!(
+            super::plain_start_error(&e),
+            "child http_gateway failed to start: gateway cannot listen on 127.0.0.1:1: in use"
+        );
+    }
+}

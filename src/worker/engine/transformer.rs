@@ -1,0 +1,201 @@
+//! The synchronous engine: weights `Arc` + KV pools + per-sequence sampler RNGs.
+//! [`Engine::step`] runs one batched forward pass and samples; the actor only forwards to it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use super::types::{EngineInfo, SampledToken, StepBatch, StepOutput};
+use crate::kernels::sample::{SeqSampler, log_prob};
+use crate::kernels::{Backend, Device, Rope};
+use crate::model::forward::{ForwardError, ForwardSeq, forward};
+use crate::model::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache};
+use crate::model::weights::ModelWeights;
+use crate::runtime::ids::SeqId;
+
+/// Errors of the engine.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EngineError {
+    #[error("invalid engine config: {0}")]
+    Config(String),
+    #[error("invalid batch: {0}")]
+    InvalidBatch(#[from] ForwardError),
+    #[error("engine worker unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl EngineError {
+    /// Coarse class for metrics, retries and HTTP status: a bad batch or config is the
+    /// caller's fault (`InvalidRequest`), an unavailable worker may be retried elsewhere.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            EngineError::Config(_) | EngineError::InvalidBatch(_) => ErrorKind::InvalidRequest,
+            EngineError::Unavailable(_) => ErrorKind::Unavailable,
+        }
+    }
+}
+
+/// See [`EngineError::kind`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    InvalidRequest,
+    Unavailable,
+}
+
+/// Engine construction parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// KV blocks in the pool (each holds `block_size` positions of every layer).
+    pub num_blocks: usize,
+    /// Tokens per KV block (default 16).
+    pub block_size: usize,
+    pub device: Device,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            num_blocks: 256,
+            block_size: DEFAULT_BLOCK_SIZE,
+            device: Device::Cpu,
+        }
+    }
+}
+
+/// One device's engine.
+#[derive(Debug)]
+pub struct Engine {
+    weights: Arc<ModelWeights>,
+    backend: Arc<dyn Backend>,
+    rope: Rope,
+    kv: KvCache,
+    rngs: HashMap<SeqId, SeqSampler>,
+}
+
+impl Engine {
+    /// Allocates the KV pools for `config.num_blocks` blocks.
+    pub fn new(weights: Arc<ModelWeights>, config: EngineConfig) -> Result<Self, EngineError> {
+        if config.num_blocks == 0 || config.block_size == 0 {
+            return Err(EngineError::Config(
+                "num_blocks and block_size must be > 0".into(),
+            ));
+        }
+        if u32::try_from(config.num_blocks).is_err() {
+            return Err(EngineError::Config(
+                "num_blocks must fit in a BlockId (u32)".into(),
+            ));
+        }
+        let c = &weights.config;
+        let rope = Rope::new(c.head_dim, c.rope_dim, c.rope_base, c.rope_layout);
+        let kv = KvCache::new(
+            c.n_layers,
+            c.n_kv_heads,
+            c.head_dim,
+            config.num_blocks,
+            config.block_size,
+        );
+        Ok(Self {
+            backend: config.device.backend(),
+            weights,
+            rope,
+            kv,
+            rngs: HashMap::new(),
+        })
+    }
+
+    /// The shared weights.
+    pub fn weights(&self) -> &Arc<ModelWeights> {
+        &self.weights
+    }
+
+    /// The KV pools (e.g. to register them with a transport).
+    pub fn kv_cache(&self) -> &KvCache {
+        &self.kv
+    }
+
+    /// Mutable KV pools (e.g. to receive transferred blocks).
+    pub fn kv_cache_mut(&mut self) -> &mut KvCache {
+        &mut self.kv
+    }
+
+    /// Static facts about this engine.
+    pub fn info(&self) -> EngineInfo {
+        EngineInfo {
+            device: self.backend.name().to_owned(),
+            num_blocks: self.kv.num_blocks,
+            block_size: self.kv.block_size,
+            vocab_size: self.weights.config.vocab_size,
+            max_context: self.weights.config.max_context,
+            block_bytes: self.kv.block_bytes(),
+            kv_bytes: self.kv.total_bytes(),
+        }
+    }
+
+    fn run(&mut self, batch: &StepBatch, all_logits: bool) -> Result<Vec<f32>, EngineError> {
+        let seqs: Vec<ForwardSeq<'_>> = batch
+            .seqs
+            .iter()
+            .map(|s| ForwardSeq {
+                tokens: &s.tokens,
+                start_pos: s.start_pos,
+                block_table: &s.block_table,
+                want_logits: all_logits || s.sample,
+            })
+            .collect();
+        let (w, be, rope, kv) = (
+            &self.weights,
+            self.backend.as_ref(),
+            &self.rope,
+            &mut self.kv,
+        );
+        // Run the whole pass on a rayon worker: nested parallel ops then fork-join by work
+        // stealing instead of handing every op from this thread to the pool and back.
+        Ok(rayon::scope(|_| forward(w, be, rope, kv, &seqs))?)
+    }
+
+    /// Runs one batched forward pass and samples one token for every sequence with
+    /// `sample = true`. Each sequence draws from its own generator, created on its first sample
+    /// from `sampling.seed` and `sampling.offset` (random when unseeded) and kept until
+    /// [`Engine::release`].
+    pub fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, EngineError> {
+        let logits = self.run(batch, false)?;
+        let vocab = self.weights.lm_head().rows;
+        let mut tokens: Vec<SampledToken> = batch
+            .seqs
+            .iter()
+            .filter(|s| s.sample)
+            .zip(logits.chunks_exact(vocab))
+            .map(|(s, row)| {
+                let sampler = self
+                    .rngs
+                    .entry(s.seq_id)
+                    .or_insert_with(|| SeqSampler::new(s.sampling.seed, s.sampling.offset));
+                SampledToken {
+                    seq_id: s.seq_id,
+                    token: sampler.choose(row, &s.sampling),
+                    logprob: 0.0,
+                }
+            })
+            .collect();
+        // Logprobs (a pass over the vocabulary each) in parallel across sequences.
+        tokens
+            .par_iter_mut()
+            .zip(logits.par_chunks_exact(vocab))
+            .for_each(|(t, row)| t.logprob = log_prob(row, t.token));
+        Ok(StepOutput { tokens })
+    }
+
+    /// Runs the batch (writing its K/V like [`Engine::step`]) and returns the last-position
+    /// logits (`[vocab]` f32) of every sequence, in batch order; nothing is sampled.
+    pub fn logits(&mut self, batch: &StepBatch) -> Result<Vec<Vec<f32>>, EngineError> {
+        let logits = self.run(batch, true)?;
+        let vocab = self.weights.lm_head().rows;
+        Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+    }
+
+    /// Forgets a sequence's sampler state (its KV blocks are managed by the caller).
+    pub fn release(&mut self, seq: SeqId) {
+        self.rngs.remove(&seq);
+    }
+}

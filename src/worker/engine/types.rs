@@ -1,0 +1,59 @@
+//! Request and response types of one engine step.
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::kernels::sample::SamplingParams;
+use crate::runtime::ids::{BlockId, SeqId};
+
+/// One sequence's work in a step: a prefill chunk or one decode token.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepSeq {
+    pub seq_id: SeqId,
+    /// New tokens to run.
+    pub tokens: Vec<u32>,
+    /// Position of `tokens[0]`.
+    pub start_pos: usize,
+    /// Covers positions `0..start_pos + tokens.len()`; block `i` holds positions
+    /// `i·block_size..(i+1)·block_size`.
+    pub block_table: Vec<BlockId>,
+    pub sampling: SamplingParams,
+    /// True when this chunk completes the prompt or is a decode token: sample one token.
+    pub sample: bool,
+}
+
+/// All sequences of one step; they run through one forward pass.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepBatch {
+    pub seqs: Vec<StepSeq>,
+}
+
+/// The token drawn for one sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SampledToken {
+    pub seq_id: SeqId,
+    pub token: u32,
+    /// Natural-log probability of `token` under the model's unmodified distribution
+    /// (temperature 1, no top-k/top-p).
+    pub logprob: f32,
+}
+
+/// Result of one step: one token per sequence that had `sample = true`, in batch order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepOutput {
+    pub tokens: Vec<SampledToken>,
+}
+
+/// Static facts about an engine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineInfo {
+    /// Backend name ("cpu").
+    pub device: String,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub vocab_size: usize,
+    pub max_context: usize,
+    /// Bytes of one block of one pool of one layer.
+    pub block_bytes: usize,
+    /// Bytes of all KV pools.
+    pub kv_bytes: usize,
+}

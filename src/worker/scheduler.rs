@@ -1,0 +1,801 @@
+//! Scheduler: the per-replica batch former, as plain code over the [`BlockPool`].
+//!
+//! Files:
+//! - `batch.rs` — [`SchedulerCore`], its config, requests, batches, updates and errors.
+//! - `tests.rs` — unit tests, preemption equivalence, seeded random workload.
+//!
+//! # Policy
+//! Continuous batching (Orca, Yu et al., OSDI 2022) over paged KV blocks (vLLM PagedAttention,
+//! Kwon et al., SOSP 2023), with chunked prefill mixed into decode steps (Sarathi-Serve,
+//! Agrawal et al., OSDI 2024; vLLM v1's unified token budget). Each [`SchedulerCore::schedule`]:
+//! 1. gives every running decoding sequence one token, in admission order, first reserving
+//!    the slot its sampled token will need; when the pool is out of blocks it **preempts the
+//!    newest running sequence** (possibly the one being served), which frees its blocks and
+//!    returns to the front of the waiting queue with prompt + generated tokens as its new
+//!    prompt (vLLM's preemption by recompute; its registered blocks usually come back as a
+//!    prefix-cache hit);
+//! 2. continues partially prefilled sequences;
+//! 3. admits waiting sequences strictly FCFS (no skipping; "first come" is the request's
+//!    arrival at its gateway, so a migrated request keeps its place) while `max_num_seqs`, the token
+//!    budget `max_num_batched_tokens` and the pool allow, chunking the last prefill to fit.
+//!    Admission allocates blocks for the whole prompt + 1 at once (all-or-nothing), reusing the
+//!    longest cached prefix. No admission happens in a step that preempted (as in vLLM v1),
+//!    which avoids admit/preempt thrashing.
+//!
+//! # Step protocol
+//! `schedule()` → engine runs the batch → `on_step_output(sampled)`; exactly one step is in
+//! flight. Computed counts advance at scheduling time; the pool registers blocks (KV events)
+//! only when the step's output arrives, i.e. after the KV is written. A sequence cancelled
+//! while its step is in flight is freed at once; its sampled token is ignored (its blocks are
+//! only reused by the next `schedule()`, after the step returned).
+//!
+//! # Stop conditions
+//! Checked on each sampled token, in order: EOS, a stop token id, `max_tokens`, context limit
+//! (`min(max_model_len, pool capacity)` total tokens). A finished sequence's blocks are freed
+//! at once; its cached blocks stay reusable.
+
+mod batch;
+
+#[cfg(test)]
+mod tests;
+
+pub use batch::{
+    FinishReason, ScheduledBatch, ScheduledSeq, SchedulerConfig, SchedulerCore, SchedulerError,
+    SeqRequest, SeqUpdate, StopCause,
+};
+
+#[doc(no_inline)]
+pub use crate::kv::BlockPool;
+
+// ---------------------------------------------------------------------------------------------
+// The Scheduler actor
+// ---------------------------------------------------------------------------------------------
+
+use crate::kv::KvEvent;
+use crate::request_plane::token_sink::{self, Owner, OwnerStatus, TokenEvent, TokenEventKind};
+use crate::runtime::ids::{NodeId, RequestId, SeqId, WorkerId};
+use crate::runtime::wire::Wire;
+use crate::worker::engine::{EngineWorkerMsg, SamplingParams, StepBatch, StepOutput, StepSeq};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor_cluster::RactorClusterMessage;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// Process group of every Scheduler (one per replica), named `<worker id>/scheduler`: the
+/// replicas that are alive. A Request watches its scheduler's membership here.
+pub const SCHEDULER_GROUP: &str = "flotilla.schedulers";
+/// The schedulers routers may choose: alive, healthy and not draining.
+pub const ROUTABLE_GROUP: &str = "flotilla.schedulers.routable";
+
+/// A replica's health as its scheduler sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Health {
+    /// Routable.
+    #[default]
+    Ready,
+    /// Finishing its requests; routers no longer choose it.
+    Draining,
+    /// The step watchdog or the canary found the engine hung; the replica is restarting.
+    Unhealthy,
+}
+
+impl std::fmt::Display for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Health::Ready => "ready",
+            Health::Draining => "draining",
+            Health::Unhealthy => "unhealthy",
+        })
+    }
+}
+
+/// A request handed to a replica.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SubmitRequest {
+    /// Request id, unique per submitting node.
+    pub request: RequestId,
+    /// Node whose TokenSink receives the events.
+    pub reply_to: NodeId,
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Tokens to generate at most (≥ 1).
+    pub max_tokens: u32,
+    /// Sampling parameters.
+    pub sampling: SamplingParams,
+    /// Token ids that end the sequence (besides EOS).
+    pub stop_token_ids: Vec<u32>,
+    /// Keep generating past EOS.
+    pub ignore_eos: bool,
+    /// Incarnation of `reply_to` that submitted it: with `reply_to`, the sequence's
+    /// [`Owner`](token_sink::Owner). When the owner is gone (its node restarted or left),
+    /// the scheduler aborts the sequence.
+    #[serde(default)]
+    pub owner_incarnation: u64,
+    /// When the request reached its gateway (ms since the Unix epoch), kept across
+    /// migrations: its place in the waiting queue.
+    #[serde(default)]
+    pub arrival_ms: u64,
+    /// The HTTP request's `x-request-id`, for this worker's log lines about the sequence.
+    #[serde(default)]
+    pub trace_id: Option<String>,
+}
+
+impl SubmitRequest {
+    /// Who owns the sequence.
+    pub fn owner(&self) -> token_sink::Owner {
+        token_sink::Owner::new(self.reply_to.clone(), self.owner_incarnation)
+    }
+}
+
+/// Load and memory of one replica.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SchedulerStats {
+    /// Worker id.
+    pub worker: WorkerId,
+    /// Sequences waiting for admission.
+    pub waiting: usize,
+    /// Sequences admitted.
+    pub running: usize,
+    /// Prompt tokens not yet prefilled.
+    pub queued_prefill_tokens: usize,
+    /// KV blocks in the pool.
+    pub kv_blocks_total: usize,
+    /// KV blocks pinned by live sequences.
+    pub kv_blocks_used: usize,
+    /// Steps run since start.
+    pub steps: u64,
+    /// Ready, draining or unhealthy.
+    #[serde(default)]
+    pub health: Health,
+}
+
+/// Outcome of one engine step (local message payload).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StepResult {
+    /// Step number.
+    pub step: u64,
+    /// The engine's output, or its error message.
+    pub output: Result<StepOutput, String>,
+}
+
+/// Scheduler messages. Serializable: Request actors on any node submit and cancel.
+#[derive(RactorClusterMessage)]
+pub enum SchedulerMsg {
+    /// Queue a request (cast). Refusals come back as a `Failed` token event.
+    Submit(Wire<SubmitRequest>),
+    /// Cancel `(node, request)` (cast; unknown ids are ignored). Frees its blocks at once.
+    Cancel(Wire<(NodeId, RequestId)>),
+    /// Local: the engine finished a step.
+    StepDone(Wire<StepResult>),
+    /// Load and memory (call).
+    #[rpc]
+    Stats(RpcReplyPort<Wire<SchedulerStats>>),
+    /// Whether `(node, request)` is still here (call; a Request that heard nothing for a
+    /// while asks, in case events were lost on the way).
+    #[rpc]
+    Has(Wire<(NodeId, RequestId)>, RpcReplyPort<Wire<bool>>),
+    /// Local, periodic: the step watchdog and the canary.
+    Tick(Wire<()>),
+    /// Local: the canary's ping came back.
+    CanaryDone(Wire<()>),
+    /// Stop taking new work (leave routing); running requests go on (cast).
+    Drain(Wire<()>),
+    /// Give up every request still here: each gets [`TokenEventKind::Lost`] and migrates
+    /// (cast; the end of a drain's grace period).
+    Evict(Wire<String>),
+}
+
+/// Spawn inputs of a Scheduler.
+#[derive(Clone, Debug)]
+pub struct SchedulerArgs {
+    /// This replica's worker id.
+    pub worker: WorkerId,
+    /// Registered name of the replica's engine worker.
+    pub engine_name: String,
+    /// Registered name of the replica's KV block manager, if it runs one.
+    pub kv_manager_name: Option<String>,
+    /// Batch limits.
+    pub config: SchedulerConfig,
+    /// KV pool geometry: blocks, tokens per block, hash salt.
+    pub num_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Hash salt (model identity).
+    pub salt: u64,
+    /// End-of-sequence token.
+    pub eos_token_id: Option<u32>,
+    /// Faults injected on this node (chaos): step delays and step failures.
+    pub faults: crate::control::chaos::FaultBook,
+    /// Step watchdog: a step (engine time, not injected delay) longer than this is a hang.
+    pub step_timeout: std::time::Duration,
+    /// An idle replica pings its engine this often.
+    pub canary_interval: std::time::Duration,
+    /// How long the owner of sequences may be missing from the token sinks' group (a sink
+    /// restarting, a node suspect) before its sequences are aborted (`cluster.liveness_timeout_ms`).
+    pub owner_grace: std::time::Duration,
+}
+
+struct Live {
+    request: RequestId,
+    owner: Owner,
+    sampling: SamplingParams,
+    admitted: bool,
+    /// Tokens emitted so far (the next token's index).
+    emitted: u32,
+    /// `SubmitRequest::trace_id`.
+    trace_id: Option<String>,
+}
+
+/// Scheduler state.
+pub struct SchedulerState {
+    args: SchedulerArgs,
+    core: SchedulerCore,
+    engine: ActorRef<EngineWorkerMsg>,
+    live: HashMap<SeqId, Live>,
+    by_request: HashMap<(NodeId, RequestId), SeqId>,
+    next_seq: u64,
+    steps: u64,
+    in_flight: bool,
+    outbox: HashMap<Owner, Vec<TokenEvent>>,
+    /// Owners whose token sink could not be found, since when.
+    undeliverable: HashMap<Owner, Instant>,
+    health: Health,
+    /// When the step in flight counts as hung.
+    step_deadline: Option<Instant>,
+    /// When the canary in flight counts as hung.
+    canary_deadline: Option<Instant>,
+    /// Last proof of life of the engine (a step or a canary came back).
+    last_alive: Instant,
+    ticker: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// The Scheduler actor.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Scheduler;
+
+impl SchedulerState {
+    fn emit(&mut self, to: &Owner, request: RequestId, kind: TokenEventKind) {
+        self.outbox
+            .entry(to.clone())
+            .or_default()
+            .push(TokenEvent { request, kind });
+    }
+
+    /// Send every pending event, one message per owner. Events for an owner whose sink cannot
+    /// be found are kept and retried (a sink restarting) until [`Self::owner_gone`] says the
+    /// owner is gone; then its sequences are aborted.
+    fn flush(&mut self) {
+        for (owner, events) in std::mem::take(&mut self.outbox) {
+            let delivery = token_sink::Delivery {
+                incarnation: owner.incarnation,
+                events,
+            };
+            let sent = token_sink::find_sink(&owner).is_some_and(|s| {
+                s.cast(token_sink::TokenSinkMsg::Deliver(Wire::encode(&delivery)))
+                    .is_ok()
+            });
+            if sent {
+                self.undeliverable.remove(&owner);
+                continue;
+            }
+            if self.owner_gone(&owner) {
+                self.abort_owner(&owner);
+                continue;
+            }
+            // Keep them, in order, ahead of whatever comes next: retried on the next flush
+            // or tick.
+            let later = self.outbox.remove(&owner).unwrap_or_default();
+            let mut all = delivery.events;
+            all.extend(later);
+            self.outbox.insert(owner, all);
+        }
+    }
+
+    /// Whether `owner` is gone: its node runs a newer incarnation, or its sink has been
+    /// missing for `owner_grace`. Records when a missing owner was first seen missing.
+    fn owner_gone(&mut self, owner: &Owner) -> bool {
+        match token_sink::owner_status(owner) {
+            OwnerStatus::Present => {
+                self.undeliverable.remove(owner);
+                false
+            }
+            OwnerStatus::Replaced => true,
+            OwnerStatus::Missing => {
+                let since = *self
+                    .undeliverable
+                    .entry(owner.clone())
+                    .or_insert_with(Instant::now);
+                since.elapsed() >= self.args.owner_grace
+            }
+        }
+    }
+
+    /// Abort every sequence of `owner` (gone): free their KV blocks, forget their events.
+    fn abort_owner(&mut self, owner: &Owner) {
+        self.undeliverable.remove(owner);
+        self.outbox.remove(owner);
+        let orphans: Vec<SeqId> = self
+            .live
+            .iter()
+            .filter(|(_, l)| l.owner == *owner)
+            .map(|(s, _)| *s)
+            .collect();
+        tracing::warn!(worker = %self.args.worker, %owner, sequences = orphans.len(),
+            "the owner of these sequences is gone; aborting them");
+        metrics::counter!("flotilla_orphaned_sequences_aborted_total")
+            .increment(orphans.len() as u64);
+        for s in orphans {
+            self.drop_seq(s);
+        }
+        self.forward_kv_events();
+    }
+
+    /// Abort the sequences of every owner that is gone (run on each tick: sequences that
+    /// emit nothing, e.g. waiting ones, are found too).
+    fn check_owners(&mut self) {
+        let mut owners: Vec<Owner> = self.live.values().map(|l| l.owner.clone()).collect();
+        owners.sort();
+        owners.dedup();
+        for owner in owners {
+            if self.owner_gone(&owner) {
+                self.abort_owner(&owner);
+            }
+        }
+        self.undeliverable
+            .retain(|o, _| self.live.values().any(|l| l.owner == *o));
+    }
+
+    fn drop_seq(&mut self, seq: SeqId) {
+        self.core.cancel(seq);
+        if let Some(l) = self.live.remove(&seq) {
+            tracing::debug!(worker = %self.args.worker, request = %l.request, trace_id = l.trace_id.as_deref().unwrap_or("-"), "sequence dropped");
+            self.by_request.remove(&(l.owner.node, l.request));
+        }
+        let _ = self.engine.cast(EngineWorkerMsg::Release(seq));
+    }
+
+    fn forward_kv_events(&mut self) {
+        let events: Vec<KvEvent> = self.core.drain_kv_events();
+        if events.is_empty() {
+            return;
+        }
+        if let Some(name) = &self.args.kv_manager_name
+            && let Some(cell) = ractor::registry::where_is(name.clone())
+        {
+            let kvm: ActorRef<crate::kv::KvBlockManagerMsg> = cell.into();
+            let _ = kvm.cast(crate::kv::KvBlockManagerMsg::Events(Wire::encode(&events)));
+        }
+    }
+
+    /// Start the next step if none is running and there is work.
+    fn kick(&mut self, myself: &ActorRef<SchedulerMsg>) -> Result<(), ActorProcessingErr> {
+        while !self.in_flight && self.core.has_unfinished() {
+            let batch = self.core.schedule()?;
+            let mut seqs = Vec::with_capacity(batch.entries.len());
+            for e in &batch.entries {
+                let Some(live) = self.live.get_mut(&e.seq) else {
+                    continue;
+                };
+                if let Some(cached) = e.cached_tokens
+                    && !live.admitted
+                {
+                    live.admitted = true;
+                    tracing::debug!(worker = %self.args.worker, request = %live.request, trace_id = live.trace_id.as_deref().unwrap_or("-"), cached, "sequence admitted");
+                    let (to, req) = (live.owner.clone(), live.request);
+                    let worker = self.args.worker.clone();
+                    self.emit(
+                        &to,
+                        req,
+                        TokenEventKind::Admitted {
+                            worker,
+                            cached_tokens: cached as u32,
+                        },
+                    );
+                }
+                let live = &self.live[&e.seq];
+                seqs.push(StepSeq {
+                    seq_id: e.seq,
+                    tokens: e.token_ids.clone(),
+                    start_pos: e.start_pos,
+                    block_table: e.block_table.clone(),
+                    sampling: live.sampling.clone(),
+                    sample: e.sample,
+                });
+            }
+            if seqs.is_empty() {
+                // Nothing could run (e.g. all admissions wait for blocks): close the step.
+                self.core.on_step_output(&[])?;
+                break;
+            }
+            self.steps += 1;
+            self.in_flight = true;
+            let step = self.steps;
+            let engine = self.engine.clone();
+            let me = myself.clone();
+            let delay = self.args.faults.step_delay(&self.args.worker);
+            self.step_deadline = Some(Instant::now() + delay + self.args.step_timeout);
+            let injected_failure = self.args.faults.step_fails(&self.args.worker);
+            let (faults, worker) = (self.args.faults.clone(), self.args.worker.clone());
+            tokio::spawn(async move {
+                // An injected delay is slept in slices so that clearing the fault ends it.
+                let until = tokio::time::Instant::now() + delay;
+                while tokio::time::Instant::now() < until && !faults.step_delay(&worker).is_zero() {
+                    let left = until.saturating_duration_since(tokio::time::Instant::now());
+                    tokio::time::sleep(left.min(std::time::Duration::from_millis(50))).await;
+                }
+                let output = if injected_failure {
+                    Err("injected engine failure (chaos)".to_owned())
+                } else {
+                    match ractor::call!(engine, EngineWorkerMsg::Step, StepBatch { seqs }) {
+                        Ok(Ok(out)) => Ok(out),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(e) => Err(format!("engine unavailable: {e}")),
+                    }
+                };
+                let _ = me.cast(SchedulerMsg::StepDone(Wire::encode(&StepResult {
+                    step,
+                    output,
+                })));
+            });
+        }
+        self.flush();
+        Ok(())
+    }
+
+    fn on_step_done(&mut self, result: StepResult) -> Result<(), ActorProcessingErr> {
+        self.in_flight = false;
+        self.step_deadline = None;
+        self.last_alive = Instant::now();
+        let out = match result.output {
+            Ok(out) => out,
+            Err(msg) => {
+                // No KV was written. An engine that is gone (its actor died) takes the replica
+                // down: every sequence is lost and migrates, and the supervisor restarts the
+                // replica. An engine that answered with an error fails the step's sequences.
+                tracing::error!(worker = %self.args.worker, error = %msg, "engine step failed");
+                let gone = msg.starts_with("engine unavailable");
+                let kind = if gone {
+                    TokenEventKind::Lost {
+                        reason: "the engine of its worker died".into(),
+                    }
+                } else {
+                    TokenEventKind::Failed {
+                        message: "the engine failed".into(),
+                        status: 500,
+                    }
+                };
+                self.drop_all(&kind);
+                let _ = self.core.on_step_output(&[]);
+                self.flush();
+                if gone {
+                    return Err(msg.into());
+                }
+                return Ok(());
+            }
+        };
+        let logprobs: HashMap<SeqId, f32> =
+            out.tokens.iter().map(|t| (t.seq_id, t.logprob)).collect();
+        let sampled: Vec<(SeqId, u32)> = out.tokens.iter().map(|t| (t.seq_id, t.token)).collect();
+        let updates = self.core.on_step_output(&sampled)?;
+        for u in updates {
+            let Some(l) = self.live.get_mut(&u.seq) else {
+                continue;
+            };
+            let index = l.emitted;
+            l.emitted += 1;
+            let (to, req) = (l.owner.clone(), l.request);
+            let finish = u.finished.map(Into::into);
+            let logprob = logprobs.get(&u.seq).copied().unwrap_or(0.0);
+            self.emit(
+                &to,
+                req,
+                TokenEventKind::Token {
+                    id: u.token,
+                    logprob,
+                    finish,
+                    index,
+                },
+            );
+            if finish.is_some() {
+                if let Some(l) = self.live.remove(&u.seq) {
+                    tracing::debug!(worker = %self.args.worker, request = %l.request, trace_id = l.trace_id.as_deref().unwrap_or("-"), tokens = l.emitted, "sequence finished");
+                    self.by_request.remove(&(l.owner.node, l.request));
+                }
+                let _ = self.engine.cast(EngineWorkerMsg::Release(u.seq));
+            }
+        }
+        self.forward_kv_events();
+        Ok(())
+    }
+
+    /// Chaos `fill_kv`: pin the asked fraction of the pool while the fault lasts.
+    fn fill_kv(&mut self) {
+        match self.args.faults.fill_kv(&self.args.worker) {
+            Some(f) if !self.core.is_occupied() => {
+                let want = (f * self.args.num_blocks as f64).round() as usize;
+                match self.core.occupy(want) {
+                    Ok(n) => {
+                        tracing::warn!(worker = %self.args.worker, blocks = n, "chaos: KV blocks occupied")
+                    }
+                    Err(e) => {
+                        tracing::warn!(worker = %self.args.worker, error = %e, "chaos: fill_kv failed")
+                    }
+                }
+            }
+            None if self.core.is_occupied() => {
+                if let Err(e) = self.core.release_occupied() {
+                    tracing::error!(worker = %self.args.worker, error = %e, "chaos: fill_kv release failed");
+                }
+                tracing::warn!(worker = %self.args.worker, "chaos: KV blocks released");
+                self.forward_kv_events();
+            }
+            _ => {}
+        }
+    }
+
+    /// Send `kind` to every live request and drop them all.
+    fn drop_all(&mut self, kind: &TokenEventKind) {
+        let all: Vec<SeqId> = self.live.keys().copied().collect();
+        for s in all {
+            if let Some(l) = self.live.get(&s) {
+                let (to, req) = (l.owner.clone(), l.request);
+                self.emit(&to, req, kind.clone());
+            }
+            self.drop_seq(s);
+        }
+    }
+
+    /// Leave routing (drain, hang): routers stop choosing this replica at once.
+    fn leave_routing(&mut self, myself: &ActorRef<SchedulerMsg>, health: Health) {
+        self.health = health;
+        ractor::pg::leave(ROUTABLE_GROUP.to_owned(), vec![myself.get_cell()]);
+    }
+
+    /// The watchdog and the canary. Returns an error when the engine is hung, which fails
+    /// this actor so that the replica supervisor restarts the replica (one_for_all).
+    fn tick(&mut self, myself: &ActorRef<SchedulerMsg>) -> Result<(), ActorProcessingErr> {
+        let now = Instant::now();
+        let hung = match (self.step_deadline, self.canary_deadline) {
+            (Some(d), _) if now > d => Some("an engine step"),
+            (_, Some(d)) if now > d => Some("the canary"),
+            _ => None,
+        };
+        if let Some(what) = hung {
+            crate::runtime::resilience::ENGINE_HANGS
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            metrics::counter!("flotilla_engine_hangs_total", "worker" => self.args.worker.to_string())
+                .increment(1);
+            tracing::error!(worker = %self.args.worker, timeout_ms = self.args.step_timeout.as_millis() as u64,
+                "{what} did not return within the step timeout: engine hung; restarting the replica");
+            self.leave_routing(myself, Health::Unhealthy);
+            ractor::pg::leave(SCHEDULER_GROUP.to_owned(), vec![myself.get_cell()]);
+            // A restart is what ends a hang (the injected one included).
+            self.args.faults.end_hangs(&self.args.worker);
+            return Err(format!("engine of {} hung", self.args.worker).into());
+        }
+        let idle = !self.in_flight && self.canary_deadline.is_none();
+        if idle && now.duration_since(self.last_alive) >= self.args.canary_interval {
+            self.canary_deadline = Some(now + self.args.step_timeout);
+            let (engine, me) = (self.engine.clone(), myself.clone());
+            tokio::spawn(async move {
+                if ractor::call!(engine, EngineWorkerMsg::Ping).is_ok() {
+                    let _ = me.cast(SchedulerMsg::CanaryDone(Wire::encode(&())));
+                }
+            });
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> SchedulerStats {
+        let usage = self.core.kv_usage();
+        SchedulerStats {
+            worker: self.args.worker.clone(),
+            waiting: self.core.num_waiting(),
+            running: self.core.num_running(),
+            queued_prefill_tokens: self.core.queued_prefill_tokens(),
+            kv_blocks_total: usage.total_blocks,
+            kv_blocks_used: usage.used_blocks,
+            steps: self.steps,
+            health: self.health,
+        }
+    }
+}
+
+impl Actor for Scheduler {
+    type Msg = SchedulerMsg;
+    type State = SchedulerState;
+    type Arguments = SchedulerArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: SchedulerArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let engine: ActorRef<EngineWorkerMsg> =
+            ractor::registry::where_is(args.engine_name.clone())
+                .ok_or_else(|| format!("engine worker {} is not running", args.engine_name))?
+                .into();
+        let pool = BlockPool::new(args.num_blocks, args.block_size, args.salt)?
+            .with_worker(args.worker.clone());
+        let core = SchedulerCore::new(args.config, pool)?;
+        ractor::pg::join(SCHEDULER_GROUP.to_owned(), vec![myself.get_cell()]);
+        ractor::pg::join(ROUTABLE_GROUP.to_owned(), vec![myself.get_cell()]);
+        let period = (args.step_timeout / 4).clamp(
+            std::time::Duration::from_millis(10),
+            std::time::Duration::from_millis(500),
+        );
+        let ticker = myself.send_interval(period, || SchedulerMsg::Tick(Wire::encode(&())));
+        Ok(SchedulerState {
+            args,
+            core,
+            engine,
+            live: HashMap::new(),
+            by_request: HashMap::new(),
+            next_seq: 0,
+            steps: 0,
+            in_flight: false,
+            outbox: HashMap::new(),
+            undeliverable: HashMap::new(),
+            health: Health::Ready,
+            step_deadline: None,
+            canary_deadline: None,
+            last_alive: Instant::now(),
+            ticker: Some(ticker),
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // Nothing is left hanging: every live request hears that this replica stopped, and
+        // migrates with what it has.
+        if let Some(t) = state.ticker.take() {
+            t.abort();
+        }
+        let lost = TokenEventKind::Lost {
+            reason: "the replica stopped".into(),
+        };
+        let live: Vec<(Owner, RequestId)> = state
+            .live
+            .values()
+            .map(|l| (l.owner.clone(), l.request))
+            .collect();
+        for (to, req) in live {
+            state.emit(&to, req, lost.clone());
+        }
+        state.flush();
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SchedulerMsg::Submit(wire) => {
+                let Ok(req) = wire.decode() else {
+                    return Ok(());
+                };
+                let key = (req.reply_to.clone(), req.request);
+                if state.by_request.contains_key(&key) {
+                    return Ok(()); // duplicate submission
+                }
+                let owner = req.owner();
+                if state.health != Health::Ready {
+                    // Routed here just before this replica left routing: place it elsewhere.
+                    let reason = format!("the worker is {}", state.health);
+                    state.emit(&owner, req.request, TokenEventKind::Lost { reason });
+                    state.flush();
+                    return Ok(());
+                }
+                state.next_seq += 1;
+                let seq = SeqId(state.next_seq);
+                let added = state.core.add(SeqRequest {
+                    seq,
+                    prompt: req.prompt,
+                    max_tokens: req.max_tokens as usize,
+                    stop_token_ids: req.stop_token_ids,
+                    eos_token_id: if req.ignore_eos {
+                        None
+                    } else {
+                        state.args.eos_token_id
+                    },
+                    arrival: req.arrival_ms,
+                });
+                match added {
+                    Ok(()) => {
+                        tracing::debug!(worker = %state.args.worker, request = %req.request, trace_id = req.trace_id.as_deref().unwrap_or("-"), "sequence queued");
+                        state.by_request.insert(key, seq);
+                        state.live.insert(
+                            seq,
+                            Live {
+                                request: req.request,
+                                owner,
+                                sampling: req.sampling,
+                                admitted: false,
+                                emitted: 0,
+                                trace_id: req.trace_id,
+                            },
+                        );
+                    }
+                    Err(e) => {
+                        state.emit(
+                            &owner,
+                            req.request,
+                            TokenEventKind::Failed {
+                                message: e.to_string(),
+                                status: 400,
+                            },
+                        );
+                    }
+                }
+                state.kick(&myself)?;
+            }
+            SchedulerMsg::Cancel(wire) => {
+                if let Ok(key) = wire.decode()
+                    && let Some(seq) = state.by_request.get(&key).copied()
+                {
+                    state.drop_seq(seq);
+                    state.forward_kv_events();
+                }
+            }
+            SchedulerMsg::StepDone(wire) => {
+                let result = wire.decode()?;
+                state.on_step_done(result)?;
+                state.kick(&myself)?;
+            }
+            SchedulerMsg::Stats(reply) => {
+                let _ = reply.send(Wire::encode(&state.stats()));
+            }
+            SchedulerMsg::Has(key, reply) => {
+                let here = key
+                    .decode()
+                    .is_ok_and(|k| state.by_request.contains_key(&k));
+                let _ = reply.send(Wire::encode(&here));
+            }
+            SchedulerMsg::Tick(_) => {
+                if state.args.faults.take_panic(&state.args.worker) {
+                    panic!(
+                        "injected panic in the scheduler of {} (chaos)",
+                        state.args.worker
+                    );
+                }
+                state.fill_kv();
+                state.check_owners();
+                state.tick(&myself)?;
+                // Work that waits for blocks freed outside a step (a fill_kv released), and
+                // events for a sink that was away, go on here.
+                state.kick(&myself)?;
+                if !state.outbox.is_empty() {
+                    state.flush();
+                }
+            }
+            SchedulerMsg::CanaryDone(_) => {
+                state.canary_deadline = None;
+                state.last_alive = Instant::now();
+            }
+            SchedulerMsg::Drain(_) => {
+                if state.health == Health::Ready {
+                    tracing::info!(worker = %state.args.worker, live = state.live.len(), "draining");
+                    state.leave_routing(&myself, Health::Draining);
+                }
+            }
+            SchedulerMsg::Evict(reason) => {
+                let reason = reason
+                    .decode()
+                    .unwrap_or_else(|_| "the worker is stopping".into());
+                tracing::warn!(worker = %state.args.worker, live = state.live.len(), %reason, "evicting requests");
+                state.drop_all(&TokenEventKind::Lost { reason });
+                state.forward_kv_events();
+                state.flush();
+            }
+        }
+        Ok(())
+    }
+}

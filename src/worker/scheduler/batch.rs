@@ -1,0 +1,601 @@
+//! [`SchedulerCore`]: continuous batching with chunked prefill and preemption by recompute.
+//!
+//! See the parent module doc for the policy; this file holds the code.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use crate::kv::{BlockPool, KvEvent, PoolError, PoolUsage, SeqLease};
+use crate::runtime::ids::{BlockId, SeqId};
+
+/// Errors of the scheduler.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchedulerError {
+    #[error("invalid scheduler config: {0}")]
+    InvalidConfig(&'static str),
+    #[error("sequence {0} has an empty prompt")]
+    EmptyPrompt(SeqId),
+    #[error("sequence {0} asks for max_tokens = 0")]
+    ZeroMaxTokens(SeqId),
+    #[error("sequence {0} is already queued or running")]
+    DuplicateSequence(SeqId),
+    #[error(
+        "sequence {seq}: prompt of {prompt_tokens} tokens + 1 exceeds max_model_len {max_model_len}"
+    )]
+    PromptTooLong {
+        seq: SeqId,
+        prompt_tokens: usize,
+        max_model_len: usize,
+    },
+    #[error(
+        "sequence {seq}: prompt of {prompt_tokens} tokens + 1 exceeds the pool's {capacity_tokens} token slots"
+    )]
+    PromptNeverFits {
+        seq: SeqId,
+        prompt_tokens: usize,
+        capacity_tokens: usize,
+    },
+    #[error("a step is in flight: call on_step_output before scheduling again")]
+    StepInFlight,
+    #[error("no step is in flight")]
+    NoStepInFlight,
+    #[error("sampled token for sequence {0}, which was not scheduled to sample")]
+    UnexpectedSample(SeqId),
+    #[error("two sampled tokens for sequence {0}")]
+    DuplicateSample(SeqId),
+    #[error("no sampled token for sequence {0}, which was scheduled to sample")]
+    MissingSample(SeqId),
+    #[error("block pool: {0}")]
+    Pool(#[from] PoolError),
+}
+
+/// Scheduler limits. `max_model_len` is the context limit in tokens (prompt + generated).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_model_len: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            max_num_seqs: 256,
+            max_num_batched_tokens: 2048,
+            max_model_len: 4096,
+        }
+    }
+}
+
+impl SchedulerConfig {
+    pub fn validate(&self) -> Result<(), SchedulerError> {
+        if self.max_num_seqs == 0 {
+            return Err(SchedulerError::InvalidConfig(
+                "max_num_seqs must be at least 1",
+            ));
+        }
+        if self.max_num_batched_tokens == 0 {
+            return Err(SchedulerError::InvalidConfig(
+                "max_num_batched_tokens must be at least 1",
+            ));
+        }
+        if self.max_model_len < 2 {
+            return Err(SchedulerError::InvalidConfig(
+                "max_model_len must be at least 2",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One sequence to serve.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SeqRequest {
+    pub seq: SeqId,
+    pub prompt: Vec<u32>,
+    /// Tokens to generate at most (at least 1).
+    pub max_tokens: usize,
+    pub stop_token_ids: Vec<u32>,
+    pub eos_token_id: Option<u32>,
+    /// Place in the waiting queue: lower first, equal ones in submission order. The request's
+    /// arrival at its gateway (ms since the Unix epoch), so that a request that migrated here
+    /// keeps its place among the others instead of queueing behind every later one.
+    pub arrival: u64,
+}
+
+/// Which token stopped a sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopCause {
+    Eos,
+    StopToken(u32),
+}
+
+/// Why a sequence finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// EOS or a stop token was sampled (and is reported as the update's token).
+    Stop(StopCause),
+    /// `max_tokens` generated.
+    Length,
+    /// The context limit (`max_model_len`, or the pool's capacity if smaller) was reached.
+    ContextLimit,
+}
+
+/// One sequence's share of a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduledSeq {
+    pub seq: SeqId,
+    /// Tokens to run, at positions `start_pos..start_pos + token_ids.len()`.
+    pub token_ids: Vec<u32>,
+    pub start_pos: usize,
+    /// Blocks covering every position `< start_pos + token_ids.len()`.
+    pub block_table: Vec<BlockId>,
+    /// Sample a token after the last position (end of prompt, or a decode token).
+    pub sample: bool,
+    /// `Some(cached prefix tokens)` when the sequence was admitted in this step.
+    pub cached_tokens: Option<usize>,
+}
+
+/// One engine step.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ScheduledBatch {
+    /// Decodes first, then prefill continuations, then newly admitted sequences.
+    pub entries: Vec<ScheduledSeq>,
+    /// Sequences preempted since the last batch (blocks freed; they will be recomputed).
+    pub preempted: Vec<SeqId>,
+}
+
+impl ScheduledBatch {
+    /// Tokens in the step.
+    pub fn num_tokens(&self) -> usize {
+        self.entries.iter().map(|e| e.token_ids.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// One sampled token, as accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqUpdate {
+    pub seq: SeqId,
+    pub token: u32,
+    /// `Some` when this token ends the sequence (its blocks are already freed).
+    pub finished: Option<FinishReason>,
+}
+
+#[derive(Debug)]
+struct SeqEntry {
+    /// Prompt + generated tokens.
+    tokens: Vec<u32>,
+    /// Tokens to prefill in the current admission (the prompt, or prompt + generated after a
+    /// preemption).
+    prefill_len: usize,
+    /// Tokens scheduled so far (their KV is written once the in-flight step returns).
+    num_computed: usize,
+    num_generated: usize,
+    max_tokens: usize,
+    stop_token_ids: Vec<u32>,
+    eos_token_id: Option<u32>,
+    /// `Some` while running.
+    lease: Option<SeqLease>,
+    /// See [`SeqRequest::arrival`].
+    arrival: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    seq: SeqId,
+    computed_after: usize,
+    sample: bool,
+    /// False once the sequence was cancelled during the step.
+    alive: bool,
+}
+
+/// The per-replica batch former (see the module doc).
+#[derive(Debug)]
+pub struct SchedulerCore {
+    config: SchedulerConfig,
+    pool: BlockPool,
+    /// `min(max_model_len, pool capacity in tokens)`.
+    max_len: usize,
+    seqs: HashMap<SeqId, SeqEntry>,
+    waiting: VecDeque<SeqId>,
+    /// Admission order: the newest is last (the first preemption victim).
+    running: Vec<SeqId>,
+    in_flight: Option<Vec<InFlight>>,
+    preempted: Vec<SeqId>,
+    /// Chaos `fill_kv`: blocks pinned by a phantom sequence that is never scheduled.
+    occupied: Option<SeqLease>,
+}
+
+/// The phantom sequence of [`SchedulerCore::occupy`].
+pub const OCCUPY_SEQ: SeqId = SeqId(u64::MAX);
+
+impl SchedulerCore {
+    pub fn new(config: SchedulerConfig, pool: BlockPool) -> Result<Self, SchedulerError> {
+        config.validate()?;
+        let capacity = pool.num_blocks() * pool.block_size();
+        Ok(Self {
+            config,
+            max_len: config.max_model_len.min(capacity),
+            pool,
+            seqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            in_flight: None,
+            preempted: Vec::new(),
+            occupied: None,
+        })
+    }
+
+    /// Queues a request: first come, first served by [`SeqRequest::arrival`].
+    pub fn add(&mut self, req: SeqRequest) -> Result<(), SchedulerError> {
+        let seq = req.seq;
+        if req.prompt.is_empty() {
+            return Err(SchedulerError::EmptyPrompt(seq));
+        }
+        if req.max_tokens == 0 {
+            return Err(SchedulerError::ZeroMaxTokens(seq));
+        }
+        if self.seqs.contains_key(&seq) {
+            return Err(SchedulerError::DuplicateSequence(seq));
+        }
+        let prompt_tokens = req.prompt.len();
+        if prompt_tokens + 1 > self.config.max_model_len {
+            return Err(SchedulerError::PromptTooLong {
+                seq,
+                prompt_tokens,
+                max_model_len: self.config.max_model_len,
+            });
+        }
+        if prompt_tokens + 1 > self.max_len {
+            return Err(SchedulerError::PromptNeverFits {
+                seq,
+                prompt_tokens,
+                capacity_tokens: self.max_len,
+            });
+        }
+        self.seqs.insert(
+            seq,
+            SeqEntry {
+                prefill_len: prompt_tokens,
+                tokens: req.prompt,
+                num_computed: 0,
+                num_generated: 0,
+                max_tokens: req.max_tokens,
+                stop_token_ids: req.stop_token_ids,
+                eos_token_id: req.eos_token_id,
+                lease: None,
+                arrival: req.arrival,
+            },
+        );
+        // After every waiting sequence that arrived no later (a stable insertion).
+        let seqs = &self.seqs;
+        let at = self
+            .waiting
+            .iter()
+            .position(|s| seqs.get(s).is_some_and(|e| e.arrival > req.arrival))
+            .unwrap_or(self.waiting.len());
+        self.waiting.insert(at, seq);
+        Ok(())
+    }
+
+    /// Forms the next step: decodes, then prefill continuations, then FCFS admissions (none in
+    /// a step that preempted). Exactly one step may be in flight.
+    pub fn schedule(&mut self) -> Result<ScheduledBatch, SchedulerError> {
+        if self.in_flight.is_some() {
+            return Err(SchedulerError::StepInFlight);
+        }
+        let mut budget = self.config.max_num_batched_tokens;
+        let mut entries = Vec::new();
+        let preempted_before = self.preempted.len();
+
+        // 1. One decode token per running sequence, in admission order.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let s = self.running[i];
+            let e = &self.seqs[&s];
+            if e.num_computed < e.prefill_len || e.num_computed >= e.tokens.len() {
+                i += 1;
+                continue;
+            }
+            // Slots for every known token plus the one this step samples.
+            let slots = e.tokens.len() + 1;
+            if !self.reserve_or_preempt(s, slots)? {
+                continue; // `s` itself was preempted; running[i] is the next one
+            }
+            entries.push(self.entry(s, 1, None));
+            budget -= 1;
+            i += 1;
+        }
+
+        // 2. Continue partially prefilled sequences (blocks were allocated at admission).
+        for idx in 0..self.running.len() {
+            if budget == 0 {
+                break;
+            }
+            let s = self.running[idx];
+            let e = &self.seqs[&s];
+            if e.num_computed >= e.prefill_len {
+                continue;
+            }
+            let chunk = (e.prefill_len - e.num_computed).min(budget);
+            entries.push(self.entry(s, chunk, None));
+            budget -= chunk;
+        }
+
+        // 3. Admit waiting sequences, FCFS, unless this step had to preempt.
+        let preempted_now = self.preempted.len() > preempted_before;
+        while !preempted_now && budget > 0 && self.running.len() < self.config.max_num_seqs {
+            let Some(&s) = self.waiting.front() else {
+                break;
+            };
+            let alloc = match self.pool.allocate_sequence(s, &self.seqs[&s].tokens) {
+                Ok(a) => a,
+                Err(PoolError::OutOfBlocks { .. }) => break,
+                Err(e) => return Err(e.into()),
+            };
+            self.waiting.pop_front();
+            self.running.push(s);
+            let e = self.seqs.get_mut(&s).ok_or(PoolError::UnknownSequence(s))?;
+            e.lease = Some(alloc.lease);
+            e.num_computed = alloc.cached_tokens;
+            let chunk = (e.prefill_len - e.num_computed).min(budget);
+            entries.push(self.entry(s, chunk, Some(alloc.cached_tokens)));
+            budget -= chunk;
+        }
+
+        self.in_flight = Some(
+            entries
+                .iter()
+                .map(|e: &ScheduledSeq| InFlight {
+                    seq: e.seq,
+                    computed_after: e.start_pos + e.token_ids.len(),
+                    sample: e.sample,
+                    alive: true,
+                })
+                .collect(),
+        );
+        Ok(ScheduledBatch {
+            entries,
+            preempted: std::mem::take(&mut self.preempted),
+        })
+    }
+
+    /// Accepts the sampled tokens of the in-flight step (all-or-nothing validation first):
+    /// registers the computed blocks, appends the tokens, finishes and frees sequences that
+    /// stop. Tokens of sequences cancelled during the step are ignored.
+    pub fn on_step_output(
+        &mut self,
+        sampled: &[(SeqId, u32)],
+    ) -> Result<Vec<SeqUpdate>, SchedulerError> {
+        let flight = self
+            .in_flight
+            .as_ref()
+            .ok_or(SchedulerError::NoStepInFlight)?;
+        let by_seq: HashMap<SeqId, InFlight> = flight.iter().map(|f| (f.seq, *f)).collect();
+        let mut seen = HashSet::new();
+        for &(s, _) in sampled {
+            if !seen.insert(s) {
+                return Err(SchedulerError::DuplicateSample(s));
+            }
+            match by_seq.get(&s) {
+                Some(f) if f.sample || !f.alive => {}
+                _ => return Err(SchedulerError::UnexpectedSample(s)),
+            }
+        }
+        if let Some(f) = flight
+            .iter()
+            .find(|f| f.alive && f.sample && !seen.contains(&f.seq))
+        {
+            return Err(SchedulerError::MissingSample(f.seq));
+        }
+        let flight = self.in_flight.take().unwrap_or_default();
+        for f in flight.iter().filter(|f| f.alive) {
+            self.pool.mark_computed(f.seq, f.computed_after)?;
+        }
+        let mut updates = Vec::with_capacity(sampled.len());
+        for &(s, token) in sampled {
+            if !by_seq[&s].alive {
+                continue;
+            }
+            let Some(e) = self.seqs.get_mut(&s) else {
+                continue;
+            };
+            e.tokens.push(token);
+            e.num_generated += 1;
+            let finished = if e.eos_token_id == Some(token) {
+                Some(FinishReason::Stop(StopCause::Eos))
+            } else if e.stop_token_ids.contains(&token) {
+                Some(FinishReason::Stop(StopCause::StopToken(token)))
+            } else if e.num_generated >= e.max_tokens {
+                Some(FinishReason::Length)
+            } else if e.tokens.len() >= self.max_len {
+                Some(FinishReason::ContextLimit)
+            } else {
+                None
+            };
+            if finished.is_some() {
+                self.remove(s)?;
+            } else if let Err(err) = self.pool.append_tokens(s, &[token]) {
+                // Unreachable while schedule() reserves the lookahead slot; recompute later.
+                match err {
+                    PoolError::OutOfBlocks { .. } => self.preempt(s)?,
+                    other => return Err(other.into()),
+                }
+            }
+            updates.push(SeqUpdate {
+                seq: s,
+                token,
+                finished,
+            });
+        }
+        Ok(updates)
+    }
+
+    /// Removes a waiting or running sequence and frees its blocks. False if unknown.
+    pub fn cancel(&mut self, seq: SeqId) -> bool {
+        if !self.seqs.contains_key(&seq) {
+            return false;
+        }
+        if let Some(flight) = self.in_flight.as_mut() {
+            for f in flight.iter_mut().filter(|f| f.seq == seq) {
+                f.alive = false;
+            }
+        }
+        self.waiting.retain(|&s| s != seq);
+        // A failed free leaves the lease to its Drop, which queues the release in the pool.
+        let _ = self.remove(seq);
+        true
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Tokens still to prefill: whole waiting prompts (cache ignored) + unfinished chunks.
+    pub fn queued_prefill_tokens(&self) -> usize {
+        self.seqs
+            .values()
+            .map(|e| e.prefill_len.saturating_sub(e.num_computed))
+            .sum()
+    }
+
+    /// True while any sequence is waiting or running.
+    pub fn has_unfinished(&self) -> bool {
+        !self.seqs.is_empty()
+    }
+
+    pub fn step_in_flight(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    /// Chaos `fill_kv`: pin up to `blocks` unreferenced blocks (free or evictable) under a
+    /// phantom sequence that is never scheduled and never registered, so that admission sees
+    /// a fuller pool. Returns the blocks pinned; no-op (0) while some are already pinned.
+    pub fn occupy(&mut self, blocks: usize) -> Result<usize, SchedulerError> {
+        if self.occupied.is_some() {
+            return Ok(0);
+        }
+        let u = self.pool.usage();
+        let n = blocks.min(u.free_blocks + u.cached_blocks);
+        if n == 0 {
+            return Ok(0);
+        }
+        // `n·block_size − 1` tokens + the slot for a first sampled token = exactly n blocks;
+        // ids above any vocabulary never match a real prefix.
+        let bs = self.pool.block_size();
+        let tokens: Vec<u32> = (0..(n * bs - 1) as u32).map(|i| 0xF000_0000 | i).collect();
+        let alloc = self.pool.allocate_sequence(OCCUPY_SEQ, &tokens)?;
+        self.occupied = Some(alloc.lease);
+        Ok(n)
+    }
+
+    /// Give back what [`SchedulerCore::occupy`] pinned.
+    pub fn release_occupied(&mut self) -> Result<(), SchedulerError> {
+        if let Some(l) = self.occupied.take() {
+            self.pool.free(l)?;
+        }
+        Ok(())
+    }
+
+    /// Whether [`SchedulerCore::occupy`] holds blocks.
+    pub fn is_occupied(&self) -> bool {
+        self.occupied.is_some()
+    }
+
+    pub fn kv_usage(&self) -> PoolUsage {
+        self.pool.usage()
+    }
+
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    pub fn drain_kv_events(&mut self) -> Vec<KvEvent> {
+        self.pool.drain_events()
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// Grows `s`'s table to `slots`, preempting the newest running sequences as needed.
+    /// Returns false when `s` itself had to be preempted.
+    fn reserve_or_preempt(&mut self, s: SeqId, slots: usize) -> Result<bool, SchedulerError> {
+        loop {
+            match self.pool.reserve(s, slots) {
+                Ok(()) => return Ok(true),
+                Err(PoolError::OutOfBlocks { .. }) => {
+                    let Some(&victim) = self.running.last() else {
+                        return Ok(false);
+                    };
+                    self.preempt(victim)?;
+                    if victim == s {
+                        return Ok(false);
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Frees a running sequence's blocks; it goes back to the front of the waiting queue with
+    /// prompt + generated tokens as its new prompt (recompute).
+    fn preempt(&mut self, s: SeqId) -> Result<(), SchedulerError> {
+        self.running.retain(|&r| r != s);
+        let e = self.seqs.get_mut(&s).ok_or(PoolError::UnknownSequence(s))?;
+        e.num_computed = 0;
+        e.prefill_len = e.tokens.len();
+        let lease = e.lease.take();
+        self.waiting.push_front(s);
+        self.preempted.push(s);
+        if let Some(l) = lease {
+            self.pool.free(l)?;
+        }
+        Ok(())
+    }
+
+    /// Forgets a sequence, freeing its blocks.
+    fn remove(&mut self, s: SeqId) -> Result<(), SchedulerError> {
+        self.running.retain(|&r| r != s);
+        if let Some(e) = self.seqs.remove(&s)
+            && let Some(l) = e.lease
+        {
+            self.pool.free(l)?;
+        }
+        Ok(())
+    }
+
+    /// Builds the entry for the next `len` tokens of `s` and advances its computed count.
+    fn entry(&mut self, s: SeqId, len: usize, cached_tokens: Option<usize>) -> ScheduledSeq {
+        let bs = self.pool.block_size();
+        let Some(e) = self.seqs.get_mut(&s) else {
+            return ScheduledSeq {
+                seq: s,
+                token_ids: Vec::new(),
+                start_pos: 0,
+                block_table: Vec::new(),
+                sample: false,
+                cached_tokens,
+            };
+        };
+        let start = e.num_computed;
+        let end = start + len;
+        e.num_computed = end;
+        let table = self.pool.block_table(s).unwrap_or_default();
+        ScheduledSeq {
+            seq: s,
+            token_ids: e.tokens[start..end].to_vec(),
+            start_pos: start,
+            block_table: table[..end.div_ceil(bs).min(table.len())].to_vec(),
+            sample: end == e.tokens.len(),
+            cached_tokens,
+        }
+    }
+}

@@ -1,0 +1,519 @@
+//! Unit tests, preemption equivalence and a seeded random workload for the batch former.
+
+use std::collections::{BTreeMap, HashMap};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+use crate::runtime::ids::SeqId;
+
+const VOCAB: u64 = 50;
+
+fn core(num_blocks: usize, block_size: usize, cfg: SchedulerConfig) -> SchedulerCore {
+    let pool = BlockPool::new(num_blocks, block_size, 7).expect("pool");
+    SchedulerCore::new(cfg, pool).expect("core")
+}
+
+fn cfg(
+    max_num_seqs: usize,
+    max_num_batched_tokens: usize,
+    max_model_len: usize,
+) -> SchedulerConfig {
+    SchedulerConfig {
+        max_num_seqs,
+        max_num_batched_tokens,
+        max_model_len,
+    }
+}
+
+fn req(seq: u64, prompt: Vec<u32>, max_tokens: usize) -> SeqRequest {
+    SeqRequest {
+        seq: SeqId(seq),
+        prompt,
+        max_tokens,
+        ..SeqRequest::default()
+    }
+}
+
+/// Deterministic fake model: the token generated at `pos` depends only on (seq, pos).
+fn fake_token(seq: SeqId, pos: usize) -> u32 {
+    let mut x = seq.0.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (pos as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    x ^= x >> 31;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    ((x ^ (x >> 29)) % VOCAB) as u32
+}
+
+fn sample_all(b: &ScheduledBatch) -> Vec<(SeqId, u32)> {
+    b.entries
+        .iter()
+        .filter(|e| e.sample)
+        .map(|e| (e.seq, fake_token(e.seq, e.start_pos + e.token_ids.len())))
+        .collect()
+}
+
+/// Checks one batch against the config and the per-sequence expected positions.
+fn check_batch(c: &SchedulerCore, b: &ScheduledBatch, next_pos: &mut HashMap<SeqId, usize>) {
+    let cfg = *c.config();
+    assert!(b.num_tokens() <= cfg.max_num_batched_tokens, "token budget");
+    assert!(b.entries.len() <= cfg.max_num_seqs, "seq budget");
+    assert!(c.num_running() <= cfg.max_num_seqs);
+    let bs = c.pool().block_size();
+    for p in &b.preempted {
+        next_pos.remove(p);
+    }
+    for e in &b.entries {
+        assert!(!e.token_ids.is_empty());
+        let end = e.start_pos + e.token_ids.len();
+        assert_eq!(
+            e.block_table.len(),
+            end.div_ceil(bs),
+            "table covers positions"
+        );
+        let expect = match e.cached_tokens {
+            Some(cached) => cached,
+            None => next_pos.get(&e.seq).copied().expect("continuing sequence"),
+        };
+        assert_eq!(e.start_pos, expect, "contiguous positions for {}", e.seq);
+        next_pos.insert(e.seq, end);
+    }
+}
+
+/// Runs until idle; returns each sequence's generated tokens and finish reason.
+fn drive(c: &mut SchedulerCore) -> (BTreeMap<SeqId, (Vec<u32>, FinishReason)>, usize) {
+    drive_from(c, HashMap::new())
+}
+
+/// [`drive`], continuing from positions already tracked by [`check_batch`].
+fn drive_from(
+    c: &mut SchedulerCore,
+    mut next_pos: HashMap<SeqId, usize>,
+) -> (BTreeMap<SeqId, (Vec<u32>, FinishReason)>, usize) {
+    let mut out: BTreeMap<SeqId, (Vec<u32>, Option<FinishReason>)> = BTreeMap::new();
+    let mut preemptions = 0;
+    let mut steps = 0;
+    while c.has_unfinished() {
+        steps += 1;
+        assert!(steps < 100_000, "no progress");
+        let b = c.schedule().expect("schedule");
+        check_batch(c, &b, &mut next_pos);
+        preemptions += b.preempted.len();
+        for u in c.on_step_output(&sample_all(&b)).expect("output") {
+            let slot = out.entry(u.seq).or_default();
+            assert!(slot.1.is_none(), "token after finish");
+            slot.0.push(u.token);
+            slot.1 = u.finished;
+        }
+        c.pool().check_invariants().expect("pool invariants");
+    }
+    let out = out
+        .into_iter()
+        .map(|(s, (t, f))| (s, (t, f.expect("finished"))))
+        .collect();
+    (out, preemptions)
+}
+
+#[test]
+fn config_and_add_validation() {
+    assert!(matches!(
+        SchedulerCore::new(cfg(0, 8, 16), BlockPool::new(4, 4, 0).expect("pool")),
+        Err(SchedulerError::InvalidConfig(_))
+    ));
+    let mut c = core(4, 4, cfg(4, 8, 12));
+    assert_eq!(
+        c.add(req(1, vec![], 1)),
+        Err(SchedulerError::EmptyPrompt(SeqId(1)))
+    );
+    assert_eq!(
+        c.add(req(1, vec![1], 0)),
+        Err(SchedulerError::ZeroMaxTokens(SeqId(1)))
+    );
+    assert!(matches!(
+        c.add(req(1, vec![1; 12], 1)),
+        Err(SchedulerError::PromptTooLong { .. })
+    ));
+    let mut small = core(2, 4, cfg(4, 8, 64));
+    assert!(matches!(
+        small.add(req(1, vec![1; 8], 1)),
+        Err(SchedulerError::PromptNeverFits { .. })
+    ));
+    small.add(req(1, vec![1; 7], 1)).expect("fits");
+    assert_eq!(
+        small.add(req(1, vec![1], 1)),
+        Err(SchedulerError::DuplicateSequence(SeqId(1)))
+    );
+}
+
+#[test]
+fn step_protocol_errors() {
+    let mut c = core(16, 4, cfg(4, 64, 64));
+    assert_eq!(c.on_step_output(&[]), Err(SchedulerError::NoStepInFlight));
+    c.add(req(1, vec![1, 2, 3], 3)).expect("add");
+    c.add(req(2, vec![4; 10], 3)).expect("add");
+    let b = c.schedule().expect("schedule");
+    assert_eq!(c.schedule(), Err(SchedulerError::StepInFlight));
+    assert_eq!(
+        c.on_step_output(&[]),
+        Err(SchedulerError::MissingSample(SeqId(1)))
+    );
+    let dup = [(SeqId(1), 5), (SeqId(1), 5), (SeqId(2), 5)];
+    assert_eq!(
+        c.on_step_output(&dup),
+        Err(SchedulerError::DuplicateSample(SeqId(1)))
+    );
+    let stray = [(SeqId(1), 5), (SeqId(2), 5), (SeqId(9), 5)];
+    assert_eq!(
+        c.on_step_output(&stray),
+        Err(SchedulerError::UnexpectedSample(SeqId(9)))
+    );
+    assert!(c.step_in_flight(), "failed validation changes nothing");
+    assert_eq!(c.on_step_output(&sample_all(&b)).expect("ok").len(), 2);
+}
+
+#[test]
+fn budgets_and_fcfs_admission() {
+    let mut c = core(64, 4, cfg(2, 6, 64));
+    for s in 1..=4 {
+        c.add(req(s, vec![s as u32; 3], 2)).expect("add");
+    }
+    let b = c.schedule().expect("schedule");
+    let seqs: Vec<_> = b.entries.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, vec![SeqId(1), SeqId(2)], "FCFS, max_num_seqs = 2");
+    assert_eq!(b.num_tokens(), 6);
+    assert_eq!((c.num_running(), c.num_waiting()), (2, 2));
+    assert_eq!(c.queued_prefill_tokens(), 6);
+    c.on_step_output(&sample_all(&b)).expect("out");
+    let b = c.schedule().expect("schedule");
+    assert_eq!(
+        b.entries.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        vec![SeqId(1), SeqId(2)]
+    );
+    let done = c.on_step_output(&sample_all(&b)).expect("out");
+    assert!(
+        done.iter()
+            .all(|u| u.finished == Some(FinishReason::Length))
+    );
+    let b = c.schedule().expect("schedule");
+    assert_eq!(
+        b.entries.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        vec![SeqId(3), SeqId(4)]
+    );
+    c.on_step_output(&sample_all(&b)).expect("out");
+    let b = c.schedule().expect("schedule");
+    let done = c.on_step_output(&sample_all(&b)).expect("out");
+    assert_eq!(done.iter().filter(|u| u.finished.is_some()).count(), 2);
+    assert!(!c.has_unfinished());
+}
+
+#[test]
+fn chunked_prefill_is_contiguous() {
+    let mut c = core(64, 4, cfg(4, 4, 64));
+    let prompt: Vec<u32> = (10..20).collect();
+    c.add(req(1, prompt.clone(), 1)).expect("add");
+    let mut got = Vec::new();
+    loop {
+        let b = c.schedule().expect("schedule");
+        let e = &b.entries[0];
+        got.push((
+            e.start_pos,
+            e.token_ids.clone(),
+            e.sample,
+            e.block_table.len(),
+            e.cached_tokens,
+        ));
+        let done = c.on_step_output(&sample_all(&b)).expect("out");
+        if !done.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(
+        got,
+        vec![
+            (0, prompt[0..4].to_vec(), false, 1, Some(0)),
+            (4, prompt[4..8].to_vec(), false, 2, None),
+            (8, prompt[8..10].to_vec(), true, 3, None),
+        ]
+    );
+    assert_eq!(c.kv_usage().used_blocks, 0);
+    assert_eq!(c.kv_usage().registered_blocks, 2, "both full blocks cached");
+}
+
+#[test]
+fn decodes_come_first_then_prefill_fills_the_budget() {
+    let mut c = core(64, 4, cfg(4, 4, 64));
+    c.add(req(1, vec![1, 2], 10)).expect("add");
+    let b = c.schedule().expect("schedule");
+    c.on_step_output(&sample_all(&b)).expect("out");
+    c.add(req(2, (0..9).collect(), 1)).expect("add");
+    let b = c.schedule().expect("schedule");
+    assert_eq!(b.entries[0].seq, SeqId(1));
+    assert_eq!(b.entries[0].token_ids.len(), 1);
+    assert!(b.entries[0].sample);
+    assert_eq!(b.entries[1].seq, SeqId(2));
+    assert_eq!(b.entries[1].token_ids.len(), 3, "chunked to fit the budget");
+    assert!(!b.entries[1].sample);
+    c.on_step_output(&sample_all(&b)).expect("out");
+    let b = c.schedule().expect("schedule");
+    assert_eq!(
+        b.entries
+            .iter()
+            .map(|e| (e.seq, e.token_ids.len()))
+            .collect::<Vec<_>>(),
+        vec![(SeqId(1), 1), (SeqId(2), 3)]
+    );
+    c.on_step_output(&sample_all(&b)).expect("out");
+}
+
+#[test]
+fn second_identical_prompt_reports_cached_tokens() {
+    let mut c = core(64, 4, cfg(4, 64, 64));
+    let prompt: Vec<u32> = (0..10).collect();
+    c.add(req(1, prompt.clone(), 1)).expect("add");
+    drive(&mut c);
+    c.add(req(2, prompt, 1)).expect("add");
+    let b = c.schedule().expect("schedule");
+    assert_eq!(b.entries[0].cached_tokens, Some(8));
+    assert_eq!(b.entries[0].start_pos, 8);
+    assert_eq!(b.entries[0].token_ids, vec![8, 9]);
+    c.on_step_output(&sample_all(&b)).expect("out");
+}
+
+#[test]
+fn stop_conditions() {
+    let mut c = core(64, 4, cfg(8, 64, 64));
+    let eos = fake_token(SeqId(1), 3);
+    c.add(SeqRequest {
+        eos_token_id: Some(eos),
+        ..req(1, vec![1, 2, 3], 50)
+    })
+    .expect("add");
+    let stop = fake_token(SeqId(2), 4);
+    c.add(SeqRequest {
+        stop_token_ids: vec![stop],
+        ..req(2, vec![1, 2, 3, 4], 50)
+    })
+    .expect("add");
+    c.add(req(3, vec![1, 2], 5)).expect("add");
+    c.add(req(4, vec![1; 10], 100)).expect("add");
+    let (out, _) = drive(&mut c);
+    assert_eq!(
+        out[&SeqId(1)],
+        (vec![eos], FinishReason::Stop(StopCause::Eos))
+    );
+    assert_eq!(
+        out[&SeqId(2)],
+        (vec![stop], FinishReason::Stop(StopCause::StopToken(stop)))
+    );
+    assert_eq!(out[&SeqId(3)].0.len(), 5);
+    assert_eq!(out[&SeqId(3)].1, FinishReason::Length);
+    assert_eq!(
+        out[&SeqId(4)].0.len(),
+        64 - 10,
+        "stops at max_model_len total tokens"
+    );
+    assert_eq!(out[&SeqId(4)].1, FinishReason::ContextLimit);
+    assert_eq!(c.kv_usage().used_blocks, 0);
+}
+
+#[test]
+fn context_limit_is_capped_by_pool_capacity() {
+    let mut c = core(4, 4, cfg(8, 64, 1000));
+    c.add(req(1, vec![1; 5], 1000)).expect("add");
+    let (out, _) = drive(&mut c);
+    assert_eq!(
+        out[&SeqId(1)],
+        (out[&SeqId(1)].0.clone(), FinishReason::ContextLimit)
+    );
+    assert_eq!(out[&SeqId(1)].0.len(), 16 - 5);
+}
+
+#[test]
+fn cancel_frees_everything() {
+    let mut c = core(32, 4, cfg(8, 8, 64));
+    for s in 1..=4 {
+        c.add(req(s, vec![s as u32; 6], 20)).expect("add");
+    }
+    let b = c.schedule().expect("schedule"); // 1 whole + 2 partial; 3 and 4 wait
+    assert!(c.cancel(SeqId(1)), "running, step in flight");
+    assert!(c.cancel(SeqId(4)), "waiting");
+    assert!(!c.cancel(SeqId(99)));
+    let ups = c
+        .on_step_output(&sample_all(&b))
+        .expect("cancelled token ignored");
+    assert!(ups.iter().all(|u| u.seq != SeqId(1)));
+    let b = c.schedule().expect("schedule");
+    c.on_step_output(&sample_all(&b)).expect("out");
+    assert!(c.cancel(SeqId(2)));
+    assert!(c.cancel(SeqId(3)));
+    assert!(!c.has_unfinished());
+    let u = c.kv_usage();
+    assert_eq!((u.used_blocks, u.active_sequences), (0, 0));
+    assert_eq!(u.free_blocks + u.cached_blocks, 32);
+    c.pool().check_invariants().expect("invariants");
+}
+
+#[test]
+fn preemption_recomputes_without_losing_tokens() {
+    let workload: Vec<SeqRequest> = (1..=6)
+        .map(|s| {
+            req(
+                s,
+                (0..(3 + s as u32 * 2)).map(|t| t * 7 + s as u32).collect(),
+                20,
+            )
+        })
+        .collect();
+    let run = |num_blocks: usize| {
+        let mut c = core(num_blocks, 4, cfg(6, 16, 64));
+        for r in &workload {
+            c.add(r.clone()).expect("add");
+        }
+        drive(&mut c)
+    };
+    let (ample, p0) = run(256);
+    let (tight, p1) = run(16);
+    assert_eq!(p0, 0);
+    assert!(p1 > 0, "the tight pool must preempt");
+    assert_eq!(
+        tight, ample,
+        "identical outputs with and without preemption"
+    );
+}
+
+#[test]
+fn newest_running_sequence_is_preempted_first() {
+    // 8 blocks of 2: four sequences of 3-token prompts take 2 blocks each.
+    let mut c = core(8, 2, cfg(8, 64, 12));
+    for s in 1..=4 {
+        c.add(req(s, vec![s as u32 * 10, 1, 2], 10)).expect("add");
+    }
+    let mut pos = HashMap::new();
+    let b = c.schedule().expect("schedule");
+    check_batch(&c, &b, &mut pos);
+    assert_eq!(b.entries.len(), 4);
+    c.on_step_output(&sample_all(&b)).expect("out");
+    // Decode: each needs a third block for its lookahead slot. Seq 1 preempts 4 (2 blocks
+    // back), seq 2 takes the second, seq 3 is then the newest and preempts itself.
+    let b = c.schedule().expect("schedule");
+    check_batch(&c, &b, &mut pos);
+    assert_eq!(b.preempted, vec![SeqId(4), SeqId(3)]);
+    assert_eq!(
+        b.entries.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        vec![SeqId(1), SeqId(2)]
+    );
+    assert_eq!(c.num_waiting(), 2);
+    assert_eq!(
+        c.queued_prefill_tokens(),
+        8,
+        "prompt + generated token each"
+    );
+    c.on_step_output(&sample_all(&b)).expect("out");
+    let (out, _) = drive_from(&mut c, pos);
+    assert_eq!(out.len(), 4, "everyone finishes after recompute");
+    assert_eq!(c.kv_usage().used_blocks, 0);
+}
+
+#[test]
+fn seeded_random_workload() {
+    for seed in [11u64, 12, 13] {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut c = core(24, 4, cfg(6, 24, 48));
+        let mut next_pos = HashMap::new();
+        let mut finished: HashMap<SeqId, usize> = HashMap::new();
+        let mut cancelled = 0usize;
+        let mut preempted = 0usize;
+        let mut added = 0u64;
+        let mut step = 0;
+        while added < 300 || c.has_unfinished() {
+            step += 1;
+            assert!(step < 200_000, "seed {seed}: no progress");
+            if added < 300 && rng.random_bool(0.5) {
+                added += 1;
+                let len = rng.random_range(1..30);
+                let prompt = (0..len).map(|_| rng.random_range(0..4)).collect();
+                let r = SeqRequest {
+                    eos_token_id: Some(0),
+                    ..req(added, prompt, rng.random_range(1..30))
+                };
+                c.add(r).expect("fits");
+            }
+            if rng.random_bool(0.05) {
+                let victim = SeqId(rng.random_range(1..=added.max(1)));
+                if c.cancel(victim) {
+                    cancelled += 1;
+                    assert!(!finished.contains_key(&victim));
+                    *finished.entry(victim).or_default() += 1;
+                }
+            }
+            let b = c.schedule().expect("schedule");
+            check_batch(&c, &b, &mut next_pos);
+            preempted += b.preempted.len();
+            let mut sampled = sample_all(&b);
+            if rng.random_bool(0.05) && !b.entries.is_empty() {
+                let e = &b.entries[rng.random_range(0..b.entries.len())];
+                if c.cancel(e.seq) {
+                    cancelled += 1;
+                    *finished.entry(e.seq).or_default() += 1;
+                    sampled.retain(|s| s.0 != e.seq || rng.random_bool(0.5));
+                }
+            }
+            for u in c.on_step_output(&sampled).expect("output") {
+                if u.finished.is_some() {
+                    *finished.entry(u.seq).or_default() += 1;
+                }
+            }
+            c.pool()
+                .check_invariants()
+                .unwrap_or_else(|e| panic!("seed {seed} step {step}: {e}"));
+        }
+        assert_eq!(
+            finished.len() as u64,
+            added,
+            "seed {seed}: every request ends"
+        );
+        assert!(
+            finished.values().all(|&n| n == 1),
+            "seed {seed}: exactly once"
+        );
+        assert!(
+            cancelled > 0 && preempted > 0,
+            "seed {seed}: {cancelled} cancels, {preempted} preemptions"
+        );
+        let u = c.kv_usage();
+        assert_eq!((u.used_blocks, u.active_sequences), (0, 0), "seed {seed}");
+        assert_eq!(u.free_blocks + u.cached_blocks, u.total_blocks);
+        assert_eq!(c.pool().leaked_leases(), 0);
+    }
+}
+
+#[test]
+fn waiting_sequences_are_admitted_in_order_of_arrival() {
+    // Room for one sequence at a time: admission order is the order of service.
+    let mut c = core(64, 4, cfg(1, 64, 64));
+    for (seq, arrival) in [(1, 30), (2, 10), (3, 20), (4, 10), (5, 0)] {
+        c.add(SeqRequest {
+            arrival,
+            ..req(seq, vec![1, 2, 3], 2)
+        })
+        .expect("add");
+    }
+    let mut order = Vec::new();
+    while c.has_unfinished() {
+        let batch = c.schedule().expect("schedule");
+        let sampled: Vec<(SeqId, u32)> = batch
+            .entries
+            .iter()
+            .filter(|e| e.sample)
+            .map(|e| (e.seq, fake_token(e.seq, e.start_pos + e.token_ids.len())))
+            .collect();
+        for e in &batch.entries {
+            if !order.contains(&e.seq.0) {
+                order.push(e.seq.0);
+            }
+        }
+        c.on_step_output(&sampled).expect("output");
+    }
+    // Earliest arrival first; equal arrivals (2 and 4) in submission order.
+    assert_eq!(order, vec![5, 2, 4, 3, 1]);
+}
