@@ -32,7 +32,10 @@ fn parse_args() -> anyhow::Result<Args> {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| anyhow::anyhow!("{flag} needs a value"));
+        let mut value = || {
+            it.next()
+                .ok_or_else(|| anyhow::anyhow!("{flag} needs a value"))
+        };
         match flag.as_str() {
             "--gateway" => a.gateway = value()?,
             "--concurrency" => {

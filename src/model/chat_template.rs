@@ -58,6 +58,9 @@ fn raise_exception(msg: String) -> Result<String, Error> {
 
 impl ChatTemplate {
     /// Compiles `source`.
+    ///
+    /// # Errors
+    /// [`TemplateError::Compile`] when the Jinja source does not compile.
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, TemplateError> {
         let mut env = Environment::new();
         let syntax = SyntaxConfig::builder()
@@ -81,6 +84,10 @@ impl ChatTemplate {
 
     /// Renders `messages`; with `add_generation_prompt` the text ends where the assistant's
     /// reply begins.
+    ///
+    /// # Errors
+    /// [`TemplateError::Render`] when the template fails on these messages (e.g. it raises
+    /// an exception on a role order it does not allow).
     pub fn render(
         &self,
         messages: &[ChatMessage],

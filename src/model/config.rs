@@ -54,6 +54,10 @@ pub struct ModelConfig {
 
 impl ModelConfig {
     /// Checks the invariants the kernels rely on.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the broken invariant (a zero dimension, heads not a
+    /// multiple of KV heads, an odd RoPE dimension, a head size over 512).
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: &str| Err(ConfigError::Invalid(m.to_owned()));
         if self.n_layers == 0 || self.hidden_size == 0 || self.n_heads == 0 || self.n_kv_heads == 0
@@ -76,6 +80,10 @@ impl ModelConfig {
     }
 
     /// Reads `general.architecture` and the `<arch>.*` keys of a GGUF file.
+    ///
+    /// # Errors
+    /// [`ConfigError::Missing`] for an absent key, [`ConfigError::UnsupportedArchitecture`]
+    /// for an architecture other than Llama / Mistral / Qwen2, and whatever [`Self::validate`] finds.
     pub fn from_gguf(f: &GgufFile) -> Result<Self, ConfigError> {
         let arch_name = f
             .get_str("general.architecture")
@@ -129,6 +137,9 @@ impl ModelConfig {
     }
 
     /// Reads a Hugging Face `config.json` (already parsed). HF checkpoints use half-split RoPE.
+    ///
+    /// # Errors
+    /// As [`Self::from_gguf`], for the fields of `config.json`.
     pub fn from_hf_json(j: &serde_json::Value) -> Result<Self, ConfigError> {
         let archs = j["architectures"]
             .as_array()

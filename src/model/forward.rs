@@ -60,6 +60,10 @@ pub struct ForwardSeq<'a> {
 
 /// Checks a batch against the model and the cache. Sequences of one batch must not write the
 /// same KV slots (distinct blocks for the new positions); that is the caller's contract.
+///
+/// # Errors
+/// [`ForwardError`] naming the first offending sequence: no tokens, a token id outside the
+/// vocabulary, a block table too short for its positions, or a block id outside the cache.
 pub fn validate(
     w: &ModelWeights,
     kv: &KvCache,
@@ -111,6 +115,9 @@ pub fn validate(
 
 /// Runs the batch; returns the logits (`[n_wanted, vocab]` f32, in batch order) of the last
 /// token of every sequence with `want_logits`.
+///
+/// # Errors
+/// Whatever [`validate`] finds; nothing is computed or written then.
 pub fn forward(
     w: &ModelWeights,
     be: &dyn Backend,

@@ -270,6 +270,11 @@ impl<'a> Reader<'a> {
 
 impl GgufFile {
     /// Opens and parses `path`. Tensor data stays in the memory map until read.
+    ///
+    /// # Errors
+    /// [`GgufError::Io`] when the file cannot be opened or mapped; [`GgufError::BadMagic`],
+    /// [`GgufError::UnsupportedVersion`], [`GgufError::Truncated`] or
+    /// [`GgufError::UnknownValueType`] when it is not a GGUF file this parser reads.
     pub fn open(path: &Path) -> Result<Self, GgufError> {
         let io = |source| GgufError::Io {
             path: path.to_owned(),
@@ -375,6 +380,9 @@ impl GgufFile {
     }
 
     /// Looks a tensor up by name.
+    ///
+    /// # Errors
+    /// [`GgufError::MissingTensor`] when no tensor has that name.
     pub fn tensor(&self, name: &str) -> Result<&TensorInfo, GgufError> {
         self.tensors
             .get(name)
@@ -384,16 +392,25 @@ impl GgufFile {
     pub fn get(&self, key: &str) -> Option<&MetaValue> {
         self.metadata.get(key)
     }
+    ///
+    /// # Errors
+    /// When the key is absent or not an integer.
     pub fn get_u64(&self, key: &str) -> Result<u64, GgufError> {
         self.get(key)
             .and_then(MetaValue::as_u64)
             .ok_or_else(|| GgufError::MissingKey(key.to_owned()))
     }
+    ///
+    /// # Errors
+    /// When the key is absent or not a number.
     pub fn get_f64(&self, key: &str) -> Result<f64, GgufError> {
         self.get(key)
             .and_then(MetaValue::as_f64)
             .ok_or_else(|| GgufError::MissingKey(key.to_owned()))
     }
+    ///
+    /// # Errors
+    /// When the key is absent or not a string.
     pub fn get_str(&self, key: &str) -> Result<&str, GgufError> {
         self.get(key)
             .and_then(MetaValue::as_str)

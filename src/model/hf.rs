@@ -47,6 +47,9 @@ pub enum HfError {
 }
 
 /// Reads and parses a JSON file.
+///
+/// # Errors
+/// [`HfError::Io`] when the file cannot be read, [`HfError::Json`] when it is not JSON.
 pub fn read_json(path: &Path) -> Result<serde_json::Value, HfError> {
     let text = std::fs::read_to_string(path).map_err(|source| HfError::Io {
         path: path.to_owned(),
@@ -162,6 +165,10 @@ impl Shards {
 }
 
 /// Loads `config.json` and the weights of a Hugging Face directory.
+///
+/// # Errors
+/// [`HfError`] when `config.json` is missing or invalid, no `*.safetensors` shard exists,
+/// or a tensor is missing or has the wrong shape.
 pub fn load_weights(dir: &Path) -> Result<ModelWeights, HfError> {
     let config = ModelConfig::from_hf_json(&read_json(&dir.join("config.json"))?)?;
     let s = Shards::open(dir)?;

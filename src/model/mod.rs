@@ -112,6 +112,9 @@ impl LoadedModel {
     }
 
     /// Renders one user message with the generation prompt appended.
+    ///
+    /// # Errors
+    /// [`ModelError::Template`] when the model has no chat template or rendering fails.
     pub fn render_user_prompt(&self, text: &str) -> Result<String, ModelError> {
         let t = self.chat_template.as_ref().ok_or(TemplateError::Missing)?;
         Ok(t.render(&[chat_template::ChatMessage::user(text)], true)?)
@@ -120,6 +123,11 @@ impl LoadedModel {
 
 /// Loads a GGUF file, or a Hugging Face directory (`config.json`, `*.safetensors`,
 /// `tokenizer.json`, `tokenizer_config.json`).
+///
+/// # Errors
+/// [`ModelError::NotFound`] when `path` does not exist; otherwise the loader's error
+/// ([`ModelError::Gguf`], [`ModelError::Hf`], [`ModelError::Config`],
+/// [`ModelError::Tokenizer`], [`ModelError::Template`]).
 pub fn load_model(path: &Path) -> Result<LoadedModel, ModelError> {
     if path.is_dir() {
         load_hf(path)
@@ -169,6 +177,9 @@ impl ModelCache {
 
     /// The model at `path`, loading it only if no live copy exists. Loading happens under the
     /// cache lock, so concurrent callers for the same path wait instead of loading twice.
+    ///
+    /// # Errors
+    /// As [`load_model`], when no live copy exists and loading fails.
     pub fn get_or_load(&self, path: &Path) -> Result<Arc<LoadedModel>, ModelError> {
         let key = path.canonicalize().unwrap_or_else(|_| path.to_owned());
         let mut map = self

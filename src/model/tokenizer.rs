@@ -78,6 +78,9 @@ impl Tokenizer {
 
     /// Encodes `text` as-is: special tokens written in the text (e.g. `<|im_start|>`) map to
     /// their ids; BOS is prepended only when the model asks for it and the text lacks it.
+    ///
+    /// # Errors
+    /// [`TokenizerError::Run`] when the tokenizer fails on the text.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         let enc = self.inner.encode(text, false).map_err(run_err)?;
         let mut ids = enc.get_ids().to_vec();
@@ -90,6 +93,9 @@ impl Tokenizer {
     }
 
     /// Decodes ids to text; special tokens are kept unless `skip_special`.
+    ///
+    /// # Errors
+    /// [`TokenizerError::Run`] when an id is outside the vocabulary.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
         self.inner.decode(ids, skip_special).map_err(run_err)
     }
@@ -110,6 +116,9 @@ impl Tokenizer {
     }
 
     /// Loads `tokenizer.json`; special ids come from the caller (see `tokenizer_config.json`).
+    ///
+    /// # Errors
+    /// [`TokenizerError::Load`] when the file cannot be read or parsed.
     pub fn from_file(
         path: &Path,
         bos: Option<&str>,
@@ -126,6 +135,11 @@ impl Tokenizer {
     }
 
     /// Rebuilds the tokenizer from GGUF metadata.
+    ///
+    /// # Errors
+    /// [`TokenizerError::Missing`] when a `tokenizer.ggml.*` key is absent,
+    /// [`TokenizerError::Unsupported`] for a tokenizer model other than BPE, and
+    /// [`TokenizerError::Load`] when the vocabulary or merges do not build a tokenizer.
     pub fn from_gguf(f: &GgufFile) -> Result<Self, TokenizerError> {
         let model = f
             .get_str("tokenizer.ggml.model")

@@ -79,6 +79,10 @@ impl ModelWeights {
     }
 
     /// Loads every tensor of a GGUF file (quantised matrices stay quantised).
+    ///
+    /// # Errors
+    /// [`GgufError`] when a tensor is missing, has the wrong shape, or has a type the kernels
+    /// do not read.
     pub fn from_gguf(f: &GgufFile, config: ModelConfig) -> Result<Self, GgufError> {
         let c = &config;
         let (h, hd) = (c.hidden_size, c.head_dim);

@@ -164,6 +164,10 @@ impl NodeEventSubscription for FilterSubscription {
 }
 
 /// Start this node's NodeServer on `addr` with the given cookie and frame limit.
+///
+/// # Errors
+/// [`ClusterError::Listen`] when `addr` cannot be bound (e.g. the port is taken);
+/// [`ClusterError::Start`] when the NodeServer actor does not start.
 pub async fn start_node_server(
     node_id: NodeId,
     addr: SocketAddr,
@@ -256,6 +260,9 @@ impl NodeEventSubscription for ChannelSubscription {
 static SUB_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// Subscribe to session events; returns the subscription id (for unsubscribing) and the stream.
+///
+/// # Errors
+/// [`ClusterError::ServerGone`] when the NodeServer has stopped.
 pub fn subscribe(
     server: &ActorRef<NodeServerMessage>,
     label: &str,
@@ -273,6 +280,10 @@ pub fn subscribe(
 
 /// Connect to `seed` and wait until the session is ready (authenticated and state exchanged).
 /// A session that closes before authenticating is [`ClusterError::AuthFailed`].
+///
+/// # Errors
+/// [`ClusterError::AuthFailed`] when the seed refuses this node's cookie;
+/// [`ClusterError::Unreachable`] when no session is ready within `timeout`.
 pub async fn join(
     server: &ActorRef<NodeServerMessage>,
     seed: &str,
@@ -338,6 +349,10 @@ pub async fn join(
 
 /// Join through any of `seeds`, retrying refused connections (a seed may still be starting)
 /// until `timeout`. An authentication failure is final.
+///
+/// # Errors
+/// [`ClusterError::AuthFailed`] at once on a refused cookie;
+/// [`ClusterError::Unreachable`] when no seed answers within `timeout`.
 pub async fn join_any(
     server: &ActorRef<NodeServerMessage>,
     seeds: &[String],
@@ -380,6 +395,9 @@ pub fn member_named(group: &str, name: &str) -> Option<ractor::ActorCell> {
 }
 
 /// Number of established sessions.
+///
+/// # Errors
+/// [`ClusterError::ServerGone`] when the NodeServer does not answer within 2 s.
 pub async fn session_count(server: &ActorRef<NodeServerMessage>) -> Result<usize, ClusterError> {
     ractor::call_t!(server, NodeServerMessage::GetSessions, 2_000)
         .map(|m| m.len())

@@ -50,6 +50,10 @@ impl<T: Serialize + DeserializeOwned> Wire<T> {
     }
 
     /// Decode the payload; on failure log it and count it once.
+    ///
+    /// # Errors
+    /// [`WireError`] when the bytes are not a MessagePack encoding of `T` (a peer running
+    /// another version, or a corrupted frame).
     pub fn decode(&self) -> Result<T, WireError> {
         rmp_serde::from_slice(&self.bytes).map_err(|source| {
             let what = std::any::type_name::<T>();
