@@ -83,7 +83,7 @@ struct NodeArgs {
     /// Seed nodes to join, comma-separated `host:port`.
     #[arg(long, value_delimiter = ',')]
     join: Vec<String>,
-    /// Roles, comma-separated: gateway, router, worker, planner.
+    /// Roles, comma-separated: gateway, router, worker (`planner` is refused until it exists).
     #[arg(long, value_delimiter = ',')]
     roles: Vec<Role>,
     /// Cluster cookie (shared secret); also FLOTILLA_NODE__COOKIE.

@@ -25,7 +25,8 @@ pub enum Role {
     Router,
     /// Model replicas.
     Worker,
-    /// Pool sizing.
+    /// Pool sizing. Reserved: [`Config::validate`] refuses it until the planner exists, so
+    /// that a node never accepts a role it would silently not run.
     Planner,
 }
 
@@ -455,6 +456,13 @@ impl Config {
         }
         if self.node.roles.is_empty() {
             return Err(invalid("node.roles", "at least one role is required"));
+        }
+        if self.node.roles.contains(&Role::Planner) {
+            return Err(invalid(
+                "node.roles",
+                "the planner role is not available in this version (it would run nothing); \
+                 use gateway, router and worker",
+            ));
         }
         if self.node.cookie.is_empty() {
             return Err(invalid(

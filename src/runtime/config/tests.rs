@@ -11,6 +11,17 @@ fn defaults_need_a_cookie() {
 }
 
 #[test]
+fn the_planner_role_is_refused_until_it_exists() {
+    let mut o = with_cookie();
+    o["node"]["roles"] = serde_json::json!(["worker", "planner"]);
+    let err = Config::load(None, o).unwrap_err().to_string();
+    assert!(
+        err.contains("node.roles") && err.contains("planner"),
+        "{err}"
+    );
+}
+
+#[test]
 fn flags_override_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("f.toml");
