@@ -1,4 +1,5 @@
-//! KV block manager: the pure block pool over one replica's KV memory.
+//! KV cache bookkeeping of one replica: the pure block pool over its KV memory, and the actor
+//! that publishes the pool's events to the cluster.
 //!
 //! Files:
 //! - `hash.rs` — block hash / sequence hash recipe (XXH3-64) and [`block_hashes`].
@@ -6,6 +7,9 @@
 //! - `eviction.rs` — [`EvictionPolicy`]: LRU with a frequency bias.
 //! - `lease.rs` — [`SeqLease`]: the value that stands for a sequence's blocks; drop-safe.
 //! - `events.rs` — [`KvEvent`] and friends (serde), [`EventReplay`] (reference consumer).
+//! - `publisher.rs` — [`KvEventPublisher`]: the actor that mirrors the pool's events, publishes
+//!   them to the routers ([`KV_EVENTS_GROUP`]) and serves snapshots. The pool itself belongs
+//!   to the replica's scheduler, which forwards the events after every step.
 //! - `invariants.rs` — test-only consistency checker; `tests.rs` — unit and seeded tests.
 //!
 //! # Model
@@ -61,6 +65,7 @@ pub mod eviction;
 pub mod hash;
 mod lease;
 pub mod pool;
+mod publisher;
 
 #[cfg(test)]
 mod invariants;
@@ -72,154 +77,7 @@ pub use eviction::EvictionPolicy;
 pub use hash::{ROOT_PARENT_SEQ_HASH, block_hash, block_hashes, sequence_hash};
 pub use lease::SeqLease;
 pub use pool::{Allocation, BlockPool, PoolError, PoolUsage};
-
-// ---------------------------------------------------------------------------------------------
-// The KvBlockManager actor
-// ---------------------------------------------------------------------------------------------
-//
-// The pool itself is owned by the replica's scheduler (allocation is on the scheduling hot path
-// and must be synchronous). The KvBlockManager is the pool's face to the cluster: it receives
-// the pool's KV events after every step, keeps a mirror of the registered blocks (an
-// [`EventReplay`]), publishes the events to every subscriber in [`KV_EVENTS_GROUP`], and
-// answers snapshot requests from that mirror (routers resync from it after a gap).
-
-use crate::runtime::ids::{EventId, WorkerId};
-use crate::runtime::wire::Wire;
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use ractor_cluster::RactorClusterMessage;
-
-/// Process group of KV event subscribers (they accept [`KvEventsMsg`]).
-pub const KV_EVENTS_GROUP: &str = "flotilla.kv_events";
-/// Process group of KV block managers, named `<worker id>/kv_manager`.
-pub const KV_MANAGER_GROUP: &str = "flotilla.kv_managers";
-
-/// What a KV event subscriber accepts.
-#[derive(RactorClusterMessage)]
-pub enum KvEventsMsg {
-    /// Events of one worker, in event-id order (cast).
-    Publish(Wire<Vec<KvEvent>>),
-}
-
-/// Every registered block of a worker, as of `last_event`.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct KvSnapshot {
-    /// Worker.
-    pub worker: WorkerId,
-    /// Last event applied (`None` before the first).
-    pub last_event: Option<EventId>,
-    /// Registered blocks, parents before children.
-    pub blocks: Vec<SnapshotBlock>,
-}
-
-/// Messages of the KvBlockManager.
-#[derive(RactorClusterMessage)]
-pub enum KvBlockManagerMsg {
-    /// Local: events drained from the pool after a step (cast).
-    Events(Wire<Vec<KvEvent>>),
-    /// Every registered block (call; routers use it to resync).
-    #[rpc]
-    Snapshot(RpcReplyPort<Wire<KvSnapshot>>),
-}
-
-/// The KvBlockManager actor; its argument is the worker id.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct KvBlockManager;
-
-/// KvBlockManager state.
-pub struct KvBlockManagerState {
-    worker: WorkerId,
-    mirror: EventReplay,
-    faults: crate::control::chaos::FaultBook,
-}
-
-fn parents_first(mut blocks: Vec<SnapshotBlock>) -> Vec<SnapshotBlock> {
-    use std::collections::{HashMap, HashSet};
-    let index: HashMap<_, _> = blocks.iter().map(|b| (b.seq_hash, *b)).collect();
-    let mut done = HashSet::new();
-    let mut out = Vec::with_capacity(blocks.len());
-    blocks.sort_by_key(|b| b.seq_hash);
-    for b in &blocks {
-        let mut chain = vec![*b];
-        let mut cur = b.parent;
-        while let Some(p) = cur {
-            if done.contains(&p) {
-                break;
-            }
-            match index.get(&p) {
-                Some(pb) => {
-                    chain.push(*pb);
-                    cur = pb.parent;
-                }
-                None => break,
-            }
-        }
-        for c in chain.into_iter().rev() {
-            if done.insert(c.seq_hash) {
-                out.push(c);
-            }
-        }
-    }
-    out
-}
-
-impl Actor for KvBlockManager {
-    type Msg = KvBlockManagerMsg;
-    type State = KvBlockManagerState;
-    type Arguments = (WorkerId, crate::control::chaos::FaultBook);
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        (worker, faults): (WorkerId, crate::control::chaos::FaultBook),
-    ) -> Result<Self::State, ActorProcessingErr> {
-        ractor::pg::join(KV_MANAGER_GROUP.to_owned(), vec![myself.get_cell()]);
-        Ok(KvBlockManagerState {
-            worker,
-            mirror: EventReplay::new(),
-            faults,
-        })
-    }
-
-    async fn handle(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        msg: Self::Msg,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            KvBlockManagerMsg::Events(wire) => {
-                let Ok(events) = wire.decode() else {
-                    return Ok(());
-                };
-                for ev in &events {
-                    if let Err(e) = state.mirror.apply(ev) {
-                        tracing::error!(worker = %state.worker, error = %e, "KV event mirror out of order");
-                    }
-                }
-                // Chaos `drop_kv_events`: lose some on the way to the subscribers (the
-                // mirror, and so the snapshots, keep them).
-                let events: Vec<KvEvent> = events
-                    .into_iter()
-                    .filter(|_| !state.faults.drop_kv_event(&state.worker))
-                    .collect();
-                if events.is_empty() {
-                    return Ok(());
-                }
-                let payload = Wire::encode(&events);
-                for cell in ractor::pg::get_members(&KV_EVENTS_GROUP.to_owned()) {
-                    let sub: ActorRef<KvEventsMsg> = cell.into();
-                    let _ = sub.cast(KvEventsMsg::Publish(payload.clone()));
-                }
-            }
-            KvBlockManagerMsg::Snapshot(reply) => {
-                let snap = KvSnapshot {
-                    worker: state.worker.clone(),
-                    last_event: state.mirror.last_event(),
-                    blocks: parents_first(state.mirror.blocks().values().copied().collect()),
-                };
-                let _ = reply.send(Wire::encode(&snap));
-            }
-        }
-        Ok(())
-    }
-}
+pub use publisher::{
+    KV_EVENTS_GROUP, KV_PUBLISHER_GROUP, KvEventPublisher, KvEventsMsg, KvPublisherMsg,
+    KvPublisherState, KvSnapshot,
+};

@@ -1,8 +1,19 @@
 //! A worker replica: the scheduler that forms batches and the engine that runs them.
-//! - `scheduler.rs` — continuous batching, chunked prefill, paged KV (`scheduler/batch.rs`:
-//!   the pure batch former).
-//! - `engine.rs` — one device's engine worker: the real transformer (`engine/transformer.rs`)
-//!   or the simulated engine (`engine/sim.rs`).
+//! - `scheduler.rs` — the Scheduler actor: continuous batching, chunked prefill, paged KV.
+//!   Its decisions are pure types under `scheduler/`: the batch former ([`SchedulerCore`],
+//!   `batch.rs`), the step watchdog (`watchdog.rs`), the per-owner outbox of token events
+//!   (`outbox.rs`) and the chaos `fill_kv` holder of blocks (`fill.rs`).
+//! - `engine.rs` — the [`StepEngine`] trait and the one actor that runs any engine
+//!   ([`EngineWorker`]): the real transformer (`engine/transformer.rs`), the simulated engine
+//!   (`engine/sim.rs`), and the chaos filter that wraps either (`engine/chaos.rs`).
+//! - `error.rs` — [`WorkerError`]: why a step produced no tokens.
+//!
+//! [`SchedulerCore`]: scheduler::SchedulerCore
+//! [`StepEngine`]: engine::StepEngine
+//! [`EngineWorker`]: engine::EngineWorker
 
 pub mod engine;
+mod error;
 pub mod scheduler;
+
+pub use error::WorkerError;

@@ -7,22 +7,24 @@ use std::sync::Arc;
 use common::{blocks, golden, model, seq};
 use flotilla::runtime::ids::SeqId;
 use flotilla::worker::engine::{
-    EngineConfig, EngineError, EngineWorker, EngineWorkerArgs, EngineWorkerMsg, StepBatch,
+    EngineConfig, EngineError, EngineWorker, EngineWorkerMsg, StepBatch, TransformerArgs,
+    TransformerEngine,
 };
 use ractor::{Actor, call_t};
 
 #[tokio::test]
 async fn actor_steps_greedy_like_the_golden() {
     let m = model();
-    let args = EngineWorkerArgs {
+    let args = TransformerArgs {
         weights: Arc::clone(&m.weights),
         config: EngineConfig {
             num_blocks: 8,
             ..EngineConfig::default()
         },
-        faults: None,
     };
-    let (actor, handle) = Actor::spawn(None, EngineWorker, args).await.expect("spawn");
+    let (actor, handle) = Actor::spawn(None, EngineWorker::<TransformerEngine>::new(), args)
+        .await
+        .expect("spawn");
     let info = call_t!(actor, EngineWorkerMsg::Info, 5_000).expect("info");
     assert_eq!(
         (info.num_blocks, info.block_size, info.vocab_size),

@@ -1,11 +1,11 @@
-//! One replica in-process — KV block manager, engine worker and scheduler under their
+//! One replica in-process — KV event publisher, engine worker and scheduler under their
 //! one_for_all supervisor — driven through its real messages: submissions come in as
 //! `SchedulerMsg::Submit`, tokens go out through a TokenSink, exactly as across nodes.
 
 mod common;
 
 use common::poll_until;
-use flotilla::kv::KvBlockManagerMsg;
+use flotilla::kv::KvPublisherMsg;
 use flotilla::model::{LoadedModel, load_model, resolve_model_path};
 use flotilla::request_plane::token_sink::{
     Finish, Owner, SinkRegistry, TokenEventKind, TokenSink, sink_name,
@@ -279,12 +279,12 @@ async fn cancel_frees_the_blocks_and_events_reach_the_kv_manager() {
         );
         assert_eq!(e.worker, h.worker);
     }
-    // The prompt's full blocks were registered and mirrored by the KV block manager.
-    let kvm: ActorRef<KvBlockManagerMsg> =
+    // The prompt's full blocks were registered and mirrored by the KV event publisher.
+    let kvm: ActorRef<KvPublisherMsg> =
         ractor::registry::where_is(format!("{}/kv_manager", h.worker))
             .unwrap()
             .into();
-    let snap = ractor::call!(kvm, KvBlockManagerMsg::Snapshot)
+    let snap = ractor::call!(kvm, KvPublisherMsg::Snapshot)
         .unwrap()
         .decode()
         .unwrap();

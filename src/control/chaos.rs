@@ -1,13 +1,23 @@
-//! Chaos: faults injected on purpose while load runs (first step of the chaos API).
+//! Chaos: faults injected on purpose while load runs.
 //!
 //! The gateway's `/chaos/faults` routes ([`ChaosController`]) resolve a fault's target to
 //! workers from the fleet view and send it to the Chaos actor of each affected node (process
-//! group [`CHAOS_GROUP`], name `<node>/chaos`), which records it in the node's [`FaultBook`].
-//! The replica's scheduler consults the book on its step path: `slow` adds a delay before
-//! every engine step of the worker; `fail_engine` makes the engine step fail after a number
-//! of further steps (every sequence of that worker then fails with an error record). A
-//! fault with `duration_ms` clears itself; `DELETE /chaos/faults/{id}` clears it at once.
+//! group [`CHAOS_GROUP`], name `<node>/chaos`). One-shot kinds (`kill_actor`, `kill_node`,
+//! `panic_task`) and `partition` act in the Chaos actor; the others are recorded in the node's
+//! [`FaultBook`] and applied where they act:
+//! - the engine's chaos filter ([`ChaosEngine`](crate::worker::engine::ChaosEngine)) applies
+//!   `slow` (a delay before every engine step), `fail_engine` (the step fails after a number
+//!   of further steps; every sequence of the step then fails with an error record) and `hang`
+//!   (steps and canary pings are not answered);
+//! - the KV event publisher ([`KvEventPublisher`](crate::kv::KvEventPublisher)) drops a
+//!   fraction of the events on their way to the routers (`drop_kv_events`);
+//! - the scheduler holds blocks of its pool beside the batch former (`fill_kv`) and panics
+//!   (`panic`).
+//!
+//! A fault with `duration_ms` clears itself; `DELETE /chaos/faults/{id}` clears it at once.
 //! The routes exist only when `chaos.enabled` (`flotilla up --chaos`).
+//!
+//! [`ChaosController`]: crate::request_plane::gateway::chaos_routes::ChaosController
 
 use crate::runtime::ids::{NodeId, WorkerId};
 use crate::runtime::wire::Wire;
@@ -53,7 +63,7 @@ pub enum FaultKind {
     /// The target's node process exits abruptly (SIGKILL of itself). `flotilla up` starts it
     /// again.
     KillNode,
-    /// The target workers' KV block managers drop this fraction of their KV events on the
+    /// The target workers' KV event publishers drop this fraction of their KV events on the
     /// way to the routers (seeded by the fault's `seed`): routers see gaps and resync from
     /// snapshots.
     DropKvEvents {
@@ -139,7 +149,7 @@ pub struct FaultSpec {
     /// Clears itself after this long; `None`: until deleted.
     #[serde(default)]
     pub duration_ms: Option<u64>,
-    /// Seed for randomised kinds (none yet).
+    /// Seed of randomised kinds (`drop_kv_events`; the fault id when absent).
     #[serde(default)]
     pub seed: Option<u64>,
 }
@@ -167,7 +177,8 @@ pub struct Injection {
 /// Fault id → (workers hit, what it does).
 type Faults = HashMap<u64, (Vec<WorkerId>, FaultKind)>;
 
-/// The faults active in this process, by fault id; read by the schedulers' step path.
+/// The faults active in this process, by fault id; read by the filters that apply them (the
+/// engines' chaos filter, the KV event publishers, the schedulers).
 #[derive(Clone, Default, Debug)]
 pub struct FaultBook {
     inner: Arc<Mutex<Faults>>,

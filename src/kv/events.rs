@@ -85,6 +85,10 @@ impl EventReplay {
     }
 
     /// Applies one event; an id that does not follow the previous one is rejected (state kept).
+    ///
+    /// # Errors
+    /// [`EventError::Gap`] for an event whose id does not follow the previous one; the state
+    /// is unchanged.
     pub fn apply(&mut self, ev: &KvEvent) -> Result<(), EventError> {
         let expected = EventId(self.last_event.map_or(1, |e| e.0 + 1));
         if ev.event_id != expected {

@@ -4,8 +4,9 @@
 //! pool and its leases share a *return queue* (`Arc<Mutex<Vec<SeqId>>>`): `BlockPool::free`
 //! takes the lease back (disarming it); a lease dropped without being handed back pushes its
 //! sequence id onto the queue, and the pool frees those sequences at the start of its next
-//! mutating call (counting each one in `BlockPool::leaked_leases`). No path leaks a block;
-//! the actor wrapper will replace the queue by a release message sent from `Drop`.
+//! mutating call (counting each one in `BlockPool::leaked_leases`). No path leaks a block.
+//! The pool lives inside the replica's scheduler (synchronous, on the scheduling hot path),
+//! so a queue drained by the pool's next call is all a dropped lease needs.
 
 use std::sync::{Arc, Mutex};
 

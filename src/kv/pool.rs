@@ -123,6 +123,10 @@ pub struct BlockPool {
 
 impl BlockPool {
     /// A pool of `num_blocks` blocks of `block_size` tokens, hashing with `salt`.
+    ///
+    /// # Errors
+    /// [`PoolError::InvalidConfig`] when `num_blocks` is 0 or does not fit in a `u32`, or
+    /// `block_size` is 0.
     pub fn new(num_blocks: usize, block_size: usize, salt: u64) -> Result<Self, PoolError> {
         if num_blocks == 0 || num_blocks > u32::MAX as usize {
             return Err(PoolError::InvalidConfig(
@@ -203,6 +207,10 @@ impl BlockPool {
 
     /// Pins the cached prefix of `prompt` and allocates fresh blocks for the rest of it plus
     /// one slot (the first sampled token), evicting as needed. All-or-nothing.
+    ///
+    /// # Errors
+    /// [`PoolError::EmptyPrompt`], [`PoolError::DuplicateSequence`] when `seq` already holds
+    /// blocks, [`PoolError::OutOfBlocks`] when free and evictable blocks do not suffice.
     pub fn allocate_sequence(
         &mut self,
         seq: SeqId,
@@ -260,6 +268,10 @@ impl BlockPool {
     }
 
     /// Grows `seq`'s block table to hold at least `num_slots` token slots. All-or-nothing.
+    ///
+    /// # Errors
+    /// [`PoolError::UnknownSequence`], or [`PoolError::OutOfBlocks`] when free and evictable
+    /// blocks do not suffice.
     pub fn reserve(&mut self, seq: SeqId, num_slots: usize) -> Result<(), PoolError> {
         self.reclaim_leaked();
         let have = self
@@ -292,6 +304,9 @@ impl BlockPool {
 
     /// Appends known tokens (e.g. sampled ones) to `seq`, growing its table to hold them.
     /// All-or-nothing. Blocks are registered by [`BlockPool::mark_computed`], not here.
+    ///
+    /// # Errors
+    /// As [`BlockPool::reserve`].
     pub fn append_tokens(&mut self, seq: SeqId, new_tokens: &[u32]) -> Result<(), PoolError> {
         let known = self
             .seqs
@@ -310,6 +325,10 @@ impl BlockPool {
     /// registers every block that became full and computed (emitting `Stored`), deduplicating
     /// against blocks already registered. Smaller values than before are ignored. Returns the
     /// number of blocks registered.
+    ///
+    /// # Errors
+    /// [`PoolError::UnknownSequence`], or [`PoolError::ComputedBeyondTokens`] when
+    /// `num_computed` exceeds the tokens the pool knows for `seq`.
     pub fn mark_computed(&mut self, seq: SeqId, num_computed: usize) -> Result<usize, PoolError> {
         self.reclaim_leaked();
         let mut st = self
@@ -366,6 +385,10 @@ impl BlockPool {
     /// Hands a lease back: decrements refcounts (tail blocks first, so a chain is evicted
     /// child-first); registered blocks reaching 0 become evictable, others return to the free
     /// list.
+    ///
+    /// # Errors
+    /// [`PoolError::ForeignLease`] for a lease of another pool (dropping it queues the release
+    /// there), [`PoolError::UnknownSequence`] when the sequence holds no blocks here.
     pub fn free(&mut self, lease: SeqLease) -> Result<(), PoolError> {
         self.reclaim_leaked();
         let seq = lease.seq();

@@ -13,7 +13,7 @@ use crate::model::weights::ModelWeights;
 use crate::runtime::ids::BlockId;
 
 /// Errors for a malformed batch (checked before any KV write).
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum ForwardError {
     #[error("sequence {seq}: token id {token} is outside the vocabulary ({vocab})")]
     BadToken {

@@ -3,7 +3,7 @@
 //! Files:
 //! - `index.rs` — [`index::PrefixIndex`]: which worker holds which prompt prefix, built from
 //!   every worker's KV events (radix tree keyed by sequence hash; gap / duplicate / reset of a
-//!   worker's event ids triggers one resync from its KV block manager's snapshot).
+//!   worker's event ids triggers one resync from its KV event publisher's snapshot).
 //! - `load.rs` — [`load::LoadModel`]: per worker, prompt tokens waiting for prefill and active
 //!   decode blocks of the requests this router placed.
 //! - `policy.rs` — [`policy::Selector`]: `kv` (Dynamo's cost: `overlap_weight × prefill_blocks
@@ -11,7 +11,7 @@
 //!
 //! Any node with the `router` role runs one Router, in the process group [`ROUTER_GROUP`];
 //! gateways ask their own node's router first. Every router consumes every KV event (a
-//! [`KvEventsRelay`] child joins [`KV_EVENTS_GROUP`], the block managers broadcast to it), so
+//! [`KvEventsRelay`] child joins [`KV_EVENTS_GROUP`], the KV event publishers broadcast to it), so
 //! all routers converge on the same index. The policy is `router.policy`; a request may
 //! override it with the header [`POLICY_HEADER`] (`x-flotilla-route-policy: round_robin`).
 //!
@@ -29,7 +29,7 @@ pub mod load;
 pub mod policy;
 
 use crate::kv::{
-    KV_EVENTS_GROUP, KV_MANAGER_GROUP, KvBlockManagerMsg, KvEvent, KvEventsMsg, KvSnapshot,
+    KV_EVENTS_GROUP, KV_PUBLISHER_GROUP, KvEvent, KvEventsMsg, KvPublisherMsg, KvSnapshot,
 };
 use crate::runtime::ids::{EventId, NodeId, RequestId, SequenceHash, WorkerId};
 use crate::runtime::wire::Wire;
@@ -60,7 +60,7 @@ pub struct RouteRequest {
     pub request: RequestId,
     /// Prompt length in tokens.
     pub prompt_tokens: u32,
-    /// Sequence hash of every full block of the prompt (the KV block manager's recipe).
+    /// Sequence hash of every full block of the prompt (the recipe of `crate::kv::hash`).
     #[serde(default)]
     pub seq_hashes: Vec<SequenceHash>,
     /// Policy for this request (`None`: the router's configured one).
@@ -81,7 +81,7 @@ pub enum RouterMsg {
     FirstToken(Wire<(NodeId, RequestId)>),
     /// The request ended (cast).
     Release(Wire<(NodeId, RequestId)>),
-    /// KV events from a block manager (cast, via the relay).
+    /// KV events from a KV event publisher (cast, via the relay).
     KvEvents(Wire<Vec<KvEvent>>),
     /// A snapshot asked for after a gap (local cast).
     Resynced(Wire<KvSnapshot>),
@@ -208,17 +208,17 @@ impl RouterState {
         }
     }
 
-    /// Ask `worker`'s block manager for a snapshot; the reply comes back as `Resynced`.
+    /// Ask `worker`'s KV event publisher for a snapshot; the reply comes back as `Resynced`.
     fn ask_snapshot(&mut self, worker: WorkerId, myself: &ActorRef<RouterMsg>, now: u64) {
         self.resyncs.insert(worker.clone(), now);
         let me = myself.clone();
         tokio::spawn(async move {
             let name = format!("{worker}/kv_manager");
-            let Some(kvm) = crate::runtime::cluster::member_named(KV_MANAGER_GROUP, &name) else {
+            let Some(kvm) = crate::runtime::cluster::member_named(KV_PUBLISHER_GROUP, &name) else {
                 return; // gone: purged when its scheduler leaves
             };
-            let kvm: ActorRef<KvBlockManagerMsg> = kvm.into();
-            if let Ok(w) = ractor::call_t!(kvm, KvBlockManagerMsg::Snapshot, RESYNC_RETRY_MS) {
+            let kvm: ActorRef<KvPublisherMsg> = kvm.into();
+            if let Ok(w) = ractor::call_t!(kvm, KvPublisherMsg::Snapshot, RESYNC_RETRY_MS) {
                 let _ = me.cast(RouterMsg::Resynced(w));
             }
         });
@@ -363,7 +363,7 @@ impl Actor for Router {
 }
 
 /// Joins [`KV_EVENTS_GROUP`] on behalf of its router and hands every batch of KV events on.
-/// (A separate actor because block managers cast [`KvEventsMsg`] to the group's members.)
+/// (A separate actor because KV event publishers cast [`KvEventsMsg`] to the group's members.)
 #[derive(Debug, Default, Clone, Copy)]
 pub struct KvEventsRelay;
 

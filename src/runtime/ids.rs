@@ -57,7 +57,7 @@ str_id!(
     NodeId
 );
 str_id!(
-    /// One replica (scheduler + KV block manager + engine), unique in a cluster: `<node>/r<k>`.
+    /// One replica (scheduler + KV event publisher + engine), unique in a cluster: `<node>/r<k>`.
     WorkerId
 );
 int_id!(
@@ -73,7 +73,7 @@ int_id!(
     BlockId(u32)
 );
 int_id!(
-    /// XXH3-64 of one full block's token ids (see the KV block manager for the recipe).
+    /// XXH3-64 of one full block's token ids (see `crate::kv::hash` for the recipe).
     BlockHash(u64)
 );
 int_id!(

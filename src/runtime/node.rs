@@ -250,7 +250,7 @@ impl RunningNode {
 /// Drain this node: its workers leave routing at once (routers stop choosing them; `/health`
 /// and `/v1/fleet` show `draining`), its gateway refuses new requests with 503; in-flight
 /// requests get `grace` to finish; whatever still runs on its workers then migrates
-/// ([`crate::worker::scheduler::SchedulerMsg::Evict`]). Returns when nothing is left or the
+/// ([`crate::worker::scheduler::SchedulerMsg::HandOffAll`]). Returns when nothing is left or the
 /// grace period is over.
 pub async fn drain(grace: Duration) {
     use crate::runtime::wire::Wire;
@@ -284,11 +284,11 @@ pub async fn drain(grace: Duration) {
         if tokio::time::Instant::now() >= deadline {
             tracing::warn!(busy, "drain grace period over; migrating what is left");
             for s in &schedulers {
-                let _ = s.cast(SchedulerMsg::Evict(Wire::encode(
+                let _ = s.cast(SchedulerMsg::HandOffAll(Wire::encode(
                     &"the worker drained".to_owned(),
                 )));
             }
-            // Let the evictions reach their gateways before the node stops.
+            // Let the hand-offs reach their gateways before the node stops.
             tokio::time::sleep(Duration::from_millis(300)).await;
             return;
         }

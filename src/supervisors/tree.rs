@@ -22,7 +22,7 @@
 use super::spec::{ChildSpec, Strategy, SupervisorFlags, SupervisorSpec};
 use crate::control::chaos::{Chaos, FaultBook};
 use crate::control::discovery::{Discovery, DiscoveryArgs};
-use crate::kv::KvBlockManager;
+use crate::kv::KvEventPublisher;
 use crate::model::LoadedModel;
 use crate::request_plane::gateway::chaos_routes::ChaosController;
 use crate::request_plane::gateway::routes::GatewayShared;
@@ -33,8 +33,10 @@ use crate::request_plane::token_sink::{Owner, SinkRegistry, TokenSink, sink_name
 use crate::runtime::config::Role;
 use crate::runtime::ids::WorkerId;
 use crate::runtime::node::NodeContext;
-use crate::worker::engine::sim::{SimEngineArgs, SimEngineWorker, SimProfile};
-use crate::worker::engine::{EngineConfig, EngineWorker, EngineWorkerArgs};
+use crate::worker::engine::sim::{SimEngine, SimEngineArgs, SimProfile};
+use crate::worker::engine::{
+    ChaosArgs, ChaosEngine, EngineConfig, EngineWorker, TransformerArgs, TransformerEngine,
+};
 use crate::worker::scheduler::{Scheduler, SchedulerArgs, SchedulerConfig};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -268,7 +270,7 @@ pub fn config_salt(config: &crate::model::config::ModelConfig) -> u64 {
     xxhash_rust::xxh3::xxh3_64(format!("{config:?}").as_bytes())
 }
 
-/// A replica: KV block manager, engine worker, scheduler, under a one_for_all supervisor.
+/// A replica: KV event publisher, engine worker, scheduler, under a one_for_all supervisor.
 pub fn replica(p: ReplicaParams) -> SupervisorSpec {
     let worker = p.worker.clone();
     let kv_name = format!("{worker}/kv_manager");
@@ -278,34 +280,43 @@ pub fn replica(p: ReplicaParams) -> SupervisorSpec {
         let w = worker.clone();
         let faults = p.faults.clone();
         ChildSpec::actor("kv_manager", Some(kv_name.clone()), move || {
-            (KvBlockManager, (w.clone(), faults.clone()))
+            (KvEventPublisher, (w.clone(), faults.clone()))
         })
         .shutdown(p.shutdown)
     };
     let engine = match &p.sim {
         None => {
-            let args = EngineWorkerArgs {
-                weights: p.model.weights.clone(),
-                config: p.engine,
-                faults: Some((p.faults.clone(), worker.clone())),
+            let args = ChaosArgs {
+                inner: TransformerArgs {
+                    weights: p.model.weights.clone(),
+                    config: p.engine,
+                },
+                faults: p.faults.clone(),
+                worker: worker.clone(),
             };
             ChildSpec::actor("engine", Some(engine_name.clone()), move || {
-                (EngineWorker, args.clone())
+                (
+                    EngineWorker::<ChaosEngine<TransformerEngine>>::new(),
+                    args.clone(),
+                )
             })
             .shutdown(p.shutdown)
         }
         Some((profile, speedup)) => {
-            let args = SimEngineArgs {
-                profile: profile.clone(),
-                speedup: *speedup,
-                num_blocks: p.engine.num_blocks,
-                block_size: p.engine.block_size,
-                vocab_size: p.model.config().vocab_size,
-                max_context: p.model.config().max_context,
-                faults: Some((p.faults.clone(), worker.clone())),
+            let args = ChaosArgs {
+                inner: SimEngineArgs {
+                    profile: profile.clone(),
+                    speedup: *speedup,
+                    num_blocks: p.engine.num_blocks,
+                    block_size: p.engine.block_size,
+                    vocab_size: p.model.config().vocab_size,
+                    max_context: p.model.config().max_context,
+                },
+                faults: p.faults.clone(),
+                worker: worker.clone(),
             };
             ChildSpec::actor("engine", Some(engine_name.clone()), move || {
-                (SimEngineWorker, args.clone())
+                (EngineWorker::<ChaosEngine<SimEngine>>::new(), args.clone())
             })
             .shutdown(p.shutdown)
         }
@@ -314,7 +325,7 @@ pub fn replica(p: ReplicaParams) -> SupervisorSpec {
         let args = SchedulerArgs {
             worker: worker.clone(),
             engine_name,
-            kv_manager_name: Some(kv_name),
+            kv_publisher_name: Some(kv_name),
             config: p.scheduler,
             num_blocks: p.engine.num_blocks,
             block_size: p.engine.block_size,

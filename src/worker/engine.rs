@@ -1,43 +1,111 @@
-//! `EngineWorker`: the actor that owns one device's engine (an `Arc` of the shared weights plus
-//! its KV pools) and runs batched steps for the scheduler.
+//! The engine boundary of a replica: the [`StepEngine`] trait and [`EngineWorker`], the one
+//! actor that owns a replica's engine and runs batched steps for its scheduler.
 //!
-//! Each step runs on tokio's blocking pool (`spawn_blocking`), so a long forward pass does not
-//! stall the async runtime; the actor processes one message at a time, so steps never overlap.
+//! Files:
+//! - `transformer.rs` — the real engine: [`Engine`] (synchronous forward pass + sampling) and
+//!   [`TransformerEngine`], the same as a [`StepEngine`] that runs steps on tokio's blocking
+//!   pool.
+//! - `sim.rs` — [`SimEngine`](sim::SimEngine): a timing model in place of the forward pass.
+//! - `chaos.rs` — [`ChaosEngine`]: a filter around any engine that applies the node's
+//!   engine faults (`slow`, `hang`, `fail_engine`).
+//! - `types.rs` — the step's request and response types; `error.rs` — [`EngineError`].
+//!
+//! The actor processes one message at a time, so steps never overlap. A replica's tree spawns
+//! `EngineWorker<ChaosEngine<TransformerEngine>>` (or the sim engine in place of the
+//! transformer); tests spawn an engine without the filter.
 
+mod chaos;
+mod error;
 pub mod sim;
 mod transformer;
 mod types;
 
-use std::sync::Arc;
+use std::future::Future;
+use std::marker::PhantomData;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-pub use transformer::{Engine, EngineConfig, EngineError, ErrorKind};
+pub use chaos::{ChaosArgs, ChaosEngine};
+pub use error::{EngineError, ErrorKind};
+pub use transformer::{Engine, EngineConfig, TransformerArgs, TransformerEngine};
 pub use types::{EngineInfo, SampledToken, SamplingParams, StepBatch, StepOutput, StepSeq};
 
-use crate::control::chaos::FaultBook;
-use crate::model::weights::ModelWeights;
-use crate::runtime::ids::{SeqId, WorkerId};
+use crate::runtime::ids::SeqId;
 
-/// The actor (no configuration; everything is in [`EngineWorkerArgs`]).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct EngineWorker;
+/// What every engine does for its worker: run a batched step, report its geometry, forget a
+/// finished sequence, answer a canary.
+pub trait StepEngine: Send + Sized + 'static {
+    /// What [`StepEngine::start`] needs: the engine worker's spawn argument.
+    type Config: Send + 'static;
 
-/// Spawn inputs.
-#[derive(Debug, Clone)]
-pub struct EngineWorkerArgs {
-    /// Weights shared by every replica of the process.
-    pub weights: Arc<ModelWeights>,
-    pub config: EngineConfig,
-    /// Chaos: the node's fault book and this engine's worker id (`hang` faults stop it).
-    pub faults: Option<(FaultBook, WorkerId)>,
+    /// Builds the engine (allocates its KV memory) when its worker starts.
+    ///
+    /// # Errors
+    /// [`EngineError::Config`] when the configuration cannot make an engine.
+    fn start(config: Self::Config) -> Result<Self, EngineError>;
+
+    /// Static facts: block geometry, vocabulary, KV bytes.
+    fn info(&self) -> EngineInfo;
+
+    /// Runs one batched step and samples one token for every sequence with `sample = true`.
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidBatch`] for a malformed batch (no KV slot was written);
+    /// [`EngineError::Injected`] for a chaos failure; [`EngineError::Crashed`] when the engine
+    /// cannot go on (its worker then stops).
+    fn step(
+        &mut self,
+        batch: StepBatch,
+    ) -> impl Future<Output = Result<StepOutput, EngineError>> + Send;
+
+    /// Runs a batch and returns every sequence's last-position logits, in batch order.
+    ///
+    /// # Errors
+    /// As [`StepEngine::step`]; [`EngineError::Unavailable`] for an engine that computes no
+    /// logits.
+    fn logits(
+        &mut self,
+        batch: StepBatch,
+    ) -> impl Future<Output = Result<Vec<Vec<f32>>, EngineError>> + Send;
+
+    /// Drops a finished sequence's per-sequence state (unknown ids are ignored).
+    fn release(&mut self, seq: SeqId);
+
+    /// Resolves when the engine can answer: at once unless it is wedged.
+    fn ping(&mut self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 }
 
-/// Actor state: the engine, absent only while a step runs on the blocking pool.
-#[derive(Debug)]
-pub struct EngineWorkerState {
-    engine: Option<Engine>,
-    faults: Option<(FaultBook, WorkerId)>,
+/// The engine worker actor over any [`StepEngine`]; its spawn argument is the engine's
+/// [`StepEngine::Config`].
+pub struct EngineWorker<E>(PhantomData<fn() -> E>);
+
+impl<E> EngineWorker<E> {
+    /// The actor value to spawn.
+    pub fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<E> Default for EngineWorker<E> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<E> Clone for EngineWorker<E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<E> Copy for EngineWorker<E> {}
+
+impl<E> std::fmt::Debug for EngineWorker<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "EngineWorker<{}>", std::any::type_name::<E>())
+    }
 }
 
 /// Messages of the engine worker.
@@ -64,78 +132,49 @@ fn reply<T>(port: RpcReplyPort<T>, value: T) {
     }
 }
 
-impl EngineWorkerState {
-    /// Runs `f` on the engine in the blocking pool and puts the engine back.
-    async fn with_engine<T: Send + 'static>(
-        &mut self,
-        f: impl FnOnce(&mut Engine) -> T + Send + 'static,
-    ) -> Result<T, ActorProcessingErr> {
-        let mut engine = self
-            .engine
-            .take()
-            .ok_or_else(|| ActorProcessingErr::from("engine lost by an earlier failed step"))?;
-        let (engine, out) = tokio::task::spawn_blocking(move || {
-            let out = f(&mut engine);
-            (engine, out)
-        })
-        .await
-        .map_err(|e| ActorProcessingErr::from(format!("engine step panicked: {e}")))?;
-        self.engine = Some(engine);
-        Ok(out)
+/// Replies with `out`, unless the engine crashed: then the worker fails without answering
+/// (the caller sees the worker gone) and its supervisor restarts the replica.
+fn answer<T>(
+    port: RpcReplyPort<Result<T, EngineError>>,
+    out: Result<T, EngineError>,
+) -> Result<(), ActorProcessingErr> {
+    match out {
+        Err(e @ EngineError::Crashed(_)) => Err(e.into()),
+        out => {
+            reply(port, out);
+            Ok(())
+        }
     }
 }
 
-impl Actor for EngineWorker {
+impl<E: StepEngine> Actor for EngineWorker<E> {
     type Msg = EngineWorkerMsg;
-    type State = EngineWorkerState;
-    type Arguments = EngineWorkerArgs;
+    type State = E;
+    type Arguments = E::Config;
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        args: EngineWorkerArgs,
+        config: E::Config,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let engine = Engine::new(args.weights, args.config)?;
-        Ok(EngineWorkerState {
-            engine: Some(engine),
-            faults: args.faults,
-        })
+        Ok(E::start(config)?)
     }
 
     async fn handle(
         &self,
         _myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
-        state: &mut Self::State,
+        engine: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        if matches!(msg, EngineWorkerMsg::Step(..) | EngineWorkerMsg::Ping(..))
-            && let Some((faults, worker)) = &state.faults
-        {
-            // An injected hang: this actor stops answering, as a wedged device would.
-            while faults.hangs(worker) {
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-        }
         match msg {
-            EngineWorkerMsg::Ping(port) => reply(port, ()),
-            EngineWorkerMsg::Step(batch, port) => {
-                let out = state.with_engine(move |e| e.step(&batch)).await?;
-                reply(port, out);
+            EngineWorkerMsg::Ping(port) => {
+                engine.ping().await;
+                reply(port, ());
             }
-            EngineWorkerMsg::Logits(batch, port) => {
-                let out = state.with_engine(move |e| e.logits(&batch)).await?;
-                reply(port, out);
-            }
-            EngineWorkerMsg::Release(seq) => {
-                if let Some(e) = state.engine.as_mut() {
-                    e.release(seq);
-                }
-            }
-            EngineWorkerMsg::Info(port) => {
-                if let Some(e) = state.engine.as_ref() {
-                    reply(port, e.info());
-                }
-            }
+            EngineWorkerMsg::Step(batch, port) => answer(port, engine.step(batch).await)?,
+            EngineWorkerMsg::Logits(batch, port) => answer(port, engine.logits(batch).await)?,
+            EngineWorkerMsg::Release(seq) => engine.release(seq),
+            EngineWorkerMsg::Info(port) => reply(port, engine.info()),
         }
         Ok(())
     }

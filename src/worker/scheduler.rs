@@ -1,8 +1,18 @@
-//! Scheduler: the per-replica batch former, as plain code over the [`BlockPool`].
+//! Scheduler: the per-replica batch former over the [`BlockPool`], and the actor that drives
+//! it.
 //!
 //! Files:
 //! - `batch.rs` — [`SchedulerCore`], its config, requests, batches, updates and errors.
+//! - `watchdog.rs` — [`StepWatchdog`]: step and canary deadlines, whether the engine hung.
+//! - `outbox.rs` — [`Outbox`]: token events queued per owner, when an owner is gone.
+//! - `fill.rs` — [`KvFill`]: the blocks a chaos `fill_kv` fault holds, beside the core.
 //! - `tests.rs` — unit tests, preemption equivalence, seeded random workload.
+//!
+//! The [`Scheduler`] actor keeps only the messaging: it feeds submissions, cancellations and
+//! step outputs to the core, hands batches to its engine worker, sends the outbox's batches
+//! to the owners' token sinks, forwards the pool's KV events to the replica's
+//! [`KvEventPublisher`](crate::kv::KvEventPublisher), and fails (so that its supervisor
+//! restarts the replica) when the watchdog finds the engine hung or the engine worker gone.
 //!
 //! # Policy
 //! Continuous batching (Orca, Yu et al., OSDI 2022) over paged KV blocks (vLLM PagedAttention,
@@ -35,6 +45,9 @@
 //! at once; its cached blocks stay reusable.
 
 mod batch;
+mod fill;
+mod outbox;
+mod watchdog;
 
 #[cfg(test)]
 mod tests;
@@ -43,6 +56,9 @@ pub use batch::{
     FinishReason, ScheduledBatch, ScheduledSeq, SchedulerConfig, SchedulerCore, SchedulerError,
     SeqRequest, SeqUpdate, StopCause,
 };
+pub use fill::{FILL_SEQ, FillChange, KvFill};
+pub use outbox::Outbox;
+pub use watchdog::{Hang, StepWatchdog, Verdict};
 
 #[doc(no_inline)]
 pub use crate::kv::BlockPool;
@@ -52,15 +68,15 @@ pub use crate::kv::BlockPool;
 // ---------------------------------------------------------------------------------------------
 
 use crate::kv::KvEvent;
-use crate::request_plane::token_sink::{self, Owner, OwnerStatus, TokenEvent, TokenEventKind};
+use crate::request_plane::token_sink::{self, Owner, TokenEvent, TokenEventKind};
 use crate::runtime::ids::{NodeId, RequestId, SeqId, WorkerId};
 use crate::runtime::wire::Wire;
+use crate::worker::WorkerError;
 use crate::worker::engine::{EngineWorkerMsg, SamplingParams, StepBatch, StepOutput, StepSeq};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::time::Instant;
 
 /// Process group of every Scheduler (one per replica), named `<worker id>/scheduler`: the
 /// replicas that are alive. A Request watches its scheduler's membership here.
@@ -156,8 +172,8 @@ pub struct SchedulerStats {
 pub struct StepResult {
     /// Step number.
     pub step: u64,
-    /// The engine's output, or its error message.
-    pub output: Result<StepOutput, String>,
+    /// The engine's output, or why there is none.
+    pub output: Result<StepOutput, WorkerError>,
 }
 
 /// Scheduler messages. Serializable: Request actors on any node submit and cancel.
@@ -182,9 +198,9 @@ pub enum SchedulerMsg {
     CanaryDone(Wire<()>),
     /// Stop taking new work (leave routing); running requests go on (cast).
     Drain(Wire<()>),
-    /// Give up every request still here: each gets [`TokenEventKind::Lost`] and migrates
-    /// (cast; the end of a drain's grace period).
-    Evict(Wire<String>),
+    /// Hand off every request still here: each gets [`TokenEventKind::Lost`] with this
+    /// reason and migrates (cast; the end of a drain's grace period).
+    HandOffAll(Wire<String>),
 }
 
 /// Spawn inputs of a Scheduler.
@@ -194,8 +210,8 @@ pub struct SchedulerArgs {
     pub worker: WorkerId,
     /// Registered name of the replica's engine worker.
     pub engine_name: String,
-    /// Registered name of the replica's KV block manager, if it runs one.
-    pub kv_manager_name: Option<String>,
+    /// Registered name of the replica's KV event publisher, if it runs one.
+    pub kv_publisher_name: Option<String>,
     /// Batch limits.
     pub config: SchedulerConfig,
     /// KV pool geometry: blocks, tokens per block, hash salt.
@@ -206,7 +222,9 @@ pub struct SchedulerArgs {
     pub salt: u64,
     /// End-of-sequence token.
     pub eos_token_id: Option<u32>,
-    /// Faults injected on this node (chaos): step delays and step failures.
+    /// Faults injected on this node (chaos): the scheduler reads the ones aimed at itself
+    /// (`panic`, `fill_kv`), the `slow` delay its watchdog allows for, and ends `hang`s when
+    /// it restarts the replica; the engine's chaos filter applies the rest.
     pub faults: crate::control::chaos::FaultBook,
     /// Step watchdog: a step (engine time, not injected delay) longer than this is a hang.
     pub step_timeout: std::time::Duration,
@@ -237,17 +255,11 @@ pub struct SchedulerState {
     by_request: HashMap<(NodeId, RequestId), SeqId>,
     next_seq: u64,
     steps: u64,
-    in_flight: bool,
-    outbox: HashMap<Owner, Vec<TokenEvent>>,
-    /// Owners whose token sink could not be found, since when.
-    undeliverable: HashMap<Owner, Instant>,
+    outbox: Outbox<Owner, TokenEvent>,
     health: Health,
-    /// When the step in flight counts as hung.
-    step_deadline: Option<Instant>,
-    /// When the canary in flight counts as hung.
-    canary_deadline: Option<Instant>,
-    /// Last proof of life of the engine (a step or a canary came back).
-    last_alive: Instant,
+    watchdog: StepWatchdog,
+    /// Chaos `fill_kv`: blocks held beside the core.
+    fill: KvFill,
     ticker: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -257,65 +269,35 @@ pub struct Scheduler;
 
 impl SchedulerState {
     fn emit(&mut self, to: &Owner, request: RequestId, kind: TokenEventKind) {
-        self.outbox
-            .entry(to.clone())
-            .or_default()
-            .push(TokenEvent { request, kind });
+        self.outbox.push(to, TokenEvent { request, kind });
     }
 
     /// Send every pending event, one message per owner. Events for an owner whose sink cannot
-    /// be found are kept and retried (a sink restarting) until [`Self::owner_gone`] says the
-    /// owner is gone; then its sequences are aborted.
+    /// be found are kept and retried (a sink restarting) until the outbox finds the owner gone;
+    /// then its sequences are aborted.
     fn flush(&mut self) {
-        for (owner, events) in std::mem::take(&mut self.outbox) {
-            let delivery = token_sink::Delivery {
-                incarnation: owner.incarnation,
-                events,
-            };
-            let sent = token_sink::find_sink(&owner).is_some_and(|s| {
-                s.cast(token_sink::TokenSinkMsg::Deliver(Wire::encode(&delivery)))
-                    .is_ok()
-            });
-            if sent {
-                self.undeliverable.remove(&owner);
-                continue;
-            }
-            if self.owner_gone(&owner) {
-                self.abort_owner(&owner);
-                continue;
-            }
-            // Keep them, in order, ahead of whatever comes next: retried on the next flush
-            // or tick.
-            let later = self.outbox.remove(&owner).unwrap_or_default();
-            let mut all = delivery.events;
-            all.extend(later);
-            self.outbox.insert(owner, all);
-        }
-    }
-
-    /// Whether `owner` is gone: its node runs a newer incarnation, or its sink has been
-    /// missing for `owner_grace`. Records when a missing owner was first seen missing.
-    fn owner_gone(&mut self, owner: &Owner) -> bool {
-        match token_sink::owner_status(owner) {
-            OwnerStatus::Present => {
-                self.undeliverable.remove(owner);
-                false
-            }
-            OwnerStatus::Replaced => true,
-            OwnerStatus::Missing => {
-                let since = *self
-                    .undeliverable
-                    .entry(owner.clone())
-                    .or_insert_with(Instant::now);
-                since.elapsed() >= self.args.owner_grace
-            }
+        let gone = self.outbox.flush(
+            |owner, events| {
+                let delivery = token_sink::Delivery {
+                    incarnation: owner.incarnation,
+                    events,
+                };
+                let sent = token_sink::find_sink(owner).is_some_and(|s| {
+                    s.cast(token_sink::TokenSinkMsg::Deliver(Wire::encode(&delivery)))
+                        .is_ok()
+                });
+                if sent { Ok(()) } else { Err(delivery.events) }
+            },
+            token_sink::owner_status,
+        );
+        for owner in gone {
+            self.abort_owner(&owner);
         }
     }
 
     /// Abort every sequence of `owner` (gone): free their KV blocks, forget their events.
     fn abort_owner(&mut self, owner: &Owner) {
-        self.undeliverable.remove(owner);
-        self.outbox.remove(owner);
+        self.outbox.forget(owner);
         let orphans: Vec<SeqId> = self
             .live
             .iter()
@@ -339,12 +321,16 @@ impl SchedulerState {
         owners.sort();
         owners.dedup();
         for owner in owners {
-            if self.owner_gone(&owner) {
+            if self
+                .outbox
+                .is_gone(&owner, token_sink::owner_status(&owner))
+            {
                 self.abort_owner(&owner);
             }
         }
-        self.undeliverable
-            .retain(|o, _| self.live.values().any(|l| l.owner == *o));
+        let live = &self.live;
+        self.outbox
+            .retain_missing(|o| live.values().any(|l| l.owner == *o));
     }
 
     fn drop_seq(&mut self, seq: SeqId) {
@@ -361,17 +347,17 @@ impl SchedulerState {
         if events.is_empty() {
             return;
         }
-        if let Some(name) = &self.args.kv_manager_name
+        if let Some(name) = &self.args.kv_publisher_name
             && let Some(cell) = ractor::registry::where_is(name.clone())
         {
-            let kvm: ActorRef<crate::kv::KvBlockManagerMsg> = cell.into();
-            let _ = kvm.cast(crate::kv::KvBlockManagerMsg::Events(Wire::encode(&events)));
+            let publisher: ActorRef<crate::kv::KvPublisherMsg> = cell.into();
+            let _ = publisher.cast(crate::kv::KvPublisherMsg::Events(Wire::encode(&events)));
         }
     }
 
     /// Start the next step if none is running and there is work.
     fn kick(&mut self, myself: &ActorRef<SchedulerMsg>) -> Result<(), ActorProcessingErr> {
-        while !self.in_flight && self.core.has_unfinished() {
+        while !self.watchdog.step_in_flight() && self.core.has_unfinished() {
             let batch = self.core.schedule()?;
             let mut seqs = Vec::with_capacity(batch.entries.len());
             for e in &batch.entries {
@@ -410,29 +396,17 @@ impl SchedulerState {
                 break;
             }
             self.steps += 1;
-            self.in_flight = true;
             let step = self.steps;
             let engine = self.engine.clone();
             let me = myself.clone();
-            let delay = self.args.faults.step_delay(&self.args.worker);
-            self.step_deadline = Some(Instant::now() + delay + self.args.step_timeout);
-            let injected_failure = self.args.faults.step_fails(&self.args.worker);
-            let (faults, worker) = (self.args.faults.clone(), self.args.worker.clone());
+            // The engine's chaos filter sleeps a `slow` delay before the step: not engine time.
+            self.watchdog
+                .step_started(self.args.faults.step_delay(&self.args.worker));
             tokio::spawn(async move {
-                // An injected delay is slept in slices so that clearing the fault ends it.
-                let until = tokio::time::Instant::now() + delay;
-                while tokio::time::Instant::now() < until && !faults.step_delay(&worker).is_zero() {
-                    let left = until.saturating_duration_since(tokio::time::Instant::now());
-                    tokio::time::sleep(left.min(std::time::Duration::from_millis(50))).await;
-                }
-                let output = if injected_failure {
-                    Err("injected engine failure (chaos)".to_owned())
-                } else {
-                    match ractor::call!(engine, EngineWorkerMsg::Step, StepBatch { seqs }) {
-                        Ok(Ok(out)) => Ok(out),
-                        Ok(Err(e)) => Err(e.to_string()),
-                        Err(e) => Err(format!("engine unavailable: {e}")),
-                    }
+                let output = match ractor::call!(engine, EngineWorkerMsg::Step, StepBatch { seqs })
+                {
+                    Ok(answer) => answer.map_err(WorkerError::Engine),
+                    Err(e) => Err(WorkerError::EngineGone(e.to_string())),
                 };
                 let _ = me.cast(SchedulerMsg::StepDone(Wire::encode(&StepResult {
                     step,
@@ -445,17 +419,15 @@ impl SchedulerState {
     }
 
     fn on_step_done(&mut self, result: StepResult) -> Result<(), ActorProcessingErr> {
-        self.in_flight = false;
-        self.step_deadline = None;
-        self.last_alive = Instant::now();
+        self.watchdog.step_returned();
         let out = match result.output {
             Ok(out) => out,
-            Err(msg) => {
+            Err(err) => {
                 // No KV was written. An engine that is gone (its actor died) takes the replica
                 // down: every sequence is lost and migrates, and the supervisor restarts the
                 // replica. An engine that answered with an error fails the step's sequences.
-                tracing::error!(worker = %self.args.worker, error = %msg, "engine step failed");
-                let gone = msg.starts_with("engine unavailable");
+                tracing::error!(worker = %self.args.worker, error = %err, "engine step failed");
+                let gone = err.takes_replica_down();
                 let kind = if gone {
                     TokenEventKind::Lost {
                         reason: "the engine of its worker died".into(),
@@ -470,7 +442,7 @@ impl SchedulerState {
                 let _ = self.core.on_step_output(&[]);
                 self.flush();
                 if gone {
-                    return Err(msg.into());
+                    return Err(err.into());
                 }
                 return Ok(());
             }
@@ -510,28 +482,26 @@ impl SchedulerState {
         Ok(())
     }
 
-    /// Chaos `fill_kv`: pin the asked fraction of the pool while the fault lasts.
+    /// Chaos `fill_kv`: hold the asked fraction of the pool while the fault lasts.
     fn fill_kv(&mut self) {
-        match self.args.faults.fill_kv(&self.args.worker) {
-            Some(f) if !self.core.is_occupied() => {
-                let want = (f * self.args.num_blocks as f64).round() as usize;
-                match self.core.occupy(want) {
-                    Ok(n) => {
-                        tracing::warn!(worker = %self.args.worker, blocks = n, "chaos: KV blocks occupied")
-                    }
-                    Err(e) => {
-                        tracing::warn!(worker = %self.args.worker, error = %e, "chaos: fill_kv failed")
-                    }
-                }
+        let fraction = self.args.faults.fill_kv(&self.args.worker);
+        match self.fill.apply(fraction, self.core.pool_mut()) {
+            Ok(FillChange::Unchanged) => {}
+            Ok(FillChange::Occupied(n)) => {
+                tracing::warn!(worker = %self.args.worker, blocks = n, "chaos: KV blocks occupied")
             }
-            None if self.core.is_occupied() => {
-                if let Err(e) = self.core.release_occupied() {
-                    tracing::error!(worker = %self.args.worker, error = %e, "chaos: fill_kv release failed");
-                }
+            Ok(FillChange::Released) => {
                 tracing::warn!(worker = %self.args.worker, "chaos: KV blocks released");
                 self.forward_kv_events();
             }
-            _ => {}
+            Err(e) if fraction.is_some() => {
+                tracing::warn!(worker = %self.args.worker, error = %e, "chaos: fill_kv failed")
+            }
+            Err(e) => {
+                tracing::error!(worker = %self.args.worker, error = %e, "chaos: fill_kv release failed");
+                tracing::warn!(worker = %self.args.worker, "chaos: KV blocks released");
+                self.forward_kv_events();
+            }
         }
     }
 
@@ -556,34 +526,29 @@ impl SchedulerState {
     /// The watchdog and the canary. Returns an error when the engine is hung, which fails
     /// this actor so that the replica supervisor restarts the replica (one_for_all).
     fn tick(&mut self, myself: &ActorRef<SchedulerMsg>) -> Result<(), ActorProcessingErr> {
-        let now = Instant::now();
-        let hung = match (self.step_deadline, self.canary_deadline) {
-            (Some(d), _) if now > d => Some("an engine step"),
-            (_, Some(d)) if now > d => Some("the canary"),
-            _ => None,
-        };
-        if let Some(what) = hung {
-            crate::runtime::resilience::ENGINE_HANGS
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            metrics::counter!("flotilla_engine_hangs_total", "worker" => self.args.worker.to_string())
-                .increment(1);
-            tracing::error!(worker = %self.args.worker, timeout_ms = self.args.step_timeout.as_millis() as u64,
-                "{what} did not return within the step timeout: engine hung; restarting the replica");
-            self.leave_routing(myself, Health::Unhealthy);
-            ractor::pg::leave(SCHEDULER_GROUP.to_owned(), vec![myself.get_cell()]);
-            // A restart is what ends a hang (the injected one included).
-            self.args.faults.end_hangs(&self.args.worker);
-            return Err(format!("engine of {} hung", self.args.worker).into());
-        }
-        let idle = !self.in_flight && self.canary_deadline.is_none();
-        if idle && now.duration_since(self.last_alive) >= self.args.canary_interval {
-            self.canary_deadline = Some(now + self.args.step_timeout);
-            let (engine, me) = (self.engine.clone(), myself.clone());
-            tokio::spawn(async move {
-                if ractor::call!(engine, EngineWorkerMsg::Ping).is_ok() {
-                    let _ = me.cast(SchedulerMsg::CanaryDone(Wire::encode(&())));
-                }
-            });
+        match self.watchdog.check() {
+            Verdict::Healthy => {}
+            Verdict::Ping => {
+                let (engine, me) = (self.engine.clone(), myself.clone());
+                tokio::spawn(async move {
+                    if ractor::call!(engine, EngineWorkerMsg::Ping).is_ok() {
+                        let _ = me.cast(SchedulerMsg::CanaryDone(Wire::encode(&())));
+                    }
+                });
+            }
+            Verdict::Hung(what) => {
+                crate::runtime::resilience::ENGINE_HANGS
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                metrics::counter!("flotilla_engine_hangs_total", "worker" => self.args.worker.to_string())
+                    .increment(1);
+                tracing::error!(worker = %self.args.worker, timeout_ms = self.watchdog.step_timeout().as_millis() as u64,
+                    "{what} did not return within the step timeout: engine hung; restarting the replica");
+                self.leave_routing(myself, Health::Unhealthy);
+                ractor::pg::leave(SCHEDULER_GROUP.to_owned(), vec![myself.get_cell()]);
+                // A restart is what ends a hang (the injected one included).
+                self.args.faults.end_hangs(&self.args.worker);
+                return Err(format!("engine of {} hung", self.args.worker).into());
+            }
         }
         Ok(())
     }
@@ -627,7 +592,11 @@ impl Actor for Scheduler {
             std::time::Duration::from_millis(500),
         );
         let ticker = myself.send_interval(period, || SchedulerMsg::Tick(Wire::encode(&())));
+        let clock = crate::runtime::clock::system();
         Ok(SchedulerState {
+            outbox: Outbox::new(clock.clone(), args.owner_grace),
+            watchdog: StepWatchdog::new(clock, args.step_timeout, args.canary_interval),
+            fill: KvFill::default(),
             args,
             core,
             engine,
@@ -635,13 +604,7 @@ impl Actor for Scheduler {
             by_request: HashMap::new(),
             next_seq: 0,
             steps: 0,
-            in_flight: false,
-            outbox: HashMap::new(),
-            undeliverable: HashMap::new(),
             health: Health::Ready,
-            step_deadline: None,
-            canary_deadline: None,
-            last_alive: Instant::now(),
             ticker: Some(ticker),
         })
     }
@@ -776,21 +739,18 @@ impl Actor for Scheduler {
                     state.flush();
                 }
             }
-            SchedulerMsg::CanaryDone(_) => {
-                state.canary_deadline = None;
-                state.last_alive = Instant::now();
-            }
+            SchedulerMsg::CanaryDone(_) => state.watchdog.canary_returned(),
             SchedulerMsg::Drain(_) => {
                 if state.health == Health::Ready {
                     tracing::info!(worker = %state.args.worker, live = state.live.len(), "draining");
                     state.leave_routing(&myself, Health::Draining);
                 }
             }
-            SchedulerMsg::Evict(reason) => {
+            SchedulerMsg::HandOffAll(reason) => {
                 let reason = reason
                     .decode()
                     .unwrap_or_else(|_| "the worker is stopping".into());
-                tracing::warn!(worker = %state.args.worker, live = state.live.len(), %reason, "evicting requests");
+                tracing::warn!(worker = %state.args.worker, live = state.live.len(), %reason, "handing every request off");
                 state.drop_all(&TokenEventKind::Lost { reason });
                 state.forward_kv_events();
                 state.flush();

@@ -1,6 +1,7 @@
-//! Simulated engine: the real Scheduler and KvBlockManager (real paged blocks, real KV events,
+//! Simulated engine: the real Scheduler and KvEventPublisher (real paged blocks, real KV events,
 //! real prefix hits) driving an engine whose forward pass is a timing model, for fleet-scale
 //! runs on one machine (`worker.engine = "sim"`, `flotilla up --engine sim --workers N`).
+//! [`SimEngine`] is a [`StepEngine`]: the same engine worker runs it.
 //!
 //! # Timing model
 //! A step holds prefill chunks and decode tokens. With `T` the prompt tokens prefilled in the
@@ -14,7 +15,7 @@
 //! ```
 //!
 //! The default [`SimProfile`] is a published fit of vLLM on one H100 (the one NVIDIA Dynamo's
-//! mocker engine ships, as quoted in issue 6): `prefill_ms = 4.21e-7·T² + 0.01518·T + 16.5`,
+//! mocker engine ships): `prefill_ms = 4.21e-7·T² + 0.01518·T + 16.5`,
 //! `decode_ms = −25.74·u² + 54.01·u + 5.74`, at least 1 ms. `flotilla profile` fits the same
 //! forms to the CPU engine of this machine and writes a profile file (`worker.sim_profile`).
 //!
@@ -23,10 +24,8 @@
 //! `FIRST_TOKEN + (p·31 + s) mod TOKEN_RANGE`, never an end-of-sequence id in practice
 //! (requests that must run to `max_tokens` set `ignore_eos` anyway). Logprobs are 0.
 
-use super::{EngineInfo, EngineWorkerMsg, SampledToken, StepBatch, StepOutput};
-use crate::control::chaos::FaultBook;
-use crate::runtime::ids::WorkerId;
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use super::{EngineError, EngineInfo, SampledToken, StepBatch, StepEngine, StepOutput};
+use crate::runtime::ids::SeqId;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -56,7 +55,7 @@ impl Default for SimProfile {
 }
 
 impl SimProfile {
-    /// vLLM on one H100 (NVIDIA Dynamo mocker's fit, quoted in issue 6).
+    /// vLLM on one H100 (NVIDIA Dynamo mocker's fit).
     pub fn h100_vllm() -> Self {
         Self {
             source: "vLLM on 1x H100, polynomial fit shipped with NVIDIA Dynamo's mocker engine"
@@ -68,6 +67,9 @@ impl SimProfile {
     }
 
     /// Read a profile file (JSON).
+    ///
+    /// # Errors
+    /// When the file cannot be read or is not a profile.
     pub fn load(path: &std::path::Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
@@ -125,87 +127,69 @@ pub struct SimEngineArgs {
     pub vocab_size: usize,
     /// Reported context length.
     pub max_context: usize,
-    /// Chaos: `hang` stops it like a real engine.
-    pub faults: Option<(FaultBook, WorkerId)>,
 }
 
-/// The simulated engine worker (same messages as the real one).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SimEngineWorker;
+/// The simulated engine: sleeps for the modelled step time and returns placeholder tokens.
+#[derive(Debug)]
+pub struct SimEngine {
+    args: SimEngineArgs,
+}
 
 /// Placeholder token at position `pos` of sequence `seq`.
 pub fn placeholder(seq: u64, pos: usize) -> u32 {
     FIRST_TOKEN + ((pos as u64 * 31 + seq) % u64::from(TOKEN_RANGE)) as u32
 }
 
-impl Actor for SimEngineWorker {
-    type Msg = EngineWorkerMsg;
-    type State = SimEngineArgs;
-    type Arguments = SimEngineArgs;
+impl StepEngine for SimEngine {
+    type Config = SimEngineArgs;
 
-    async fn pre_start(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        args: SimEngineArgs,
-    ) -> Result<Self::State, ActorProcessingErr> {
+    fn start(args: SimEngineArgs) -> Result<Self, EngineError> {
         if !(args.speedup > 0.0 && args.speedup.is_finite()) {
-            return Err(format!("sim speedup must be positive, got {}", args.speedup).into());
+            return Err(EngineError::Config(format!(
+                "sim speedup must be positive, got {}",
+                args.speedup
+            )));
         }
-        Ok(args)
+        Ok(Self { args })
     }
 
-    async fn handle(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        msg: Self::Msg,
-        s: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        if matches!(msg, EngineWorkerMsg::Step(..) | EngineWorkerMsg::Ping(..))
-            && let Some((faults, worker)) = &s.faults
-        {
-            while faults.hangs(worker) {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+    fn info(&self) -> EngineInfo {
+        let s = &self.args;
+        EngineInfo {
+            device: format!("sim ({})", s.profile.source),
+            num_blocks: s.num_blocks,
+            block_size: s.block_size,
+            vocab_size: s.vocab_size,
+            max_context: s.max_context,
+            block_bytes: 0,
+            kv_bytes: 0,
         }
-        match msg {
-            EngineWorkerMsg::Step(batch, port) => {
-                let ms = s.profile.step_ms(&batch, s.num_blocks) / s.speedup;
-                tokio::time::sleep(Duration::from_secs_f64(ms / 1000.0)).await;
-                let tokens = batch
-                    .seqs
-                    .iter()
-                    .filter(|q| q.sample)
-                    .map(|q| SampledToken {
-                        seq_id: q.seq_id,
-                        token: placeholder(q.seq_id.0, q.start_pos + q.tokens.len()),
-                        logprob: 0.0,
-                    })
-                    .collect();
-                let _ = port.send(Ok(StepOutput { tokens }));
-            }
-            EngineWorkerMsg::Logits(_, port) => {
-                let _ = port.send(Err(super::EngineError::Unavailable(
-                    "the simulated engine computes no logits".into(),
-                )));
-            }
-            EngineWorkerMsg::Release(_) => {}
-            EngineWorkerMsg::Info(port) => {
-                let _ = port.send(EngineInfo {
-                    device: format!("sim ({})", s.profile.source),
-                    num_blocks: s.num_blocks,
-                    block_size: s.block_size,
-                    vocab_size: s.vocab_size,
-                    max_context: s.max_context,
-                    block_bytes: 0,
-                    kv_bytes: 0,
-                });
-            }
-            EngineWorkerMsg::Ping(port) => {
-                let _ = port.send(());
-            }
-        }
-        Ok(())
     }
+
+    async fn step(&mut self, batch: StepBatch) -> Result<StepOutput, EngineError> {
+        let s = &self.args;
+        let ms = s.profile.step_ms(&batch, s.num_blocks) / s.speedup;
+        tokio::time::sleep(Duration::from_secs_f64(ms / 1000.0)).await;
+        let tokens = batch
+            .seqs
+            .iter()
+            .filter(|q| q.sample)
+            .map(|q| SampledToken {
+                seq_id: q.seq_id,
+                token: placeholder(q.seq_id.0, q.start_pos + q.tokens.len()),
+                logprob: 0.0,
+            })
+            .collect();
+        Ok(StepOutput { tokens })
+    }
+
+    async fn logits(&mut self, _batch: StepBatch) -> Result<Vec<Vec<f32>>, EngineError> {
+        Err(EngineError::Unavailable(
+            "the simulated engine computes no logits".into(),
+        ))
+    }
+
+    fn release(&mut self, _seq: SeqId) {}
 }
 
 #[cfg(test)]

@@ -1,47 +1,24 @@
-//! The synchronous engine: weights `Arc` + KV pools + per-sequence sampler RNGs.
-//! [`Engine::step`] runs one batched forward pass and samples; the actor only forwards to it.
+//! The real transformer engine.
+//!
+//! [`Engine`] is synchronous: weights `Arc` + KV pools + per-sequence sampler RNGs;
+//! [`Engine::step`] runs one batched forward pass and samples. [`TransformerEngine`] is the
+//! same engine as a [`StepEngine`]: each step runs on tokio's blocking pool
+//! (`spawn_blocking`), so a long forward pass does not stall the async runtime.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use super::StepEngine;
+use super::error::EngineError;
 use super::types::{EngineInfo, SampledToken, StepBatch, StepOutput};
 use crate::kernels::sample::{SeqSampler, log_prob};
 use crate::kernels::{Backend, Device, Rope};
-use crate::model::forward::{ForwardError, ForwardSeq, forward};
+use crate::model::forward::{ForwardSeq, forward};
 use crate::model::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache};
 use crate::model::weights::ModelWeights;
 use crate::runtime::ids::SeqId;
-
-/// Errors of the engine.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum EngineError {
-    #[error("invalid engine config: {0}")]
-    Config(String),
-    #[error("invalid batch: {0}")]
-    InvalidBatch(#[from] ForwardError),
-    #[error("engine worker unavailable: {0}")]
-    Unavailable(String),
-}
-
-impl EngineError {
-    /// Coarse class for metrics, retries and HTTP status: a bad batch or config is the
-    /// caller's fault (`InvalidRequest`), an unavailable worker may be retried elsewhere.
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            EngineError::Config(_) | EngineError::InvalidBatch(_) => ErrorKind::InvalidRequest,
-            EngineError::Unavailable(_) => ErrorKind::Unavailable,
-        }
-    }
-}
-
-/// See [`EngineError::kind`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    InvalidRequest,
-    Unavailable,
-}
 
 /// Engine construction parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +52,10 @@ pub struct Engine {
 
 impl Engine {
     /// Allocates the KV pools for `config.num_blocks` blocks.
+    ///
+    /// # Errors
+    /// [`EngineError::Config`] when `num_blocks` or `block_size` is 0, or `num_blocks` does
+    /// not fit in a [`crate::runtime::ids::BlockId`].
     pub fn new(weights: Arc<ModelWeights>, config: EngineConfig) -> Result<Self, EngineError> {
         if config.num_blocks == 0 || config.block_size == 0 {
             return Err(EngineError::Config(
@@ -158,6 +139,9 @@ impl Engine {
     /// `sample = true`. Each sequence draws from its own generator, created on its first sample
     /// from `sampling.seed` and `sampling.offset` (random when unseeded) and kept until
     /// [`Engine::release`].
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidBatch`] for a malformed batch (checked before any KV write).
     pub fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, EngineError> {
         let logits = self.run(batch, false)?;
         let vocab = self.weights.lm_head().rows;
@@ -188,6 +172,9 @@ impl Engine {
 
     /// Runs the batch (writing its K/V like [`Engine::step`]) and returns the last-position
     /// logits (`[vocab]` f32) of every sequence, in batch order; nothing is sampled.
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidBatch`] for a malformed batch (checked before any KV write).
     pub fn logits(&mut self, batch: &StepBatch) -> Result<Vec<Vec<f32>>, EngineError> {
         let logits = self.run(batch, true)?;
         let vocab = self.weights.lm_head().rows;
@@ -197,5 +184,77 @@ impl Engine {
     /// Forgets a sequence's sampler state (its KV blocks are managed by the caller).
     pub fn release(&mut self, seq: SeqId) {
         self.rngs.remove(&seq);
+    }
+}
+
+/// Spawn inputs of a [`TransformerEngine`].
+#[derive(Debug, Clone)]
+pub struct TransformerArgs {
+    /// Weights shared by every replica of the process.
+    pub weights: Arc<ModelWeights>,
+    pub config: EngineConfig,
+}
+
+/// [`Engine`] as a [`StepEngine`]: steps run on tokio's blocking pool.
+#[derive(Debug)]
+pub struct TransformerEngine {
+    /// Absent while a step runs on the blocking pool, and for good once a step panicked.
+    engine: Option<Engine>,
+    info: EngineInfo,
+}
+
+impl From<Engine> for TransformerEngine {
+    fn from(engine: Engine) -> Self {
+        Self {
+            info: engine.info(),
+            engine: Some(engine),
+        }
+    }
+}
+
+impl TransformerEngine {
+    /// Runs `f` on the engine in the blocking pool and puts the engine back.
+    async fn offload<T: Send + 'static>(
+        &mut self,
+        f: impl FnOnce(&mut Engine) -> Result<T, EngineError> + Send + 'static,
+    ) -> Result<T, EngineError> {
+        let mut engine = self
+            .engine
+            .take()
+            .ok_or_else(|| EngineError::Crashed("engine lost by an earlier failed step".into()))?;
+        let (engine, out) = tokio::task::spawn_blocking(move || {
+            let out = f(&mut engine);
+            (engine, out)
+        })
+        .await
+        .map_err(|e| EngineError::Crashed(format!("engine step panicked: {e}")))?;
+        self.engine = Some(engine);
+        out
+    }
+}
+
+impl StepEngine for TransformerEngine {
+    type Config = TransformerArgs;
+
+    fn start(args: TransformerArgs) -> Result<Self, EngineError> {
+        Ok(Engine::new(args.weights, args.config)?.into())
+    }
+
+    fn info(&self) -> EngineInfo {
+        self.info.clone()
+    }
+
+    async fn step(&mut self, batch: StepBatch) -> Result<StepOutput, EngineError> {
+        self.offload(move |e| e.step(&batch)).await
+    }
+
+    async fn logits(&mut self, batch: StepBatch) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.offload(move |e| e.logits(&batch)).await
+    }
+
+    fn release(&mut self, seq: SeqId) {
+        if let Some(e) = self.engine.as_mut() {
+            e.release(seq);
+        }
     }
 }

@@ -67,6 +67,11 @@ impl Default for SchedulerConfig {
 }
 
 impl SchedulerConfig {
+    /// Checks the limits.
+    ///
+    /// # Errors
+    /// [`SchedulerError::InvalidConfig`] when `max_num_seqs` or `max_num_batched_tokens` is 0
+    /// or `max_model_len` is below 2.
     pub fn validate(&self) -> Result<(), SchedulerError> {
         if self.max_num_seqs == 0 {
             return Err(SchedulerError::InvalidConfig(
@@ -205,14 +210,13 @@ pub struct SchedulerCore {
     running: Vec<SeqId>,
     in_flight: Option<Vec<InFlight>>,
     preempted: Vec<SeqId>,
-    /// Chaos `fill_kv`: blocks pinned by a phantom sequence that is never scheduled.
-    occupied: Option<SeqLease>,
 }
 
-/// The phantom sequence of [`SchedulerCore::occupy`].
-pub const OCCUPY_SEQ: SeqId = SeqId(u64::MAX);
-
 impl SchedulerCore {
+    /// A batch former over `pool`, with no sequences.
+    ///
+    /// # Errors
+    /// [`SchedulerError::InvalidConfig`] for invalid limits (see [`SchedulerConfig::validate`]).
     pub fn new(config: SchedulerConfig, pool: BlockPool) -> Result<Self, SchedulerError> {
         config.validate()?;
         let capacity = pool.num_blocks() * pool.block_size();
@@ -225,11 +229,14 @@ impl SchedulerCore {
             running: Vec::new(),
             in_flight: None,
             preempted: Vec::new(),
-            occupied: None,
         })
     }
 
     /// Queues a request: first come, first served by [`SeqRequest::arrival`].
+    ///
+    /// # Errors
+    /// The request is refused (nothing queued) for an empty prompt, `max_tokens` 0, a
+    /// sequence id already here, or a prompt that can never fit (`max_model_len` or the pool).
     pub fn add(&mut self, req: SeqRequest) -> Result<(), SchedulerError> {
         let seq = req.seq;
         if req.prompt.is_empty() {
@@ -283,6 +290,10 @@ impl SchedulerCore {
 
     /// Forms the next step: decodes, then prefill continuations, then FCFS admissions (none in
     /// a step that preempted). Exactly one step may be in flight.
+    ///
+    /// # Errors
+    /// [`SchedulerError::StepInFlight`] while a step is out; [`SchedulerError::Pool`] means
+    /// a broken invariant between the core and its pool.
     pub fn schedule(&mut self) -> Result<ScheduledBatch, SchedulerError> {
         if self.in_flight.is_some() {
             return Err(SchedulerError::StepInFlight);
@@ -366,6 +377,10 @@ impl SchedulerCore {
     /// Accepts the sampled tokens of the in-flight step (all-or-nothing validation first):
     /// registers the computed blocks, appends the tokens, finishes and frees sequences that
     /// stop. Tokens of sequences cancelled during the step are ignored.
+    ///
+    /// # Errors
+    /// Without a step in flight, or for samples that do not match it (a duplicate, one for
+    /// a sequence that was not to sample, a missing one); nothing is applied then.
     pub fn on_step_output(
         &mut self,
         sampled: &[(SeqId, u32)],
@@ -475,46 +490,19 @@ impl SchedulerCore {
         self.in_flight.is_some()
     }
 
-    /// Chaos `fill_kv`: pin up to `blocks` unreferenced blocks (free or evictable) under a
-    /// phantom sequence that is never scheduled and never registered, so that admission sees
-    /// a fuller pool. Returns the blocks pinned; no-op (0) while some are already pinned.
-    pub fn occupy(&mut self, blocks: usize) -> Result<usize, SchedulerError> {
-        if self.occupied.is_some() {
-            return Ok(0);
-        }
-        let u = self.pool.usage();
-        let n = blocks.min(u.free_blocks + u.cached_blocks);
-        if n == 0 {
-            return Ok(0);
-        }
-        // `n·block_size − 1` tokens + the slot for a first sampled token = exactly n blocks;
-        // ids above any vocabulary never match a real prefix.
-        let bs = self.pool.block_size();
-        let tokens: Vec<u32> = (0..(n * bs - 1) as u32).map(|i| 0xF000_0000 | i).collect();
-        let alloc = self.pool.allocate_sequence(OCCUPY_SEQ, &tokens)?;
-        self.occupied = Some(alloc.lease);
-        Ok(n)
-    }
-
-    /// Give back what [`SchedulerCore::occupy`] pinned.
-    pub fn release_occupied(&mut self) -> Result<(), SchedulerError> {
-        if let Some(l) = self.occupied.take() {
-            self.pool.free(l)?;
-        }
-        Ok(())
-    }
-
-    /// Whether [`SchedulerCore::occupy`] holds blocks.
-    pub fn is_occupied(&self) -> bool {
-        self.occupied.is_some()
-    }
-
     pub fn kv_usage(&self) -> PoolUsage {
         self.pool.usage()
     }
 
     pub fn pool(&self) -> &BlockPool {
         &self.pool
+    }
+
+    /// The pool, for holders of blocks outside the batch former (chaos `fill_kv`): they
+    /// allocate under sequence ids the core never uses (it numbers its own from the
+    /// requests it is given) and free what they allocated.
+    pub fn pool_mut(&mut self) -> &mut BlockPool {
+        &mut self.pool
     }
 
     pub fn drain_kv_events(&mut self) -> Vec<KvEvent> {
