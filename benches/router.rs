@@ -6,7 +6,7 @@
 //!   448-block tail unique to the worker (512 blocks = 8 192 tokens in all), stored as
 //!   7 `Stored` events of 64 blocks;
 //! - so ≈ 1M (worker, block) holdings and ≈ 1M distinct nodes for every W;
-//! - a load model with 0–7 requests in flight per worker.
+//! - an active load with 0–7 requests in flight per worker.
 //!
 //! Requests are 8 192-token prompts (512 blocks of 16 tokens), three kinds:
 //! - `hit`: a stored conversation — one worker matches all 512 blocks, all match 64;
@@ -31,9 +31,9 @@ use rand::{Rng, SeedableRng};
 use flotilla::kv::events::{KvEvent, KvEventData, StoredBlock, Tier};
 use flotilla::kv::hash::sequence_hash;
 use flotilla::request_plane::router::index::{ApplyOutcome, PrefixIndex};
-use flotilla::request_plane::router::load::LoadModel;
+use flotilla::request_plane::router::load::{ActiveLoad, RequestKey};
 use flotilla::request_plane::router::policy::{Selector, SelectorConfig};
-use flotilla::runtime::ids::{BlockHash, EventId, RequestId, SequenceHash, WorkerId};
+use flotilla::runtime::ids::{BlockHash, EventId, NodeId, RequestId, SequenceHash, WorkerId};
 
 const BLOCK_SIZE: u32 = 16;
 const PROMPT_BLOCKS: usize = 512;
@@ -47,7 +47,7 @@ const SALT: u64 = 0xF107;
 
 struct World {
     index: PrefixIndex,
-    load: LoadModel,
+    load: ActiveLoad,
     live: Vec<WorkerId>,
     systems: Vec<Vec<SequenceHash>>,
     conversations: Vec<Vec<SequenceHash>>,
@@ -87,7 +87,7 @@ impl World {
             .collect();
         let mut world = World {
             index: PrefixIndex::new(),
-            load: LoadModel::new(),
+            load: ActiveLoad::new(),
             live,
             systems,
             conversations: Vec::new(),
@@ -112,7 +112,7 @@ impl World {
                 world.conversations.push(full);
             }
             for r in 0..rng.random_range(0..8u64) {
-                let key = (format!("gw{w}"), RequestId(r));
+                let key = RequestKey::new(NodeId::new(format!("gw{w}")), RequestId(r));
                 let uncached = rng.random_range(0..PROMPT_TOKENS);
                 let blocks = rng.random_range(1..2 * PROMPT_BLOCKS as u32);
                 world

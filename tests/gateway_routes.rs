@@ -15,6 +15,8 @@ fn shared(discovery_name: &str) -> Arc<GatewayShared> {
         http_addr: "127.0.0.1:0".parse().unwrap(),
         serving: None,
         chaos: None,
+        stats: Default::default(),
+        fleet: Default::default(),
     })
 }
 

@@ -7,15 +7,16 @@ mod common;
 use common::poll_until;
 use flotilla::kv::KvPublisherMsg;
 use flotilla::model::{LoadedModel, load_model, resolve_model_path};
-use flotilla::request_plane::token_sink::{
-    Finish, Owner, SinkRegistry, TokenEventKind, TokenSink, sink_name,
+use flotilla::request_plane::protocol::{
+    Finish, Owner, SubmitRequest, TokenEventKind, TokenSinkMsg, sink_name,
 };
+use flotilla::request_plane::token_sink::{SinkRegistry, TokenSink};
 use flotilla::runtime::ids::{NodeId, RequestId, WorkerId};
 use flotilla::runtime::wire::Wire;
 use flotilla::supervisors::tree::{ReplicaParams, replica};
 use flotilla::supervisors::{Shutdown, Strategy, Supervisor, SupervisorFlags};
 use flotilla::worker::engine::{EngineConfig, SamplingParams};
-use flotilla::worker::scheduler::{SchedulerConfig, SchedulerMsg, SchedulerStats, SubmitRequest};
+use flotilla::worker::scheduler::{SchedulerConfig, SchedulerMsg, SchedulerStats};
 use ractor::{Actor, ActorRef};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -52,7 +53,7 @@ struct Harness {
     worker: WorkerId,
     registry: SinkRegistry,
     sup: ActorRef<flotilla::supervisors::SupervisorMsg>,
-    sink: ActorRef<flotilla::request_plane::token_sink::TokenSinkMsg>,
+    sink: ActorRef<TokenSinkMsg>,
 }
 
 impl Harness {
@@ -89,6 +90,7 @@ impl Harness {
             canary_interval: Duration::from_secs(5),
             owner_grace,
             sim: None,
+            stats: Default::default(),
         });
         let (sup, _) = Actor::spawn(spec.actor_name.clone(), Supervisor, spec)
             .await

@@ -8,6 +8,14 @@
 //! node's [`MembershipEvent`] broadcast channel. When it has no live peer it re-dials its seeds
 //! every [`REJOIN_INTERVAL`].
 //!
+//! # The published fleet view
+//! Discovery also publishes the fleet view, this node first, into the node's [`FleetView`]
+//! whenever it changes: on its own heartbeat tick (after refreshing its workers' stats), on
+//! every heartbeat received, on a session loss and whenever it is asked for the view
+//! ([`DiscoveryMsg::GetFleet`]). Hot paths (the gateway's admission control) read that
+//! snapshot without a message to this actor; `/v1/fleet` still asks the actor, for the
+//! freshest view. While Discovery is stopped the snapshot is withdrawn.
+//!
 //! Pure logic lives in `discovery/membership.rs`.
 
 pub mod membership;
@@ -24,7 +32,45 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::{NodeServerMessage, RactorClusterMessage};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
+
+/// The fleet view last published by a node's Discovery: cloned cheaply, read without a call.
+#[derive(Clone, Debug)]
+pub struct FleetView {
+    tx: Arc<watch::Sender<Option<Arc<[NodeView]>>>>,
+}
+
+impl Default for FleetView {
+    fn default() -> Self {
+        Self {
+            tx: Arc::new(watch::channel(None).0),
+        }
+    }
+}
+
+impl FleetView {
+    /// Replace the view.
+    pub fn publish(&self, nodes: Vec<NodeView>) {
+        self.tx.send_replace(Some(nodes.into()));
+    }
+
+    /// Withdraw the view (its publisher stopped).
+    pub fn clear(&self) {
+        self.tx.send_replace(None);
+    }
+
+    /// The latest view, this node first; `None` when none is published (Discovery is not
+    /// running).
+    pub fn latest(&self) -> Option<Arc<[NodeView]>> {
+        self.tx.borrow().clone()
+    }
+
+    /// A receiver that is told of every new view.
+    pub fn subscribe(&self) -> watch::Receiver<Option<Arc<[NodeView]>>> {
+        self.tx.subscribe()
+    }
+}
 
 /// Process group of every Discovery actor.
 pub const DISCOVERY_GROUP: &str = "flotilla.discovery";
@@ -78,6 +124,10 @@ pub struct DiscoveryArgs {
     pub clock: SharedClock,
     /// Name of the worker-pool supervisor whose children are this node's workers.
     pub worker_pool_name: String,
+    /// This node's resilience counters (sent in every heartbeat).
+    pub stats: Arc<crate::runtime::resilience::NodeStats>,
+    /// Where the fleet view is published.
+    pub fleet: FleetView,
 }
 
 /// The Discovery actor.
@@ -113,9 +163,14 @@ impl DiscoveryState {
             pid: std::process::id(),
             actors,
             workers,
-            counters: crate::runtime::resilience::counters(),
+            counters: self.args.stats.counters(),
         };
         self.membership.set_me(info);
+    }
+
+    /// Publish the fleet view as of `now`.
+    fn publish_view(&self, now: crate::runtime::clock::Instant) {
+        self.args.fleet.publish(self.membership.view(now));
     }
 
     fn publish(&self, events: Vec<MembershipEvent>) {
@@ -239,7 +294,7 @@ impl Actor for Discovery {
         for role in &args.roles {
             ractor::pg::join(role_group(*role), vec![myself.get_cell()]);
         }
-        Ok(DiscoveryState {
+        let state = DiscoveryState {
             membership: Membership::new(me, args.leases),
             args,
             ticker: None,
@@ -247,7 +302,10 @@ impl Actor for Discovery {
             tick_no: 0,
             // The node joins its seeds itself at start; re-dialling begins one interval later.
             last_rejoin: Some(state_clock_now),
-        })
+        };
+        // A first view at once (this node alone), before the actors started after this one.
+        state.publish_view(state_clock_now);
+        Ok(state)
     }
 
     async fn post_start(
@@ -286,6 +344,7 @@ impl Actor for Discovery {
             state.session_sub = Some((id, task));
         }
         state.refresh_me(&myself.get_cell()).await;
+        state.publish_view(state.args.clock.now());
         Ok(())
     }
 
@@ -294,6 +353,7 @@ impl Actor for Discovery {
         _myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        state.args.fleet.clear();
         if let Some(t) = state.ticker.take() {
             t.abort();
         }
@@ -319,11 +379,13 @@ impl Actor for Discovery {
                 if let Ok(info) = wire.decode() {
                     let ev = state.membership.on_heartbeat(info, now);
                     state.publish(ev);
+                    state.publish_view(now);
                 }
             }
             DiscoveryMsg::SessionLost(name) => {
                 let ev = state.membership.on_session_lost(&NodeId::new(name));
                 state.publish(ev);
+                state.publish_view(now);
             }
             DiscoveryMsg::Tick(_) => {
                 state.tick_no += 1;
@@ -346,6 +408,7 @@ impl Actor for Discovery {
                     let label = format!("{s:?}").to_lowercase();
                     metrics::gauge!("flotilla_cluster_nodes", "state" => label).set(n as f64);
                 }
+                state.args.fleet.publish(view);
                 let alone = !state.membership.has_live_peers();
                 let due = state
                     .last_rejoin
@@ -366,7 +429,9 @@ impl Actor for Discovery {
             }
             DiscoveryMsg::GetFleet(reply) => {
                 state.refresh_me(&myself.get_cell()).await;
-                let _ = reply.send(Wire::encode(&state.membership.view(now)));
+                let view = state.membership.view(now);
+                let _ = reply.send(Wire::encode(&view));
+                state.args.fleet.publish(view);
             }
         }
         Ok(())
@@ -382,7 +447,10 @@ pub fn local(name: &str) -> Option<ActorRef<DiscoveryMsg>> {
         .map(Into::into)
 }
 
-/// Ask a Discovery actor for its fleet view.
+/// Ask a Discovery actor for its fleet view (fresh: it first refreshes its own entry).
+///
+/// # Errors
+/// A message when the actor does not answer within 2 s or its reply cannot be decoded.
 pub async fn fleet(discovery: &ActorRef<DiscoveryMsg>) -> Result<Vec<NodeView>, String> {
     let wire = ractor::call_t!(discovery, DiscoveryMsg::GetFleet, 2_000)
         .map_err(|e| format!("discovery did not answer: {e}"))?;

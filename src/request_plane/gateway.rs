@@ -8,6 +8,7 @@
 //! task ends on its own, the actor fails so its supervisor restarts it; a restart re-binds the
 //! same port (the first bind's port when configured as 0).
 
+pub mod admission;
 pub mod chaos_routes;
 pub mod conn;
 pub mod edge;

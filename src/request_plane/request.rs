@@ -37,13 +37,16 @@
 pub mod migration;
 
 use crate::kv::block_hashes;
+use crate::request_plane::error::RequestError;
+use crate::request_plane::protocol::{RouteRequest, SubmitRequest, TokenEventKind};
 use crate::request_plane::router::policy::Policy;
-use crate::request_plane::router::{RouteRequest, RouterMsg, find_router};
-use crate::request_plane::token_sink::{SinkRegistry, TokenEventKind};
+use crate::request_plane::router::{RouterMsg, find_router};
+use crate::request_plane::token_sink::SinkRegistry;
 use crate::runtime::clock::{Instant, SharedClock};
 use crate::runtime::ids::{NodeId, RequestId, WorkerId};
+use crate::runtime::resilience::NodeStats;
 use crate::runtime::wire::Wire;
-use crate::worker::scheduler::{SCHEDULER_GROUP, SchedulerMsg, SubmitRequest};
+use crate::worker::scheduler::{SCHEDULER_GROUP, SchedulerMsg};
 use migration::{Decision, GiveUp, Migration, MigrationPolicy};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::sync::Arc;
@@ -61,10 +64,6 @@ pub const WORKER_CHECK_INTERVAL_MS: u64 = 1_000;
 /// Events lost on the way (a token sink killed with messages in its mailbox) are found this
 /// way, or sooner by a gap in the token indices.
 pub const STALL_CHECK_MS: u64 = 5_000;
-
-/// Process-wide count of migrations started by this node's Request actors (shown in
-/// `/v1/fleet`).
-pub static MIGRATIONS: AtomicU64 = AtomicU64::new(0);
 
 /// What to generate: exactly what is submitted to the chosen worker's scheduler
 /// (`reply_to` is this gateway node). `request` is the id of the first attempt.
@@ -92,6 +91,8 @@ pub struct RequestArgs {
     pub salt: u64,
     /// Routing policy for this request (`None`: the router's).
     pub policy: Option<Policy>,
+    /// This node's counters: requests in flight, migrations.
+    pub stats: Arc<NodeStats>,
 }
 
 /// Request messages (local).
@@ -148,19 +149,13 @@ fn scheduler_of(worker: &WorkerId) -> Option<ActorRef<SchedulerMsg>> {
         .map(Into::into)
 }
 
-/// Why a placement failed: the message and HTTP status for the client.
-type PlaceError = (String, u16);
-
 impl RequestState {
     fn node(&self) -> NodeId {
         self.args.job.reply_to.clone()
     }
 
-    fn fail(&mut self, message: &str, status: u16) {
-        let _ = self.args.events.send(TokenEventKind::Failed {
-            message: message.to_owned(),
-            status,
-        });
+    fn fail(&mut self, error: RequestError) {
+        let _ = self.args.events.send(error.to_event());
         self.done = true;
     }
 
@@ -194,14 +189,14 @@ impl RequestState {
     }
 
     /// Place a new attempt and start listening for its events and its worker's presence.
-    async fn place(&mut self, myself: &ActorRef<RequestMsg>) -> Result<(), PlaceError> {
+    async fn place(&mut self, myself: &ActorRef<RequestMsg>) -> Result<(), RequestError> {
         let id = if self.migration.total() == 0 {
             self.args.job.request
         } else {
             RequestId(self.args.ids.fetch_add(1, Ordering::Relaxed))
         };
         let job = self.next_job(id);
-        let router = find_router().ok_or(("no router is available".to_owned(), 503))?;
+        let router = find_router().ok_or(RequestError::NoRouter)?;
         let req = RouteRequest {
             node: job.reply_to.clone(),
             request: id,
@@ -219,10 +214,10 @@ impl RequestState {
             ROUTE_TIMEOUT_MS,
             Wire::encode(&req)
         )
-        .map_err(|_| ("the router did not answer".to_owned(), 503))?
+        .map_err(|_| RequestError::RouterTimeout)?
         .decode()
-        .map_err(|_| ("the router sent a malformed reply".to_owned(), 500))?;
-        let worker = pick.ok_or(("no worker is available".to_owned(), 503))?;
+        .map_err(|_| RequestError::RouterReply)?;
+        let worker = pick.ok_or(RequestError::NoWorkers)?;
         let release = || {
             let _ = router.cast(RouterMsg::Release(Wire::encode(&(
                 job.reply_to.clone(),
@@ -231,7 +226,7 @@ impl RequestState {
         };
         let Some(scheduler) = scheduler_of(&worker) else {
             release();
-            return Err(("the chosen worker went away".to_owned(), 503));
+            return Err(RequestError::WorkerGone);
         };
         // Listen before submitting so that no event can be missed.
         let mut rx = self.args.registry.register(id);
@@ -258,7 +253,7 @@ impl RequestState {
             forwarder.abort();
             watchdog.abort();
             release();
-            return Err(("the chosen worker went away".to_owned(), 503));
+            return Err(RequestError::WorkerGone);
         }
         self.attempt = Some(Attempt {
             id,
@@ -276,24 +271,27 @@ impl RequestState {
     /// Place (first attempt or a migration); on failure, wait and retry or fail the request,
     /// as the migration rule says.
     async fn place_or_retry(&mut self, myself: &ActorRef<RequestMsg>) -> bool {
-        let Err((message, status)) = self.place(myself).await else {
+        let Err(error) = self.place(myself).await else {
             return true;
         };
         let now = self.args.clock.now();
-        match self.migration.on_place_failed(now, status == 503) {
+        match self.migration.on_place_failed(now, error.is_retryable()) {
             Decision::Wait { until } => {
                 myself.send_after(until.saturating_duration_since(now), || RequestMsg::Retry);
                 true
             }
             Decision::Place => true, // not produced by a failed placement
             Decision::Fail(GiveUp::FirstPlacement) => {
-                self.fail(&message, status);
+                self.fail(error);
                 false
             }
             Decision::Fail(why) => {
                 metrics::counter!("flotilla_migration_failures_total").increment(1);
-                tracing::warn!(request = %self.args.job.request, trace_id = ?self.args.job.trace_id, %message, %why, "migration failed");
-                self.fail(&format!("{message}; {why}"), 503);
+                tracing::warn!(request = %self.args.job.request, trace_id = ?self.args.job.trace_id, %error, %why, "migration failed");
+                self.fail(RequestError::GaveUp {
+                    cause: error.to_string(),
+                    why,
+                });
                 false
             }
         }
@@ -313,11 +311,14 @@ impl RequestState {
             Decision::Fail(give_up) => {
                 metrics::counter!("flotilla_migration_failures_total").increment(1);
                 tracing::warn!(request = %self.args.job.request, trace_id = ?self.args.job.trace_id, ?from, %why, %give_up, "request given up");
-                self.fail(&format!("{why}; {give_up}"), 503);
+                self.fail(RequestError::GaveUp {
+                    cause: why.to_owned(),
+                    why: give_up,
+                });
                 false
             }
             Decision::Place | Decision::Wait { .. } => {
-                MIGRATIONS.fetch_add(1, Ordering::Relaxed);
+                self.args.stats.count_migration();
                 metrics::counter!("flotilla_migrations_total").increment(1);
                 tracing::warn!(request = %self.args.job.request, trace_id = ?self.args.job.trace_id, ?from, generated = self.generated.len(),
                     stalled = self.migration.stalled(), %why, "migrating");
@@ -456,7 +457,7 @@ impl Actor for Request {
         myself: ActorRef<Self::Msg>,
         args: RequestArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        crate::runtime::resilience::GATEWAY_IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
+        args.stats.request_started();
         // Told at once when a scheduler leaves (removed when this actor stops).
         ractor::pg::monitor(SCHEDULER_GROUP.to_owned(), myself.get_cell());
         let migration = Migration::new(args.migration, args.job.request.0);
@@ -487,15 +488,15 @@ impl Actor for Request {
         _myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        crate::runtime::resilience::GATEWAY_IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
+        state.args.stats.request_ended();
         let running = !state.done;
         state.end_attempt(running);
         if running {
             // Stopped from outside (node shutdown) while running: tell the handler.
-            let _ = state.args.events.send(TokenEventKind::Failed {
-                message: "the gateway is shutting down".into(),
-                status: 503,
-            });
+            let _ = state
+                .args
+                .events
+                .send(RequestError::ShuttingDown.to_event());
         }
         Ok(())
     }

@@ -4,7 +4,7 @@
 //! - `index.rs` — [`index::PrefixIndex`]: which worker holds which prompt prefix, built from
 //!   every worker's KV events (radix tree keyed by sequence hash; gap / duplicate / reset of a
 //!   worker's event ids triggers one resync from its KV event publisher's snapshot).
-//! - `load.rs` — [`load::LoadModel`]: per worker, prompt tokens waiting for prefill and active
+//! - `load.rs` — [`load::ActiveLoad`]: per worker, prompt tokens waiting for prefill and active
 //!   decode blocks of the requests this router placed.
 //! - `policy.rs` — [`policy::Selector`]: `kv` (Dynamo's cost: `overlap_weight × prefill_blocks
 //!   + decode_blocks`), `least_loaded`, `round_robin`, `random`.
@@ -19,10 +19,16 @@
 //! Only the members of the routable schedulers' group: `ractor_cluster` removes a node's
 //! actors from every group as soon as its session drops, so a dead node's workers stop being
 //! chosen at once; a draining or hung replica leaves the group itself. A worker that leaves the
-//! schedulers' group (dead, restarting) is also purged from the index and the load model at
+//! schedulers' group (dead, restarting) is also purged from the index and the active load at
 //! once (a process-group monitor): a cached prefix is never a reason to pick a worker that is
 //! gone, and a restarted replica starts from an empty cache. Placements never released (a
 //! gateway that died) expire after [`LEASE_TTL_MS`].
+//!
+//! # Injected
+//! The Router reads time from a [`Clock`] and the workers it may choose from a
+//! [`WorkerSource`] ([`RouterArgs`]): in a node these are the system clock and the process
+//! groups ([`ProcessGroups`]); unit tests drive the same state with a `ManualClock` and a fixed
+//! list of workers.
 
 pub mod index;
 pub mod load;
@@ -31,16 +37,18 @@ pub mod policy;
 use crate::kv::{
     KV_EVENTS_GROUP, KV_PUBLISHER_GROUP, KvEvent, KvEventsMsg, KvPublisherMsg, KvSnapshot,
 };
-use crate::runtime::ids::{EventId, NodeId, RequestId, SequenceHash, WorkerId};
+use crate::request_plane::protocol::RouteRequest;
+use crate::runtime::clock::{Instant, SharedClock};
+use crate::runtime::ids::{EventId, NodeId, RequestId, WorkerId};
 use crate::runtime::wire::Wire;
 use crate::worker::scheduler::{ROUTABLE_GROUP, SCHEDULER_GROUP};
 use index::{ApplyOutcome, PrefixIndex};
-use load::LoadModel;
+use load::{ActiveLoad, RequestKey};
 use policy::{Policy, Selector, SelectorConfig};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Process group of every Router.
 pub const ROUTER_GROUP: &str = "flotilla.routers";
@@ -50,26 +58,6 @@ pub const LEASE_TTL_MS: u64 = 30 * 60 * 1000;
 pub const POLICY_HEADER: &str = "x-flotilla-route-policy";
 /// A resync asked for and not answered within this long is asked again (ms).
 pub const RESYNC_RETRY_MS: u64 = 2_000;
-
-/// A placement request.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RouteRequest {
-    /// Submitting node.
-    pub node: NodeId,
-    /// Request id on that node.
-    pub request: RequestId,
-    /// Prompt length in tokens.
-    pub prompt_tokens: u32,
-    /// Sequence hash of every full block of the prompt (the recipe of `crate::kv::hash`).
-    #[serde(default)]
-    pub seq_hashes: Vec<SequenceHash>,
-    /// Policy for this request (`None`: the router's configured one).
-    #[serde(default)]
-    pub policy: Option<Policy>,
-    /// Workers that already failed this request: not chosen unless no other is live.
-    #[serde(default)]
-    pub avoid: Vec<WorkerId>,
-}
 
 /// Router messages (serializable: gateways on any node ask).
 #[derive(RactorClusterMessage)]
@@ -89,20 +77,67 @@ pub enum RouterMsg {
     Tick(Wire<()>),
 }
 
-/// The Router actor; its argument is the selector configuration (`router.*`, with the
-/// workers' block size).
+/// The Router actor (see [`RouterArgs`]).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Router;
+
+/// Where a router learns which workers exist.
+pub trait WorkerSource: Send + Sync + 'static {
+    /// Workers a router may choose: alive, healthy, not draining.
+    fn routable(&self) -> Vec<WorkerId>;
+    /// Workers whose scheduler is alive (routable or not); the others are purged.
+    fn alive(&self) -> Vec<WorkerId>;
+}
+
+/// The workers of the cluster, read from the schedulers' process groups.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ProcessGroups;
+
+impl WorkerSource for ProcessGroups {
+    fn routable(&self) -> Vec<WorkerId> {
+        live_workers()
+    }
+
+    fn alive(&self) -> Vec<WorkerId> {
+        workers_in(SCHEDULER_GROUP)
+    }
+}
+
+/// What a Router starts with.
+#[derive(Clone)]
+pub struct RouterArgs {
+    /// The selector configuration (`router.*`, with the workers' block size).
+    pub config: SelectorConfig,
+    /// Time, for placement leases and resync retries.
+    pub clock: SharedClock,
+    /// The workers it may choose.
+    pub workers: Arc<dyn WorkerSource>,
+}
+
+impl RouterArgs {
+    /// A router on the system clock that reads the process groups.
+    pub fn new(config: SelectorConfig) -> Self {
+        Self {
+            config,
+            clock: crate::runtime::clock::system(),
+            workers: Arc::new(ProcessGroups),
+        }
+    }
+}
 
 /// Router state.
 pub struct RouterState {
     config: SelectorConfig,
     index: PrefixIndex,
-    load: LoadModel,
+    load: ActiveLoad,
     /// One selector per policy in use (the configured one, and per-request overrides).
     selectors: HashMap<Policy, Selector>,
-    /// Resyncs asked for: worker → when (ms).
+    /// Resyncs asked for: worker → when (ms on [`Self::now_ms`]'s scale).
     resyncs: HashMap<WorkerId, u64>,
+    clock: SharedClock,
+    /// Time zero of the router's millisecond timestamps.
+    epoch: Instant,
+    workers: Arc<dyn WorkerSource>,
 }
 
 /// Workers a router may choose: members of the routable schedulers' group (alive, healthy,
@@ -139,6 +174,34 @@ fn worker_of_scheduler(cell: &ractor::ActorCell) -> Option<WorkerId> {
 }
 
 impl RouterState {
+    /// Empty state: no index, no load, one selector for the configured policy.
+    ///
+    /// # Errors
+    /// The selector configuration is invalid (see [`Selector::new`]).
+    pub fn new(args: RouterArgs) -> Result<Self, policy::ConfigError> {
+        let selector = Selector::new(args.config.clone())?;
+        let mut selectors = HashMap::new();
+        selectors.insert(args.config.policy, selector);
+        Ok(Self {
+            config: args.config,
+            index: PrefixIndex::new(),
+            load: ActiveLoad::new(),
+            selectors,
+            resyncs: HashMap::new(),
+            epoch: args.clock.now(),
+            clock: args.clock,
+            workers: args.workers,
+        })
+    }
+
+    /// Milliseconds since this router started, on its clock.
+    fn now_ms(&self) -> u64 {
+        self.clock
+            .now()
+            .saturating_duration_since(self.epoch)
+            .as_millis() as u64
+    }
+
     /// Make sure a selector for `policy` exists.
     fn ensure_selector(&mut self, policy: Policy) -> Result<(), ActorProcessingErr> {
         if !self.selectors.contains_key(&policy) {
@@ -157,8 +220,8 @@ impl RouterState {
         req: RouteRequest,
         now: u64,
     ) -> Result<Option<WorkerId>, ActorProcessingErr> {
-        let key = (req.node.to_string(), req.request);
-        let live = prefer_not(live_workers(), &req.avoid);
+        let key = RequestKey::new(req.node, req.request);
+        let live = prefer_not(self.workers.routable(), &req.avoid);
         if let Some(w) = self.load.worker_of(&key).filter(|w| live.contains(w)) {
             return Ok(Some(w.clone()));
         }
@@ -241,14 +304,21 @@ impl RouterState {
     }
 
     fn tick(&mut self, myself: &ActorRef<RouterMsg>, now: u64) {
+        for w in self.housekeeping(now) {
+            self.ask_snapshot(w, myself, now);
+        }
+    }
+
+    /// Expire placements older than [`LEASE_TTL_MS`], purge workers whose scheduler is gone;
+    /// returns the workers whose resync is due (never asked, or asked [`RESYNC_RETRY_MS`] ago).
+    fn housekeeping(&mut self, now: u64) -> Vec<WorkerId> {
         self.load.expire(now, LEASE_TTL_MS);
-        let alive = workers_in(SCHEDULER_GROUP);
+        let alive = self.workers.alive();
         let known: Vec<WorkerId> = self.index.workers().cloned().collect();
         for w in known.iter().filter(|w| !alive.contains(w)) {
             self.purge(w);
         }
-        let stale: Vec<WorkerId> = self
-            .index
+        self.index
             .pending_resyncs()
             .into_iter()
             .map(|(w, _)| w)
@@ -257,24 +327,21 @@ impl RouterState {
                     .get(w)
                     .is_none_or(|t| now.saturating_sub(*t) >= RESYNC_RETRY_MS)
             })
-            .collect();
-        for w in stale {
-            self.ask_snapshot(w, myself, now);
-        }
+            .collect()
     }
 }
 
 impl Actor for Router {
     type Msg = RouterMsg;
     type State = RouterState;
-    type Arguments = SelectorConfig;
+    type Arguments = RouterArgs;
 
     async fn pre_start(
         &self,
         myself: ActorRef<Self::Msg>,
-        config: SelectorConfig,
+        args: RouterArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let selector = Selector::new(config.clone()).map_err(|e| e.to_string())?;
+        let state = RouterState::new(args).map_err(|e| e.to_string())?;
         ractor::pg::join(ROUTER_GROUP.to_owned(), vec![myself.get_cell()]);
         ractor::pg::monitor(SCHEDULER_GROUP.to_owned(), myself.get_cell());
         let relay_name = myself
@@ -284,15 +351,7 @@ impl Actor for Router {
         myself.send_interval(std::time::Duration::from_secs(1), || {
             RouterMsg::Tick(Wire::encode(&()))
         });
-        let mut selectors = HashMap::new();
-        selectors.insert(config.policy, selector);
-        Ok(RouterState {
-            config,
-            index: PrefixIndex::new(),
-            load: LoadModel::new(),
-            selectors,
-            resyncs: HashMap::new(),
-        })
+        Ok(state)
     }
 
     async fn handle_supervisor_evt(
@@ -327,7 +386,7 @@ impl Actor for Router {
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let now = crate::runtime::clock::unix_ms();
+        let now = state.now_ms();
         match msg {
             RouterMsg::Route(wire, reply) => {
                 let pick = match wire.decode() {
@@ -338,12 +397,14 @@ impl Actor for Router {
             }
             RouterMsg::FirstToken(wire) => {
                 if let Ok((node, request)) = wire.decode() {
-                    state.load.on_first_token(&(node.to_string(), request), now);
+                    state
+                        .load
+                        .on_first_token(&RequestKey::new(node, request), now);
                 }
             }
             RouterMsg::Release(wire) => {
                 if let Ok((node, request)) = wire.decode() {
-                    state.load.on_finished(&(node.to_string(), request));
+                    state.load.on_finished(&RequestKey::new(node, request));
                 }
             }
             RouterMsg::KvEvents(wire) => {
@@ -409,6 +470,108 @@ pub fn find_router() -> Option<ActorRef<RouterMsg>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::clock::ManualClock;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    /// Workers set by the test.
+    #[derive(Default)]
+    struct Fixed {
+        routable: Mutex<Vec<WorkerId>>,
+        alive: Mutex<Vec<WorkerId>>,
+    }
+
+    impl Fixed {
+        fn set(&self, routable: &[&str], alive: &[&str]) {
+            *self.routable.lock().unwrap() = ws(routable);
+            *self.alive.lock().unwrap() = ws(alive);
+        }
+    }
+
+    impl WorkerSource for Fixed {
+        fn routable(&self) -> Vec<WorkerId> {
+            self.routable.lock().unwrap().clone()
+        }
+        fn alive(&self) -> Vec<WorkerId> {
+            self.alive.lock().unwrap().clone()
+        }
+    }
+
+    fn router(policy: Policy) -> (RouterState, ManualClock, Arc<Fixed>) {
+        let clock = ManualClock::new();
+        let workers = Arc::new(Fixed::default());
+        let state = RouterState::new(RouterArgs {
+            config: SelectorConfig {
+                policy,
+                ..SelectorConfig::default()
+            },
+            clock: Arc::new(clock.clone()),
+            workers: workers.clone(),
+        })
+        .unwrap();
+        (state, clock, workers)
+    }
+
+    fn req(n: u64) -> RouteRequest {
+        RouteRequest {
+            node: NodeId::new("gw"),
+            request: RequestId(n),
+            prompt_tokens: 32,
+            seq_hashes: vec![],
+            policy: None,
+            avoid: vec![],
+        }
+    }
+
+    #[test]
+    fn no_live_worker_no_placement() {
+        let (mut r, _, _) = router(Policy::LeastLoaded);
+        assert_eq!(r.route(req(1), r.now_ms()).unwrap(), None);
+        assert!(r.load.is_empty());
+    }
+
+    #[test]
+    fn a_placement_sticks_while_its_worker_is_live() {
+        let (mut r, _, workers) = router(Policy::RoundRobin);
+        workers.set(&["a", "b"], &["a", "b"]);
+        let now = r.now_ms();
+        let first = r.route(req(1), now).unwrap().unwrap();
+        for _ in 0..3 {
+            assert_eq!(r.route(req(1), now).unwrap(), Some(first.clone()));
+        }
+        assert_eq!(r.load.len(), 1);
+        // Its worker leaves routing: the request is placed elsewhere.
+        let other = if first.as_str() == "a" { "b" } else { "a" };
+        workers.set(&[other], &["a", "b"]);
+        assert_eq!(r.route(req(1), now).unwrap(), Some(WorkerId::new(other)));
+        assert_eq!(r.load.len(), 1, "moved, not duplicated");
+    }
+
+    #[test]
+    fn placements_expire_on_the_injected_clock() {
+        let (mut r, clock, workers) = router(Policy::LeastLoaded);
+        workers.set(&["a"], &["a"]);
+        r.route(req(1), r.now_ms()).unwrap();
+        clock.advance(Duration::from_millis(LEASE_TTL_MS - 1));
+        assert!(r.housekeeping(r.now_ms()).is_empty());
+        assert_eq!(r.load.len(), 1, "not yet");
+        clock.advance(Duration::from_millis(1));
+        r.housekeeping(r.now_ms());
+        assert!(r.load.is_empty(), "expired after the lease");
+    }
+
+    #[test]
+    fn released_placements_free_their_worker() {
+        let (mut r, _, workers) = router(Policy::LeastLoaded);
+        workers.set(&["a"], &["a"]);
+        let now = r.now_ms();
+        r.route(req(1), now).unwrap();
+        r.route(req(2), now).unwrap();
+        assert_eq!(r.load.in_flight(&WorkerId::new("a")), 2);
+        r.load
+            .on_finished(&RequestKey::new(NodeId::new("gw"), RequestId(1)));
+        assert_eq!(r.load.in_flight(&WorkerId::new("a")), 1);
+    }
 
     fn ws(names: &[&str]) -> Vec<WorkerId> {
         names.iter().map(|n| WorkerId::new(*n)).collect()

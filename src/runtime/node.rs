@@ -1,56 +1,16 @@
 //! One node process: its NodeServer, its supervision tree, and how it starts and stops.
 
-use crate::control::discovery::membership::MembershipEvent;
-use crate::model::LoadedModel;
-use crate::runtime::clock::SharedClock;
-use crate::runtime::cluster::{self, ClusterError, ClusterHandle};
+use crate::runtime::cluster::{self, ClusterError};
 use crate::runtime::config::Config;
+use crate::runtime::context::NodeContext;
 use crate::runtime::ids::NodeId;
+use crate::runtime::resilience::NodeStats;
 use crate::supervisors::{Supervisor, SupervisorMsg, tree};
 use ractor::{Actor, ActorRef};
 use serde::Serialize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::task::JoinHandle;
-
-/// Everything the tree's start functions need, cloned into them.
-#[derive(Clone)]
-pub struct NodeContext {
-    /// Validated configuration.
-    pub config: Arc<Config>,
-    /// This node's name.
-    pub node_id: NodeId,
-    /// Prefix of every registered actor name: `<node>/`. Names must be unique cluster-wide,
-    /// not only per process: ractor unregisters a *name* when any actor bearing it stops, and
-    /// the proxies of a peer's actors bear the peer's names, so a peer going away would
-    /// otherwise erase our own registrations.
-    pub prefix: String,
-    /// The cluster server.
-    pub cluster: ClusterHandle,
-    /// Membership changes (a lagging subscriber re-reads the fleet view).
-    pub membership: tokio::sync::broadcast::Sender<MembershipEvent>,
-    /// The gateway's bound HTTP address, once bound.
-    pub http_addr: Arc<Mutex<Option<String>>>,
-    /// Process start, ms since the Unix epoch.
-    pub incarnation: u64,
-    /// Injected clock.
-    pub clock: SharedClock,
-    /// The model, loaded once per process, when this node runs workers.
-    pub model: Option<Arc<LoadedModel>>,
-    /// Faults injected on this node (read by schedulers, written by the Chaos actor).
-    pub faults: crate::control::chaos::FaultBook,
-    /// The model's tokenizer, template and limits, when this node runs a gateway.
-    pub frontend: Option<Arc<crate::request_plane::gateway::frontend::Frontend>>,
-    /// The sim engine's timing profile when `worker.engine = "sim"`.
-    pub sim_profile: Option<crate::worker::engine::sim::SimProfile>,
-}
-
-impl NodeContext {
-    /// Registered name for a node-local actor.
-    pub fn name(&self, base: &str) -> String {
-        format!("{}{}", self.prefix, base)
-    }
-}
 
 /// Errors starting a node.
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +73,12 @@ fn plain_start_error(e: &ractor::SpawnErr) -> String {
 }
 
 /// Start a node: NodeServer, tree, then join the seeds (an authentication failure is fatal).
+///
+/// # Errors
+/// [`NodeError::Model`] when a worker or gateway node cannot load its model;
+/// [`NodeError::Tree`] when the sim profile is unreadable or the supervision tree fails to
+/// start; [`NodeError::Cluster`] when the NodeServer cannot listen or no seed can be joined
+/// (a wrong cookie included).
 pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     crate::runtime::metrics::handle();
     crate::runtime::resilience::install_panic_hook();
@@ -152,12 +118,6 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         config.cluster.max_frame_bytes,
     )
     .await?;
-    if let Some(n) = std::env::var(crate::runtime::resilience::NODE_RESTARTS_ENV)
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        crate::runtime::resilience::NODE_RESTARTS.store(n, std::sync::atomic::Ordering::Relaxed);
-    }
     let ctx = NodeContext {
         config: config.clone(),
         node_id: node_id.clone(),
@@ -171,6 +131,8 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         faults: Default::default(),
         frontend,
         sim_profile,
+        stats: Arc::new(NodeStats::from_env()),
+        fleet: Default::default(),
     };
     let spec = tree::node_tree(&ctx);
     let (root, root_task) = match Actor::spawn(spec.actor_name.clone(), Supervisor, spec).await {
@@ -216,7 +178,7 @@ impl RunningNode {
         tokio::select! {
             _ = shutdown => {
                 let grace = Duration::from_millis(self.ctx.config.node.drain_grace_ms);
-                drain(grace).await;
+                drain(&self.ctx, grace).await;
                 self.stop_ref().await;
                 NodeExit::Stopped
             }
@@ -251,15 +213,16 @@ impl RunningNode {
 /// and `/v1/fleet` show `draining`), its gateway refuses new requests with 503; in-flight
 /// requests get `grace` to finish; whatever still runs on its workers then migrates
 /// ([`crate::worker::scheduler::SchedulerMsg::HandOffAll`]). Returns when nothing is left or the
-/// grace period is over.
-pub async fn drain(grace: Duration) {
+/// grace period is over. Only this node's schedulers are drained, also when other nodes run
+/// in the same process.
+pub async fn drain(ctx: &NodeContext, grace: Duration) {
     use crate::runtime::wire::Wire;
     use crate::worker::scheduler::{SCHEDULER_GROUP, SchedulerMsg};
-    use std::sync::atomic::Ordering;
-    crate::runtime::resilience::DRAINING.store(true, Ordering::Relaxed);
+    ctx.stats.set_draining();
     let schedulers: Vec<ActorRef<SchedulerMsg>> =
         ractor::pg::get_local_members(&SCHEDULER_GROUP.to_owned())
             .into_iter()
+            .filter(|c| c.get_name().is_some_and(|n| n.starts_with(&ctx.prefix)))
             .map(Into::into)
             .collect();
     for s in &schedulers {
@@ -268,8 +231,7 @@ pub async fn drain(grace: Duration) {
     let deadline = tokio::time::Instant::now() + grace;
     let started = std::time::Instant::now();
     loop {
-        let mut busy =
-            crate::runtime::resilience::GATEWAY_IN_FLIGHT.load(Ordering::Relaxed) as usize;
+        let mut busy = ctx.stats.gateway_in_flight() as usize;
         for s in &schedulers {
             if let Ok(w) = ractor::call_t!(s, SchedulerMsg::Stats, 500)
                 && let Ok(st) = w.decode()

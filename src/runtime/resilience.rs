@@ -1,8 +1,11 @@
-//! Process-wide counters of the resilience loop, and panic accounting.
+//! Counters of the resilience loop, per node, and panic accounting.
 //!
-//! Every node reports these in its heartbeat (`/v1/fleet` → `counters`); the same events are
-//! Prometheus counters on `/metrics` (`flotilla_supervisor_restarts_total`,
-//! `flotilla_panics_total`, `flotilla_engine_hangs_total`, `flotilla_migrations_total`).
+//! Every node owns one [`NodeStats`] (made by `node::start`, handed down through the actors'
+//! arguments), so two nodes in one process (as the in-process tests run them) never share
+//! their counters or their draining flag. Each node reports them in its heartbeat
+//! (`/v1/fleet` → `counters`); the same events are Prometheus counters on `/metrics`
+//! (`flotilla_supervisor_restarts_total`, `flotilla_panics_total`,
+//! `flotilla_engine_hangs_total`, `flotilla_migrations_total`).
 //!
 //! A panic anywhere in the process — in an actor's handler (ractor catches it and reports
 //! the actor failed to its supervisor) or in a bare task no supervisor watches (tokio catches
@@ -10,37 +13,100 @@
 //! counts and logs it before the default hook runs. So no panic goes unseen.
 
 use crate::control::discovery::membership::NodeCounters;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-/// Children restarted by any supervisor of this process.
-pub static RESTARTS: AtomicU64 = AtomicU64::new(0);
-/// Panics seen by the panic hook.
-pub static PANICS: AtomicU64 = AtomicU64::new(0);
-/// Engine hangs detected by step watchdogs or canaries.
-pub static ENGINE_HANGS: AtomicU64 = AtomicU64::new(0);
-/// Requests (choices) in flight on this process's gateway.
-pub static GATEWAY_IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
-/// Times `flotilla up` restarted this node before this incarnation (from the environment
-/// variable [`NODE_RESTARTS_ENV`], set by the launcher).
-pub static NODE_RESTARTS: AtomicU64 = AtomicU64::new(0);
+/// Panics seen by the panic hook. Process-wide: the hook runs on whatever thread panicked
+/// and cannot tell which node (if any) the panicking code belonged to, so every node of the
+/// process reports the same count.
+static PANICS: AtomicU64 = AtomicU64::new(0);
+
 /// The variable through which `flotilla up` tells a node how often it was restarted.
 pub const NODE_RESTARTS_ENV: &str = "FLOTILLA_NODE_RESTARTS";
-/// Set once this node drains: its gateway refuses new requests and reports not ready.
-pub static DRAINING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Whether this node is draining.
-pub fn draining() -> bool {
-    DRAINING.load(Ordering::Relaxed)
+/// One node's resilience state: its draining flag and its counters since it started.
+#[derive(Debug, Default)]
+pub struct NodeStats {
+    /// Set once this node drains: its gateway refuses new requests and reports not ready.
+    draining: AtomicBool,
+    /// Requests (choices) in flight on this node's gateway.
+    gateway_in_flight: AtomicU64,
+    /// Children restarted by this node's supervisors.
+    restarts: AtomicU64,
+    /// Requests this node's gateway migrated to another worker.
+    migrations: AtomicU64,
+    /// Engine hangs detected by this node's step watchdogs or canaries.
+    engine_hangs: AtomicU64,
+    /// Times `flotilla up` restarted this node before this incarnation.
+    node_restarts: AtomicU64,
 }
 
-/// The counters as reported in a heartbeat.
-pub fn counters() -> NodeCounters {
-    NodeCounters {
-        migrations: crate::request_plane::request::MIGRATIONS.load(Ordering::Relaxed),
-        restarts: RESTARTS.load(Ordering::Relaxed),
-        panics: PANICS.load(Ordering::Relaxed),
-        engine_hangs: ENGINE_HANGS.load(Ordering::Relaxed),
-        node_restarts: NODE_RESTARTS.load(Ordering::Relaxed),
+impl NodeStats {
+    /// Fresh counters; `node_restarts` from [`NODE_RESTARTS_ENV`] when set (by the launcher).
+    pub fn from_env() -> Self {
+        let stats = Self::default();
+        if let Some(n) = std::env::var(NODE_RESTARTS_ENV)
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            stats.node_restarts.store(n, Ordering::Relaxed);
+        }
+        stats
+    }
+
+    /// Whether this node is draining.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Mark this node as draining (for good).
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// A Request actor started on this node's gateway.
+    pub fn request_started(&self) {
+        self.gateway_in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A Request actor stopped.
+    pub fn request_ended(&self) {
+        // Saturating: never wraps below zero, whatever the order of events.
+        let _ = self
+            .gateway_in_flight
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(1))
+            });
+    }
+
+    /// Requests (choices) in flight on this node's gateway.
+    pub fn gateway_in_flight(&self) -> u64 {
+        self.gateway_in_flight.load(Ordering::Relaxed)
+    }
+
+    /// A supervisor of this node restarted a child.
+    pub fn count_restart(&self) {
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request of this node's gateway migrated.
+    pub fn count_migration(&self) {
+        self.migrations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A watchdog of this node found its engine hung.
+    pub fn count_engine_hang(&self) {
+        self.engine_hangs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counters as reported in a heartbeat (`panics` is the process's count).
+    pub fn counters(&self) -> NodeCounters {
+        NodeCounters {
+            migrations: self.migrations.load(Ordering::Relaxed),
+            restarts: self.restarts.load(Ordering::Relaxed),
+            panics: PANICS.load(Ordering::Relaxed),
+            engine_hangs: self.engine_hangs.load(Ordering::Relaxed),
+            node_restarts: self.node_restarts.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -59,4 +125,29 @@ pub fn install_panic_hook() {
             previous(info);
         }));
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_nodes_never_share_their_counters() {
+        let (a, b) = (NodeStats::default(), NodeStats::default());
+        a.set_draining();
+        a.count_restart();
+        a.count_migration();
+        a.count_migration();
+        a.count_engine_hang();
+        a.request_started();
+        assert!(a.draining() && !b.draining());
+        assert_eq!(a.gateway_in_flight(), 1);
+        assert_eq!(b.gateway_in_flight(), 0);
+        let (ca, cb) = (a.counters(), b.counters());
+        assert_eq!((ca.restarts, ca.migrations, ca.engine_hangs), (1, 2, 1));
+        assert_eq!((cb.restarts, cb.migrations, cb.engine_hangs), (0, 0, 0));
+        a.request_ended();
+        a.request_ended();
+        assert_eq!(a.gateway_in_flight(), 0, "never below zero");
+    }
 }

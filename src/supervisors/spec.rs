@@ -191,6 +191,8 @@ pub struct SupervisorSpec {
     pub flags: SupervisorFlags,
     /// Children, in start order.
     pub children: Vec<ChildSpec>,
+    /// The node whose restart counter this supervisor's restarts add to, if any.
+    pub stats: Option<Arc<crate::runtime::resilience::NodeStats>>,
 }
 
 impl SupervisorSpec {
@@ -202,7 +204,14 @@ impl SupervisorSpec {
             name,
             flags,
             children: Vec::new(),
+            stats: None,
         }
+    }
+
+    /// Count this supervisor's restarts in `stats` (its node's counters).
+    pub fn counting(mut self, stats: Arc<crate::runtime::resilience::NodeStats>) -> Self {
+        self.stats = Some(stats);
+        self
     }
 
     /// Register the supervisor actor under a different name (or none).

@@ -212,7 +212,9 @@ impl Supervisor {
                 state.children[j].restarts += 1;
             }
             metrics::counter!("flotilla_supervisor_restarts_total", "supervisor" => sup.clone(), "child" => cid.clone()).increment(1);
-            crate::runtime::resilience::RESTARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if let Some(stats) = &state.spec.stats {
+                stats.count_restart();
+            }
         }
         let delay = state.spec.flags.backoff(n);
         if delay.is_zero() {

@@ -24,15 +24,17 @@ use crate::control::chaos::{Chaos, FaultBook};
 use crate::control::discovery::{Discovery, DiscoveryArgs};
 use crate::kv::KvEventPublisher;
 use crate::model::LoadedModel;
+use crate::request_plane::gateway::admission::Admission;
 use crate::request_plane::gateway::chaos_routes::ChaosController;
 use crate::request_plane::gateway::routes::GatewayShared;
-use crate::request_plane::gateway::serve::{Admission, Serving};
+use crate::request_plane::gateway::serve::Serving;
 use crate::request_plane::gateway::{GatewayArgs, HttpGateway};
-use crate::request_plane::router::Router;
-use crate::request_plane::token_sink::{Owner, SinkRegistry, TokenSink, sink_name};
+use crate::request_plane::protocol::{Owner, sink_name};
+use crate::request_plane::router::{Router, RouterArgs};
+use crate::request_plane::token_sink::{SinkRegistry, TokenSink};
 use crate::runtime::config::Role;
+use crate::runtime::context::NodeContext;
 use crate::runtime::ids::WorkerId;
-use crate::runtime::node::NodeContext;
 use crate::worker::engine::sim::{SimEngine, SimEngineArgs, SimProfile};
 use crate::worker::engine::{
     ChaosArgs, ChaosEngine, EngineConfig, EngineWorker, TransformerArgs, TransformerEngine,
@@ -75,6 +77,7 @@ pub fn node_tree(ctx: &NodeContext) -> SupervisorSpec {
     })
     .shutdown(shutdown(ctx));
     let mut node = SupervisorSpec::new(ctx.name("node"), node_flags)
+        .counting(ctx.stats.clone())
         .child(discovery(ctx))
         .child(chaos);
     if ctx.config.has_role(Role::Router) {
@@ -112,6 +115,8 @@ fn discovery(ctx: &NodeContext) -> ChildSpec {
             events: ctx.membership.clone(),
             clock: ctx.clock.clone(),
             worker_pool_name: ctx.name("worker_pool"),
+            stats: ctx.stats.clone(),
+            fleet: ctx.fleet.clone(),
         };
         (Discovery, args)
     })
@@ -157,6 +162,8 @@ fn gateway(ctx: &NodeContext) -> SupervisorSpec {
         http_addr: ctx.config.gateway.http_addr,
         serving,
         chaos,
+        stats: ctx.stats.clone(),
+        fleet: ctx.fleet.clone(),
     });
     let args = GatewayArgs {
         addr: ctx.config.gateway.http_addr,
@@ -170,13 +177,15 @@ fn gateway(ctx: &NodeContext) -> SupervisorSpec {
         (TokenSink, (registry.clone(), incarnation))
     })
     .shutdown(shutdown(ctx));
-    let requests = SupervisorSpec::new(ctx.name("request_sup"), flags(ctx, Strategy::OneForOne));
+    let requests = SupervisorSpec::new(ctx.name("request_sup"), flags(ctx, Strategy::OneForOne))
+        .counting(ctx.stats.clone());
     let http = ChildSpec::actor("http_gateway", Some(ctx.name("http_gateway")), move || {
         (HttpGateway, args.clone())
     })
     .shutdown(shutdown(ctx));
     // The listener starts last and stops first.
     SupervisorSpec::new(ctx.name("gateway_sup"), flags(ctx, Strategy::OneForOne))
+        .counting(ctx.stats.clone())
         .child(sink)
         .child(ChildSpec::supervisor(requests))
         .child(http)
@@ -192,7 +201,7 @@ fn router(ctx: &NodeContext) -> ChildSpec {
         seed: r.seed,
     };
     ChildSpec::actor("router", Some(ctx.name("router")), move || {
-        (Router, config.clone())
+        (Router, RouterArgs::new(config.clone()))
     })
     .shutdown(shutdown(ctx))
 }
@@ -222,12 +231,16 @@ fn worker_pool(ctx: &NodeContext) -> SupervisorSpec {
                 canary_interval: Duration::from_millis(w.canary_interval_ms),
                 owner_grace: Duration::from_millis(ctx.config.cluster.liveness_timeout_ms),
                 sim: ctx.sim_profile.clone().map(|p| (p, w.sim_speedup)),
+                stats: ctx.stats.clone(),
             }),
-            None => SupervisorSpec::new(name, flags(ctx, Strategy::OneForAll)),
+            None => SupervisorSpec::new(name, flags(ctx, Strategy::OneForAll))
+                .counting(ctx.stats.clone()),
         };
         ChildSpec::supervisor(spec)
     });
-    SupervisorSpec::new(ctx.name("worker_pool"), flags(ctx, Strategy::OneForOne)).children(replicas)
+    SupervisorSpec::new(ctx.name("worker_pool"), flags(ctx, Strategy::OneForOne))
+        .counting(ctx.stats.clone())
+        .children(replicas)
 }
 
 /// What one replica needs.
@@ -257,6 +270,8 @@ pub struct ReplicaParams {
     pub canary_interval: Duration,
     /// `Some((profile, speedup))`: a simulated engine instead of the real one.
     pub sim: Option<(SimProfile, f64)>,
+    /// The node's resilience counters (restarts, engine hangs).
+    pub stats: Arc<crate::runtime::resilience::NodeStats>,
 }
 
 /// The model identity salted into every block hash, so that blocks of different models never
@@ -335,13 +350,16 @@ pub fn replica(p: ReplicaParams) -> SupervisorSpec {
             step_timeout: p.step_timeout,
             canary_interval: p.canary_interval,
             owner_grace: p.owner_grace,
+            stats: p.stats.clone(),
         };
         ChildSpec::actor("scheduler", Some(sched_name), move || {
             (Scheduler, args.clone())
         })
         .shutdown(p.shutdown)
     };
-    SupervisorSpec::new(worker.to_string(), p.flags).children([kv, engine, scheduler])
+    SupervisorSpec::new(worker.to_string(), p.flags)
+        .counting(p.stats.clone())
+        .children([kv, engine, scheduler])
 }
 
 /// The first request id of a gateway incarnation: the incarnation (ms since the Unix epoch)

@@ -68,7 +68,9 @@ pub use crate::kv::BlockPool;
 // ---------------------------------------------------------------------------------------------
 
 use crate::kv::KvEvent;
-use crate::request_plane::token_sink::{self, Owner, TokenEvent, TokenEventKind};
+use crate::request_plane::protocol::{
+    self, Delivery, Finish, Owner, SubmitRequest, TokenEvent, TokenEventKind,
+};
 use crate::runtime::ids::{NodeId, RequestId, SeqId, WorkerId};
 use crate::runtime::wire::Wire;
 use crate::worker::WorkerError;
@@ -107,41 +109,14 @@ impl std::fmt::Display for Health {
     }
 }
 
-/// A request handed to a replica.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct SubmitRequest {
-    /// Request id, unique per submitting node.
-    pub request: RequestId,
-    /// Node whose TokenSink receives the events.
-    pub reply_to: NodeId,
-    /// Prompt token ids.
-    pub prompt: Vec<u32>,
-    /// Tokens to generate at most (≥ 1).
-    pub max_tokens: u32,
-    /// Sampling parameters.
-    pub sampling: SamplingParams,
-    /// Token ids that end the sequence (besides EOS).
-    pub stop_token_ids: Vec<u32>,
-    /// Keep generating past EOS.
-    pub ignore_eos: bool,
-    /// Incarnation of `reply_to` that submitted it: with `reply_to`, the sequence's
-    /// [`Owner`](token_sink::Owner). When the owner is gone (its node restarted or left),
-    /// the scheduler aborts the sequence.
-    #[serde(default)]
-    pub owner_incarnation: u64,
-    /// When the request reached its gateway (ms since the Unix epoch), kept across
-    /// migrations: its place in the waiting queue.
-    #[serde(default)]
-    pub arrival_ms: u64,
-    /// The HTTP request's `x-request-id`, for this worker's log lines about the sequence.
-    #[serde(default)]
-    pub trace_id: Option<String>,
-}
-
-impl SubmitRequest {
-    /// Who owns the sequence.
-    pub fn owner(&self) -> token_sink::Owner {
-        token_sink::Owner::new(self.reply_to.clone(), self.owner_incarnation)
+/// The wire form of why a sequence finished.
+impl From<FinishReason> for Finish {
+    fn from(r: FinishReason) -> Self {
+        match r {
+            FinishReason::Stop(_) => Finish::Stop,
+            FinishReason::Length => Finish::Length,
+            FinishReason::ContextLimit => Finish::ContextLimit,
+        }
     }
 }
 
@@ -233,6 +208,8 @@ pub struct SchedulerArgs {
     /// How long the owner of sequences may be missing from the token sinks' group (a sink
     /// restarting, a node suspect) before its sequences are aborted (`cluster.liveness_timeout_ms`).
     pub owner_grace: std::time::Duration,
+    /// This node's resilience counters (engine hangs).
+    pub stats: std::sync::Arc<crate::runtime::resilience::NodeStats>,
 }
 
 struct Live {
@@ -278,17 +255,17 @@ impl SchedulerState {
     fn flush(&mut self) {
         let gone = self.outbox.flush(
             |owner, events| {
-                let delivery = token_sink::Delivery {
+                let delivery = Delivery {
                     incarnation: owner.incarnation,
                     events,
                 };
-                let sent = token_sink::find_sink(owner).is_some_and(|s| {
-                    s.cast(token_sink::TokenSinkMsg::Deliver(Wire::encode(&delivery)))
+                let sent = protocol::find_sink(owner).is_some_and(|s| {
+                    s.cast(protocol::TokenSinkMsg::Deliver(Wire::encode(&delivery)))
                         .is_ok()
                 });
                 if sent { Ok(()) } else { Err(delivery.events) }
             },
-            token_sink::owner_status,
+            protocol::owner_status,
         );
         for owner in gone {
             self.abort_owner(&owner);
@@ -321,10 +298,7 @@ impl SchedulerState {
         owners.sort();
         owners.dedup();
         for owner in owners {
-            if self
-                .outbox
-                .is_gone(&owner, token_sink::owner_status(&owner))
-            {
+            if self.outbox.is_gone(&owner, protocol::owner_status(&owner)) {
                 self.abort_owner(&owner);
             }
         }
@@ -537,8 +511,7 @@ impl SchedulerState {
                 });
             }
             Verdict::Hung(what) => {
-                crate::runtime::resilience::ENGINE_HANGS
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.args.stats.count_engine_hang();
                 metrics::counter!("flotilla_engine_hangs_total", "worker" => self.args.worker.to_string())
                     .increment(1);
                 tracing::error!(worker = %self.args.worker, timeout_ms = self.watchdog.step_timeout().as_millis() as u64,

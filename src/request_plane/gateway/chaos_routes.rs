@@ -283,7 +283,7 @@ pub async fn create(
             )
             .param("duration_ms"));
         }
-        let fleet = s.fleet().await?;
+        let fleet = s.fresh_fleet().await?;
         if let FaultKind::Partition { nodes } = &mut spec.kind {
             check_partition(nodes, &fleet)?;
         }

@@ -1,4 +1,4 @@
-//! The gateway's accept loop (B21): HTTP/1.1 through hyper's connection builder, so that the
+//! The gateway's accept loop: HTTP/1.1 through hyper's connection builder, so that the
 //! deadlines are hyper's own settings rather than timers of ours.
 //!
 //! - **Connection cap**: at most `gateway.max_connections` open; one more gets a `503` with an

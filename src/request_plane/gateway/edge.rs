@@ -1,5 +1,5 @@
-//! The HTTP edge: what every request meets before a route runs (B20, B22). The connection
-//! limits (B21) are in `conn.rs`.
+//! The HTTP edge: what every request meets before a route runs. The connection limits are in
+//! `conn.rs`.
 //!
 //! - **Request ids.** Every response carries `x-request-id`: the client's value when it is 1 to
 //!   [`MAX_REQUEST_ID_LEN`] visible ASCII characters, else (absent, longer, other bytes) a
@@ -82,6 +82,9 @@ pub fn with_request_ids(app: axum::Router) -> axum::Router {
 }
 
 /// 415 unless the body is declared `application/json` (or `application/*+json`).
+///
+/// # Errors
+/// An [`ErrorKind::UnsupportedMediaType`] error when `Content-Type` is missing or another type.
 pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     let refuse = |got: &str| {
         Err(ApiError::new(
@@ -159,6 +162,11 @@ pub fn origin_allowed(origin: &str, configured: IpAddr) -> bool {
 }
 
 /// Refuse a control-API request from a foreign origin or, without a token, a foreign host.
+///
+/// # Errors
+/// [`ErrorKind::Forbidden`] with code `forbidden_origin` for an `Origin` that is not this
+/// gateway's address or loopback, or — when no `chaos.token` is set — `forbidden_host` for a
+/// missing or foreign `Host`.
 pub fn check_control(headers: &HeaderMap, policy: ControlPolicy) -> Result<(), ApiError> {
     let ip = policy.http_addr.ip();
     if let Some(origin) = headers.get(header::ORIGIN) {

@@ -41,6 +41,9 @@ impl Borrow<tokenizers::Tokenizer> for TokRef {
 impl Frontend {
     /// Load from a GGUF file (metadata only) or a Hugging Face directory; `max_context`
     /// caps the model's own context length.
+    ///
+    /// # Errors
+    /// The model's files cannot be read or parsed (tokenizer, template or metadata).
     pub fn load(path: &Path, max_context: usize) -> Result<Self, ModelError> {
         let model_id = path
             .file_stem()
@@ -95,6 +98,11 @@ impl Frontend {
     /// The prompt's token ids: chat messages through the template (its own special tokens,
     /// one BOS if the template writes one, no extra), text tokenized as-is (BOS added only when
     /// the model asks for one and the text lacks it), token ids checked against the vocabulary.
+    ///
+    /// # Errors
+    /// 400 ([`ErrorKind::InvalidRequest`]) for a chat request to a model without a chat
+    /// template, messages its template rejects, or a token id outside the vocabulary; 500
+    /// when the tokenizer fails.
     pub fn prompt_ids(&self, req: &GenerationRequest) -> Result<Vec<u32>, ApiError> {
         let internal = |e: String| {
             tracing::error!(error = %e, "tokenization failed");

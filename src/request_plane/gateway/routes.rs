@@ -2,10 +2,11 @@
 //! the control API (`edge::control_routes`); everything else is a 404 in the OpenAI error
 //! shape. Every response carries `x-request-id` (`edge.rs`).
 
-use crate::control::discovery;
 use crate::control::discovery::membership::{NodeState, NodeView};
+use crate::control::discovery::{self, FleetView};
 use crate::openai::error::{ApiError, ErrorKind};
 use crate::runtime::config::Role;
+use crate::runtime::resilience::NodeStats;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -33,10 +34,19 @@ pub struct GatewayShared {
     pub serving: Option<Arc<super::serve::Serving>>,
     /// The chaos API; `None` when disabled (its routes answer 404).
     pub chaos: Option<Arc<super::chaos_routes::ChaosController>>,
+    /// This node's draining flag and counters.
+    pub stats: Arc<NodeStats>,
+    /// The fleet view this node's Discovery publishes (what admission control reads).
+    pub fleet: FleetView,
 }
 
 impl GatewayShared {
-    pub(crate) async fn fleet(&self) -> Result<Vec<NodeView>, ApiError> {
+    /// The fleet, fresh from this node's Discovery (for `/v1/fleet`, `/health`, `/metrics` and
+    /// the chaos API; admission reads the published view instead).
+    ///
+    /// # Errors
+    /// 503 when this node's Discovery is not running or does not answer.
+    pub(crate) async fn fresh_fleet(&self) -> Result<Vec<NodeView>, ApiError> {
         let discovery = discovery::local(&self.discovery_name).ok_or_else(|| {
             ApiError::new(ErrorKind::Unavailable, "cluster membership is restarting")
         })?;
@@ -75,14 +85,14 @@ async fn live() -> Json<serde_json::Value> {
 /// `draining`). `live_worker_nodes` counts worker nodes up; `routable_workers` the replicas a
 /// router may choose.
 async fn health(State(s): State<Arc<GatewayShared>>) -> Response {
-    match s.fleet().await {
+    match s.fresh_fleet().await {
         Ok(nodes) => {
             let worker_nodes = nodes
                 .iter()
                 .filter(|n| n.state == NodeState::Up && n.roles.contains(&Role::Worker))
                 .count();
             let routable = crate::request_plane::router::live_workers().len();
-            let word = if crate::runtime::resilience::draining() {
+            let word = if s.stats.draining() {
                 "draining"
             } else if routable > 0 {
                 "ready"
@@ -106,7 +116,7 @@ async fn health(State(s): State<Arc<GatewayShared>>) -> Response {
 
 async fn metrics(State(s): State<Arc<GatewayShared>>) -> Response {
     // Per-worker gauges from the fleet view (workers report through heartbeats).
-    if let Ok(nodes) = s.fleet().await {
+    if let Ok(nodes) = s.fresh_fleet().await {
         for w in nodes
             .iter()
             .filter(|n| n.state == NodeState::Up)
@@ -138,7 +148,7 @@ async fn metrics(State(s): State<Arc<GatewayShared>>) -> Response {
 }
 
 async fn fleet(State(s): State<Arc<GatewayShared>>) -> Result<Json<serde_json::Value>, ApiError> {
-    let nodes = s.fleet().await?;
+    let nodes = s.fresh_fleet().await?;
     Ok(Json(json!({ "nodes": nodes })))
 }
 

@@ -1,7 +1,8 @@
 //! The generation routes: `POST /v1/chat/completions`, `POST /v1/completions`, streaming (SSE)
 //! and not, plus `GET /v1/models[/{id}]`.
 //!
-//! Order of work for one request: read the body (413 past `gateway.max_body_bytes`, without
+//! Order of work for one request: admission control (`admission.rs`, pure, on the published
+//! fleet view) → read the body (413 past `gateway.max_body_bytes`, without
 //! buffering more) → parse and validate (`openai::request`) → check the model (404) →
 //! tokenize (`frontend.rs`) → check the context (400) → one Request actor per choice → wait
 //! for each choice's first event, so that a refusal (no worker: 503; can never fit: 400) is
@@ -16,6 +17,7 @@
 //! record, then the stream ends without `[DONE]`; keep-alive comments are sent every
 //! `gateway.keep_alive_ms` (10 s) while a stream waits for tokens.
 
+use super::admission::{Admission, Verdict};
 use super::frontend::{Frontend, TokRef};
 use super::routes::GatewayShared;
 use crate::openai::detok::IncrementalDetokenizer;
@@ -26,10 +28,13 @@ use crate::openai::response::{
 };
 use crate::openai::sse;
 use crate::openai::stop::StopMatcher;
+use crate::request_plane::error::RequestError;
+use crate::request_plane::protocol::{Finish, TokenEventKind};
 use crate::request_plane::request::{Job, Request, RequestArgs, RequestMsg};
 use crate::request_plane::router::policy::Policy;
-use crate::request_plane::token_sink::{Finish, SinkRegistry, TokenEventKind};
+use crate::request_plane::token_sink::SinkRegistry;
 use crate::runtime::ids::{NodeId, RequestId};
+use crate::runtime::resilience::NodeStats;
 use crate::supervisors::{ChildSpec, Restart, Shutdown, SupervisorMsg};
 use crate::worker::engine::SamplingParams;
 use axum::Json;
@@ -72,50 +77,27 @@ pub struct Serving {
     pub admission: Admission,
 }
 
-/// Admission control (load shedding), checked before the body is read: a worker is busy when
-/// `kv_blocks_used / kv_blocks_total ≥ busy_kv_ratio` or `waiting ≥ busy_waiting` (as of its
-/// node's last heartbeat, ≤ `cluster.heartbeat_interval_ms` old); when every live worker is
-/// busy, or this gateway has `max_in_flight` choices in flight, the request gets **503** with
-/// `Retry-After: 1` and no work is done. (429 is reserved for per-key rate limits, which do
-/// not exist yet.)
-#[derive(Clone, Copy, Debug)]
-pub struct Admission {
-    /// See `gateway.busy_kv_ratio`.
-    pub busy_kv_ratio: f64,
-    /// See `gateway.busy_waiting`.
-    pub busy_waiting: usize,
-    /// See `gateway.max_in_flight`.
-    pub max_in_flight: usize,
-}
-
-async fn admit(s: &GatewayShared, serving: &Serving) -> Result<(), ApiError> {
-    let a = serving.admission;
-    if crate::runtime::resilience::draining() {
-        metrics::counter!("flotilla_shed_total", "reason" => "draining").increment(1);
-        return Err(unavailable("this gateway is draining; use another"));
+/// Admission control on this node's flag, this gateway's requests in flight and the fleet
+/// view Discovery last published: no call to any actor.
+fn admit(s: &GatewayShared, serving: &Serving) -> Result<(), RequestError> {
+    let fleet = s.fleet.latest();
+    match serving
+        .admission
+        .decide(s.stats.draining(), serving.registry.len(), fleet.as_deref())
+    {
+        Verdict::Admit => Ok(()),
+        Verdict::Shed {
+            reason,
+            retry_after_s,
+        } => {
+            metrics::counter!("flotilla_shed_total", "reason" => reason.as_str()).increment(1);
+            Err(RequestError::Overloaded {
+                reason,
+                retry_after_s,
+            })
+        }
+        Verdict::NoFleetView => Err(RequestError::MembershipUnavailable),
     }
-    if serving.registry.len() >= a.max_in_flight {
-        metrics::counter!("flotilla_shed_total", "reason" => "gateway_queue").increment(1);
-        return Err(unavailable(
-            "the gateway is at its in-flight limit; retry shortly",
-        ));
-    }
-    let fleet = s.fleet().await?;
-    let workers: Vec<_> = fleet
-        .iter()
-        .filter(|n| n.state == crate::control::discovery::membership::NodeState::Up)
-        .flat_map(|n| &n.workers)
-        .collect();
-    let busy = |w: &&crate::control::discovery::membership::WorkerView| {
-        w.waiting >= a.busy_waiting
-            || (w.kv_blocks_total > 0
-                && w.kv_blocks_used as f64 >= a.busy_kv_ratio * w.kv_blocks_total as f64)
-    };
-    if !workers.is_empty() && workers.iter().all(busy) {
-        metrics::counter!("flotilla_shed_total", "reason" => "all_workers_busy").increment(1);
-        return Err(unavailable("every worker is busy; retry shortly"));
-    }
-    Ok(())
 }
 
 /// The routing policy asked for by the `x-flotilla-route-policy` header, if any.
@@ -136,25 +118,6 @@ fn route_policy(headers: &HeaderMap) -> Result<Option<Policy>, ApiError> {
                 ),
             )
         })
-}
-
-fn unavailable(msg: &str) -> ApiError {
-    let mut e = ApiError::new(ErrorKind::Unavailable, msg);
-    e.retry_after_s = Some(1);
-    e
-}
-
-fn status_error(status: u16, message: String) -> ApiError {
-    let kind = match status {
-        400 => ErrorKind::InvalidRequest,
-        503 => ErrorKind::Unavailable,
-        _ => ErrorKind::Internal,
-    };
-    let mut e = ApiError::new(kind, message);
-    if kind == ErrorKind::Unavailable {
-        e.retry_after_s = Some(1);
-    }
-    e
 }
 
 /// Read a whole body: 413 past `limit` bytes (without buffering more), 408 when it is not
@@ -264,10 +227,10 @@ impl Choice {
                     .increment(u64::from(cached_tokens));
             }
             TokenEventKind::Failed { message, status } => {
-                return Err(status_error(status, message));
+                return Err(RequestError::from_failed(message, status).into());
             }
             TokenEventKind::Lost { reason } => {
-                return Err(status_error(503, reason));
+                return Err(RequestError::Lost(reason).into());
             }
             TokenEventKind::Token {
                 id,
@@ -337,13 +300,14 @@ struct Started {
 
 async fn spawn_choice(
     serving: &Serving,
+    stats: &Arc<NodeStats>,
     policy: Option<Policy>,
     job: Job,
     index: u32,
     merged: mpsc::UnboundedSender<(u32, TokenEventKind)>,
 ) -> Result<ActorRef<RequestMsg>, ApiError> {
     let sup: ActorRef<SupervisorMsg> = ractor::registry::where_is(serving.request_sup.clone())
-        .ok_or_else(|| unavailable("the gateway is restarting"))?
+        .ok_or(RequestError::GatewayRestarting)?
         .into();
     let (tx, mut rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
@@ -364,6 +328,7 @@ async fn spawn_choice(
         block_size: serving.block_size,
         salt: serving.frontend.salt,
         policy,
+        stats: stats.clone(),
     };
     let spec = ChildSpec::actor(format!("request-{}", job.request), Some(name), move || {
         (Request, args.clone())
@@ -371,10 +336,10 @@ async fn spawn_choice(
     .restart(Restart::Temporary)
     .shutdown(Shutdown::Timeout(Duration::from_secs(1)));
     let cell = ractor::call!(sup, SupervisorMsg::StartChild, spec)
-        .map_err(|_| unavailable("the gateway is restarting"))?
+        .map_err(|_| RequestError::GatewayRestarting)?
         .map_err(|e| {
             tracing::error!(error = %e, "request actor failed to start");
-            ApiError::new(ErrorKind::Internal, "internal error starting the request")
+            RequestError::StartFailed
         })?;
     Ok(cell.into())
 }
@@ -386,11 +351,8 @@ async fn start(
     body: Body,
 ) -> Result<Started, ApiError> {
     let t0 = Instant::now();
-    let serving = s
-        .serving
-        .as_ref()
-        .ok_or_else(|| unavailable("this gateway serves no model"))?;
-    admit(s, serving).await?;
+    let serving = s.serving.as_ref().ok_or(RequestError::NoModel)?;
+    admit(s, serving)?;
     let bytes = read_body(headers, body, s.max_body_bytes, s.request_body_timeout).await?;
     let req = parse_request(kind, &bytes)?;
     let fe = &serving.frontend;
@@ -427,7 +389,7 @@ async fn start(
         };
         guard
             .0
-            .push(spawn_choice(serving, policy, job, i, merged_tx.clone()).await?);
+            .push(spawn_choice(serving, &s.stats, policy, job, i, merged_tx.clone()).await?);
         let tok = TokRef(fe.tokenizer.clone());
         choices.push(Choice {
             detok: IncrementalDetokenizer::with_context(tok.clone(), &prompt),
@@ -469,12 +431,12 @@ async fn start(
             .rx
             .recv()
             .await
-            .ok_or_else(|| unavailable("the request ended unexpectedly"))?;
+            .ok_or(RequestError::EndedUnexpectedly)?;
         match ev {
             TokenEventKind::Failed { message, status } => {
-                return Err(status_error(status, message));
+                return Err(RequestError::from_failed(message, status).into());
             }
-            TokenEventKind::Lost { reason } => return Err(status_error(503, reason)),
+            TokenEventKind::Lost { reason } => return Err(RequestError::Lost(reason).into()),
             _ => {}
         }
         heard[i as usize] = true;
@@ -515,10 +477,7 @@ async fn collect(mut st: Started) -> Result<Response, ApiError> {
             break;
         }
         let (i, ev) = if queue.is_empty() {
-            st.rx
-                .recv()
-                .await
-                .ok_or_else(|| unavailable("the request ended unexpectedly"))?
+            st.rx.recv().await.ok_or(RequestError::EndedUnexpectedly)?
         } else {
             queue.remove(0)
         };
@@ -579,7 +538,7 @@ fn stream(st: Started, keep_alive: Duration) -> Response {
                 Some(queue.remove(0))
             };
             let Some((i, ev)) = next else {
-                yield Ok(sse::error(&unavailable("the request ended unexpectedly")));
+                yield Ok(sse::error(&RequestError::EndedUnexpectedly.into()));
                 record(route, "error", &st);
                 return;
             };

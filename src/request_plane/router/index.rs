@@ -937,6 +937,9 @@ impl PrefixIndex {
     }
 
     /// Checks every structural invariant; `O(size)`, for tests and debugging.
+    ///
+    /// # Errors
+    /// A description of the first invariant found broken.
     pub fn check_invariants(&self) -> Result<(), String> {
         self.check_nodes()?;
         self.check_workers()

@@ -1,4 +1,4 @@
-//! [`LoadModel`]: the load the router itself has put on each worker.
+//! [`ActiveLoad`]: the load the router itself has put on each worker.
 //!
 //! Per worker, two quantities (the inputs of the KV cost, NVIDIA Dynamo's "active prefill" and
 //! "active decode blocks", <https://docs.nvidia.com/dynamo/dev/components/router/routing-concepts>):
@@ -9,26 +9,39 @@
 //! in_flight(w)      = #requests routed to w, not finished
 //! ```
 //!
-//! A request enters at [`LoadModel::on_routed`] (its uncached prompt tokens wait for prefill,
+//! A request enters at [`ActiveLoad::on_routed`] (its uncached prompt tokens wait for prefill,
 //! its blocks count as decode load at once, as Dynamo's "potential active blocks" do), its
-//! prefill tokens leave at [`LoadModel::on_first_token`] (prefill is done once the first token
-//! is out), and everything leaves at [`LoadModel::on_finished`]. Decode blocks stay at the
-//! routed value: the model does not grow them with generated tokens. Requests never heard of
-//! again (a gateway that died) are dropped by [`LoadModel::expire`], `ttl_ms` after the last
+//! prefill tokens leave at [`ActiveLoad::on_first_token`] (prefill is done once the first token
+//! is out), and everything leaves at [`ActiveLoad::on_finished`]. Decode blocks stay at the
+//! routed value: they do not grow with generated tokens. Requests never heard of
+//! again (a gateway that died) are dropped by [`ActiveLoad::expire`], `ttl_ms` after the last
 //! call that named them. Unknown keys are ignored everywhere, so every call is idempotent.
 //!
-//! Requests are keyed like the first selector (`router/select.rs`): `(submitting node, request
-//! id)` — see [`RequestKey`]. Workers are interned to slots ([`LoadModel::slot`],
-//! [`LoadModel::load_at`]) like in the prefix index, so the selector can read loads without
+//! Requests are keyed by [`RequestKey`]: the submitting gateway node and the request id on
+//! that node (ids are unique per node only). Workers are interned to slots ([`ActiveLoad::slot`],
+//! [`ActiveLoad::load_at`]) like in the prefix index, so the selector can read loads without
 //! hashing worker ids per decision. Costs: `O(1)` per call except `expire` and
 //! `remove_worker`, `O(requests in flight)`.
 
-use crate::runtime::ids::{RequestId, WorkerId};
+use crate::runtime::ids::{NodeId, RequestId, WorkerId};
 
 use super::index::{FastMap, fresh_epoch};
 
-/// A request: `(submitting node, request id on that node)`.
-pub type RequestKey = (String, RequestId);
+/// A request placed by a router: the gateway node that submitted it and its id on that node.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RequestKey {
+    /// The submitting (gateway) node.
+    pub node: NodeId,
+    /// The request's id on that node.
+    pub request: RequestId,
+}
+
+impl RequestKey {
+    /// `request` of `node`.
+    pub fn new(node: NodeId, request: RequestId) -> Self {
+        Self { node, request }
+    }
+}
 
 /// Load of one worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -51,17 +64,17 @@ struct Placement {
     last_seen_ms: u64,
 }
 
-/// A worker's slot in a [`LoadModel`] (see [`LoadModel::slot`]).
+/// A worker's slot in a [`ActiveLoad`] (see [`ActiveLoad::slot`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LoadSlot(u32);
 
 /// Per-worker prefill and decode load (see the module docs).
 ///
 /// Workers are interned to slots on their first placement and keep them until
-/// [`LoadModel::remove_worker`], so [`LoadModel::workers_epoch`] changes only when a worker
+/// [`ActiveLoad::remove_worker`], so [`ActiveLoad::workers_epoch`] changes only when a worker
 /// appears or is removed.
 #[derive(Debug, Clone, Default)]
-pub struct LoadModel {
+pub struct ActiveLoad {
     placements: FastMap<RequestKey, Placement>,
     by_id: FastMap<WorkerId, u32>,
     /// By slot: the worker (None: free slot) and its load.
@@ -70,7 +83,7 @@ pub struct LoadModel {
     epoch: u64,
 }
 
-impl LoadModel {
+impl ActiveLoad {
     /// An empty model.
     pub fn new() -> Self {
         Self::default()
@@ -163,8 +176,8 @@ impl LoadModel {
             .map_or_else(WorkerLoad::default, |s| self.load_at(s))
     }
 
-    /// `worker`'s slot, to read [`LoadModel::load_at`] without hashing its id again. A slot
-    /// stays valid while [`LoadModel::workers_epoch`] is unchanged.
+    /// `worker`'s slot, to read [`ActiveLoad::load_at`] without hashing its id again. A slot
+    /// stays valid while [`ActiveLoad::workers_epoch`] is unchanged.
     pub fn slot(&self, worker: &WorkerId) -> Option<LoadSlot> {
         self.by_id.get(worker).map(|s| LoadSlot(*s))
     }
@@ -255,12 +268,12 @@ mod tests {
     }
 
     fn k(n: u64) -> RequestKey {
-        ("gw".into(), RequestId(n))
+        RequestKey::new(NodeId::new("gw"), RequestId(n))
     }
 
     #[test]
     fn routed_first_token_finished() {
-        let mut m = LoadModel::new();
+        let mut m = ActiveLoad::new();
         m.on_routed(k(1), &w("a"), 100, 10, 0);
         m.on_routed(k(2), &w("a"), 30, 4, 0);
         m.on_routed(k(3), &w("b"), 7, 1, 0);
@@ -303,7 +316,7 @@ mod tests {
 
     #[test]
     fn finishing_before_first_token_releases_prefill() {
-        let mut m = LoadModel::new();
+        let mut m = ActiveLoad::new();
         m.on_routed(k(1), &w("a"), 50, 5, 0);
         m.on_finished(&k(1));
         assert_eq!(m.load(&w("a")), WorkerLoad::default());
@@ -312,7 +325,7 @@ mod tests {
 
     #[test]
     fn rerouting_moves_the_request() {
-        let mut m = LoadModel::new();
+        let mut m = ActiveLoad::new();
         m.on_routed(k(1), &w("a"), 50, 5, 0);
         m.on_routed(k(1), &w("b"), 20, 5, 1);
         assert_eq!(m.load(&w("a")), WorkerLoad::default());
@@ -322,7 +335,7 @@ mod tests {
 
     #[test]
     fn stale_requests_expire_from_their_last_news() {
-        let mut m = LoadModel::new();
+        let mut m = ActiveLoad::new();
         m.on_routed(k(1), &w("a"), 10, 1, 0);
         m.on_routed(k(2), &w("a"), 20, 2, 0);
         m.on_routed(k(3), &w("b"), 40, 4, 500);
@@ -344,7 +357,7 @@ mod tests {
 
     #[test]
     fn slots_are_stable_until_a_worker_is_removed() {
-        let mut m = LoadModel::new();
+        let mut m = ActiveLoad::new();
         assert_eq!(m.slot(&w("a")), None);
         m.on_routed(k(1), &w("a"), 10, 1, 0);
         let (a, epoch) = (m.slot(&w("a")).unwrap(), m.workers_epoch());
@@ -369,7 +382,7 @@ mod tests {
 
     #[test]
     fn removing_a_worker_forgets_its_requests_only() {
-        let mut m = LoadModel::new();
+        let mut m = ActiveLoad::new();
         m.on_routed(k(1), &w("a"), 10, 1, 0);
         m.on_routed(k(2), &w("b"), 20, 2, 0);
         m.on_routed(k(3), &w("a"), 30, 3, 0);

@@ -16,7 +16,7 @@
 //! cost(w)           = overlap_weight × prefill_blocks(w) + decode_blocks(w)                blocks
 //! ```
 //!
-//! `queued_prefill_tokens` and `active_decode_blocks` come from [`LoadModel`];
+//! `queued_prefill_tokens` and `active_decode_blocks` come from [`ActiveLoad`];
 //! `overlap_weight` defaults to 1.0 (Dynamo's `--kv-overlap-score-weight`): higher favours
 //! cache reuse (time to first token), lower favours even decode load (inter-token latency).
 //!
@@ -67,7 +67,7 @@ use serde::{Deserialize, Serialize};
 use crate::runtime::ids::{SequenceHash, WorkerId};
 
 use super::index::{Overlaps, PrefixIndex, TierSet, WorkerSlot};
-use super::load::{LoadModel, LoadSlot, WorkerLoad};
+use super::load::{ActiveLoad, LoadSlot, WorkerLoad};
 
 /// Tokens per KV block unless configured (the engine's default).
 pub const DEFAULT_BLOCK_SIZE: u32 = 16;
@@ -169,6 +169,9 @@ pub enum ConfigError {
 
 impl SelectorConfig {
     /// Checks the ranges documented on the fields.
+    ///
+    /// # Errors
+    /// The first field out of its range.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.block_size == 0 {
             return Err(ConfigError::ZeroBlockSize);
@@ -236,9 +239,9 @@ pub struct Decision {
     pub overlap_blocks: u32,
     /// The largest overlap among the live workers (`overlap_blocks` ≤ this).
     pub best_overlap_blocks: u32,
-    /// Prompt tokens the chosen worker must prefill: pass to [`LoadModel::on_routed`].
+    /// Prompt tokens the chosen worker must prefill: pass to [`ActiveLoad::on_routed`].
     pub uncached_tokens: u32,
-    /// `ceil(prompt_tokens / block_size)`: pass to [`LoadModel::on_routed`].
+    /// `ceil(prompt_tokens / block_size)`: pass to [`ActiveLoad::on_routed`].
     pub request_blocks: u32,
     /// The chosen worker's kv cost terms (computed whatever the policy).
     pub prefill_blocks: f64,
@@ -269,7 +272,7 @@ struct LiveCache {
 }
 
 impl LiveCache {
-    fn refresh(&mut self, live: &[WorkerId], index: &PrefixIndex, load: &LoadModel) {
+    fn refresh(&mut self, live: &[WorkerId], index: &PrefixIndex, load: &ActiveLoad) {
         let (ie, le) = (index.workers_epoch(), load.workers_epoch());
         if self.index_epoch == ie && self.load_epoch == le && self.live == live {
             return;
@@ -280,7 +283,7 @@ impl LiveCache {
     }
 
     /// Load of the `i`-th live worker.
-    fn load(&self, i: usize, load: &LoadModel) -> WorkerLoad {
+    fn load(&self, i: usize, load: &ActiveLoad) -> WorkerLoad {
         self.slots[i]
             .1
             .map_or_else(WorkerLoad::default, |s| load.load_at(s))
@@ -289,6 +292,9 @@ impl LiveCache {
 
 impl Selector {
     /// A selector; overlaps count blocks held in any tier (see [`Selector::with_tiers`]).
+    ///
+    /// # Errors
+    /// The configuration is invalid ([`SelectorConfig::validate`]).
     pub fn new(config: SelectorConfig) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(Selector {
@@ -313,7 +319,7 @@ impl Selector {
 
     /// Picks one of `live` for a request of `prompt_tokens` tokens whose full blocks have the
     /// sequence hashes `hashes` (`kv_block_manager::hash::block_hashes`, in order). `None` iff
-    /// `live` is empty. Does not book the placement: call [`LoadModel::on_routed`] with the
+    /// `live` is empty. Does not book the placement: call [`ActiveLoad::on_routed`] with the
     /// decision.
     pub fn select(
         &mut self,
@@ -321,7 +327,7 @@ impl Selector {
         hashes: &[SequenceHash],
         prompt_tokens: u32,
         index: &PrefixIndex,
-        load: &LoadModel,
+        load: &ActiveLoad,
     ) -> Option<Decision> {
         if live.is_empty() {
             return None;
@@ -346,7 +352,7 @@ impl Selector {
     }
 
     /// The kv cost of every live worker (in `live` order, resolved by the cache).
-    fn costs(&self, overlaps: &Overlaps<'_>, prompt_tokens: u32, load: &LoadModel) -> Vec<Cost> {
+    fn costs(&self, overlaps: &Overlaps<'_>, prompt_tokens: u32, load: &ActiveLoad) -> Vec<Cost> {
         let cache = &self.cache;
         (0..cache.slots.len())
             .map(|i| {
@@ -357,7 +363,7 @@ impl Selector {
     }
 
     /// Index into `live` of the worker the policy picks.
-    fn pick(&mut self, live: &[WorkerId], costs: &[Cost], load: &LoadModel) -> usize {
+    fn pick(&mut self, live: &[WorkerId], costs: &[Cost], load: &ActiveLoad) -> usize {
         match self.config.policy {
             Policy::Kv if self.config.temperature > 0.0 => self.sample(live, costs),
             Policy::Kv => self.lowest_cost(live, costs),

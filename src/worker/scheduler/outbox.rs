@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::time::Duration;
 
-use crate::request_plane::token_sink::OwnerStatus;
+use crate::request_plane::protocol::OwnerStatus;
 use crate::runtime::clock::{Instant, SharedClock};
 
 /// Events per owner, and since when each unreachable owner has been missing.

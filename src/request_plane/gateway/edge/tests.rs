@@ -67,7 +67,7 @@ fn hosts() {
 
 #[test]
 fn control_api_refuses_rebinding_and_foreign_origins() {
-    // B20 (b), (c): a foreign Host, with or without a port.
+    // A foreign Host, with or without a port (DNS rebinding).
     for host in ["elsewhere.example:8080", "elsewhere.example"] {
         let e = check_control(&headers(&[("host", host)]), LOOPBACK).unwrap_err();
         assert_eq!(e.status().as_u16(), 403);
@@ -75,7 +75,7 @@ fn control_api_refuses_rebinding_and_foreign_origins() {
     }
     // No Host at all.
     assert!(check_control(&HeaderMap::new(), LOOPBACK).is_err());
-    // B20 (a): a foreign Origin, even with a proper Host.
+    // A foreign Origin, even with a proper Host.
     for origin in [
         "http://elsewhere.example",
         "null",

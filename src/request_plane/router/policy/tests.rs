@@ -14,7 +14,7 @@ fn w(s: &str) -> WorkerId {
 }
 
 fn key(n: u64) -> RequestKey {
-    ("gw".into(), RequestId(n))
+    RequestKey::new(crate::runtime::ids::NodeId::new("gw"), RequestId(n))
 }
 
 /// Sequence hashes of a prompt of `blocks` full blocks of 16 tokens, varying with `seed`.
@@ -99,7 +99,7 @@ fn config_is_validated() {
 #[test]
 fn empty_live_list_gives_none() {
     let index = PrefixIndex::new();
-    let load = LoadModel::new();
+    let load = ActiveLoad::new();
     for p in Policy::ALL {
         assert_eq!(
             selector(p).select(&[], &prompt(4, 0), 64, &index, &load),
@@ -138,7 +138,7 @@ fn decision_reports_the_formula_terms() {
     let hashes = prompt(6, 1);
     let mut index = PrefixIndex::new();
     hold(&mut index, "a", &hashes, 4);
-    let mut load = LoadModel::new();
+    let mut load = ActiveLoad::new();
     load.on_routed(key(1), &w("a"), 32, 10, 0);
     let mut s = Selector::new(SelectorConfig {
         overlap_weight: 2.0,
@@ -167,7 +167,7 @@ fn prefix_holder_wins_when_loads_are_equal() {
     let mut index = PrefixIndex::new();
     hold(&mut index, "b", &hashes, 20);
     hold(&mut index, "c", &hashes, 5);
-    let load = LoadModel::new();
+    let load = ActiveLoad::new();
     let live = [w("a"), w("b"), w("c"), w("d")];
     let mut s = selector(Policy::Kv);
     for _ in 0..5 {
@@ -183,7 +183,7 @@ fn load_wins_when_the_holder_is_much_busier() {
     let hashes = prompt(32, 3);
     let mut index = PrefixIndex::new();
     hold(&mut index, "a", &hashes, 32);
-    let mut load = LoadModel::new();
+    let mut load = ActiveLoad::new();
     // a saves 32 prefill blocks but carries 1000 decode blocks more than b.
     load.on_routed(key(1), &w("a"), 0, 1000, 0);
     let mut s = selector(Policy::Kv);
@@ -220,7 +220,7 @@ fn load_wins_when_the_holder_is_much_busier() {
 fn queued_prefill_counts_against_a_worker() {
     let hashes = prompt(8, 4);
     let index = PrefixIndex::new();
-    let mut load = LoadModel::new();
+    let mut load = ActiveLoad::new();
     load.on_routed(key(1), &w("a"), 4096, 0, 0);
     let mut s = selector(Policy::Kv);
     let d = s
@@ -242,7 +242,7 @@ fn queued_prefill_counts_against_a_worker() {
 #[test]
 fn ties_are_deterministic_whatever_the_live_order() {
     let index = PrefixIndex::new();
-    let load = LoadModel::new();
+    let load = ActiveLoad::new();
     let hashes = prompt(4, 5);
     let orders = [
         [w("c"), w("a"), w("b")],
@@ -269,7 +269,7 @@ fn ties_are_deterministic_whatever_the_live_order() {
 #[test]
 fn booking_decisions_spreads_cold_requests() {
     let index = PrefixIndex::new();
-    let mut load = LoadModel::new();
+    let mut load = ActiveLoad::new();
     let live = [w("a"), w("b"), w("c"), w("d")];
     let mut s = selector(Policy::Kv);
     let mut count: HashMap<WorkerId, u32> = HashMap::new();
@@ -288,7 +288,7 @@ fn temperature_sampling_is_reproducible_and_spreads() {
     let mut index = PrefixIndex::new();
     hold(&mut index, "a", &hashes, 32);
     hold(&mut index, "b", &hashes, 16);
-    let load = LoadModel::new();
+    let load = ActiveLoad::new();
     let live = [w("d"), w("c"), w("b"), w("a")];
     let config = SelectorConfig {
         temperature: 0.5,
@@ -327,7 +327,7 @@ fn temperature_sampling_is_reproducible_and_spreads() {
 #[test]
 fn temperature_with_equal_costs_is_uniform() {
     let index = PrefixIndex::new();
-    let load = LoadModel::new();
+    let load = ActiveLoad::new();
     let live = [w("a"), w("b")];
     let mut s = Selector::new(SelectorConfig {
         temperature: 1.0,
@@ -352,7 +352,7 @@ fn dead_workers_are_never_chosen() {
     let mut index = PrefixIndex::new();
     hold(&mut index, "dead", &hashes, 16);
     hold(&mut index, "b", &hashes, 2);
-    let load = LoadModel::new();
+    let load = ActiveLoad::new();
     let live = [w("a"), w("b"), w("c")];
     for p in Policy::ALL {
         for temperature in [0.0, 0.3, 50.0] {
@@ -378,7 +378,7 @@ fn least_loaded_prefers_fewest_in_flight_then_decode_blocks() {
     let hashes = prompt(8, 8);
     let mut index = PrefixIndex::new();
     hold(&mut index, "a", &hashes, 8);
-    let mut load = LoadModel::new();
+    let mut load = ActiveLoad::new();
     load.on_routed(key(1), &w("a"), 0, 1, 0);
     load.on_routed(key(2), &w("b"), 0, 50, 0);
     load.on_routed(key(3), &w("c"), 0, 10, 0);
@@ -397,7 +397,7 @@ fn least_loaded_prefers_fewest_in_flight_then_decode_blocks() {
 #[test]
 fn round_robin_cycles_through_sorted_live_workers() {
     let index = PrefixIndex::new();
-    let mut load = LoadModel::new();
+    let mut load = ActiveLoad::new();
     load.on_routed(key(1), &w("b"), 999, 999, 0);
     let mut s = selector(Policy::RoundRobin);
     let live = [w("c"), w("b"), w("a"), w("b")];
@@ -410,7 +410,7 @@ fn round_robin_cycles_through_sorted_live_workers() {
 #[test]
 fn random_is_seeded_uniform_over_live_workers() {
     let index = PrefixIndex::new();
-    let load = LoadModel::new();
+    let load = ActiveLoad::new();
     let live: Vec<WorkerId> = (0..5).map(|i| w(&format!("w{i}"))).collect();
     let run = |seed: u64| -> Vec<WorkerId> {
         let mut s = Selector::new(SelectorConfig {
@@ -454,7 +454,7 @@ fn device_only_selector_ignores_host_copies() {
             blocks,
         },
     });
-    let load = LoadModel::new();
+    let load = ActiveLoad::new();
     let d = selector(Policy::Kv)
         .select(&[w("a")], &hashes, 128, &index, &load)
         .unwrap();
@@ -471,7 +471,7 @@ fn cached_slots_follow_worker_churn() {
     let hashes = prompt(8, 10);
     let mut index = PrefixIndex::new();
     hold(&mut index, "a", &hashes, 8);
-    let mut load = LoadModel::new();
+    let mut load = ActiveLoad::new();
     let mut s = selector(Policy::Kv);
     let live = [w("a"), w("b")];
     let d = s.select(&live, &hashes, 128, &index, &load).unwrap();
@@ -486,7 +486,7 @@ fn cached_slots_follow_worker_churn() {
         .select(&[w("b"), w("c")], &hashes, 128, &index, &load)
         .unwrap();
     assert_eq!((d.worker.clone(), d.overlap_blocks), (w("c"), 8));
-    // Load: c gets very busy, is removed from the load model, and d reuses its slot.
+    // Load: c gets very busy, is removed from the active load, and d reuses its slot.
     load.on_routed(key(1), &w("c"), 0, 10_000, 0);
     let d = s
         .select(&[w("b"), w("c")], &hashes, 128, &index, &load)

@@ -1,0 +1,229 @@
+//! The request plane's messages, shared by both ends: the gateway side (Request actors,
+//! TokenSinks) and the worker side (schedulers). Neither end imports the other's actors for
+//! these types; the workers know this module, not the door.
+//!
+//! - [`SubmitRequest`] — a gateway's Request actor hands one attempt to a worker's scheduler.
+//! - [`RouteRequest`] — a Request actor asks a Router for a placement.
+//! - [`TokenEvent`] / [`TokenEventKind`] / [`Finish`] — what happened to a request on its
+//!   worker, batched per owner in a [`Delivery`] and sent as one [`TokenSinkMsg::Deliver`]
+//!   per engine step.
+//! - [`Owner`] — who submitted a sequence (a gateway node in one incarnation), and how a worker
+//!   finds and checks its sink ([`find_sink`], [`owner_status`]).
+//!
+//! Every type that crosses nodes travels in a [`Wire`] (MessagePack with named fields), so
+//! the encodings here are the cluster's wire format: change them compatibly only.
+//!
+//! # Owners and incarnations
+//! A sequence on a worker is owned by the gateway node that submitted it, in one
+//! **incarnation** (the node's start, ms since the Unix epoch): an [`Owner`]. The owner's sink
+//! is registered as `<node>/token_sink@<incarnation in hex>` ([`sink_name`]), every delivery
+//! names the incarnation it is for, and a sink drops deliveries for another one. So when a
+//! gateway node restarts, the events of its old requests (orphans still running on workers)
+//! can never reach the new incarnation's requests; and a worker that finds its owner's sink
+//! gone ([`owner_status`]: replaced by a newer incarnation at once, or missing for the
+//! liveness timeout) aborts the owner's sequences and frees their KV blocks.
+
+use crate::request_plane::router::policy::Policy;
+use crate::runtime::ids::{NodeId, RequestId, SequenceHash, WorkerId};
+use crate::runtime::wire::Wire;
+use crate::worker::engine::SamplingParams;
+use ractor::ActorRef;
+use ractor_cluster::RactorClusterMessage;
+use serde::{Deserialize, Serialize};
+
+/// A request handed to a replica.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SubmitRequest {
+    /// Request id, unique per submitting node.
+    pub request: RequestId,
+    /// Node whose TokenSink receives the events.
+    pub reply_to: NodeId,
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Tokens to generate at most (≥ 1).
+    pub max_tokens: u32,
+    /// Sampling parameters.
+    pub sampling: SamplingParams,
+    /// Token ids that end the sequence (besides EOS).
+    pub stop_token_ids: Vec<u32>,
+    /// Keep generating past EOS.
+    pub ignore_eos: bool,
+    /// Incarnation of `reply_to` that submitted it: with `reply_to`, the sequence's
+    /// [`Owner`]. When the owner is gone (its node restarted or left),
+    /// the scheduler aborts the sequence.
+    #[serde(default)]
+    pub owner_incarnation: u64,
+    /// When the request reached its gateway (ms since the Unix epoch), kept across
+    /// migrations: its place in the waiting queue.
+    #[serde(default)]
+    pub arrival_ms: u64,
+    /// The HTTP request's `x-request-id`, for this worker's log lines about the sequence.
+    #[serde(default)]
+    pub trace_id: Option<String>,
+}
+
+impl SubmitRequest {
+    /// Who owns the sequence.
+    pub fn owner(&self) -> Owner {
+        Owner::new(self.reply_to.clone(), self.owner_incarnation)
+    }
+}
+
+/// A placement request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RouteRequest {
+    /// Submitting node.
+    pub node: NodeId,
+    /// Request id on that node.
+    pub request: RequestId,
+    /// Prompt length in tokens.
+    pub prompt_tokens: u32,
+    /// Sequence hash of every full block of the prompt (the KV block manager's recipe).
+    #[serde(default)]
+    pub seq_hashes: Vec<SequenceHash>,
+    /// Policy for this request (`None`: the router's configured one).
+    #[serde(default)]
+    pub policy: Option<Policy>,
+    /// Workers that already failed this request: not chosen unless no other is live.
+    #[serde(default)]
+    pub avoid: Vec<WorkerId>,
+}
+
+/// Process group of every TokenSink.
+pub const TOKEN_SINK_GROUP: &str = "flotilla.token_sinks";
+
+/// Who submitted a sequence: a gateway node in one incarnation.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Owner {
+    /// The submitting node.
+    pub node: NodeId,
+    /// Its incarnation (start time, ms since the Unix epoch).
+    pub incarnation: u64,
+}
+
+impl Owner {
+    /// `node` in `incarnation`.
+    pub fn new(node: NodeId, incarnation: u64) -> Self {
+        Self { node, incarnation }
+    }
+}
+
+impl std::fmt::Display for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{:x}", self.node, self.incarnation)
+    }
+}
+
+/// Registered name of `owner`'s sink: `<node>/token_sink@<incarnation in hex>`.
+pub fn sink_name(owner: &Owner) -> String {
+    format!("{}/token_sink@{:x}", owner.node, owner.incarnation)
+}
+
+/// Whether an owner's sink can be reached from here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnerStatus {
+    /// Its sink is in the group.
+    Present,
+    /// A sink of the same node in another incarnation is: the owner restarted.
+    Replaced,
+    /// No sink of that node is (restarting, partitioned or dead).
+    Missing,
+}
+
+/// The status of `owner` among the members of [`TOKEN_SINK_GROUP`] (one group read).
+pub fn owner_status(owner: &Owner) -> OwnerStatus {
+    let exact = sink_name(owner);
+    let same_node = format!("{}/token_sink@", owner.node);
+    let mut status = OwnerStatus::Missing;
+    for cell in ractor::pg::get_members(&TOKEN_SINK_GROUP.to_owned()) {
+        match cell.get_name() {
+            Some(n) if n == exact => return OwnerStatus::Present,
+            Some(n) if n.starts_with(&same_node) => status = OwnerStatus::Replaced,
+            _ => {}
+        }
+    }
+    status
+}
+
+/// Why a finished sequence stopped, on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Finish {
+    /// End of sequence or a stop token (the token is not text to show).
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// The context window is full.
+    ContextLimit,
+}
+
+/// What happened to a request on its worker.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum TokenEventKind {
+    /// Admitted: the prompt's leading `cached_tokens` came from the prefix cache.
+    Admitted {
+        /// Worker serving it.
+        worker: WorkerId,
+        /// Prompt tokens reused from the prefix cache.
+        cached_tokens: u32,
+    },
+    /// One generated token; `finish` is set on the last one. A `Stop` finish token is the EOS
+    /// or stop token itself.
+    Token {
+        /// Token id.
+        id: u32,
+        /// Natural-log probability under the unmodified distribution.
+        logprob: f32,
+        /// Set on the request's last token.
+        finish: Option<Finish>,
+        /// Position of this token among those the worker generated for this submission
+        /// (0, 1, 2, …): a gap means events were lost on the way.
+        #[serde(default)]
+        index: u32,
+    },
+    /// The worker will not continue this request (its replica is stopping or draining); what
+    /// was generated so far is valid and the request may resume elsewhere (migration). The
+    /// gateway's Request actor consumes it; a handler treats it as a 503 failure.
+    Lost {
+        /// Why, for logs.
+        reason: String,
+    },
+    /// The request cannot be served (it will receive nothing more).
+    Failed {
+        /// Client-safe description.
+        message: String,
+        /// HTTP status that fits when no byte has reached the client yet: 400 (the request
+        /// can never be served), 503 (try again), 500 (a fault).
+        status: u16,
+    },
+}
+
+/// An event for one request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TokenEvent {
+    /// The request (unique per submitting node).
+    pub request: RequestId,
+    /// What happened.
+    pub kind: TokenEventKind,
+}
+
+/// A batch of events for one owner, in order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Delivery {
+    /// The owner's incarnation these events are for; a sink of another drops them.
+    pub incarnation: u64,
+    /// The events.
+    pub events: Vec<TokenEvent>,
+}
+
+/// Messages of the TokenSink (serializable: schedulers on any node send to it).
+#[derive(RactorClusterMessage)]
+pub enum TokenSinkMsg {
+    /// A batch of events, in order. Droppable only if the node is going away.
+    Deliver(Wire<Delivery>),
+}
+
+/// The sink of `owner`, wherever it runs (local or a peer's proxy).
+pub fn find_sink(owner: &Owner) -> Option<ActorRef<TokenSinkMsg>> {
+    crate::runtime::cluster::member_named(TOKEN_SINK_GROUP, &sink_name(owner)).map(Into::into)
+}

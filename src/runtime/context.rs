@@ -1,0 +1,58 @@
+//! What a node's supervision tree is built from: [`NodeContext`], made once by
+//! `node::start` and cloned into every start function of the tree (`supervisors/tree.rs`).
+//! Kept apart from `node.rs` so that the tree does not depend on the node process that
+//! starts it.
+
+use crate::control::discovery::FleetView;
+use crate::control::discovery::membership::MembershipEvent;
+use crate::model::LoadedModel;
+use crate::runtime::clock::SharedClock;
+use crate::runtime::cluster::ClusterHandle;
+use crate::runtime::config::Config;
+use crate::runtime::ids::NodeId;
+use crate::runtime::resilience::NodeStats;
+use std::sync::{Arc, Mutex};
+
+/// Everything the tree's start functions need, cloned into them.
+#[derive(Clone)]
+pub struct NodeContext {
+    /// Validated configuration.
+    pub config: Arc<Config>,
+    /// This node's name.
+    pub node_id: NodeId,
+    /// Prefix of every registered actor name: `<node>/`. Names must be unique cluster-wide,
+    /// not only per process: ractor unregisters a *name* when any actor bearing it stops, and
+    /// the proxies of a peer's actors bear the peer's names, so a peer going away would
+    /// otherwise erase our own registrations.
+    pub prefix: String,
+    /// The cluster server.
+    pub cluster: ClusterHandle,
+    /// Membership changes (a lagging subscriber re-reads the fleet view).
+    pub membership: tokio::sync::broadcast::Sender<MembershipEvent>,
+    /// The gateway's bound HTTP address, once bound.
+    pub http_addr: Arc<Mutex<Option<String>>>,
+    /// Process start, ms since the Unix epoch.
+    pub incarnation: u64,
+    /// Injected clock.
+    pub clock: SharedClock,
+    /// The model, loaded once per process, when this node runs workers.
+    pub model: Option<Arc<LoadedModel>>,
+    /// Faults injected on this node (read by schedulers, written by the Chaos actor).
+    pub faults: crate::control::chaos::FaultBook,
+    /// The model's tokenizer, template and limits, when this node runs a gateway.
+    pub frontend: Option<Arc<crate::request_plane::gateway::frontend::Frontend>>,
+    /// The sim engine's timing profile when `worker.engine = "sim"`.
+    pub sim_profile: Option<crate::worker::engine::sim::SimProfile>,
+    /// This node's draining flag and resilience counters (never shared with another node of
+    /// the same process).
+    pub stats: Arc<NodeStats>,
+    /// The fleet view this node's Discovery publishes (read by admission without a call).
+    pub fleet: FleetView,
+}
+
+impl NodeContext {
+    /// Registered name for a node-local actor.
+    pub fn name(&self, base: &str) -> String {
+        format!("{}{}", self.prefix, base)
+    }
+}
