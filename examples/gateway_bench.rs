@@ -108,10 +108,7 @@ fn pct(v: &[f64], p: f64) -> f64 {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let a = parse_args()?;
-    let url = format!(
-        "{}/v1/chat/completions",
-        a.gateway.trim_end_matches('/').to_string()
-    );
+    let url = format!("{}/v1/chat/completions", a.gateway.trim_end_matches('/'));
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
         .build()?;
