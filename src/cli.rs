@@ -6,7 +6,7 @@
 //! - `chaos.rs` — `flotilla chaos`: a client of the gateway's chaos API.
 //! - `bench/` — `flotilla bench`: replay a trace or dataset, report latency, goodput, prefix hits.
 //! - `profile.rs` — `flotilla profile`: time the CPU engine, write the sim engine's profile.
-//! - `soak.rs` — `flotilla soak`-style chaos soaks (kills under load, nothing lost).
+//! - `soak.rs` — `flotilla chaos soak`: kills under load, then proof that nothing was lost.
 //! - `client.rs` — the streaming OpenAI client the tools and tests share.
 
 pub mod bench;

@@ -1,6 +1,8 @@
 //! The `flotilla` binary: parses flags and calls the library.
 
 use clap::{Args, Parser, Subcommand};
+use figment::Figment;
+use figment::providers::Serialized;
 use flotilla::runtime::config::{Config, Role};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -130,36 +132,38 @@ fn init_tracing() {
         .try_init();
 }
 
-use flotilla::cli::up::set_path;
-
-fn node_overrides(a: &NodeArgs) -> anyhow::Result<serde_json::Value> {
-    let mut o = serde_json::json!({});
+/// The node's flags as configuration overrides (dotted key paths), `--set` last.
+fn node_overrides(a: &NodeArgs) -> anyhow::Result<Figment> {
+    let mut o = Figment::new();
     if let Some(n) = &a.name {
-        set_path(&mut o, "node.name", n.clone().into());
+        o = o.merge(Serialized::default("node.name", n));
     }
     if let Some(l) = a.listen {
-        set_path(&mut o, "node.listen_addr", l.to_string().into());
+        o = o.merge(Serialized::default("node.listen_addr", l.to_string()));
     }
     if !a.join.is_empty() {
-        set_path(&mut o, "node.join", serde_json::to_value(&a.join)?);
+        o = o.merge(Serialized::default("node.join", &a.join));
     }
     if !a.roles.is_empty() {
-        set_path(&mut o, "node.roles", serde_json::to_value(&a.roles)?);
+        o = o.merge(Serialized::default("node.roles", &a.roles));
     }
     if let Some(c) = &a.cookie {
-        set_path(&mut o, "node.cookie", c.clone().into());
+        o = o.merge(Serialized::default("node.cookie", c));
     }
     if let Some(h) = a.http {
-        set_path(&mut o, "gateway.http_addr", h.to_string().into());
+        o = o.merge(Serialized::default("gateway.http_addr", h.to_string()));
     }
     if let Some(r) = a.replicas {
-        set_path(&mut o, "worker.replicas", r.into());
+        o = o.merge(Serialized::default("worker.replicas", r));
     }
     if let Some(m) = &a.model {
-        set_path(&mut o, "worker.model_path", m.display().to_string().into());
+        o = o.merge(Serialized::default(
+            "worker.model_path",
+            m.display().to_string(),
+        ));
     }
     for kv in &a.set {
-        flotilla::cli::up::apply_set(&mut o, kv)?;
+        o = o.merge(flotilla::cli::up::set_override(kv)?);
     }
     Ok(o)
 }
@@ -183,7 +187,7 @@ async fn run_node(a: NodeArgs) -> anyhow::Result<std::process::ExitCode> {
         // Names the path; suggests `make model` only for the default model's path.
         flotilla::model::resolve_model_path(Some(m))?;
     }
-    let cfg = Config::load(a.config.as_deref(), node_overrides(&a)?)?;
+    let cfg = Config::load_with(a.config.as_deref(), node_overrides(&a)?)?;
     let node = flotilla::runtime::node::start(cfg).await?;
     let ready = node.ready_line();
     println!(

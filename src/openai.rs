@@ -4,12 +4,13 @@
 //! Layout (unit tests in each module's sibling `tests.rs`):
 //! - `request.rs` — parse and validate chat / completions bodies into a `GenerationRequest`; context and model checks.
 //! - `request/input.rs` — `messages` / `prompt` parsing.
-//! - `request/limits.rs` — `check_context` (B08) and `check_model` / `model_not_found` (B09).
+//! - `request/limits.rs` — `check_context` and `check_model` / `model_not_found`.
 //! - `json.rs` — typed reads of JSON fields that fail with an `ApiError` naming the field.
 //! - `response.rs` — non-streaming response bodies and the per-request streaming chunk state (`StreamState`).
 //! - `stop.rs` — incremental stop-string matcher that holds back possible stop prefixes.
 //! - `detok.rs` — incremental detokenizer that never emits broken UTF-8 or special tokens.
-//! - `sse.rs` — SSE wire format: data records, `[DONE]`, error records, keep-alives.
+//! - `sse.rs` — the SSE records as axum events: data records, `[DONE]`, error records,
+//!   keep-alives.
 //!
 //! A streaming request flows: tokens → `detok::IncrementalDetokenizer` → `stop::StopMatcher`
 //! → `response::StreamState` → `sse::data`. Errors before the stream are answered as

@@ -95,6 +95,10 @@ fn target(t: &str) -> serde_json::Value {
 }
 
 /// Run a chaos subcommand; prints the gateway's JSON answer.
+///
+/// # Errors
+/// The gateway cannot be reached or answers with an error status; a soak that
+/// cannot run or finds lost or changed requests.
 pub async fn run(a: ChaosArgs) -> anyhow::Result<()> {
     let base = crate::cli::status::base_url(&a.gateway);
     let client = reqwest::Client::builder()

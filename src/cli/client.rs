@@ -80,6 +80,9 @@ impl Route {
 
 /// POST `body` (a chat completion request; `stream` is forced on, usage asked for) to
 /// `{base}/v1/chat/completions` and read the whole stream.
+///
+/// # Errors
+/// See [`stream_request`].
 pub async fn stream_chat(
     client: &reqwest::Client,
     base: &str,
@@ -90,6 +93,9 @@ pub async fn stream_chat(
 
 /// POST `body` (a completions request, e.g. `prompt` as an array of token ids; `stream` is
 /// forced on, usage asked for) to `{base}/v1/completions` and read the whole stream.
+///
+/// # Errors
+/// See [`stream_request`].
 pub async fn stream_completion(
     client: &reqwest::Client,
     base: &str,
@@ -100,6 +106,10 @@ pub async fn stream_completion(
 
 /// POST `body` to `{base}{route}` with `headers` added (name, value), `stream` forced on and
 /// usage asked for, and read the whole stream. Chat and completions chunks are read alike.
+///
+/// # Errors
+/// The request cannot be sent or the stream breaks off in transport. An HTTP
+/// error status or an error record is not an error: it is reported in the outcome.
 pub async fn stream_request(
     client: &reqwest::Client,
     base: &str,

@@ -55,12 +55,19 @@ pub struct Generation {
 }
 
 /// Loads the model and generates (used by [`run`]; callable from tests and tools).
+///
+/// # Errors
+/// See [`generate_streaming`].
 pub fn generate(args: &GenerateArgs) -> anyhow::Result<Generation> {
     generate_streaming(args, |_| {})
 }
 
 /// Like [`generate`], calling `on_text` with each new piece of decoded text as it is produced
 /// (end-of-sequence tokens are not shown).
+///
+/// # Errors
+/// The model cannot be found or loaded, the prompt cannot be rendered or encodes
+/// to no tokens, or an engine step or the decoder fails.
 pub fn generate_streaming(
     args: &GenerateArgs,
     mut on_text: impl FnMut(&str),
@@ -143,6 +150,9 @@ pub fn generate_streaming(
 
 /// Runs `flotilla generate`: prints the completion text, or with `--json` one JSON object.
 /// Plain mode streams the text to stdout as it is generated.
+///
+/// # Errors
+/// See [`generate_streaming`]; writing to stdout fails.
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     use std::io::Write;
     if args.json {

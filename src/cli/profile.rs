@@ -57,6 +57,10 @@ fn timed(engine: &mut Engine, batch: &StepBatch) -> anyhow::Result<f64> {
 }
 
 /// Ordinary least squares fit of `y = p0·x² + p1·x + p2`.
+///
+/// # Errors
+/// Fewer than 3 points, or points that do not determine a quadratic (all at
+/// one or two distinct `x`).
 pub fn fit_quadratic(points: &[(f64, f64)]) -> anyhow::Result<[f64; 3]> {
     anyhow::ensure!(points.len() >= 3, "a quadratic needs at least 3 points");
     // Normal equations: (XᵀX) p = Xᵀy with rows [x², x, 1].
@@ -91,6 +95,10 @@ pub fn fit_quadratic(points: &[(f64, f64)]) -> anyhow::Result<[f64; 3]> {
 }
 
 /// Measure and write the profile; prints the points and the fit.
+///
+/// # Errors
+/// The model cannot be found or loaded, an engine step fails, `--num-blocks` is
+/// too small for `--batch`, or the profile cannot be written.
 pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
     let path = crate::model::resolve_model_path(a.model.as_deref())?;
     let model = crate::model::load_model(&path)?;

@@ -230,23 +230,28 @@ impl Gateway {
     }
 }
 
-/// `(le, cumulative count)` of a Prometheus histogram in the text exposition format.
+/// `(le, cumulative count)` of the Prometheus histogram `name` in the text exposition format
+/// (also when its `# TYPE` line is missing); empty when the text has none.
 pub fn histogram_buckets(text: &str, name: &str) -> Vec<(f64, f64)> {
-    let prefix = format!("{name}_bucket{{");
-    let mut out: Vec<(f64, f64)> = text
-        .lines()
-        .filter(|l| l.starts_with(&prefix))
-        .filter_map(|l| {
-            let le = l.split("le=\"").nth(1)?.split('"').next()?;
-            let le = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().ok()?
-            };
-            let count = l.rsplit(' ').next()?.parse().ok()?;
-            Some((le, count))
-        })
-        .collect();
+    use prometheus_parse::{Scrape, Value};
+    let Ok(scrape) = Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))) else {
+        return Vec::new();
+    };
+    let untyped = format!("{name}_bucket");
+    let mut out: Vec<(f64, f64)> = Vec::new();
+    for s in &scrape.samples {
+        match &s.value {
+            Value::Histogram(h) if s.metric == name => {
+                out.extend(h.iter().map(|c| (c.less_than, c.count)));
+            }
+            Value::Untyped(n) if s.metric == untyped => {
+                if let Some(le) = s.labels.get("le").and_then(|le| le.parse().ok()) {
+                    out.push((le, *n));
+                }
+            }
+            _ => {}
+        }
+    }
     out.sort_by(|a, b| a.0.total_cmp(&b.0));
     out
 }
@@ -375,6 +380,10 @@ fn deltas(
 }
 
 /// Run a soak against the gateway at `base` (chaos API enabled there).
+///
+/// # Errors
+/// The gateway cannot be reached, lists no model or fewer than two workers, or a
+/// reference request fails before any fault.
 pub async fn run(
     base: &str,
     token: Option<String>,

@@ -22,6 +22,10 @@ pub fn base_url(gateway: &str) -> String {
 }
 
 /// Fetch `/v1/fleet` from `gateway` (a base URL such as `http://127.0.0.1:8080`).
+///
+/// # Errors
+/// The gateway cannot be reached, answers with an error status, or its answer is
+/// not a fleet.
 pub async fn fetch(gateway: &str) -> anyhow::Result<(Fleet, serde_json::Value)> {
     let url = format!("{}/v1/fleet", base_url(gateway));
     let client = reqwest::Client::builder()

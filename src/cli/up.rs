@@ -13,6 +13,8 @@
 //! given `STOP_GRACE` to stop in order, then SIGKILL; `up` exits 0 with no child left behind.
 
 use crate::runtime::node::{READY_PREFIX, ReadyLine};
+use figment::Figment;
+use figment::providers::Serialized;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -187,49 +189,34 @@ fn cookie() -> String {
         .collect()
 }
 
-/// Set `path` (dotted: `section.field`) in the JSON object `root` to `value`, creating the
-/// objects on the way.
-pub fn set_path(root: &mut serde_json::Value, path: &str, value: serde_json::Value) {
-    let mut cur = root;
-    let parts: Vec<&str> = path.split('.').collect();
-    for (i, p) in parts.iter().enumerate() {
-        if i + 1 == parts.len() {
-            cur[*p] = value;
-            return;
-        }
-        if !cur[*p].is_object() {
-            cur[*p] = serde_json::json!({});
-        }
-        cur = &mut cur[*p];
-    }
-}
-
-/// Apply one `--set section.field=value` to `overrides` (the value is JSON when it parses as
-/// JSON, else a string).
+/// One `--set section.field=value` as a configuration layer: the dotted path is a figment key
+/// path, the value is JSON when it parses as JSON, else a string.
 ///
 /// # Errors
 /// `kv` has no `=`.
-pub fn apply_set(overrides: &mut serde_json::Value, kv: &str) -> anyhow::Result<()> {
+pub fn set_override(kv: &str) -> anyhow::Result<Serialized<serde_json::Value>> {
     let (path, v) = kv
         .split_once('=')
         .ok_or_else(|| anyhow::anyhow!("--set {kv}: expected section.field=value"))?;
     let v = serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.into()));
-    set_path(overrides, path, v);
-    Ok(())
+    Ok(Serialized::default(path, v))
 }
 
 /// What every node checks first — the configuration and the model path — checked once before
 /// any node starts, so such a mistake is one plain error in milliseconds, not one per node.
 /// Returns the model path the nodes will use.
 fn preflight(opts: &UpOptions, cookie: &str) -> anyhow::Result<PathBuf> {
-    let mut o = serde_json::json!({ "node": { "cookie": cookie } });
+    let mut o = Figment::from(Serialized::default("node.cookie", cookie));
     for kv in &opts.node_args {
-        apply_set(&mut o, kv)?;
+        o = o.merge(set_override(kv)?);
     }
     if let Some(m) = &opts.model {
-        o["worker"]["model_path"] = serde_json::Value::String(m.display().to_string());
+        o = o.merge(Serialized::default(
+            "worker.model_path",
+            m.display().to_string(),
+        ));
     }
-    let config = crate::runtime::config::Config::load(opts.config.as_deref(), o)?;
+    let config = crate::runtime::config::Config::load_with(opts.config.as_deref(), o)?;
     Ok(crate::model::resolve_model_path(
         config.worker.model_path.as_deref(),
     )?)

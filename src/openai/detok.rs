@@ -1,4 +1,4 @@
-//! Incremental detokenization (cases B06, B11): turn generated token ids into text deltas that
+//! Incremental detokenization: turn generated token ids into text deltas that
 //! are always whole UTF-8 chars and never contain a special token's text.
 //!
 //! The method of vLLM's `detokenize_incrementally` and TGI's `decode_token`: keep every id;
@@ -102,6 +102,9 @@ impl<T: Borrow<Tokenizer>> IncrementalDetokenizer<T> {
     }
 
     /// Add one generated id and return the text that is now final (possibly empty).
+    ///
+    /// # Errors
+    /// The tokenizer cannot decode the ids.
     pub fn step(&mut self, id: u32) -> Result<String, DetokError> {
         self.ids.push(id);
         match self.pending()? {
@@ -115,6 +118,9 @@ impl<T: Borrow<Tokenizer>> IncrementalDetokenizer<T> {
     }
 
     /// Generation ended: return whatever is still pending.
+    ///
+    /// # Errors
+    /// The tokenizer cannot decode the ids.
     pub fn finish(&mut self) -> Result<String, DetokError> {
         let delta = self.pending()?.unwrap_or_default();
         self.prefix_offset = self.read_offset;

@@ -179,6 +179,9 @@ impl GenerationRequest {
     /// [`check_context`] with this request's `max_tokens` and field names: a prompt that alone
     /// fills the context gets `param` = `"messages"` / `"prompt"`, an overflow caused by the
     /// requested count gets the max-tokens field actually used.
+    ///
+    /// # Errors
+    /// See [`check_context`].
     pub fn check_context(&self, prompt_tokens: usize, context_len: usize) -> Result<u32, ApiError> {
         check_context(
             prompt_tokens,
@@ -196,16 +199,27 @@ impl GenerationRequest {
 }
 
 /// Parse a `POST /v1/chat/completions` body.
+///
+/// # Errors
+/// See [`parse_request`].
 pub fn parse_chat(body: &[u8]) -> Result<GenerationRequest, ApiError> {
     parse_request(RequestKind::Chat, body)
 }
 
 /// Parse a `POST /v1/completions` body.
+///
+/// # Errors
+/// See [`parse_request`].
 pub fn parse_completion(body: &[u8]) -> Result<GenerationRequest, ApiError> {
     parse_request(RequestKind::Completion, body)
 }
 
 /// Parse and validate a body of route `kind`; see the module doc for every field.
+///
+/// # Errors
+/// A 400 [`ApiError`] naming the field (`param`) when the body is not a JSON
+/// object, a field is unknown, of the wrong type or out of range, or asks for something
+/// this server does not do.
 pub fn parse_request(kind: RequestKind, body: &[u8]) -> Result<GenerationRequest, ApiError> {
     let value: Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::new(
@@ -340,7 +354,7 @@ fn parse_stop(obj: &Obj) -> Result<Vec<String>, ApiError> {
     }
 }
 
-/// `stream_options.include_usage`; `stream_options` without `stream: true` is a 400 (B02).
+/// `stream_options.include_usage`; `stream_options` without `stream: true` is a 400.
 fn parse_stream_options(obj: &Obj, stream: bool) -> Result<bool, ApiError> {
     let Some(so) = field(obj, "stream_options") else {
         return Ok(false);

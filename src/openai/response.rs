@@ -18,7 +18,7 @@
 //! "token_logprobs","top_logprobs":[{token: logprob}],"text_offset"}`. A non-finite logprob is
 //! written as -9999.0, as OpenAI does.
 //!
-//! Streaming ([`StreamState`], rules of cases B01–B04):
+//! Streaming ([`StreamState`]):
 //! - every chunk has the same `id`, `created` and `model`; `object` is `"chat.completion.chunk"`
 //!   (chat) or `"text_completion"` (completions);
 //! - a content chunk is `choices:[{"index","delta":{…},"logprobs","finish_reason":null}]`

@@ -1,4 +1,4 @@
-//! Incremental stop-string matching (case B06).
+//! Incremental stop-string matching.
 //!
 //! Semantics (the same for one-shot [`apply_stop`] and streaming [`StopMatcher`], whatever the
 //! split into deltas): generation stops at the first position in the text where some stop

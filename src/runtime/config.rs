@@ -2,7 +2,8 @@
 //!
 //! Sources, lowest precedence first: built-in defaults → a TOML file (`--config PATH` or
 //! `FLOTILLA_CONFIG`) → environment variables `FLOTILLA_<SECTION>__<FIELD>` (for example
-//! `FLOTILLA_CLUSTER__LIVENESS_TIMEOUT_MS=5000`) → command-line flags. Units are in field
+//! `FLOTILLA_CLUSTER__LIVENESS_TIMEOUT_MS=5000`) → command-line flags (`--set
+//! section.field=value` and the named flags, each a figment key path). Units are in field
 //! names; every section has a `Default`; [`Config::validate`] runs once at start and names
 //! the offending field.
 
@@ -400,7 +401,23 @@ fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
 impl Config {
     /// Load defaults → `file` (if any) → `FLOTILLA_*` env → `overrides` (flags, as a partial
     /// tree), then validate.
+    ///
+    /// # Errors
+    /// See [`Config::load_with`].
     pub fn load(file: Option<&Path>, overrides: serde_json::Value) -> Result<Self, ConfigError> {
+        Self::load_with(file, Serialized::defaults(overrides))
+    }
+
+    /// [`Config::load`] with the overrides as any figment provider (the command line builds
+    /// them from dotted key paths: `Serialized::default("node.name", …)`).
+    ///
+    /// # Errors
+    /// `file` does not exist; a source cannot be read or parsed, or has a value of the wrong
+    /// type or an unknown field ([`ConfigError::Load`]); a value fails [`Config::validate`].
+    pub fn load_with(
+        file: Option<&Path>,
+        overrides: impl figment::Provider,
+    ) -> Result<Self, ConfigError> {
         let mut fig = Figment::from(Serialized::defaults(Config::default()));
         if let Some(path) = file {
             if !path.exists() {
@@ -418,13 +435,17 @@ impl Config {
                 .filter(|k| k.as_str().contains("__"))
                 .split("__"),
         );
-        fig = fig.merge(Serialized::defaults(overrides));
+        fig = fig.merge(overrides);
         let cfg: Config = fig.extract().map_err(Box::new)?;
         cfg.validate()?;
         Ok(cfg)
     }
 
     /// Check ranges and consistency.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the first field that is out of range or
+    /// inconsistent with another.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let c = &self.cluster;
         if c.heartbeat_interval_ms == 0 {

@@ -6,6 +6,7 @@
 //! new one starting as soon as one ends. Offsets are seconds from the run's start.
 
 use rand::Rng;
+use rand_distr::{Distribution, Exp, Gamma};
 
 /// How sessions arrive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -21,50 +22,22 @@ pub enum ArrivalKind {
     Trace,
 }
 
-/// One exponential gap of mean `1/rate` seconds.
-fn exp_gap(rng: &mut impl Rng, rate: f64) -> f64 {
-    // 1 − u ∈ (0, 1], so the log is finite.
-    -(1.0 - rng.random::<f64>()).ln() / rate
-}
-
-/// A standard normal sample (Box–Muller).
-fn std_normal(rng: &mut impl Rng) -> f64 {
-    let u1 = 1.0 - rng.random::<f64>();
-    let u2 = rng.random::<f64>();
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-}
-
-/// A Gamma(shape, 1) sample (Marsaglia & Tsang 2000; shape < 1 by the boost
-/// Gamma(k) = Gamma(k+1)·U^(1/k)).
-pub fn gamma_sample(rng: &mut impl Rng, shape: f64) -> f64 {
-    if shape < 1.0 {
-        let u = 1.0 - rng.random::<f64>();
-        return gamma_sample(rng, shape + 1.0) * u.powf(1.0 / shape);
-    }
-    let d = shape - 1.0 / 3.0;
-    let c = 1.0 / (9.0 * d).sqrt();
-    loop {
-        let x = std_normal(rng);
-        let v = (1.0 + c * x).powi(3);
-        if v <= 0.0 {
-            continue;
-        }
-        let u = 1.0 - rng.random::<f64>();
-        if u.ln() < 0.5 * x * x + d - d * v + d * v.ln() {
-            return d * v;
-        }
-    }
-}
-
 /// `n` Poisson arrival offsets (s) at `rate` per second; the first at 0.
+///
+/// # Panics
+/// `rate` is not positive.
 pub fn poisson(n: usize, rate: f64, rng: &mut impl Rng) -> Vec<f64> {
-    accumulate(n, || exp_gap(rng, rate))
+    let gap = Exp::new(rate).expect("arrival rate must be positive");
+    accumulate(n, || gap.sample(rng))
 }
 
 /// `n` arrival offsets (s) with Gamma(`shape`) gaps of mean `1/rate`; the first at 0.
+///
+/// # Panics
+/// `rate` or `shape` is not positive.
 pub fn gamma(n: usize, rate: f64, shape: f64, rng: &mut impl Rng) -> Vec<f64> {
-    let scale = 1.0 / (shape * rate);
-    accumulate(n, || gamma_sample(rng, shape) * scale)
+    let gap = Gamma::new(shape, 1.0 / (shape * rate)).expect("rate and shape must be positive");
+    accumulate(n, || gap.sample(rng))
 }
 
 fn accumulate(n: usize, mut gap: impl FnMut() -> f64) -> Vec<f64> {

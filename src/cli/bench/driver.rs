@@ -323,6 +323,9 @@ pub async fn wait_idle(client: &reqwest::Client, base: &str, timeout: Duration) 
 }
 
 /// The first model `GET {base}/v1/models` lists.
+///
+/// # Errors
+/// The gateway cannot be reached, its answer is not JSON, or it lists no model.
 pub async fn first_model(client: &reqwest::Client, base: &str) -> anyhow::Result<String> {
     let url = format!("{base}/v1/models");
     let resp = client

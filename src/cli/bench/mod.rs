@@ -207,6 +207,9 @@ pub struct Variant {
 
 /// Parse `--compare KEY=V1,V2,…` into one variant per value (labels `KEY=V`). Only `policy`
 /// can be set per request (header [`POLICY_HEADER`]).
+///
+/// # Errors
+/// `spec` is not `policy=V1,V2,…` with known policies.
 pub fn parse_compare(spec: &str) -> anyhow::Result<Vec<Variant>> {
     let (key, values) = spec
         .split_once('=')
@@ -284,6 +287,9 @@ fn load_dataset_trace(
 }
 
 /// Load the workload the options name.
+///
+/// # Errors
+/// The dataset or trace cannot be read or parsed.
 pub fn load_workload(a: &BenchArgs) -> anyhow::Result<Workload> {
     let caps = Caps {
         max_input: a.max_input_tokens,
@@ -328,6 +334,9 @@ pub fn load_workload(a: &BenchArgs) -> anyhow::Result<Workload> {
 }
 
 /// Session start offsets (s) for `kind`, or `None` for the closed loop.
+///
+/// # Errors
+/// `--arrival trace` with a workload that has no timestamps.
 pub fn arrival_offsets(
     a: &BenchArgs,
     kind: ArrivalKind,
@@ -401,6 +410,10 @@ fn write_outputs(
 
 /// Run `flotilla bench`: load the workload, send it once per `--compare` value (once without),
 /// print the table(s) and write the outputs.
+///
+/// # Errors
+/// Invalid options, `--out` not writable, the workload cannot be loaded, the
+/// gateway cannot be reached, or the outputs cannot be written.
 pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     validate(&a)?;
     if let Some(dir) = &a.out {

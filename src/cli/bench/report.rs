@@ -97,6 +97,9 @@ pub fn compare_table(runs: &[RunStats]) -> String {
 }
 
 /// `report.json`: an array with one [`RunStats`] object per run (non-finite numbers as `null`).
+///
+/// # Errors
+/// Serialization fails (it does not for these types).
 pub fn report_json(runs: &[RunStats]) -> anyhow::Result<String> {
     Ok(serde_json::to_string_pretty(runs)?)
 }

@@ -221,6 +221,9 @@ pub fn parse(bytes: &[u8], limit: usize) -> Vec<Conversation> {
 }
 
 /// Read `path` and [`parse`] it.
+///
+/// # Errors
+/// `path` cannot be read.
 pub fn load(path: &Path, limit: usize) -> anyhow::Result<Vec<Conversation>> {
     let bytes = std::fs::read(path).with_context(|| {
         format!(

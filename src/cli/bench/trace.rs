@@ -74,6 +74,10 @@ pub const BUNDLED: [(&str, &[u8]); 4] = [
 
 /// Read and parse the trace at `path`: plain, or gzip when the name ends in `.gz`. The format
 /// comes from the name without `.gz` (see [`detect_format`]).
+///
+/// # Errors
+/// `path` cannot be read, decompressed or parsed (see [`parse_mooncake`],
+/// [`parse_azure`]).
 pub fn load(path: &Path) -> anyhow::Result<(TraceFormat, Vec<TraceRecord>)> {
     let bytes =
         std::fs::read(path).with_context(|| format!("cannot read trace {}", path.display()))?;
@@ -81,6 +85,9 @@ pub fn load(path: &Path) -> anyhow::Result<(TraceFormat, Vec<TraceRecord>)> {
 }
 
 /// The bundled trace `file` (a name of [`BUNDLED`], e.g. `azure_llm_2023_conv.csv`).
+///
+/// # Errors
+/// No bundled trace is named `file`.
 pub fn load_bundled(file: &str) -> anyhow::Result<(TraceFormat, Vec<TraceRecord>)> {
     let (name, gz) = BUNDLED
         .iter()
@@ -134,6 +141,9 @@ struct MooncakeLine {
 }
 
 /// Parse Mooncake JSONL (blank lines skipped); timestamps made relative to the first record.
+///
+/// # Errors
+/// A non-blank line is not a Mooncake record (the error names the line).
 pub fn parse_mooncake(text: &str) -> anyhow::Result<Vec<TraceRecord>> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -154,19 +164,24 @@ pub fn parse_mooncake(text: &str) -> anyhow::Result<Vec<TraceRecord>> {
 }
 
 /// Parse an Azure LLM inference CSV; timestamps made relative to the first record.
+///
+/// # Errors
+/// The CSV is empty or malformed, lacks one of the three columns, or a row has too
+/// few fields, a bad token count or a bad timestamp (the error names the line).
 pub fn parse_azure(text: &str) -> anyhow::Result<Vec<TraceRecord>> {
-    let mut lines = text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty());
-    let Some((_, header)) = lines.next() else {
+    let mut rd = csv::ReaderBuilder::new()
+        .trim(csv::Trim::All)
+        .flexible(true)
+        .from_reader(text.as_bytes());
+    let header = rd.headers().context("CSV header")?.clone();
+    if header.is_empty() {
         bail!("empty CSV");
-    };
-    let cols: Vec<&str> = header.split(',').map(str::trim).collect();
+    }
     let col = |name: &str| {
-        cols.iter()
+        header
+            .iter()
             .position(|c| c.eq_ignore_ascii_case(name))
-            .with_context(|| format!("CSV header has no column {name}: {header}"))
+            .with_context(|| format!("CSV header has no column {name}: {}", header.as_slice()))
     };
     let (ts, ctx, gen_col) = (
         col("TIMESTAMP")?,
@@ -174,21 +189,20 @@ pub fn parse_azure(text: &str) -> anyhow::Result<Vec<TraceRecord>> {
         col("GeneratedTokens")?,
     );
     let mut out = Vec::new();
-    for (i, line) in lines {
-        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+    for row in rd.records() {
+        let row = row.context("CSV")?;
+        let line = row.position().map_or(0, |p| p.line());
         let field = |k: usize| {
-            f.get(k)
-                .copied()
-                .with_context(|| format!("line {}: too few columns", i + 1))
+            row.get(k)
+                .with_context(|| format!("line {line}: too few columns"))
         };
         let num = |k: usize| -> anyhow::Result<u32> {
             let s = field(k)?;
             s.parse()
-                .with_context(|| format!("line {}: not a token count: {s}", i + 1))
+                .with_context(|| format!("line {line}: not a token count: {s}"))
         };
         out.push(TraceRecord {
-            timestamp_ms: parse_datetime_s(field(ts)?)
-                .with_context(|| format!("line {}", i + 1))?
+            timestamp_ms: parse_datetime_s(field(ts)?).with_context(|| format!("line {line}"))?
                 * 1000.0,
             input_tokens: num(ctx)?,
             output_tokens: num(gen_col)?,
@@ -208,35 +222,21 @@ fn rebase(records: &mut [TraceRecord]) {
     }
 }
 
-/// `YYYY-MM-DD HH:MM:SS[.fraction]` (or with a `T`) → seconds since 1970-01-01 UTC.
+/// `YYYY-MM-DD HH:MM:SS[.fraction]` (or with a `T`, optionally ending in `Z`), read as UTC →
+/// seconds since 1970-01-01 UTC.
+///
+/// # Errors
+/// `s` is not such a date-time.
 pub fn parse_datetime_s(s: &str) -> anyhow::Result<f64> {
-    let (date, time) = s
-        .split_once([' ', 'T'])
-        .with_context(|| format!("not a date-time: {s}"))?;
-    let d: Vec<&str> = date.split('-').collect();
-    let t: Vec<&str> = time.trim_end_matches('Z').split(':').collect();
-    if d.len() != 3 || t.len() != 3 {
-        bail!("not a date-time: {s}");
-    }
-    let int = |x: &str| -> anyhow::Result<i64> {
-        x.parse().with_context(|| format!("not a date-time: {s}"))
-    };
-    let days = days_from_civil(int(d[0])?, int(d[1])?, int(d[2])?);
-    let secs: f64 = t[2]
+    let t: jiff::civil::DateTime = s
+        .strip_suffix('Z')
+        .unwrap_or(s)
         .parse()
         .with_context(|| format!("not a date-time: {s}"))?;
-    Ok((days * 86_400 + int(t[0])? * 3600 + int(t[1])? * 60) as f64 + secs)
-}
-
-/// Days from 1970-01-01 to the proleptic Gregorian date `y-m-d` (H. Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    let t = jiff::tz::TimeZone::UTC
+        .to_timestamp(t)
+        .with_context(|| format!("not a date-time: {s}"))?;
+    Ok(t.as_second() as f64 + f64::from(t.subsec_nanosecond()) * 1e-9)
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The field audit (B19): every top-level field of a request body is either read and honoured,
+//! The field audit: every top-level field of a request body is either read and honoured,
 //! accepted only at a value that asks for nothing this server cannot do, or refused with a 400
 //! naming it. Nothing is silently ignored.
 //!

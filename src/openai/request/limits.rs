@@ -1,5 +1,4 @@
-//! Checks that need more than the body: the context window (B08 d/e/g) and the served models
-//! (B09 e).
+//! Checks that need more than the body: the context window and the served models.
 
 use super::super::json::{clip, invalid};
 use crate::openai::error::{ApiError, ErrorKind};
@@ -7,7 +6,7 @@ use crate::openai::error::{ApiError, ErrorKind};
 #[cfg(test)]
 mod tests;
 
-/// Check that the prompt and the requested completion fit the context window (B08), and return
+/// Check that the prompt and the requested completion fit the context window, and return
 /// the effective `max_tokens`. `param` names the max-tokens field in use.
 ///
 /// Exact messages (`C` context length, `P` prompt tokens, `R` requested tokens), all 400
@@ -23,6 +22,9 @@ mod tests;
 ///
 /// `P + R == C` is accepted and returns `R`; `None` returns `C − P` (capped at `u32::MAX`).
 /// `Some(0)` is a 400 `"{param} must be at least 1, got 0"` (parsing already rejects it).
+///
+/// # Errors
+/// A 400 `context_length_exceeded` in the two cases above; a 400 for `Some(0)`.
 pub fn check_context(
     prompt_tokens: usize,
     max_tokens: Option<u32>,
@@ -74,6 +76,9 @@ pub fn model_not_found(requested: &str) -> ApiError {
 }
 
 /// `Ok` when `requested` is exactly (case-sensitively) one of `served`, else [`model_not_found`].
+///
+/// # Errors
+/// A 404 `model_not_found` naming `requested`.
 pub fn check_model<S: AsRef<str>>(requested: &str, served: &[S]) -> Result<(), ApiError> {
     if served.iter().any(|s| s.as_ref() == requested) {
         Ok(())

@@ -128,7 +128,7 @@ fn completion_prompts() {
         completion(json!({"prompt": [[7]]})).unwrap().input,
         Input::Tokens(vec![7])
     );
-    // Alternatives are not computed: logprobs > 0 is refused (B19).
+    // Alternatives are not computed: logprobs > 0 is refused.
     bad(completion(json!({"logprobs": 5})), Some("logprobs"));
     assert_eq!(
         completion(json!({"logprobs": 0})).unwrap().logprobs,
@@ -530,7 +530,7 @@ fn request_check_context_names_fields() {
 
 #[test]
 fn tool_choice_that_forces_a_tool_is_refused() {
-    // B19: every trigger of the case, and the legacy `function_call`.
+    // Every way of forcing a tool, and the legacy `function_call`.
     let forced = json!({"type": "function", "function": {"name": "f"}});
     for extra in [
         json!({"tool_choice": "required"}),

@@ -106,7 +106,7 @@ fn non_streaming_text_completion() {
     assert_eq!(body["usage"]["total_tokens"], 12);
 }
 
-/// Check B01–B04 on a finished list of chunks; returns the joined text per index.
+/// Check the streaming rules (`response` module doc) on a finished list of chunks; returns the joined text per index.
 fn check_stream(chunks: &[Value], kind: RequestKind, n: usize, include_usage: bool) -> Vec<String> {
     let object = match kind {
         RequestKind::Chat => "chat.completion.chunk",

@@ -40,8 +40,8 @@ use crate::worker::engine::SamplingParams;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response, Sse};
 use ractor::ActorRef;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -518,7 +518,7 @@ fn stream(st: Started, keep_alive: Duration) -> Response {
     } else {
         "completions"
     };
-    let body = async_stream::stream! {
+    let events = async_stream::stream! {
         let mut st = st;
         let mut state = StreamState::new(st.kind, st.meta.clone(), st.choices.len() as u32, st.include_usage);
         let mut queue = std::mem::take(&mut st.pending);
@@ -527,18 +527,12 @@ fn stream(st: Started, keep_alive: Duration) -> Response {
                 break;
             }
             let next = if queue.is_empty() {
-                tokio::select! {
-                    ev = st.rx.recv() => ev,
-                    _ = tokio::time::sleep(keep_alive) => {
-                        yield Ok::<_, std::convert::Infallible>(sse::KEEP_ALIVE.to_owned());
-                        continue;
-                    }
-                }
+                st.rx.recv().await
             } else {
                 Some(queue.remove(0))
             };
             let Some((i, ev)) = next else {
-                yield Ok(sse::error(&RequestError::EndedUnexpectedly.into()));
+                yield Ok::<_, std::convert::Infallible>(sse::error(&RequestError::EndedUnexpectedly.into()));
                 record(route, "error", &st);
                 return;
             };
@@ -567,16 +561,10 @@ fn stream(st: Started, keep_alive: Duration) -> Response {
             yield Ok(sse::data(&chunk));
         }
         record(route, "ok", &st);
-        yield Ok(sse::DONE.to_owned());
+        yield Ok(sse::done());
     };
-    (
-        StatusCode::OK,
-        [
-            (header::CONTENT_TYPE, sse::CONTENT_TYPE),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(body),
-    )
+    Sse::new(events)
+        .keep_alive(sse::keep_alive(keep_alive))
         .into_response()
 }
 

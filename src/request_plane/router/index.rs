@@ -90,15 +90,12 @@
 //! bitset) and a 16-byte bucket per (worker, block) in the per-worker maps, at the maps' load
 //! factor (½ to ⅞).
 //!
-//! Hashing: sequence hashes are already XXH3 outputs, so the maps use [`FastHasher`] (a
-//! multiply-rotate mixer for integers, XXH3 for byte strings) instead of SipHash. It is not
-//! HashDoS-resistant; inputs come from our own workers and gateways.
+//! Hashing: sequence hashes are already XXH3 outputs, so the maps use foldhash's fast hasher
+//! ([`FastMap`]) instead of SipHash. It is not HashDoS-resistant; inputs come from our own
+//! workers and gateways.
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-
-use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::kv::events::{KvEvent, KvEventData, SnapshotBlock, Tier};
 use crate::runtime::ids::{EventId, SequenceHash, WorkerId};
@@ -109,49 +106,8 @@ pub const DEFAULT_MAX_BUFFERED: usize = 4096;
 // ---------------------------------------------------------------------------------------------
 // Hashing
 
-/// Fast non-cryptographic hasher: integers go through a rotate-xor-multiply step, byte strings
-/// through XXH3-64 seeded with the running state.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct FastHasher(u64);
-
-const MIX: u64 = 0x9E37_79B9_7F4A_7C15;
-
-impl FastHasher {
-    #[inline]
-    fn mix(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(26) ^ v).wrapping_mul(MIX);
-    }
-}
-
-impl Hasher for FastHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        self.0 = xxh3_64_with_seed(bytes, self.0);
-    }
-    #[inline]
-    fn write_u8(&mut self, v: u8) {
-        self.mix(u64::from(v));
-    }
-    #[inline]
-    fn write_u32(&mut self, v: u32) {
-        self.mix(u64::from(v));
-    }
-    #[inline]
-    fn write_u64(&mut self, v: u64) {
-        self.mix(v);
-    }
-    #[inline]
-    fn write_usize(&mut self, v: usize) {
-        self.mix(v as u64);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0.rotate_left(26)
-    }
-}
-
-/// A `HashMap` with [`FastHasher`].
-pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+/// A `HashMap` with foldhash's fast hasher at a fixed seed (deterministic across runs).
+pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
 
 // ---------------------------------------------------------------------------------------------
 // Tiers

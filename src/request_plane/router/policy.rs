@@ -60,6 +60,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use rand::distr::Distribution;
+use rand::distr::weighted::WeightedIndex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -411,15 +413,9 @@ impl Selector {
     fn sample(&mut self, live: &[WorkerId], costs: &[Cost]) -> usize {
         let sorted = sorted_unique(live, (0..live.len()).collect());
         let weights = softmax_weights(&sorted, costs, self.config.temperature);
-        let total: f64 = weights.iter().sum();
-        let mut x = self.rng.random::<f64>() * total;
-        for (i, w) in sorted.iter().zip(&weights) {
-            if x < *w {
-                return *i;
-            }
-            x -= w;
-        }
-        *sorted.last().expect("live is not empty")
+        // Every weight is in (0, 1] and the lowest cost's is 1, so the index is well formed.
+        let pick = WeightedIndex::new(&weights).expect("softmax weights are positive and finite");
+        sorted[pick.sample(&mut self.rng)]
     }
 }
 

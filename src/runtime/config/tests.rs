@@ -68,3 +68,19 @@ fn roles_parse() {
     assert_eq!("worker".parse::<Role>().unwrap(), Role::Worker);
     assert!("nope".parse::<Role>().is_err());
 }
+
+#[test]
+fn dotted_key_overrides() {
+    use figment::Figment;
+    use figment::providers::Serialized;
+    let o = Figment::from(Serialized::default("node.cookie", "a"))
+        .merge(Serialized::default("cluster.suspect_after_ms", 2000))
+        .merge(Serialized::default("node.cookie", "b"));
+    let cfg = Config::load_with(None, o).unwrap();
+    assert_eq!(cfg.node.cookie, "b", "a later key wins");
+    assert_eq!(cfg.cluster.suspect_after_ms, 2000);
+    let bad = Figment::from(Serialized::default("node.cookie", "a"))
+        .merge(Serialized::default("worker.replicas", "many"));
+    let err = Config::load_with(None, bad).unwrap_err();
+    assert!(err.to_string().contains("worker.replicas"), "{err}");
+}

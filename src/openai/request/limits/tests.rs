@@ -4,7 +4,7 @@ use super::*;
 
 #[test]
 fn context_messages_are_exact() {
-    // B08 d: the prompt alone fills the context.
+    // The prompt alone fills the context.
     let e = check_context(5000, None, 4096, "max_tokens").unwrap_err();
     assert_eq!(
         e.message,
@@ -16,7 +16,7 @@ fn context_messages_are_exact() {
     assert_eq!(e.code.as_deref(), Some("context_length_exceeded"));
     let e = check_context(4096, Some(10), 4096, "max_tokens").unwrap_err();
     assert!(e.message.contains("the prompt has 4096 tokens") && !e.message.contains("max_tokens"));
-    // B08 e: prompt plus requested count.
+    // Prompt plus requested count.
     let e = check_context(100, Some(4050), 4096, "max_tokens").unwrap_err();
     assert_eq!(
         e.message,
@@ -32,7 +32,7 @@ fn context_messages_are_exact() {
             "4294967395 tokens (100 in the prompt, 4294967295 for max_completion_tokens)"
         )
     );
-    // B08 g and the default.
+    // A request that just fits, and the default.
     assert_eq!(
         check_context(100, Some(3996), 4096, "max_tokens").unwrap(),
         3996
