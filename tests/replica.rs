@@ -8,7 +8,7 @@ use common::poll_until;
 use flotilla::kv::KvPublisherMsg;
 use flotilla::model::{LoadedModel, load_model, resolve_model_path};
 use flotilla::request_plane::protocol::{
-    Finish, Owner, SubmitRequest, TokenEventKind, TokenSinkMsg, sink_name,
+    FinishReason, Owner, SubmitRequest, TokenEventKind, TokenSinkMsg, sink_name,
 };
 use flotilla::request_plane::token_sink::{SinkRegistry, TokenSink};
 use flotilla::runtime::ids::{NodeId, RequestId, WorkerId};
@@ -180,7 +180,7 @@ impl Actor for Subscriber {
 /// Collect a request's tokens until it finishes (or fails).
 async fn collect(
     rx: &mut tokio::sync::mpsc::UnboundedReceiver<TokenEventKind>,
-) -> (Vec<u32>, Option<Finish>, u32) {
+) -> (Vec<u32>, Option<FinishReason>, u32) {
     let mut ids = Vec::new();
     let mut cached = 0;
     loop {
@@ -214,7 +214,7 @@ async fn a_replica_serves_the_golden_cases_alone_and_batched() {
     assert_eq!(ids, g1);
     assert_eq!(
         finish,
-        Some(Finish::Stop),
+        Some(FinishReason::Stop),
         "chat_capital ends on <|im_end|>"
     );
     // Batched together (mixed prefill and decode in the same steps).
@@ -223,7 +223,7 @@ async fn a_replica_serves_the_golden_cases_alone_and_batched() {
     let mut rx1 = h.submit(4, p1.clone(), g1.len() as u32);
     let (a, b, c) = tokio::join!(collect(&mut rx2), collect(&mut rx3), collect(&mut rx1));
     assert_eq!(a.0, g2);
-    assert_eq!(a.1, Some(Finish::Length));
+    assert_eq!(a.1, Some(FinishReason::Length));
     assert_eq!(b.0, g3);
     assert_eq!(c.0, g1);
     // The long prompt again: its 18 full leading blocks come from the prefix cache, and the

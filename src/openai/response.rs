@@ -43,24 +43,7 @@ use super::request::RequestKind;
 #[cfg(test)]
 mod tests;
 
-/// Why a choice ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// End-of-sequence or a stop string.
-    Stop,
-    /// `max_tokens` or the context limit.
-    Length,
-}
-
-impl FinishReason {
-    /// The OpenAI string.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-        }
-    }
-}
+pub use crate::request_plane::protocol::FinishReason;
 
 /// Token counts of a request, summed over its choices.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 //!
 //! - [`SubmitRequest`] — a gateway's Request actor hands one attempt to a worker's scheduler.
 //! - [`RouteRequest`] — a Request actor asks a Router for a placement.
-//! - [`TokenEvent`] / [`TokenEventKind`] / [`Finish`] — what happened to a request on its
+//! - [`TokenEvent`] / [`TokenEventKind`] / [`FinishReason`] — what happened to a request on its
 //!   worker, batched per owner in a [`Delivery`] and sent as one [`TokenSinkMsg::Deliver`]
 //!   per engine step.
 //! - [`Owner`] — who submitted a sequence (a gateway node in one incarnation), and how a worker
@@ -145,16 +145,29 @@ pub fn owner_status(owner: &Owner) -> OwnerStatus {
     status
 }
 
-/// Why a finished sequence stopped, on the wire.
+/// Why a sequence (one choice) finished: one type from the batch former through the wire to
+/// the HTTP answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Finish {
-    /// End of sequence or a stop token (the token is not text to show).
+pub enum FinishReason {
+    /// EOS or a stop token was sampled (reported as the update's token, never shown as text),
+    /// or the gateway matched a stop string.
     Stop,
-    /// `max_tokens` reached.
+    /// `max_tokens` generated.
     Length,
-    /// The context window is full.
+    /// The context limit (`max_model_len`, or the KV pool's capacity if smaller) was reached.
     ContextLimit,
+}
+
+impl FinishReason {
+    /// The OpenAI `finish_reason` string: the context limit reads `"length"`, as in OpenAI's
+    /// API and vLLM.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length | FinishReason::ContextLimit => "length",
+        }
+    }
 }
 
 /// What happened to a request on its worker.
@@ -175,7 +188,7 @@ pub enum TokenEventKind {
         /// Natural-log probability under the unmodified distribution.
         logprob: f32,
         /// Set on the request's last token.
-        finish: Option<Finish>,
+        finish: Option<FinishReason>,
         /// Position of this token among those the worker generated for this submission
         /// (0, 1, 2, …): a gap means events were lost on the way.
         #[serde(default)]

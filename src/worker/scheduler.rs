@@ -54,7 +54,7 @@ mod tests;
 
 pub use batch::{
     FinishReason, ScheduledBatch, ScheduledSeq, SchedulerConfig, SchedulerCore, SchedulerError,
-    SeqRequest, SeqUpdate, StopCause,
+    SeqRequest, SeqUpdate,
 };
 pub use fill::{FILL_SEQ, FillChange, KvFill};
 pub use outbox::Outbox;
@@ -69,7 +69,7 @@ pub use crate::kv::BlockPool;
 
 use crate::kv::KvEvent;
 use crate::request_plane::protocol::{
-    self, Delivery, Finish, Owner, SubmitRequest, TokenEvent, TokenEventKind,
+    self, Delivery, Owner, SubmitRequest, TokenEvent, TokenEventKind,
 };
 use crate::runtime::ids::{NodeId, RequestId, SeqId, WorkerId};
 use crate::runtime::wire::Wire;
@@ -106,17 +106,6 @@ impl std::fmt::Display for Health {
             Health::Draining => "draining",
             Health::Unhealthy => "unhealthy",
         })
-    }
-}
-
-/// The wire form of why a sequence finished.
-impl From<FinishReason> for Finish {
-    fn from(r: FinishReason) -> Self {
-        match r {
-            FinishReason::Stop(_) => Finish::Stop,
-            FinishReason::Length => Finish::Length,
-            FinishReason::ContextLimit => Finish::ContextLimit,
-        }
     }
 }
 
@@ -432,7 +421,7 @@ impl SchedulerState {
             let index = l.emitted;
             l.emitted += 1;
             let (to, req) = (l.owner.clone(), l.request);
-            let finish = u.finished.map(Into::into);
+            let finish = u.finished;
             let logprob = logprobs.get(&u.seq).copied().unwrap_or(0.0);
             self.emit(
                 &to,

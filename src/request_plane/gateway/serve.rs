@@ -29,7 +29,7 @@ use crate::openai::response::{
 use crate::openai::sse;
 use crate::openai::stop::StopMatcher;
 use crate::request_plane::error::RequestError;
-use crate::request_plane::protocol::{Finish, TokenEventKind};
+use crate::request_plane::protocol::TokenEventKind;
 use crate::request_plane::request::{Job, Request, RequestArgs, RequestMsg};
 use crate::request_plane::router::policy::Policy;
 use crate::request_plane::token_sink::SinkRegistry;
@@ -270,10 +270,7 @@ impl Choice {
                     self.held_logprobs.clear();
                 } else if let Some(f) = finish {
                     out.text.push_str(&self.stop.finish());
-                    self.finish = Some(match f {
-                        Finish::Stop => FinishReason::Stop,
-                        Finish::Length | Finish::ContextLimit => FinishReason::Length,
-                    });
+                    self.finish = Some(f);
                 }
                 // A token's logprob goes out with its text: not while the text is held back.
                 if self.finish.is_some() || self.stop.held().is_empty() {

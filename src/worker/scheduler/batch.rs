@@ -107,23 +107,7 @@ pub struct SeqRequest {
     pub arrival: u64,
 }
 
-/// Which token stopped a sequence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopCause {
-    Eos,
-    StopToken(u32),
-}
-
-/// Why a sequence finished.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    /// EOS or a stop token was sampled (and is reported as the update's token).
-    Stop(StopCause),
-    /// `max_tokens` generated.
-    Length,
-    /// The context limit (`max_model_len`, or the pool's capacity if smaller) was reached.
-    ContextLimit,
-}
+pub use crate::request_plane::protocol::FinishReason;
 
 /// One sequence's share of a step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -420,10 +404,8 @@ impl SchedulerCore {
             };
             e.tokens.push(token);
             e.num_generated += 1;
-            let finished = if e.eos_token_id == Some(token) {
-                Some(FinishReason::Stop(StopCause::Eos))
-            } else if e.stop_token_ids.contains(&token) {
-                Some(FinishReason::Stop(StopCause::StopToken(token)))
+            let finished = if e.eos_token_id == Some(token) || e.stop_token_ids.contains(&token) {
+                Some(FinishReason::Stop)
             } else if e.num_generated >= e.max_tokens {
                 Some(FinishReason::Length)
             } else if e.tokens.len() >= self.max_len {

@@ -297,14 +297,8 @@ fn stop_conditions() {
     c.add(req(3, vec![1, 2], 5)).expect("add");
     c.add(req(4, vec![1; 10], 100)).expect("add");
     let (out, _) = drive(&mut c);
-    assert_eq!(
-        out[&SeqId(1)],
-        (vec![eos], FinishReason::Stop(StopCause::Eos))
-    );
-    assert_eq!(
-        out[&SeqId(2)],
-        (vec![stop], FinishReason::Stop(StopCause::StopToken(stop)))
-    );
+    assert_eq!(out[&SeqId(1)], (vec![eos], FinishReason::Stop));
+    assert_eq!(out[&SeqId(2)], (vec![stop], FinishReason::Stop));
     assert_eq!(out[&SeqId(3)].0.len(), 5);
     assert_eq!(out[&SeqId(3)].1, FinishReason::Length);
     assert_eq!(
