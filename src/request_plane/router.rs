@@ -545,12 +545,12 @@ mod tests {
         let (mut r, clock, workers) = router(Policy::LeastLoaded);
         workers.set(&["a"], &["a"]);
         r.route(req(1), r.now_ms()).unwrap();
-        clock.advance(Duration::from_millis(LEASE_TTL_MS - 1));
+        clock.advance(Duration::from_millis(LEASE_TTL_MS));
         assert!(r.housekeeping(r.now_ms()).is_empty());
-        assert_eq!(r.load.len(), 1, "not yet");
+        assert_eq!(r.load.len(), 1, "not yet: a lease lasts LEASE_TTL_MS");
         clock.advance(Duration::from_millis(1));
         r.housekeeping(r.now_ms());
-        assert!(r.load.is_empty(), "expired after the lease");
+        assert!(r.load.is_empty(), "expired past the lease");
     }
 
     #[test]
