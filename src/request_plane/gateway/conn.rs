@@ -86,6 +86,11 @@ fn over_cap() -> String {
 }
 
 /// Serve `app` on `listener` until `stop`; see the module doc.
+///
+/// # Errors
+/// None in practice: failed accepts are logged and retried, failed connections end alone.
+/// The `io::Result` is the server task's contract with the gateway actor, which fails (and
+/// is restarted) when the task ends in any way other than `stop`.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
