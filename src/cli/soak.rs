@@ -561,6 +561,9 @@ mod tests {
         assert!((p50 - 0.2).abs() < 1e-9, "{p50}");
         let p75 = histogram_quantile(&b, 0.75).unwrap();
         assert!((p75 - 0.3).abs() < 1e-9, "{p75}");
+        // As the exporter writes it: with a `# TYPE` line, `_sum` and `_count`.
+        let typed = format!("# TYPE x histogram\n{text}x_sum 12.5\nx_count 100\n");
+        assert_eq!(histogram_buckets(&typed, "x"), b);
         assert_eq!(histogram_quantile(&[], 0.5), None);
         assert_eq!(histogram_quantile(&[(1.0, 0.0)], 0.5), None);
     }
