@@ -11,8 +11,10 @@
 //!
 //! Any node with the `router` role runs one Router, in the process group [`ROUTER_GROUP`];
 //! gateways ask their own node's router first. Every router consumes every KV event (a
-//! [`KvEventsRelay`] child joins [`KV_EVENTS_GROUP`], the block managers broadcast to it), so
-//! all routers converge on the same index. The policy is `router.policy`; a request may
+//! [`KvEventsRelay`] joins [`KV_EVENTS_GROUP`], the block managers broadcast to it), so
+//! all routers converge on the same index. The relay is the router's sibling under a
+//! one_for_all supervisor (`supervisors/tree.rs`): either exiting restarts both, and the
+//! restarted index resyncs from snapshots as events arrive. The policy is `router.policy`; a request may
 //! override it with the header [`POLICY_HEADER`] (`x-flotilla-route-policy: round_robin`).
 //!
 //! # Who can be chosen
@@ -277,10 +279,6 @@ impl Actor for Router {
         let selector = Selector::new(config.clone()).map_err(|e| e.to_string())?;
         ractor::pg::join(ROUTER_GROUP.to_owned(), vec![myself.get_cell()]);
         ractor::pg::monitor(SCHEDULER_GROUP.to_owned(), myself.get_cell());
-        let relay_name = myself
-            .get_name()
-            .map(|n| format!("{}/kv_event_relay", n.trim_end_matches("/router")));
-        Actor::spawn_linked(relay_name, KvEventsRelay, myself.clone(), myself.get_cell()).await?;
         myself.send_interval(std::time::Duration::from_secs(1), || {
             RouterMsg::Tick(Wire::encode(&()))
         });
@@ -297,7 +295,7 @@ impl Actor for Router {
 
     async fn handle_supervisor_evt(
         &self,
-        myself: ActorRef<Self::Msg>,
+        _myself: ActorRef<Self::Msg>,
         event: ractor::SupervisionEvent,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
@@ -309,12 +307,6 @@ impl Actor for Router {
                 for w in gone.iter().filter_map(worker_of_scheduler) {
                     state.purge(&w);
                 }
-            }
-            E::ProcessGroupChanged(_) => {}
-            // The relay died: the router restarts with it (its supervisor rebuilds both and
-            // the index resyncs from snapshots as events arrive).
-            E::ActorTerminated(..) | E::ActorFailed(..) => {
-                myself.stop(Some("KV event relay exited".into()));
             }
             _ => {}
         }
@@ -364,6 +356,7 @@ impl Actor for Router {
 
 /// Joins [`KV_EVENTS_GROUP`] on behalf of its router and hands every batch of KV events on.
 /// (A separate actor because block managers cast [`KvEventsMsg`] to the group's members.)
+/// Started after its router, beside it, by the node's tree.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct KvEventsRelay;
 

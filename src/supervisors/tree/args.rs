@@ -1,0 +1,208 @@
+//! Configuration → actor arguments: everything the tree's children are started with, built
+//! from the node's [`NodeContext`]. No actor is named or spawned here (see `spawn.rs`).
+
+use crate::control::chaos::FaultBook;
+use crate::control::discovery::DiscoveryArgs;
+use crate::control::discovery::membership::Leases;
+use crate::model::LoadedModel;
+use crate::request_plane::gateway::GatewayArgs;
+use crate::request_plane::gateway::chaos_routes::ChaosController;
+use crate::request_plane::gateway::conn::ConnLimits;
+use crate::request_plane::gateway::routes::GatewayShared;
+use crate::request_plane::gateway::serve::{Admission, Serving};
+use crate::request_plane::request::migration::MigrationPolicy;
+use crate::request_plane::router::policy::SelectorConfig;
+use crate::request_plane::token_sink::SinkRegistry;
+use crate::runtime::ids::WorkerId;
+use crate::runtime::node::NodeContext;
+use crate::supervisors::{Shutdown, SupervisorFlags};
+use crate::worker::engine::EngineConfig;
+use crate::worker::engine::sim::SimProfile;
+use crate::worker::scheduler::SchedulerConfig;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+/// How long each child is given to stop (`supervision.shutdown_timeout_ms`).
+pub(super) fn shutdown(ctx: &NodeContext) -> Shutdown {
+    Shutdown::Timeout(Duration::from_millis(
+        ctx.config.supervision.shutdown_timeout_ms,
+    ))
+}
+
+/// Discovery: membership leases, heartbeats and seeds.
+pub(super) fn discovery(ctx: &NodeContext) -> DiscoveryArgs {
+    let c = &ctx.config.cluster;
+    DiscoveryArgs {
+        node_id: ctx.node_id.clone(),
+        addr: ctx.cluster.addr.to_string(),
+        roles: ctx.config.node.roles.clone(),
+        incarnation: ctx.incarnation,
+        http_addr: ctx.http_addr.clone(),
+        leases: Leases {
+            suspect_after: Duration::from_millis(c.suspect_after_ms),
+            down_after: Duration::from_millis(c.liveness_timeout_ms),
+            retention: Duration::from_millis(c.down_retention_ms),
+        },
+        heartbeat_interval: c.heartbeat_interval(),
+        seeds: ctx.config.node.join.clone(),
+        server: ctx.cluster.server.clone(),
+        events: ctx.membership.clone(),
+        clock: ctx.clock.clone(),
+        worker_pool_name: ctx.name("worker_pool"),
+    }
+}
+
+/// The router's placement policy.
+pub(super) fn router(ctx: &NodeContext) -> SelectorConfig {
+    let r = &ctx.config.router;
+    SelectorConfig {
+        policy: r.policy,
+        block_size: ctx.config.worker.block_size_tokens as u32,
+        overlap_weight: r.overlap_weight,
+        temperature: r.temperature,
+        seed: r.seed,
+    }
+}
+
+/// What the gateway's children share: the token sink's registry (also read by the HTTP
+/// actor's serving state) and the HTTP actor's arguments.
+pub(super) struct GatewayParts {
+    /// Per-request token senders, filled by the HTTP actor and read by the token sink.
+    pub registry: SinkRegistry,
+    /// The HTTP actor's arguments.
+    pub http: GatewayArgs,
+}
+
+/// The gateway's serving state, admission, migration policy and HTTP limits.
+pub(super) fn gateway(ctx: &NodeContext) -> GatewayParts {
+    let g = &ctx.config.gateway;
+    let registry = SinkRegistry::default();
+    let serving = ctx.frontend.as_ref().map(|fe| {
+        Arc::new(Serving {
+            frontend: fe.clone(),
+            node: ctx.node_id.clone(),
+            registry: registry.clone(),
+            request_sup: ctx.name("request_sup"),
+            next_id: Arc::new(AtomicU64::new(first_request_id(ctx.incarnation))),
+            block_size: ctx.config.worker.block_size_tokens,
+            migration: MigrationPolicy {
+                limit: g.migration_limit,
+                deadline: Duration::from_millis(g.migration_deadline_ms),
+                backoff_base: Duration::from_millis(g.migration_backoff_base_ms),
+                backoff_max: Duration::from_millis(g.migration_backoff_max_ms),
+            },
+            clock: ctx.clock.clone(),
+            incarnation: ctx.incarnation,
+            keep_alive: Duration::from_millis(g.keep_alive_ms),
+            admission: Admission {
+                busy_kv_ratio: g.busy_kv_ratio,
+                busy_waiting: g.busy_waiting,
+                max_in_flight: g.max_in_flight,
+            },
+        })
+    });
+    let chaos = ctx
+        .config
+        .chaos
+        .enabled
+        .then(|| Arc::new(ChaosController::new(ctx.config.chaos.token.clone())));
+    let shared = Arc::new(GatewayShared {
+        discovery_name: ctx.name("discovery"),
+        metrics: crate::runtime::metrics::handle(),
+        max_body_bytes: g.max_body_bytes,
+        request_body_timeout: Duration::from_millis(g.request_body_timeout_ms),
+        http_addr: g.http_addr,
+        serving,
+        chaos,
+    });
+    let http = GatewayArgs {
+        addr: g.http_addr,
+        bound: ctx.http_addr.clone(),
+        shared,
+        limits: ConnLimits::of(g),
+    };
+    GatewayParts { registry, http }
+}
+
+/// Replica `k` of this node (`<node>/replica-<k>`), or `None` when the node has no model
+/// loaded (a node without the worker role never asks).
+pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Option<ReplicaParams> {
+    let w = &ctx.config.worker;
+    let model = ctx.model.as_ref()?;
+    Some(ReplicaParams {
+        worker: WorkerId::new(ctx.name(&format!("replica-{k}"))),
+        model: model.clone(),
+        engine: EngineConfig {
+            num_blocks: w.kv_blocks,
+            block_size: w.block_size_tokens,
+            ..EngineConfig::default()
+        },
+        scheduler: SchedulerConfig {
+            max_num_seqs: w.max_num_seqs,
+            max_num_batched_tokens: w.max_num_batched_tokens,
+            max_model_len: w.max_model_len_tokens.min(model.config().max_context),
+        },
+        flags,
+        shutdown: shutdown(ctx),
+        faults: ctx.faults.clone(),
+        step_timeout: Duration::from_millis(w.step_timeout_ms),
+        canary_interval: Duration::from_millis(w.canary_interval_ms),
+        owner_grace: Duration::from_millis(ctx.config.cluster.liveness_timeout_ms),
+        sim: ctx.sim_profile.clone().map(|p| (p, w.sim_speedup)),
+    })
+}
+
+/// What one replica needs.
+#[derive(Clone)]
+pub struct ReplicaParams {
+    /// Worker id; also the replica supervisor's registered name and the prefix of its
+    /// children's names (`<worker>/kv_manager`, `<worker>/engine`, `<worker>/scheduler`).
+    pub worker: WorkerId,
+    /// The model, shared read-only by every replica of the process.
+    pub model: Arc<LoadedModel>,
+    /// KV pool geometry.
+    pub engine: EngineConfig,
+    /// Batch limits.
+    pub scheduler: SchedulerConfig,
+    /// The replica supervisor's flags (one_for_all: its parts share device memory).
+    pub flags: SupervisorFlags,
+    /// Shutdown of each part.
+    pub shutdown: Shutdown,
+    /// Faults injected on this node.
+    pub faults: FaultBook,
+    /// How long sequences' owner may be missing before they are aborted
+    /// (`cluster.liveness_timeout_ms`).
+    pub owner_grace: Duration,
+    /// Step watchdog timeout (`worker.step_timeout_ms`).
+    pub step_timeout: Duration,
+    /// Canary period (`worker.canary_interval_ms`).
+    pub canary_interval: Duration,
+    /// `Some((profile, speedup))`: a simulated engine instead of the real one.
+    pub sim: Option<(SimProfile, f64)>,
+}
+
+impl ReplicaParams {
+    /// Registered name of the replica's part `part` (`kv_manager`, `engine`, `scheduler`).
+    pub fn part_name(&self, part: &str) -> String {
+        format!("{}/{part}", self.worker)
+    }
+}
+
+/// The model identity salted into every block hash, so that blocks of different models never
+/// match: XXH3-64 of the model's configuration (architecture, shapes, vocabulary size).
+pub fn model_salt(model: &LoadedModel) -> u64 {
+    config_salt(model.config())
+}
+
+/// [`model_salt`] from the configuration alone (what a gateway knows from GGUF metadata).
+pub fn config_salt(config: &crate::model::config::ModelConfig) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(format!("{config:?}").as_bytes())
+}
+
+/// The first request id of a gateway incarnation: the incarnation (ms since the Unix epoch)
+/// times 2^20, so that ids never repeat across restarts of a node (a node would have to take
+/// over a million requests per millisecond of its life to reach the next start's ids).
+pub fn first_request_id(incarnation: u64) -> u64 {
+    incarnation.saturating_mul(1 << 20).max(1)
+}

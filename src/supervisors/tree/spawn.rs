@@ -1,0 +1,147 @@
+//! The tree's leaves: one [`ChildSpec`] per actor type, with the name it registers under and
+//! the arguments it is (re)started with. The only place that names the actor types the tree
+//! starts; what they are started with is built in `args.rs`.
+
+use super::args::{self, GatewayParts, ReplicaParams};
+use crate::control::chaos::Chaos;
+use crate::control::discovery::Discovery;
+use crate::kv::KvBlockManager;
+use crate::request_plane::gateway::HttpGateway;
+use crate::request_plane::router::{KvEventsRelay, Router, RouterMsg};
+use crate::request_plane::token_sink::{Owner, TokenSink, sink_name};
+use crate::runtime::node::NodeContext;
+use crate::supervisors::spec::{ChildSpec, StartFn};
+use crate::worker::engine::sim::{SimEngineArgs, SimEngineWorker};
+use crate::worker::engine::{EngineWorker, EngineWorkerArgs};
+use crate::worker::scheduler::{Scheduler, SchedulerArgs};
+use ractor::{Actor, ActorCell, ActorRef, SpawnErr};
+use std::sync::Arc;
+
+/// Membership, heartbeats, liveness, role groups.
+pub(super) fn discovery(ctx: &NodeContext) -> ChildSpec {
+    let ctx2 = ctx.clone();
+    ChildSpec::actor("discovery", Some(ctx.name("discovery")), move || {
+        (Discovery, args::discovery(&ctx2))
+    })
+    .shutdown(args::shutdown(ctx))
+}
+
+/// Installs and clears injected faults on this node.
+pub(super) fn chaos(ctx: &NodeContext) -> ChildSpec {
+    let faults = ctx.faults.clone();
+    let cluster = ctx.cluster.clone();
+    ChildSpec::actor("chaos", Some(ctx.name("chaos")), move || {
+        (Chaos, (faults.clone(), cluster.clone()))
+    })
+    .shutdown(args::shutdown(ctx))
+}
+
+/// Placement: prefix index, load, policy.
+pub(super) fn router(ctx: &NodeContext) -> ChildSpec {
+    let config = args::router(ctx);
+    ChildSpec::actor("router", Some(ctx.name("router")), move || {
+        (Router, config.clone())
+    })
+    .shutdown(args::shutdown(ctx))
+}
+
+/// Joins the KV-events group on behalf of this node's router and hands every batch on. It
+/// starts after the router (under the same one_for_all supervisor) and finds it by name.
+pub(super) fn kv_event_relay(ctx: &NodeContext) -> ChildSpec {
+    let router_name = ctx.name("router");
+    let name = ctx.name("kv_event_relay");
+    let start: StartFn = Arc::new(move |sup: ActorCell| {
+        let (router_name, name) = (router_name.clone(), name.clone());
+        Box::pin(async move {
+            let router: ActorRef<RouterMsg> = ractor::registry::where_is(router_name.clone())
+                .ok_or_else(|| {
+                    SpawnErr::StartupFailed(format!("router {router_name} is not running").into())
+                })?
+                .into();
+            let (r, _) = Actor::spawn_linked(Some(name), KvEventsRelay, router, sup).await?;
+            Ok(r.get_cell())
+        })
+    });
+    ChildSpec::new("kv_event_relay", start).shutdown(args::shutdown(ctx))
+}
+
+/// Receives this node's requests' tokens, one message per engine step.
+pub(super) fn token_sink(ctx: &NodeContext, parts: &GatewayParts) -> ChildSpec {
+    let registry = parts.registry.clone();
+    let incarnation = ctx.incarnation;
+    let owner = Owner::new(ctx.node_id.clone(), incarnation);
+    ChildSpec::actor("token_sink", Some(sink_name(&owner)), move || {
+        (TokenSink, (registry.clone(), incarnation))
+    })
+    .shutdown(args::shutdown(ctx))
+}
+
+/// The HTTP listener: OpenAI API, `/live`, `/health`, `/metrics`, `/v1/fleet`.
+pub(super) fn http_gateway(ctx: &NodeContext, parts: &GatewayParts) -> ChildSpec {
+    let http = parts.http.clone();
+    ChildSpec::actor("http_gateway", Some(ctx.name("http_gateway")), move || {
+        (HttpGateway, http.clone())
+    })
+    .shutdown(args::shutdown(ctx))
+}
+
+/// A replica's KV-event publisher and snapshot server.
+pub(super) fn kv_manager(p: &ReplicaParams) -> ChildSpec {
+    let worker = p.worker.clone();
+    let faults = p.faults.clone();
+    ChildSpec::actor("kv_manager", Some(p.part_name("kv_manager")), move || {
+        (KvBlockManager, (worker.clone(), faults.clone()))
+    })
+    .shutdown(p.shutdown)
+}
+
+/// A replica's engine: the real forward pass, or the timing model when `p.sim` is set.
+pub(super) fn engine(p: &ReplicaParams) -> ChildSpec {
+    let name = Some(p.part_name("engine"));
+    let faults = Some((p.faults.clone(), p.worker.clone()));
+    let spec = match &p.sim {
+        None => {
+            let args = EngineWorkerArgs {
+                weights: p.model.weights.clone(),
+                config: p.engine,
+                faults,
+            };
+            ChildSpec::actor("engine", name, move || (EngineWorker, args.clone()))
+        }
+        Some((profile, speedup)) => {
+            let args = SimEngineArgs {
+                profile: profile.clone(),
+                speedup: *speedup,
+                num_blocks: p.engine.num_blocks,
+                block_size: p.engine.block_size,
+                vocab_size: p.model.config().vocab_size,
+                max_context: p.model.config().max_context,
+                faults,
+            };
+            ChildSpec::actor("engine", name, move || (SimEngineWorker, args.clone()))
+        }
+    };
+    spec.shutdown(p.shutdown)
+}
+
+/// A replica's scheduler: continuous batching over the block pool; drives the engine.
+pub(super) fn scheduler(p: &ReplicaParams) -> ChildSpec {
+    let args = SchedulerArgs {
+        worker: p.worker.clone(),
+        engine_name: p.part_name("engine"),
+        kv_manager_name: Some(p.part_name("kv_manager")),
+        config: p.scheduler,
+        num_blocks: p.engine.num_blocks,
+        block_size: p.engine.block_size,
+        salt: args::model_salt(&p.model),
+        eos_token_id: p.model.tokenizer.eos_ids.first().copied(),
+        faults: p.faults.clone(),
+        step_timeout: p.step_timeout,
+        canary_interval: p.canary_interval,
+        owner_grace: p.owner_grace,
+    };
+    ChildSpec::actor("scheduler", Some(p.part_name("scheduler")), move || {
+        (Scheduler, args.clone())
+    })
+    .shutdown(p.shutdown)
+}
