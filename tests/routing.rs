@@ -2,9 +2,17 @@
 //! block managers, KV events and router, with the forward pass replaced by the H100 timing
 //! model. B12 and B13 of `../shared/cases/README.md`, and a shared-prefix workload.
 
-mod common;
+#[path = "common/http.rs"]
+mod http;
+#[path = "common/poll.rs"]
+mod poll;
+#[path = "common/process.rs"]
+mod process;
 
-use common::{Cluster, MODEL, node_pid, signal, wait_routable};
+use crate::{
+    http::{MODEL, wait_routable},
+    process::{Cluster, node_pid, signal},
+};
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -140,8 +148,8 @@ async fn b13_a_hot_prefix_still_spreads_over_workers() {
     let max = *d.values().max().unwrap();
     assert!(max * 2 <= total, "no worker serves more than half: {d:?}");
     assert!(d.len() >= 3, "load spread: {d:?}");
-    common::poll_until(Duration::from_secs(10), "in-flight back to 0", || async {
-        (common::workers_sum(&c, "in_flight").await == 0).then_some(())
+    crate::poll::poll_until(Duration::from_secs(10), "in-flight back to 0", || async {
+        (crate::http::workers_sum(&c, "in_flight").await == 0).then_some(())
     })
     .await;
 }
@@ -233,7 +241,7 @@ async fn dropped_kv_events_trigger_a_resync_and_routing_recovers() {
     // A later event after the gap makes the router notice and resync.
     let p = prefix("after", 200);
     send(&c, "/v1/chat/completions", &chat(&p, "q", 2)).await;
-    let n = common::poll_until(Duration::from_secs(10), "a resync", || async {
+    let n = crate::poll::poll_until(Duration::from_secs(10), "a resync", || async {
         resyncs().await.filter(|n| *n >= 1.0)
     })
     .await;
@@ -317,11 +325,11 @@ async fn b12_a_worker_lost_during_a_partition_is_dropped_after_healing() {
     let d = delta(&placements(&c).await, &before);
     assert!(!d.contains_key("node-2/replica-0"), "{d:?}");
     assert_eq!(d.values().sum::<u64>(), 12);
-    common::poll_until(
+    crate::poll::poll_until(
         Duration::from_secs(10),
         "node-2 down in the fleet",
         || async {
-            let f = common::fleet(&c).await;
+            let f = crate::http::fleet(&c).await;
             let n2 = f["nodes"]
                 .as_array()?
                 .iter()
