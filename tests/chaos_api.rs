@@ -2,9 +2,20 @@
 //! B01(3) keep-alives while a slowed worker stalls the stream, B05(C) an engine failure after
 //! the stream started becomes one SSE error record, never a normal finish.
 
-mod common;
+#[path = "common/http.rs"]
+mod http;
+#[path = "common/poll.rs"]
+mod poll;
+#[path = "common/process.rs"]
+mod process;
+#[path = "common/sse.rs"]
+mod sse;
 
-use common::{Cluster, MODEL, post, sse_records};
+use crate::{
+    http::{MODEL, post},
+    process::Cluster,
+    sse::sse_records,
+};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -111,7 +122,7 @@ async fn slow_streams_get_keep_alives_and_failures_become_error_records() {
     let recs = sse_records(&text);
     assert_eq!(recs.last().unwrap(), "[DONE]");
     // The stream may end before the 5 s are up (the model can stop early): wait for expiry.
-    common::poll_until(
+    crate::poll::poll_until(
         Duration::from_secs(10),
         "the timed fault cleared itself",
         || async {

@@ -4,9 +4,14 @@
 //! the fleet must return to full capacity after every fault. Scaled down for CI; users run
 //! `flotilla chaos soak` bigger (see docs/benchmarks.md).
 
-mod common;
+#[path = "common/http.rs"]
+mod http;
+#[path = "common/poll.rs"]
+mod poll;
+#[path = "common/process.rs"]
+mod process;
 
-use common::Cluster;
+use crate::process::Cluster;
 use flotilla::cli::soak::{SoakOptions, run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

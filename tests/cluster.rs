@@ -1,9 +1,10 @@
 //! Cluster formation in one process: two nodes on loopback form a cluster, see each other's
 //! role groups and heartbeats; a wrong cookie is a clear error.
 
-mod common;
+#[path = "common/poll.rs"]
+mod poll;
 
-use common::{free_port, poll_until};
+use crate::poll::{free_port, poll_until};
 use flotilla::control::discovery::membership::NodeState;
 use flotilla::control::discovery::{self, DiscoveryMsg, role_group};
 use flotilla::runtime::cluster::ClusterError;
@@ -32,7 +33,7 @@ fn discovery_of(prefix: &str) -> ractor::ActorRef<DiscoveryMsg> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_form_a_cluster_and_see_each_others_roles() {
-    common::init_tracing();
+    crate::poll::init_tracing();
     let (pa, pb) = (free_port(), free_port());
     let a = node::start(config(
         "alpha",
@@ -105,7 +106,7 @@ async fn two_nodes_form_a_cluster_and_see_each_others_roles() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_cookie_is_a_clear_error() {
-    common::init_tracing();
+    crate::poll::init_tracing();
     let (pa, pc) = (free_port(), free_port());
     let a = node::start(config("gamma", pa, &[Role::Gateway], None, "right"))
         .await

@@ -3,9 +3,10 @@
 //! status` lists the nodes; SIGTERM stops `up` with exit 0 and no orphans; a node with a
 //! wrong cookie exits with a clear error.
 
-mod common;
+#[path = "common/poll.rs"]
+mod poll;
 
-use common::poll_until;
+use crate::poll::poll_until;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -154,7 +155,7 @@ async fn up_forms_detects_a_killed_node_and_stops_cleanly() {
 
     // A node with the wrong cookie exits non-zero with a clear error.
     let seed = node0["addr"].as_str().unwrap().to_owned();
-    let port = common::free_port();
+    let port = crate::poll::free_port();
     let out = Command::new(BIN)
         .args([
             "node", "--name", "intruder", "--roles", "worker", "--cookie", "wrong",

@@ -1,10 +1,11 @@
 //! The `EngineWorker` actor: Step / Logits / Info calls and Release casts.
 
-mod common;
+#[path = "common/model.rs"]
+mod model;
 
 use std::sync::Arc;
 
-use common::{blocks, golden, model, seq};
+use crate::model::{blocks, golden, model, seq};
 use flotilla::runtime::ids::SeqId;
 use flotilla::worker::engine::{
     EngineConfig, EngineError, EngineWorker, EngineWorkerMsg, StepBatch, TransformerArgs,

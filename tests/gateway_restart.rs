@@ -5,10 +5,17 @@
 //! died are aborted on their workers: running, waiting and KV in use go back to idle within
 //! about the liveness timeout, and the restarted gateway serves new streams normally.
 
-mod common;
+#[path = "common/http.rs"]
+mod http;
+#[path = "common/poll.rs"]
+mod poll;
+#[path = "common/process.rs"]
+mod process;
 
-use common::{
-    Cluster, MODEL, fleet, node_pid, poll_until, post, signal, wait_routable, workers_sum,
+use crate::{
+    http::{MODEL, fleet, post, wait_routable, workers_sum},
+    poll::poll_until,
+    process::{Cluster, node_pid, signal},
 };
 use futures::StreamExt;
 use nix::sys::signal::Signal;

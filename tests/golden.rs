@@ -1,9 +1,10 @@
 //! Golden cases of `smollm2-golden.json` through the tokenizer, the engine API and
 //! `flotilla generate --json`.
 
-mod common;
+#[path = "common/model.rs"]
+mod model;
 
-use common::{engine, golden, greedy, model};
+use crate::model::{engine, golden, greedy, model};
 
 #[test]
 fn tokenizer_matches_golden_prompt_ids() {

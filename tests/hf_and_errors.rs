@@ -1,11 +1,12 @@
 //! The Hugging Face path (GGUF weights converted to an HF safetensors directory, half-split
 //! RoPE) reproduces the golden greedy ids; corrupt model files give typed errors.
 
-mod common;
+#[path = "common/model.rs"]
+mod model;
 
 use std::io::Write;
 
-use common::{engine, golden, greedy, model};
+use crate::model::{engine, golden, greedy, model};
 use flotilla::kernels::WeightMatrix;
 use flotilla::model::gguf::GgufError;
 use flotilla::model::{ModelError, load_model};

@@ -3,9 +3,18 @@
 //! routes need JSON, B21 slow or incomplete requests cannot hold connections, B22
 //! `x-request-id` on every response and in the logs of every node a request touches.
 
-mod common;
+#[path = "common/http.rs"]
+mod http;
+#[path = "common/poll.rs"]
+mod poll;
+#[path = "common/process.rs"]
+mod process;
 
-use common::{Cluster, Logs, MODEL, poll_until};
+use crate::{
+    http::MODEL,
+    poll::poll_until,
+    process::{Cluster, Logs},
+};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -2,9 +2,14 @@
 //! `make test` installs the client into `.venv` (`make venv`); without it this test fails and
 //! says so.
 
-mod common;
+#[path = "common/http.rs"]
+mod http;
+#[path = "common/poll.rs"]
+mod poll;
+#[path = "common/process.rs"]
+mod process;
 
-use common::{Cluster, MODEL};
+use crate::{http::MODEL, process::Cluster};
 
 #[test]
 fn the_official_openai_client_is_happy() {

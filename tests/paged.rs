@@ -2,9 +2,10 @@
 //! same logits as running each sequence alone in one shot; seeded sampling is reproducible;
 //! malformed batches give typed errors.
 
-mod common;
+#[path = "common/model.rs"]
+mod model;
 
-use common::{blocks, engine, golden, max_abs_diff, model, seq};
+use crate::model::{blocks, engine, golden, max_abs_diff, model, seq};
 use flotilla::runtime::ids::BlockId;
 use flotilla::worker::engine::{EngineError, SamplingParams, StepBatch};
 

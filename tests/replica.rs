@@ -2,9 +2,12 @@
 //! one_for_all supervisor — driven through its real messages: submissions come in as
 //! `SchedulerMsg::Submit`, tokens go out through a TokenSink, exactly as across nodes.
 
-mod common;
+#[path = "common/model.rs"]
+mod model;
+#[path = "common/poll.rs"]
+mod poll;
 
-use common::poll_until;
+use crate::poll::poll_until;
 use flotilla::kv::KvPublisherMsg;
 use flotilla::model::{LoadedModel, load_model, resolve_model_path};
 use flotilla::request_plane::protocol::{
@@ -31,7 +34,7 @@ fn model() -> Arc<LoadedModel> {
 }
 
 fn golden(name: &str) -> (Vec<u32>, Vec<u32>) {
-    let j: serde_json::Value = common::golden_json();
+    let j: serde_json::Value = crate::model::golden_json();
     let case = j["cases"]
         .as_array()
         .unwrap()

@@ -1,9 +1,17 @@
 //! The resilience loop on real processes (`flotilla up`): B11 migration, B15 health under a
 //! hung or dead engine, B16 drain, B17 containment (cases in `../shared/cases/README.md`).
 
-mod common;
+#[path = "common/http.rs"]
+mod http;
+#[path = "common/poll.rs"]
+mod poll;
+#[path = "common/process.rs"]
+mod process;
 
-use common::{Cluster, MODEL, counter_sum, fleet, health, node_pid, post, signal, wait_routable};
+use crate::{
+    http::{MODEL, counter_sum, fleet, health, post, wait_routable},
+    process::{Cluster, node_pid, signal},
+};
 use futures::StreamExt;
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
@@ -239,7 +247,7 @@ async fn b15_a_hung_engine_is_detected_and_its_request_migrates() {
         json!({"kind": "hang", "target": {"node": "node-2"}}),
     )
     .await;
-    common::poll_until(Duration::from_secs(10), "canary detection", || async {
+    crate::poll::poll_until(Duration::from_secs(10), "canary detection", || async {
         let n = counter_sum(&c, "engine_hangs").await;
         (n == 2).then_some(())
     })
@@ -260,7 +268,7 @@ async fn b15_a_killed_engine_restarts_its_replica() {
         json!({"kind": "kill_actor", "actor": "engine", "target": {"node": "node-1"}}),
     )
     .await;
-    common::poll_until(Duration::from_secs(10), "replica restarted", || async {
+    crate::poll::poll_until(Duration::from_secs(10), "replica restarted", || async {
         (counter_sum(&c, "restarts").await > r0).then_some(())
     })
     .await;
@@ -277,7 +285,7 @@ async fn b15_health_is_503_with_no_worker() {
     wait_routable(&c, 1).await;
     let pid = node_pid(&c, "node-1").await;
     signal(pid, Signal::SIGKILL);
-    let body = common::poll_until(Duration::from_secs(5), "health 503", || async {
+    let body = crate::poll::poll_until(Duration::from_secs(5), "health 503", || async {
         let (s, b) = health(&c).await;
         (s == 503).then_some(b)
     })
@@ -319,7 +327,7 @@ async fn b16_sigterm_drains_a_worker_node() {
     let pid = node2["pid"].as_i64().unwrap() as i32;
     signal(pid, Signal::SIGTERM);
     // It leaves routing at once.
-    common::poll_until(Duration::from_secs(2), "node-2 out of routing", || async {
+    crate::poll::poll_until(Duration::from_secs(2), "node-2 out of routing", || async {
         let (_, h) = health(&c).await;
         (h["routable_workers"].as_u64() == Some(1)).then_some(())
     })
@@ -335,7 +343,7 @@ async fn b16_sigterm_drains_a_worker_node() {
         assert_eq!(s.text, reference.text);
     }
     // Drained: the process exits (and `up` leaves it stopped).
-    common::poll_until(Duration::from_secs(20), "node-2 exits", || async {
+    crate::poll::poll_until(Duration::from_secs(20), "node-2 exits", || async {
         let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err();
         let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .map(|s| s.contains(") Z "))
@@ -398,7 +406,7 @@ async fn b17_panics_are_contained_and_counted() {
         json!({"kind": "panic_task", "target": {"node": "node-1"}}),
     )
     .await;
-    let after = common::poll_until(Duration::from_secs(10), "counters", || async {
+    let after = crate::poll::poll_until(Duration::from_secs(10), "counters", || async {
         let f = fleet(&c).await;
         let a = counters(&f, "node-1");
         (a["panics"].as_u64() == Some(before["panics"].as_u64().unwrap() + 2)
@@ -427,7 +435,7 @@ async fn b17_panics_are_contained_and_counted() {
     .await;
     let (s, _, t) = post(&c.url("/v1/chat/completions"), &story(4)).await;
     assert_eq!(s, 200, "{t}");
-    common::poll_until(Duration::from_secs(10), "worker pool restarted", || async {
+    crate::poll::poll_until(Duration::from_secs(10), "worker pool restarted", || async {
         (counter_sum(&c, "restarts").await > r0).then_some(())
     })
     .await;
@@ -438,7 +446,7 @@ async fn b17_panics_are_contained_and_counted() {
         json!({"kind": "kill_actor", "actor": "http_gateway", "target": {"node": "node-0"}}),
     )
     .await;
-    let (s, _, t) = common::poll_until(Duration::from_secs(10), "gateway back", || async {
+    let (s, _, t) = crate::poll::poll_until(Duration::from_secs(10), "gateway back", || async {
         match reqwest::Client::new()
             .post(c.url("/v1/chat/completions"))
             .json(&story(4))

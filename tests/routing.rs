@@ -1,17 +1,32 @@
-//! KV-aware routing on a simulated fleet (`flotilla up --engine sim`): the real schedulers,
-//! block managers, KV events and router, with the forward pass replaced by the H100 timing
-//! model. B12 and B13 of `../shared/cases/README.md`, and a shared-prefix workload.
+//! KV-aware routing on a simulated fleet: the real schedulers, block managers, KV events and
+//! router, with the forward pass replaced by the H100 timing model. B12 and B13 of
+//! `../shared/cases/README.md`, and a shared-prefix workload.
+//!
+//! Most tests run the fleet in this process (`inproc::Fleet`: one node with the gateway, the
+//! router and the simulated workers); the two that kill a worker node's process run on
+//! `flotilla up --engine sim`.
 
-mod common;
+#[path = "common/http.rs"]
+mod http;
+#[path = "common/inproc.rs"]
+mod inproc;
+#[path = "common/poll.rs"]
+mod poll;
+#[path = "common/process.rs"]
+mod process;
 
-use common::{Cluster, MODEL, node_pid, signal, wait_routable};
+use crate::{
+    http::{Gateway, MODEL, wait_routable},
+    inproc::{FleetOptions, NODE},
+    process::{Cluster, node_pid, signal},
+};
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Router placements per worker, from the gateway node's `/metrics`.
-async fn placements(c: &Cluster) -> BTreeMap<String, u64> {
+async fn placements(c: &impl Gateway) -> BTreeMap<String, u64> {
     let text = reqwest::get(c.url("/metrics"))
         .await
         .unwrap()
@@ -53,7 +68,7 @@ fn chat(system: &str, user: &str, max_tokens: u32) -> Value {
            "max_tokens": max_tokens, "ignore_eos": true})
 }
 
-async fn send(c: &Cluster, path: &str, body: &Value) -> Value {
+async fn send(c: &impl Gateway, path: &str, body: &Value) -> Value {
     let r = reqwest::Client::new()
         .post(c.url(path))
         .json(body)
@@ -70,7 +85,7 @@ async fn send(c: &Cluster, path: &str, body: &Value) -> Value {
 /// prefix is placed by load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_prefix_lands_on_its_holder() {
-    let c = Cluster::start_with(3, &["--engine", "sim", "--workers", "4"], &[]);
+    let c = FleetOptions::new(4).start().await;
     wait_routable(&c, 4).await;
     let p = prefix("alpha", 300);
     let first = send(&c, "/v1/chat/completions", &chat(&p, "q0", 4)).await;
@@ -105,11 +120,10 @@ async fn a_shared_prefix_lands_on_its_holder() {
 /// over cache — no worker serves more than half — and every in-flight count returns to 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn b13_a_hot_prefix_still_spreads_over_workers() {
-    let c = Cluster::start_with(
-        3,
-        &["--engine", "sim", "--workers", "4"],
-        &["worker.kv_blocks=4096"],
-    );
+    let c = FleetOptions::new(4)
+        .set("worker.kv_blocks=4096")
+        .start()
+        .await;
     wait_routable(&c, 4).await;
     let p = prefix("shared", 1000);
     let before = placements(&c).await;
@@ -140,8 +154,8 @@ async fn b13_a_hot_prefix_still_spreads_over_workers() {
     let max = *d.values().max().unwrap();
     assert!(max * 2 <= total, "no worker serves more than half: {d:?}");
     assert!(d.len() >= 3, "load spread: {d:?}");
-    common::poll_until(Duration::from_secs(10), "in-flight back to 0", || async {
-        (common::workers_sum(&c, "in_flight").await == 0).then_some(())
+    crate::poll::poll_until(Duration::from_secs(10), "in-flight back to 0", || async {
+        (crate::http::workers_sum(&c, "in_flight").await == 0).then_some(())
     })
     .await;
 }
@@ -196,20 +210,35 @@ async fn b12_a_dead_prefix_holder_is_never_chosen() {
     assert_eq!(d.values().sum::<u64>(), 30);
 }
 
+/// The router's resync count (`flotilla_router_resyncs_total`) on the gateway's `/metrics`.
+async fn resyncs(c: &impl Gateway) -> Option<f64> {
+    let text = reqwest::get(c.url("/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find(|l| l.starts_with("flotilla_router_resyncs_total"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+}
+
 /// Chaos `drop_kv_events`: routers see gaps, resync each affected worker from its block
 /// manager's snapshot (counted), and prefix-aware placement keeps working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_kv_events_trigger_a_resync_and_routing_recovers() {
-    let c = Cluster::start_with(3, &["--engine", "sim", "--workers", "2", "--chaos"], &[]);
+    let c = FleetOptions::new(2).chaos().start().await;
     wait_routable(&c, 2).await;
     let r = reqwest::Client::new()
         .post(c.url("/chaos/faults"))
-        .json(&json!({"kind": "drop_kv_events", "rate": 0.5, "seed": 3, "target": {"node": "node-1"}}))
+        .json(&json!({"kind": "drop_kv_events", "rate": 0.5, "seed": 3, "target": {"worker": format!("{NODE}/replica-0")}}))
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 201);
     let id = r.json::<Value>().await.unwrap()["id"].as_u64().unwrap();
+    // Counted from here: the metrics recorder is per process, shared with earlier tests.
+    let resyncs0 = resyncs(&c).await.unwrap_or(0.0);
     for i in 0..8 {
         let p = prefix(&format!("d{i}x"), 200);
         send(&c, "/v1/chat/completions", &chat(&p, "q", 2)).await;
@@ -219,25 +248,14 @@ async fn dropped_kv_events_trigger_a_resync_and_routing_recovers() {
         .send()
         .await
         .unwrap();
-    let resyncs = || async {
-        let text = reqwest::get(c.url("/metrics"))
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
-        text.lines()
-            .find(|l| l.starts_with("flotilla_router_resyncs_total"))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-    };
     // A later event after the gap makes the router notice and resync.
     let p = prefix("after", 200);
     send(&c, "/v1/chat/completions", &chat(&p, "q", 2)).await;
-    let n = common::poll_until(Duration::from_secs(10), "a resync", || async {
-        resyncs().await.filter(|n| *n >= 1.0)
+    let n = crate::poll::poll_until(Duration::from_secs(10), "a resync", || async {
+        resyncs(&c).await.filter(|n| *n >= resyncs0 + 1.0)
     })
     .await;
-    assert!(n >= 1.0);
+    assert!(n >= resyncs0 + 1.0);
     // After the resync, a shared prefix still lands on its holder.
     let before = placements(&c).await;
     for i in 0..4 {
@@ -281,7 +299,7 @@ async fn a_measured_cpu_profile_drives_a_sim_fleet() {
     assert!(p.source.contains("CPU engine"), "{}", p.source);
     assert!(p.prefill_ms(512) > p.prefill_ms(16), "{p:?}");
     let set = format!("worker.sim_profile={}", out.display());
-    let c = Cluster::start_with(2, &["--engine", "sim"], &[set.as_str()]);
+    let c = FleetOptions::new(1).set(&set).start().await;
     wait_routable(&c, 1).await;
     let v = send(&c, "/v1/chat/completions", &chat("You are terse.", "hi", 8)).await;
     assert_eq!(v["usage"]["completion_tokens"], 8);
@@ -317,11 +335,11 @@ async fn b12_a_worker_lost_during_a_partition_is_dropped_after_healing() {
     let d = delta(&placements(&c).await, &before);
     assert!(!d.contains_key("node-2/replica-0"), "{d:?}");
     assert_eq!(d.values().sum::<u64>(), 12);
-    common::poll_until(
+    crate::poll::poll_until(
         Duration::from_secs(10),
         "node-2 down in the fleet",
         || async {
-            let f = common::fleet(&c).await;
+            let f = crate::http::fleet(&c).await;
             let n2 = f["nodes"]
                 .as_array()?
                 .iter()
@@ -337,11 +355,11 @@ async fn b12_a_worker_lost_during_a_partition_is_dropped_after_healing() {
 /// workers with little load, so the slow one gets the least.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn b13_a_slow_worker_gets_the_least_new_work() {
-    let c = Cluster::start_with(3, &["--engine", "sim", "--workers", "4", "--chaos"], &[]);
+    let c = FleetOptions::new(4).chaos().start().await;
     wait_routable(&c, 4).await;
     let r = reqwest::Client::new()
         .post(c.url("/chaos/faults"))
-        .json(&json!({"kind": "slow", "delay_ms": 150, "target": {"worker": "node-1/replica-0"}}))
+        .json(&json!({"kind": "slow", "delay_ms": 150, "target": {"worker": format!("{NODE}/replica-0")}}))
         .send()
         .await
         .unwrap();
@@ -367,7 +385,7 @@ async fn b13_a_slow_worker_gets_the_least_new_work() {
         assert_eq!(t.await.unwrap(), 200);
     }
     let d = delta(&placements(&c).await, &before);
-    let slow = d.get("node-1/replica-0").copied().unwrap_or(0);
+    let slow = d.get(&format!("{NODE}/replica-0")).copied().unwrap_or(0);
     let total: u64 = d.values().sum();
     assert_eq!(total, 40);
     assert!(

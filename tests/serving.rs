@@ -2,14 +2,28 @@
 //! routes, streaming and not, on raw HTTP (cases B01–B09 of `../shared/cases/README.md`),
 //! golden outputs, batching that never changes results, prefix reuse, and cancellation.
 
-mod common;
+#[path = "common/http.rs"]
+mod http;
+#[path = "common/model.rs"]
+mod model;
+#[path = "common/poll.rs"]
+mod poll;
+#[path = "common/process.rs"]
+mod process;
+#[path = "common/sse.rs"]
+mod sse;
 
-use common::{Cluster, MODEL, joined_text, kv_used, poll_until, post, post_raw, sse_records};
+use crate::{
+    http::{MODEL, kv_used, post, post_raw},
+    poll::poll_until,
+    process::Cluster,
+    sse::{joined_text, sse_records},
+};
 use serde_json::{Value, json};
 use std::time::Duration;
 
 fn golden(name: &str) -> Value {
-    let j: Value = common::golden_json();
+    let j: Value = crate::model::golden_json();
     j["cases"]
         .as_array()
         .unwrap()

@@ -2,9 +2,18 @@
 //! new requests — streaming or not — get 503 with `Retry-After` and the OpenAI error body,
 //! fast and before any work; once load falls, requests are admitted again.
 
-mod common;
+#[path = "common/http.rs"]
+mod http;
+#[path = "common/poll.rs"]
+mod poll;
+#[path = "common/process.rs"]
+mod process;
 
-use common::{Cluster, MODEL, kv_used, poll_until};
+use crate::{
+    http::{MODEL, kv_used},
+    poll::poll_until,
+    process::Cluster,
+};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};

@@ -1,9 +1,10 @@
 //! Supervision semantics on a paused clock: strategies, restart types, budgets, escalation,
 //! shutdown order and timeouts, dynamic children.
 
-mod common;
+#[path = "common/poll.rs"]
+mod poll;
 
-use common::poll_until;
+use crate::poll::poll_until;
 use flotilla::supervisors::{
     ChildSpec, Restart, Shutdown, Strategy, Supervisor, SupervisorFlags, SupervisorMsg,
     SupervisorSpec,

@@ -3,9 +3,17 @@
 //! `gateway.migration_deadline_ms`, then the client gets one SSE error record, and new requests
 //! get a clean 503 while no worker is left. (Migration that succeeds: `tests/resilience.rs`.)
 
-mod common;
+#[path = "common/http.rs"]
+mod http;
+#[path = "common/poll.rs"]
+mod poll;
+#[path = "common/process.rs"]
+mod process;
 
-use common::{Cluster, MODEL, node_pid, post, signal};
+use crate::{
+    http::{MODEL, post},
+    process::{Cluster, node_pid, signal},
+};
 use futures::StreamExt;
 use nix::sys::signal::Signal;
 use serde_json::json;
