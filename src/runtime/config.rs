@@ -282,9 +282,10 @@ pub struct SupervisionConfig {
     pub node_max_restarts: u32,
     /// Window of the node budget.
     pub node_period_ms: u64,
-    /// Budget of every inner supervisor.
+    /// Restart budget of the gateway supervisor and of the worker pool (the replicas,
+    /// `router_sup` and `request_sup` have their own, fixed in `supervisors/tree.rs`).
     pub max_restarts: u32,
-    /// Window of the inner budgets.
+    /// Window of that budget.
     pub period_ms: u64,
     /// First restart delay; doubles per restart within the window.
     pub backoff_base_ms: u64,
