@@ -12,6 +12,7 @@
 //! second (200s only), shed or failed answers, and latency p50 / p99 (ms, send → full body).
 //! `scripts/gateway-bench.sh` runs two builds side by side, in one run, and prints the ratio.
 
+use flotilla::cli::client::percentile;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -98,13 +99,6 @@ async fn client(
     latencies
 }
 
-fn pct(v: &[f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let a = parse_args()?;
@@ -140,14 +134,13 @@ async fn main() -> anyhow::Result<()> {
         for t in tasks {
             lat.extend(t.await?);
         }
-        lat.sort_by(|x, y| x.total_cmp(y));
         let ok = tally.ok.load(Ordering::Relaxed);
         println!(
             "{c:>11}  {:>7.1}  {:>6}  {:>6.1}  {:>6.1}",
             ok as f64 / wall,
             tally.failed.load(Ordering::Relaxed),
-            pct(&lat, 0.50),
-            pct(&lat, 0.99),
+            percentile(&lat, 0.50),
+            percentile(&lat, 0.99),
         );
     }
     Ok(())

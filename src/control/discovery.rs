@@ -65,11 +65,6 @@ impl FleetView {
     pub fn latest(&self) -> Option<Arc<[NodeView]>> {
         self.tx.borrow().clone()
     }
-
-    /// A receiver that is told of every new view.
-    pub fn subscribe(&self) -> watch::Receiver<Option<Arc<[NodeView]>>> {
-        self.tx.subscribe()
-    }
 }
 
 /// Process group of every Discovery actor.

@@ -70,7 +70,7 @@ impl Admission {
     }
 
     /// Whether `w` is above a threshold.
-    pub fn busy(&self, w: &WorkerView) -> bool {
+    fn busy(&self, w: &WorkerView) -> bool {
         w.waiting >= self.busy_waiting
             || (w.kv_blocks_total > 0
                 && w.kv_blocks_used as f64 >= self.busy_kv_ratio * w.kv_blocks_total as f64)
