@@ -58,9 +58,7 @@ impl FromStr for Role {
         Role::ALL
             .into_iter()
             .find(|r| r.as_str() == s.trim())
-            .ok_or_else(|| {
-                format!("unknown role {s:?} (expected gateway, router, worker or planner)")
-            })
+            .ok_or_else(|| format!("unknown role {s:?} (expected gateway, router or worker)"))
     }
 }
 
