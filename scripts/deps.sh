@@ -2,9 +2,12 @@
 # Check (and, as root on Debian/Ubuntu, install) what building and testing Flotilla needs.
 # Rust itself (cargo, rustc, with clippy and rustfmt) must already be installed.
 set -euo pipefail
-# Debian packages the build and tests need; grows as features land (UCX transport: libucx-dev,
-# libclang-dev). (The contended soak makes its own CPU hog: no stress-ng needed.)
-pkgs=()
+# Debian packages the build and tests need; grows as features land. (The contended soak makes
+# its own CPU hog: no stress-ng needed.)
+# - libucx-dev: UCX, the KV transport's fast path. The binary loads libucp.so.0 at run time
+#   (src/transport/ucx/sys.rs holds bindings generated from these headers), so building needs
+#   neither it nor libclang; without it the transport falls back to TCP and the UCX tests skip.
+pkgs=(libucx-dev)
 need=()
 command -v python3 >/dev/null || need+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)

@@ -7,6 +7,7 @@
 //! - `bench/` — `flotilla bench`: replay a trace or dataset, report latency, goodput, prefix hits.
 //! - `profile.rs` — `flotilla profile`: time the CPU engine, write the sim engine's profile.
 //! - `soak.rs` — `flotilla chaos soak`: kills under load, then proof that nothing was lost.
+//! - `transport.rs` — `flotilla transport`: a peer serving a KV region; the transfer benchmark.
 //! - `client.rs` — the streaming OpenAI client the tools and tests share.
 
 pub mod bench;
@@ -16,4 +17,5 @@ pub mod generate;
 pub mod profile;
 pub mod soak;
 pub mod status;
+pub mod transport;
 pub mod up;

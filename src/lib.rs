@@ -7,6 +7,7 @@
 //! - `request_plane/` — gateway, one actor per request, KV-aware router, token sinks.
 //! - `worker/` — a replica: the continuous-batching scheduler and the engine worker.
 //! - `kv/` — storage plane: the paged block pool, block / sequence hashes, KV events.
+//! - `transport/` — KV blocks between nodes: registered memory, one-sided reads (UCX, TCP).
 //! - `openai/` — the OpenAI wire protocol, pure: request parsing, responses, SSE, stop strings,
 //!   detokenizer, the error shape.
 //! - `model/` — GGUF / Hugging Face loading, tokenizer, chat template, forward pass.
@@ -22,4 +23,5 @@ pub mod openai;
 pub mod request_plane;
 pub mod runtime;
 pub mod supervisors;
+pub mod transport;
 pub mod worker;

@@ -34,6 +34,8 @@ enum Cmd {
     Bench(flotilla::cli::bench::BenchArgs),
     /// Measure the CPU engine and write a timing profile for the simulated engine.
     Profile(flotilla::cli::profile::ProfileArgs),
+    /// KV transfer between processes: serve a test region, or benchmark the backends.
+    Transport(flotilla::cli::transport::TransportArgs),
 }
 
 #[derive(Args)]
@@ -238,6 +240,9 @@ async fn main() -> std::process::ExitCode {
             .and_then(|r| r)
             .map(|_| std::process::ExitCode::SUCCESS),
         Cmd::Bench(a) => flotilla::cli::bench::run(a)
+            .await
+            .map(|_| std::process::ExitCode::SUCCESS),
+        Cmd::Transport(a) => flotilla::cli::transport::run(a)
             .await
             .map(|_| std::process::ExitCode::SUCCESS),
         Cmd::Chaos(a) => flotilla::cli::chaos::run(a)
