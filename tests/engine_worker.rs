@@ -22,6 +22,7 @@ async fn actor_steps_greedy_like_the_golden() {
             num_blocks: 8,
             ..EngineConfig::default()
         },
+        transport: None,
     };
     let (actor, handle) = Actor::spawn(None, EngineWorker::<TransformerEngine>::new(), args)
         .await

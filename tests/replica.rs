@@ -94,6 +94,7 @@ impl Harness {
             owner_grace,
             sim: None,
             stats: Default::default(),
+            transport: None,
         });
         let (sup, _) = Actor::spawn(spec.actor_name.clone(), Supervisor, spec)
             .await

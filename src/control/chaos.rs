@@ -12,7 +12,10 @@
 //! - the KV event publisher ([`KvEventPublisher`](crate::kv::KvEventPublisher)) drops a
 //!   fraction of the events on their way to the routers (`drop_kv_events`);
 //! - the scheduler holds blocks of its pool beside the batch former (`fill_kv`) and panics
-//!   (`panic`).
+//!   (`panic`);
+//! - the node's KV transport ([`TransferFaults`](crate::transport::TransferFaults)) delays
+//!   (`delay_kv_transfer`) or fails (`drop_kv_transfer`) its pulls, and refuses pulls across a
+//!   `partition`.
 //!
 //! A fault with `duration_ms` clears itself; `DELETE /chaos/faults/{id}` clears it at once.
 //! The routes exist only when `chaos.enabled` (`flotilla up --chaos`).
@@ -90,6 +93,18 @@ pub enum FaultKind {
     /// A bare task on the target's node panics — one no supervisor watches; the panic hook
     /// counts and logs it (`flotilla_panics_total`).
     PanicTask,
+    /// Every KV transfer the target's node pulls is held back `delay_ms` first (the largest
+    /// such delay in force applies).
+    DelayKvTransfer {
+        /// Added delay per pull (ms).
+        delay_ms: u64,
+    },
+    /// The target's node fails this fraction of its KV pulls before any byte moves (seeded by
+    /// the fault's `seed`; the latest such fault applies).
+    DropKvTransfer {
+        /// Fraction of pulls failed, in `[0, 1]`.
+        rate: f64,
+    },
 }
 
 fn default_kill_actor() -> String {
@@ -182,6 +197,9 @@ type Faults = HashMap<u64, (Vec<WorkerId>, FaultKind)>;
 #[derive(Clone, Default, Debug)]
 pub struct FaultBook {
     inner: Arc<Mutex<Faults>>,
+    /// The node transport's filters (`delay_kv_transfer`, `drop_kv_transfer`, partitions),
+    /// kept in step with the book by the Chaos actor.
+    pub transfer: crate::transport::TransferFaults,
     /// The generator of `drop_kv_events` (seeded by the last such fault's seed).
     rng: Arc<Mutex<Option<rand::rngs::StdRng>>>,
 }
@@ -198,7 +216,36 @@ impl FaultBook {
             let rng = rand::rngs::StdRng::seed_from_u64(inj.seed.unwrap_or(inj.id));
             *self.rng.lock().unwrap_or_else(|p| p.into_inner()) = Some(rng);
         }
+        if let FaultKind::DropKvTransfer { rate } = inj.kind {
+            self.transfer
+                .set_drop(Some((rate, inj.seed.unwrap_or(inj.id))));
+        }
         self.lock().insert(inj.id, (inj.workers, inj.kind));
+        self.sync_transfer(None);
+    }
+
+    /// Brings the transport's filters in line with the book (`cleared`: a fault just removed).
+    fn sync_transfer(&self, cleared: Option<&FaultKind>) {
+        let book = self.lock();
+        let delay = book
+            .values()
+            .filter_map(|(_, k)| match k {
+                FaultKind::DelayKvTransfer { delay_ms } => Some(*delay_ms),
+                _ => None,
+            })
+            .max();
+        self.transfer.set_delay(delay.map(Duration::from_millis));
+        if matches!(cleared, Some(FaultKind::DropKvTransfer { .. })) {
+            // The latest drop fault still in force, if any, takes over.
+            let next = book
+                .iter()
+                .filter_map(|(id, (_, k))| match k {
+                    FaultKind::DropKvTransfer { rate } => Some((*id, *rate)),
+                    _ => None,
+                })
+                .max_by_key(|(id, _)| *id);
+            self.transfer.set_drop(next.map(|(id, rate)| (rate, id)));
+        }
     }
 
     /// The fraction of `worker`'s pool a `fill_kv` fault occupies, if any.
@@ -234,7 +281,11 @@ impl FaultBook {
 
     /// Remove a fault; false when unknown.
     pub fn clear(&self, id: u64) -> bool {
-        self.lock().remove(&id).is_some()
+        let removed = self.lock().remove(&id);
+        if let Some((_, kind)) = &removed {
+            self.sync_transfer(Some(kind));
+        }
+        removed.is_some()
     }
 
     /// Total added delay before `worker`'s next step.
@@ -337,6 +388,12 @@ impl ChaosState {
         let me = self.cluster.node_id.to_string();
         self.cluster.partition.set(&me, nodes);
         let cut = self.cluster.partition.cut(&self.cluster.server).await;
+        // KV transfers stop across the cut too: regions owned by nodes on the far side.
+        let mut far: Vec<String> = cut.iter().map(|(name, _)| name.clone()).collect();
+        if !nodes.contains(&me) {
+            far.extend(nodes.iter().cloned());
+        }
+        self.book.transfer.set_cut(&far);
         self.partitions.insert(inj.id, (cut, nodes.to_vec()));
         if let Some(ms) = inj.duration_ms {
             let id = inj.id;
@@ -377,6 +434,7 @@ impl ChaosState {
             return;
         };
         self.cluster.partition.clear();
+        self.book.transfer.set_cut(&[]);
         tracing::warn!(fault = id, "chaos: partition healed");
         let me = self.cluster.node_id.to_string();
         let server = self.cluster.server.clone();
@@ -536,6 +594,41 @@ mod tests {
         assert!(!book.step_fails(&a));
         assert!(book.clear(1) && !book.clear(1));
         assert_eq!(book.step_delay(&a), Duration::ZERO);
+    }
+
+    #[test]
+    fn transfer_faults_follow_the_book() {
+        use crate::transport::TransferVerdict;
+        let book = FaultBook::default();
+        let inj = |id, kind| Injection {
+            node: "n".into(),
+            id,
+            kind,
+            workers: vec![WorkerId::new("n/a")],
+            seed: Some(9),
+            duration_ms: None,
+        };
+        assert_eq!(book.transfer.verdict("m/r0"), TransferVerdict::Pass);
+        book.apply(inj(1, FaultKind::DelayKvTransfer { delay_ms: 50 }));
+        book.apply(inj(2, FaultKind::DelayKvTransfer { delay_ms: 20 }));
+        assert_eq!(
+            book.transfer.verdict("m/r0"),
+            TransferVerdict::Delay(Duration::from_millis(50)),
+            "the largest delay in force"
+        );
+        book.clear(1);
+        assert_eq!(
+            book.transfer.verdict("m/r0"),
+            TransferVerdict::Delay(Duration::from_millis(20))
+        );
+        book.clear(2);
+        book.apply(inj(3, FaultKind::DropKvTransfer { rate: 1.0 }));
+        assert!(matches!(
+            book.transfer.verdict("m/r0"),
+            TransferVerdict::Drop(_)
+        ));
+        book.clear(3);
+        assert_eq!(book.transfer.verdict("m/r0"), TransferVerdict::Pass);
     }
 
     #[test]

@@ -123,6 +123,9 @@ pub struct DiscoveryArgs {
     pub stats: Arc<crate::runtime::resilience::NodeStats>,
     /// Where the fleet view is published.
     pub fleet: FleetView,
+    /// This node's KV transport, when it has one: its regions go into every heartbeat, and
+    /// peers' regions teach it their newest epochs.
+    pub transport: Option<Arc<crate::transport::Transport>>,
 }
 
 /// The Discovery actor.
@@ -159,6 +162,12 @@ impl DiscoveryState {
             actors,
             workers,
             counters: self.args.stats.counters(),
+            regions: self
+                .args
+                .transport
+                .as_ref()
+                .map(|t| t.descriptors())
+                .unwrap_or_default(),
         };
         self.membership.set_me(info);
     }
@@ -283,6 +292,7 @@ impl Actor for Discovery {
             actors: vec![],
             workers: vec![],
             counters: Default::default(),
+            regions: vec![],
         };
         let state_clock_now = args.clock.now();
         ractor::pg::join(DISCOVERY_GROUP.to_owned(), vec![myself.get_cell()]);
@@ -372,6 +382,10 @@ impl Actor for Discovery {
         match msg {
             DiscoveryMsg::Heartbeat(wire) => {
                 if let Ok(info) = wire.decode() {
+                    // A peer's newest epochs: pulls naming older ones are refused from now on.
+                    if let Some(t) = &state.args.transport {
+                        info.regions.iter().for_each(|d| t.learn(d));
+                    }
                     let ev = state.membership.on_heartbeat(info, now);
                     state.publish(ev);
                     state.publish_view(now);

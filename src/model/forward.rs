@@ -38,6 +38,8 @@ pub enum ForwardError {
     },
     #[error("sequence {seq}: no tokens to run")]
     Empty { seq: usize },
+    #[error("the KV cache has {have} layers, the model {need}")]
+    CacheLayers { have: usize, need: usize },
     #[error("sequence {seq}: start_pos {start_pos} + {len} tokens overflows")]
     PositionOverflow {
         seq: usize,
@@ -182,12 +184,15 @@ pub fn forward(
         }
         be.rope(rope, &mut q, &positions);
         be.rope(rope, &mut k, &positions);
-        let layer = &mut kv.layers[l];
+        let (lk, lv) = kv.layer_mut(l).ok_or(ForwardError::CacheLayers {
+            have: l,
+            need: w.layers.len(),
+        })?;
         for (i, &off) in slots.iter().enumerate() {
-            layer.k[off..off + kvd].copy_from_slice(&k[i * kvd..(i + 1) * kvd]);
-            layer.v[off..off + kvd].copy_from_slice(&v[i * kvd..(i + 1) * kvd]);
+            lk[off..off + kvd].copy_from_slice(&k[i * kvd..(i + 1) * kvd]);
+            lv[off..off + kvd].copy_from_slice(&v[i * kvd..(i + 1) * kvd]);
         }
-        be.paged_attention(&q, &attn_tokens, &layer.k, &layer.v, geo, &mut att);
+        be.paged_attention(&q, &attn_tokens, lk, lv, geo, &mut att);
         be.matmul(&att, n, &lw.wo, &mut o);
         x.iter_mut().zip(&o).for_each(|(a, &b)| *a += b);
         be.rms_norm(&x, &lw.ffn_norm, c.rms_eps, &mut hbuf);

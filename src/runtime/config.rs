@@ -80,6 +80,8 @@ pub struct Config {
     pub chaos: ChaosConfig,
     /// Request placement.
     pub router: RouterConfig,
+    /// KV transfer between nodes (`src/transport/`).
+    pub transport: crate::transport::TransportConfig,
 }
 
 /// Request placement (see `request_plane/router/policy.rs` for the cost formula and its source).

@@ -48,6 +48,9 @@ pub struct NodeContext {
     pub stats: Arc<NodeStats>,
     /// The fleet view this node's Discovery publishes (read by admission without a call).
     pub fleet: FleetView,
+    /// This node's KV transport (worker nodes): engines allocate and register their pools
+    /// through it; Discovery publishes its regions.
+    pub transport: Option<Arc<crate::transport::Transport>>,
 }
 
 impl NodeContext {

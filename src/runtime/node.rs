@@ -24,6 +24,10 @@ pub enum NodeError {
     /// The supervision tree failed to start.
     #[error("supervision tree failed to start: {0}")]
     Tree(String),
+    /// The KV transport could not start (`transport.backend = "ucx"` without UCX, a TCP
+    /// address that cannot be bound).
+    #[error("transport: {0}")]
+    Transport(#[from] crate::transport::TransportError),
 }
 
 /// The line a node prints on stdout once it is up, prefixed by [`READY_PREFIX`].
@@ -111,6 +115,21 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
             None => Default::default(),
         }),
     };
+    // Worker nodes own KV memory peers may read: one transport per node, before the tree (the
+    // engines allocate their pools through it).
+    let faults = crate::control::chaos::FaultBook::default();
+    let transport = if config.has_role(crate::runtime::config::Role::Worker) {
+        Some(Arc::new(
+            crate::transport::Transport::start(
+                node_id.as_str(),
+                config.transport.clone(),
+                faults.transfer.clone(),
+            )
+            .await?,
+        ))
+    } else {
+        None
+    };
     let cluster = cluster::start_node_server(
         node_id.clone(),
         config.node.listen_addr,
@@ -128,8 +147,9 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         incarnation: crate::runtime::clock::unix_ms(),
         clock: crate::runtime::clock::system(),
         model,
-        faults: Default::default(),
+        faults,
         frontend,
+        transport,
         sim_profile,
         stats: Arc::new(NodeStats::from_env()),
         fleet: Default::default(),

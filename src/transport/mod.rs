@@ -429,6 +429,19 @@ impl Transport {
         }
     }
 
+    /// Unregisters `id.owner`'s region if it is still epoch `id.epoch`.
+    pub fn unregister_epoch(&self, id: &RegionId) {
+        let current = self
+            .regions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id.owner)
+            .map(|r| r.id.epoch);
+        if current == Some(id.epoch) {
+            self.unregister(&id.owner);
+        }
+    }
+
     fn describe(&self, r: &LocalRegion) -> RegionDescriptor {
         RegionDescriptor {
             id: r.id.clone(),

@@ -42,7 +42,7 @@ pub trait StepEngine: Send + Sized + 'static {
     ///
     /// # Errors
     /// [`EngineError::Config`] when the configuration cannot make an engine.
-    fn start(config: Self::Config) -> Result<Self, EngineError>;
+    fn start(config: Self::Config) -> impl Future<Output = Result<Self, EngineError>> + Send;
 
     /// Static facts: block geometry, vocabulary, KV bytes.
     fn info(&self) -> EngineInfo;
@@ -157,7 +157,7 @@ impl<E: StepEngine> Actor for EngineWorker<E> {
         _myself: ActorRef<Self::Msg>,
         config: E::Config,
     ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(E::start(config)?)
+        Ok(E::start(config).await?)
     }
 
     async fn handle(

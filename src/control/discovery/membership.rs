@@ -84,6 +84,10 @@ pub struct NodeInfo {
     /// Resilience counters since the process started.
     #[serde(default)]
     pub counters: NodeCounters,
+    /// The KV regions its transport serves (one per replica with real KV memory): what a
+    /// peer needs to pull blocks from them, epochs included.
+    #[serde(default)]
+    pub regions: Vec<crate::transport::RegionDescriptor>,
 }
 
 /// What the resilience loop did on one node: every counter counts since the node's process
@@ -132,6 +136,9 @@ pub struct NodeView {
     /// Resilience counters.
     #[serde(default)]
     pub counters: NodeCounters,
+    /// KV regions its transport serves.
+    #[serde(default)]
+    pub regions: Vec<crate::transport::RegionDescriptor>,
 }
 
 /// A change of membership, published to subscribers.
@@ -282,6 +289,7 @@ impl Membership {
             workers: self.me.workers.clone(),
             actors: self.me.actors.clone(),
             counters: self.me.counters,
+            regions: self.me.regions.clone(),
         });
         mine.chain(self.peers.values().map(|e| {
             NodeView {
@@ -309,6 +317,7 @@ impl Membership {
                     .collect(),
                 actors: e.info.actors.clone(),
                 counters: e.info.counters,
+                regions: e.info.regions.clone(),
             }
         }))
         .collect()

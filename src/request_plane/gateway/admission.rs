@@ -112,6 +112,7 @@ mod tests {
             workers,
             actors: vec![],
             counters: Default::default(),
+            regions: vec![],
         }
     }
 

@@ -246,10 +246,10 @@ pub async fn create(
         let mut spec: FaultSpec = serde_json::from_slice(&body).map_err(|e| {
             ApiError::new(
                 ErrorKind::InvalidRequest,
-                format!("invalid fault ({e}); expected {{\"kind\": \"slow\"|\"fail_engine\"|\"hang\"|\"kill_actor\"|\"kill_node\"|\"panic\"|\"panic_task\"|\"drop_kv_events\"|\"fill_kv\"|\"partition\", …, \"target\": {{\"worker\": ID}} | {{\"node\": ID}} | \"any_busy\"}}"),
+                format!("invalid fault ({e}); expected {{\"kind\": \"slow\"|\"fail_engine\"|\"hang\"|\"kill_actor\"|\"kill_node\"|\"panic\"|\"panic_task\"|\"drop_kv_events\"|\"fill_kv\"|\"partition\"|\"delay_kv_transfer\"|\"drop_kv_transfer\", …, \"target\": {{\"worker\": ID}} | {{\"node\": ID}} | \"any_busy\"}}"),
             )
         })?;
-        if let FaultKind::Slow { delay_ms } = spec.kind
+        if let FaultKind::Slow { delay_ms } | FaultKind::DelayKvTransfer { delay_ms } = spec.kind
             && delay_ms > MAX_DELAY_MS
         {
             return Err(ApiError::new(ErrorKind::InvalidRequest, format!("delay_ms must be at most {MAX_DELAY_MS}")).param("delay_ms"));
@@ -264,7 +264,7 @@ pub async fn create(
             )
             .param("actor"));
         }
-        if let FaultKind::DropKvEvents { rate } = spec.kind
+        if let FaultKind::DropKvEvents { rate } | FaultKind::DropKvTransfer { rate } = spec.kind
             && !(0.0..=1.0).contains(&rate)
         {
             return Err(ApiError::new(ErrorKind::InvalidRequest, "rate must be within [0, 1]").param("rate"));

@@ -54,6 +54,7 @@ pub(super) fn discovery(ctx: &NodeContext) -> DiscoveryArgs {
         worker_pool_name: ctx.name("worker_pool"),
         stats: ctx.stats.clone(),
         fleet: ctx.fleet.clone(),
+        transport: ctx.transport.clone(),
     }
 }
 
@@ -157,6 +158,7 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
         owner_grace: Duration::from_millis(ctx.config.cluster.liveness_timeout_ms),
         sim: ctx.sim_profile.clone().map(|p| (p, w.sim_speedup)),
         stats: ctx.stats.clone(),
+        transport: ctx.transport.clone(),
     })
 }
 
@@ -189,6 +191,8 @@ pub struct ReplicaParams {
     pub sim: Option<(SimProfile, f64)>,
     /// The node's resilience counters (restarts, engine hangs).
     pub stats: Arc<crate::runtime::resilience::NodeStats>,
+    /// The node's KV transport: the engine allocates and registers its pools through it.
+    pub transport: Option<Arc<crate::transport::Transport>>,
 }
 
 impl ReplicaParams {

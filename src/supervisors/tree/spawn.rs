@@ -109,6 +109,7 @@ pub(super) fn engine(p: &ReplicaParams) -> ChildSpec {
                 inner: TransformerArgs {
                     weights: p.model.weights.clone(),
                     config: p.engine,
+                    transport: p.transport.clone().map(|t| (t, p.worker.to_string())),
                 },
                 faults: p.faults.clone(),
                 worker: p.worker.clone(),

@@ -58,9 +58,9 @@ async fn wait_while_hung(faults: &FaultBook, worker: &WorkerId) {
 impl<E: StepEngine> StepEngine for ChaosEngine<E> {
     type Config = ChaosArgs<E::Config>;
 
-    fn start(args: ChaosArgs<E::Config>) -> Result<Self, EngineError> {
+    async fn start(args: ChaosArgs<E::Config>) -> Result<Self, EngineError> {
         Ok(Self {
-            inner: E::start(args.inner)?,
+            inner: E::start(args.inner).await?,
             faults: args.faults,
             worker: args.worker,
         })
@@ -108,7 +108,7 @@ mod tests {
     impl StepEngine for Counting {
         type Config = ();
 
-        fn start((): ()) -> Result<Self, EngineError> {
+        async fn start((): ()) -> Result<Self, EngineError> {
             Ok(Self::default())
         }
 
@@ -138,12 +138,11 @@ mod tests {
 
     fn engine() -> (FaultBook, WorkerId, ChaosEngine<Counting>) {
         let (faults, worker) = (FaultBook::default(), WorkerId::new("n/r0"));
-        let e = ChaosEngine::start(ChaosArgs {
-            inner: (),
+        let e = ChaosEngine {
+            inner: Counting::default(),
             faults: faults.clone(),
             worker: worker.clone(),
-        })
-        .expect("start");
+        };
         (faults, worker, e)
     }
 
@@ -238,6 +237,7 @@ mod tests {
             faults: faults.clone(),
             worker: WorkerId::new("n/r1"),
         })
+        .await
         .expect("start");
         assert!(other.step(StepBatch::default()).await.is_ok());
     }

@@ -143,7 +143,7 @@ pub fn placeholder(seq: u64, pos: usize) -> u32 {
 impl StepEngine for SimEngine {
     type Config = SimEngineArgs;
 
-    fn start(args: SimEngineArgs) -> Result<Self, EngineError> {
+    async fn start(args: SimEngineArgs) -> Result<Self, EngineError> {
         if !(args.speedup > 0.0 && args.speedup.is_finite()) {
             return Err(EngineError::Config(format!(
                 "sim speedup must be positive, got {}",

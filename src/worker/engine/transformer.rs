@@ -19,6 +19,7 @@ use crate::model::forward::{ForwardSeq, forward};
 use crate::model::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache};
 use crate::model::weights::ModelWeights;
 use crate::runtime::ids::SeqId;
+use crate::transport::{KvLayout, KvMemory, Transport};
 
 /// Engine construction parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,7 +69,6 @@ impl Engine {
             ));
         }
         let c = &weights.config;
-        let rope = Rope::new(c.head_dim, c.rope_dim, c.rope_base, c.rope_layout);
         let kv = KvCache::new(
             c.n_layers,
             c.n_kv_heads,
@@ -76,6 +76,55 @@ impl Engine {
             config.num_blocks,
             config.block_size,
         );
+        Self::with_cache(weights, config, kv)
+    }
+
+    /// The KV layout an engine of this model and `config` has (what to allocate for
+    /// [`Engine::with_memory`]).
+    pub fn layout(weights: &ModelWeights, config: EngineConfig) -> KvLayout {
+        let c = &weights.config;
+        KvLayout {
+            n_layers: c.n_layers as u32,
+            num_blocks: config.num_blocks as u32,
+            block_bytes: (config.block_size * c.n_kv_heads * c.head_dim * 4) as u64,
+        }
+    }
+
+    /// As [`Engine::new`], with the KV pools in `memory` (e.g. allocated by the node's
+    /// transport, so that peers can read its blocks).
+    ///
+    /// # Errors
+    /// As [`Engine::new`]; [`EngineError::Config`] when `memory` is too small.
+    pub fn with_memory(
+        weights: Arc<ModelWeights>,
+        config: EngineConfig,
+        memory: Arc<KvMemory>,
+    ) -> Result<Self, EngineError> {
+        if config.num_blocks == 0 || config.block_size == 0 {
+            return Err(EngineError::Config(
+                "num_blocks and block_size must be > 0".into(),
+            ));
+        }
+        let c = &weights.config;
+        let kv = KvCache::with_memory(
+            c.n_layers,
+            c.n_kv_heads,
+            c.head_dim,
+            config.num_blocks,
+            config.block_size,
+            memory,
+        )
+        .map_err(|e| EngineError::Config(e.to_string()))?;
+        Self::with_cache(weights, config, kv)
+    }
+
+    fn with_cache(
+        weights: Arc<ModelWeights>,
+        config: EngineConfig,
+        kv: KvCache,
+    ) -> Result<Self, EngineError> {
+        let c = &weights.config;
+        let rope = Rope::new(c.head_dim, c.rope_dim, c.rope_base, c.rope_layout);
         Ok(Self {
             backend: config.device.backend(),
             weights,
@@ -193,6 +242,24 @@ pub struct TransformerArgs {
     /// Weights shared by every replica of the process.
     pub weights: Arc<ModelWeights>,
     pub config: EngineConfig,
+    /// The node's transport and this replica's worker id: the KV pools are allocated through
+    /// it and registered as the worker's region (unregistered when the engine drops). `None`:
+    /// heap pools no peer can read.
+    pub transport: Option<(Arc<Transport>, String)>,
+}
+
+/// Unregisters a replica's region when its engine goes (only that epoch: a restarted replica
+/// may already have registered anew).
+#[derive(Debug)]
+struct RegionGuard {
+    transport: Arc<Transport>,
+    id: crate::transport::RegionId,
+}
+
+impl Drop for RegionGuard {
+    fn drop(&mut self) {
+        self.transport.unregister_epoch(&self.id);
+    }
 }
 
 /// [`Engine`] as a [`StepEngine`]: steps run on tokio's blocking pool.
@@ -201,6 +268,8 @@ pub struct TransformerEngine {
     /// Absent while a step runs on the blocking pool, and for good once a step panicked.
     engine: Option<Engine>,
     info: EngineInfo,
+    /// Keeps the KV region registered while this engine lives.
+    region: Option<RegionGuard>,
 }
 
 impl From<Engine> for TransformerEngine {
@@ -208,6 +277,7 @@ impl From<Engine> for TransformerEngine {
         Self {
             info: engine.info(),
             engine: Some(engine),
+            region: None,
         }
     }
 }
@@ -236,8 +306,26 @@ impl TransformerEngine {
 impl StepEngine for TransformerEngine {
     type Config = TransformerArgs;
 
-    fn start(args: TransformerArgs) -> Result<Self, EngineError> {
-        Ok(Engine::new(args.weights, args.config)?.into())
+    async fn start(args: TransformerArgs) -> Result<Self, EngineError> {
+        let Some((transport, owner)) = args.transport else {
+            return Ok(Engine::new(args.weights, args.config)?.into());
+        };
+        let layout = Engine::layout(&args.weights, args.config);
+        let unavailable = |e: crate::transport::TransportError| {
+            EngineError::Config(format!("KV memory through the transport: {e}"))
+        };
+        let memory = transport.allocate(layout).await.map_err(unavailable)?;
+        let engine = Engine::with_memory(args.weights, args.config, memory.clone())?;
+        let d = transport
+            .register(&owner, layout, memory)
+            .await
+            .map_err(unavailable)?;
+        let mut e: Self = engine.into();
+        e.region = Some(RegionGuard {
+            transport,
+            id: d.id,
+        });
+        Ok(e)
     }
 
     fn info(&self) -> EngineInfo {

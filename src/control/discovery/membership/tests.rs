@@ -11,6 +11,7 @@ fn info(id: &str, incarnation: u64) -> NodeInfo {
         actors: vec![],
         workers: vec![],
         counters: Default::default(),
+        regions: vec![],
     }
 }
 
