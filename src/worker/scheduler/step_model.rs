@@ -257,6 +257,7 @@ fn fit(samples: &[Sample]) -> Option<StepCost> {
 
 /// Ordinary least squares on the first `N` features (normal equations, Gaussian elimination
 /// with partial pivoting); `None` when they are not identified.
+#[allow(clippy::needless_range_loop)] // index notation, as the algebra is written
 fn least_squares<const N: usize>(samples: &[Sample]) -> Option<[f64; N]> {
     if samples.len() < N {
         return None;
