@@ -80,6 +80,33 @@ pub struct Config {
     pub chaos: ChaosConfig,
     /// Request placement.
     pub router: RouterConfig,
+    /// Batch forming on each replica, beyond `worker`'s limits.
+    pub scheduler: SchedulerSection,
+}
+
+/// Batch forming on each replica (the batch limits themselves are in `worker`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchedulerSection {
+    /// Stall-free batching (Sarathi-Serve, Agrawal et al., OSDI 2024): a step that carries
+    /// decode rows takes prefill tokens only while its predicted time, from a step-time model
+    /// the scheduler fits to its own measured steps, stays within this (ms), so that a
+    /// newcomer's prefill delays running streams by at most about this much per token; at
+    /// least one KV block of prefill still runs per step. Steps without decodes use the whole
+    /// `worker.max_num_batched_tokens` budget, as does every step until the model has samples
+    /// enough. 0 = off (the token budget alone). Default 100: about 2–4× the decode-only step
+    /// of the CPU engine at a handful of streams (15–40 ms on 2 cores), which still lets a
+    /// ~256-token prompt prefill in two or three steps (0.7 ms per prompt token); measured in
+    /// `docs/benchmarks.md` ("Stall-free batching").
+    pub max_decode_stall_ms: u64,
+}
+
+impl Default for SchedulerSection {
+    fn default() -> Self {
+        Self {
+            max_decode_stall_ms: 100,
+        }
+    }
 }
 
 /// Request placement (see `request_plane/router/policy.rs` for the cost formula and its source).
