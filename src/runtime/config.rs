@@ -94,17 +94,18 @@ pub struct SchedulerSection {
     /// newcomer's prefill delays running streams by at most about this much per token; at
     /// least one KV block of prefill still runs per step. Steps without decodes use the whole
     /// `worker.max_num_batched_tokens` budget, as does every step until the model has samples
-    /// enough. 0 = off (the token budget alone). Default 100: about 2–4× the decode-only step
-    /// of the CPU engine at a handful of streams (15–40 ms on 2 cores), which still lets a
-    /// ~256-token prompt prefill in two or three steps (0.7 ms per prompt token); measured in
-    /// `docs/benchmarks.md` ("Stall-free batching").
+    /// enough. 0 = off (the token budget alone). Default 200, chosen by a sweep on the
+    /// project's 2-core VM (`docs/benchmarks.md`, "Stall-free batching"): about 4× the
+    /// decode-only step there (45–50 ms at 4 streams); 100 ms left room for no more than the
+    /// one-block minimum beside the decodes (ITL p50 tripled, throughput −38 %), while 200 ms
+    /// cut the ITL p99 about 3× for about a fifth of the throughput, and 300 ms only 2×.
     pub max_decode_stall_ms: u64,
 }
 
 impl Default for SchedulerSection {
     fn default() -> Self {
         Self {
-            max_decode_stall_ms: 100,
+            max_decode_stall_ms: 200,
         }
     }
 }

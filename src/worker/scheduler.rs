@@ -6,10 +6,13 @@
 //! - `watchdog.rs` — [`StepWatchdog`]: step and canary deadlines, whether the engine hung.
 //! - `outbox.rs` — [`Outbox`]: token events queued per owner, when an owner is gone.
 //! - `fill.rs` — [`KvFill`]: the blocks a chaos `fill_kv` fault holds, beside the core.
+//! - `step_model.rs` — [`StepTimeModel`]: step time from the step's shape, fitted online.
 //! - `tests.rs` — unit tests, preemption equivalence, seeded random workload.
 //!
 //! The [`Scheduler`] actor keeps only the messaging: it feeds submissions, cancellations and
-//! step outputs to the core, hands batches to its engine worker, sends the outbox's batches
+//! step outputs to the core, times each step for the step-time model (steps an injected chaos
+//! `slow` or `hang` may have lengthened are left out, as the watchdog leaves their delay out
+//! of its deadline), hands batches to its engine worker, sends the outbox's batches
 //! to the owners' token sinks, forwards the pool's KV events to the replica's
 //! [`KvEventPublisher`](crate::kv::KvEventPublisher), and fails (so that its supervisor
 //! restarts the replica) when the watchdog finds the engine hung or the engine worker gone.
@@ -31,6 +34,17 @@
 //!    Admission allocates blocks for the whole prompt + 1 at once (all-or-nothing), reusing the
 //!    longest cached prefix. No admission happens in a step that preempted (as in vLLM v1),
 //!    which avoids admit/preempt thrashing.
+//!
+//! **Stall-free batching** (Sarathi-Serve's time-bounded steps): when the step holds at least
+//! one decode row, steps 2 and 3 also stop at `max_decode_stall_ms` of *predicted* step time
+//! (`scheduler.max_decode_stall_ms`, default 200 ms, 0 = off): each chunk gets the most tokens
+//! that keep `base + per_token·tokens + per_kpair·attention pairs/1000` within the limit
+//! ([`StepTimeModel`], least squares over this replica's own measured steps), so a newcomer's
+//! prompt is spread over several steps instead of holding every running stream for its
+//! whole prefill. Prefill still progresses: a step always gets one KV block of prefill (or
+//! what is left of the token budget), and a sequence is admitted only while a token of it
+//! fits (or that block is not used yet). Steps without decode rows, and every step until the
+//! model has seen enough step shapes, use the token budget alone.
 //!
 //! # Step protocol
 //! `schedule()` → engine runs the batch → `on_step_output(sampled)`; exactly one step is in
