@@ -85,6 +85,7 @@ impl Harness {
                 max_num_seqs: 16,
                 max_num_batched_tokens: 128,
                 max_model_len: 2048,
+                ..SchedulerConfig::default()
             },
             flags: SupervisorFlags::new(Strategy::OneForAll, 3, Duration::from_secs(60)),
             shutdown: Shutdown::Timeout(Duration::from_secs(5)),

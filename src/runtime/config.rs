@@ -82,6 +82,34 @@ pub struct Config {
     pub router: RouterConfig,
     /// KV transfer between nodes (`src/transport/`).
     pub transport: crate::transport::TransportConfig,
+    /// Batch forming on each replica, beyond `worker`'s limits.
+    pub scheduler: SchedulerSection,
+}
+
+/// Batch forming on each replica (the batch limits themselves are in `worker`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchedulerSection {
+    /// Stall-free batching (Sarathi-Serve, Agrawal et al., OSDI 2024): a step that carries
+    /// decode rows takes prefill tokens only while its predicted time, from a step-time model
+    /// the scheduler fits to its own measured steps, stays within this (ms), so that a
+    /// newcomer's prefill delays running streams by at most about this much per token; at
+    /// least one KV block of prefill still runs per step. Steps without decodes use the whole
+    /// `worker.max_num_batched_tokens` budget, as does every step until the model has samples
+    /// enough. 0 = off (the token budget alone). Default 200, chosen by a sweep on the
+    /// project's 2-core VM (`docs/benchmarks.md`, "Stall-free batching"): about 4× the
+    /// decode-only step there (45–50 ms at 4 streams); 100 ms left room for no more than the
+    /// one-block minimum beside the decodes (ITL p50 tripled, throughput −38 %), while 200 ms
+    /// cut the ITL p99 about 3× for about a fifth of the throughput, and 300 ms only 2×.
+    pub max_decode_stall_ms: u64,
+}
+
+impl Default for SchedulerSection {
+    fn default() -> Self {
+        Self {
+            max_decode_stall_ms: 200,
+        }
+    }
 }
 
 /// Request placement (see `request_plane/router/policy.rs` for the cost formula and its source).

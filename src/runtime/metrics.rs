@@ -120,4 +120,20 @@ fn describe() {
         "flotilla_worker_kv_blocks_total",
         "KV blocks in the pool, per worker"
     );
+    describe_histogram!(
+        "flotilla_scheduler_step_duration_seconds",
+        "Engine steps as the scheduler timed them (injected chaos delays excluded), per worker"
+    );
+    describe_gauge!(
+        "flotilla_scheduler_step_model_ms",
+        "Step-time model: ms per step (term=base), per token (per_token), per 1000 attention pairs (per_kpair)"
+    );
+    describe_counter!(
+        "flotilla_scheduler_stall_capped_steps_total",
+        "Steps whose prefill the decode-stall limit shortened (stall-free batching), per worker"
+    );
+    describe_gauge!(
+        "flotilla_scheduler_prefill_cap_tokens",
+        "Prefill tokens of the last step the decode-stall limit shortened, per worker"
+    );
 }

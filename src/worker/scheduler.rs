@@ -6,10 +6,13 @@
 //! - `watchdog.rs` — [`StepWatchdog`]: step and canary deadlines, whether the engine hung.
 //! - `outbox.rs` — [`Outbox`]: token events queued per owner, when an owner is gone.
 //! - `fill.rs` — [`KvFill`]: the blocks a chaos `fill_kv` fault holds, beside the core.
+//! - `step_model.rs` — [`StepTimeModel`]: step time from the step's shape, fitted online.
 //! - `tests.rs` — unit tests, preemption equivalence, seeded random workload.
 //!
 //! The [`Scheduler`] actor keeps only the messaging: it feeds submissions, cancellations and
-//! step outputs to the core, hands batches to its engine worker, sends the outbox's batches
+//! step outputs to the core, times each step for the step-time model (steps an injected chaos
+//! `slow` or `hang` may have lengthened are left out, as the watchdog leaves their delay out
+//! of its deadline), hands batches to its engine worker, sends the outbox's batches
 //! to the owners' token sinks, forwards the pool's KV events to the replica's
 //! [`KvEventPublisher`](crate::kv::KvEventPublisher), and fails (so that its supervisor
 //! restarts the replica) when the watchdog finds the engine hung or the engine worker gone.
@@ -32,6 +35,17 @@
 //!    longest cached prefix. No admission happens in a step that preempted (as in vLLM v1),
 //!    which avoids admit/preempt thrashing.
 //!
+//! **Stall-free batching** (Sarathi-Serve's time-bounded steps): when the step holds at least
+//! one decode row, steps 2 and 3 also stop at `max_decode_stall_ms` of *predicted* step time
+//! (`scheduler.max_decode_stall_ms`, default 200 ms, 0 = off): each chunk gets the most tokens
+//! that keep `base + per_token·tokens + per_kpair·attention pairs/1000` within the limit
+//! ([`StepTimeModel`], least squares over this replica's own measured steps), so a newcomer's
+//! prompt is spread over several steps instead of holding every running stream for its
+//! whole prefill. Prefill still progresses: a step always gets one KV block of prefill (or
+//! what is left of the token budget), and a sequence is admitted only while a token of it
+//! fits (or that block is not used yet). Steps without decode rows, and every step until the
+//! model has seen enough step shapes, use the token budget alone.
+//!
 //! # Step protocol
 //! `schedule()` → engine runs the batch → `on_step_output(sampled)`; exactly one step is in
 //! flight. Computed counts advance at scheduling time; the pool registers blocks (KV events)
@@ -47,6 +61,7 @@
 mod batch;
 mod fill;
 mod outbox;
+mod step_model;
 mod watchdog;
 
 #[cfg(test)]
@@ -58,6 +73,7 @@ pub use batch::{
 };
 pub use fill::{FILL_SEQ, FillChange, KvFill};
 pub use outbox::Outbox;
+pub use step_model::{StepCost, StepShape, StepTimeModel};
 pub use watchdog::{Hang, StepWatchdog, Verdict};
 
 #[doc(no_inline)]
@@ -227,6 +243,18 @@ pub struct SchedulerState {
     /// Chaos `fill_kv`: blocks held beside the core.
     fill: KvFill,
     ticker: Option<tokio::task::JoinHandle<()>>,
+    /// Step times measured here, for stall-free batching.
+    step_model: StepTimeModel,
+    /// The step in flight: its shape, when it was handed over, and whether it is a clean
+    /// sample for the model (no chaos delay or hang when it started).
+    step_timing: Option<StepTiming>,
+    clock: crate::runtime::clock::SharedClock,
+}
+
+struct StepTiming {
+    shape: StepShape,
+    started: crate::runtime::clock::Instant,
+    clean: bool,
 }
 
 /// The Scheduler actor.
@@ -321,7 +349,7 @@ impl SchedulerState {
     /// Start the next step if none is running and there is work.
     fn kick(&mut self, myself: &ActorRef<SchedulerMsg>) -> Result<(), ActorProcessingErr> {
         while !self.watchdog.step_in_flight() && self.core.has_unfinished() {
-            let batch = self.core.schedule()?;
+            let batch = self.core.schedule_with(self.step_model.cost().as_ref())?;
             let mut seqs = Vec::with_capacity(batch.entries.len());
             for e in &batch.entries {
                 let Some(live) = self.live.get_mut(&e.seq) else {
@@ -362,9 +390,27 @@ impl SchedulerState {
             let step = self.steps;
             let engine = self.engine.clone();
             let me = myself.clone();
-            // The engine's chaos filter sleeps a `slow` delay before the step: not engine time.
-            self.watchdog
-                .step_started(self.args.faults.step_delay(&self.args.worker));
+            if let Some(prefill) = batch.stall_capped {
+                let worker = self.args.worker.to_string();
+                metrics::counter!("flotilla_scheduler_stall_capped_steps_total", "worker" => worker.clone())
+                    .increment(1);
+                metrics::gauge!("flotilla_scheduler_prefill_cap_tokens", "worker" => worker)
+                    .set(prefill as f64);
+            }
+            // The engine's chaos filter sleeps a `slow` delay before the step: not engine time
+            // (the watchdog allows for it; the step-time model does not learn from the step).
+            let delay = self.args.faults.step_delay(&self.args.worker);
+            self.step_timing = Some(StepTiming {
+                shape: StepShape::of(
+                    batch
+                        .entries
+                        .iter()
+                        .map(|e| (e.start_pos, e.token_ids.len())),
+                ),
+                started: self.clock.now(),
+                clean: delay.is_zero() && !self.args.faults.hangs(&self.args.worker),
+            });
+            self.watchdog.step_started(delay);
             tokio::spawn(async move {
                 let output = match ractor::call!(engine, EngineWorkerMsg::Step, StepBatch { seqs })
                 {
@@ -383,6 +429,10 @@ impl SchedulerState {
 
     fn on_step_done(&mut self, result: StepResult) -> Result<(), ActorProcessingErr> {
         self.watchdog.step_returned();
+        let timing = self.step_timing.take();
+        if let (Some(t), Ok(_)) = (timing, &result.output) {
+            self.learn_step_time(t);
+        }
         let out = match result.output {
             Ok(out) => out,
             Err(err) => {
@@ -443,6 +493,33 @@ impl SchedulerState {
         }
         self.forward_kv_events();
         Ok(())
+    }
+
+    /// Feeds a step that came back to the step-time model, unless an injected delay or hang
+    /// may have lengthened it (one active when it started or now).
+    fn learn_step_time(&mut self, t: StepTiming) {
+        let worker = &self.args.worker;
+        if !t.clean
+            || !self.args.faults.step_delay(worker).is_zero()
+            || self.args.faults.hangs(worker)
+        {
+            return;
+        }
+        let ms = self.clock.now().duration_since(t.started).as_secs_f64() * 1000.0;
+        self.step_model.observe(t.shape, ms);
+        let w = worker.to_string();
+        metrics::histogram!("flotilla_scheduler_step_duration_seconds", "worker" => w.clone())
+            .record(ms / 1000.0);
+        if let Some(c) = self.step_model.cost() {
+            for (term, v) in [
+                ("base", c.base_ms),
+                ("per_token", c.per_token_ms),
+                ("per_kpair", c.per_kpair_ms),
+            ] {
+                metrics::gauge!("flotilla_scheduler_step_model_ms", "worker" => w.clone(), "term" => term)
+                    .set(v);
+            }
+        }
     }
 
     /// Chaos `fill_kv`: hold the asked fraction of the pool while the fault lasts.
@@ -557,7 +634,10 @@ impl Actor for Scheduler {
         let clock = crate::runtime::clock::system();
         Ok(SchedulerState {
             outbox: Outbox::new(clock.clone(), args.owner_grace),
-            watchdog: StepWatchdog::new(clock, args.step_timeout, args.canary_interval),
+            watchdog: StepWatchdog::new(clock.clone(), args.step_timeout, args.canary_interval),
+            step_model: StepTimeModel::new(),
+            step_timing: None,
+            clock,
             fill: KvFill::default(),
             args,
             core,

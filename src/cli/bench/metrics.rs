@@ -4,6 +4,11 @@
 //! - **TTFT**: send → first non-empty content chunk; successful requests only.
 //! - **ITL**: every gap between consecutive content chunks of a request, pooled over all
 //!   successful requests (a chunk usually carries one token; it may carry several).
+//!   **ITL max**: the longest of those gaps.
+//! - **Time to second token (TT2T)**: send → second content chunk (TTFT + the first gap), per
+//!   successful request with at least two chunks; quantiles, mean and max. A newcomer's
+//!   first decode waits behind the prefills admitted after it, so this is where prefill
+//!   stalls show most (stall-free batching, Sarathi-Serve).
 //! - **TPOT**: per request, `(e2e − ttft) / (output_tokens − 1)`; requests with at least 2
 //!   output tokens (`output_tokens` = `usage.completion_tokens`, else the chunk count).
 //! - **E2E**: send → end of the stream; successful requests only.
@@ -83,6 +88,11 @@ impl RequestResult {
         }
     }
 
+    /// Send → second content chunk (ms), with at least two chunks.
+    pub fn tt2t_ms(&self) -> Option<f64> {
+        Some(self.ttft_ms? + self.itl_ms.first()?)
+    }
+
     /// TPOT (ms): `(e2e − ttft) / (output_tokens − 1)`, with at least 2 tokens.
     pub fn tpot_ms(&self) -> Option<f64> {
         let ttft = self.ttft_ms?;
@@ -145,6 +155,14 @@ pub struct RunStats {
     pub ttft_ms: Quantiles,
     /// ITL quantiles.
     pub itl_ms: Quantiles,
+    /// The longest inter-token gap of the run.
+    pub itl_max_ms: f64,
+    /// Time-to-second-token quantiles.
+    pub tt2t_ms: Quantiles,
+    /// Mean time to second token.
+    pub tt2t_mean_ms: f64,
+    /// Longest time to second token.
+    pub tt2t_max_ms: f64,
     /// TPOT quantiles.
     pub tpot_ms: Quantiles,
     /// End-to-end quantiles.
@@ -206,6 +224,7 @@ pub fn summarize(ctx: RunContext<'_>, results: &[RequestResult]) -> (RunStats, S
     let e2e: Vec<f64> = ok.iter().map(|r| r.e2e_ms).collect();
     let itl: Vec<f64> = ok.iter().flat_map(|r| r.itl_ms.iter().copied()).collect();
     let tpot: Vec<f64> = ok.iter().filter_map(|r| r.tpot_ms()).collect();
+    let tt2t: Vec<f64> = ok.iter().filter_map(|r| r.tt2t_ms()).collect();
     let tokens: u64 = ok.iter().map(|r| r.output_tokens).sum();
     let met = results.iter().filter(|r| ctx.slo.met_by(r)).count();
     let per_s = |x: f64| {
@@ -219,6 +238,14 @@ pub fn summarize(ctx: RunContext<'_>, results: &[RequestResult]) -> (RunStats, S
         label: ctx.label.to_owned(),
         ttft_ms: Quantiles::of(&ttft),
         itl_ms: Quantiles::of(&itl),
+        itl_max_ms: max(&itl),
+        tt2t_ms: Quantiles::of(&tt2t),
+        tt2t_mean_ms: if tt2t.is_empty() {
+            f64::NAN
+        } else {
+            tt2t.iter().sum::<f64>() / tt2t.len() as f64
+        },
+        tt2t_max_ms: max(&tt2t),
         tpot_ms: Quantiles::of(&tpot),
         e2e_ms: Quantiles::of(&e2e),
         requests_per_s: per_s(ok.len() as f64),
@@ -240,6 +267,11 @@ pub fn summarize(ctx: RunContext<'_>, results: &[RequestResult]) -> (RunStats, S
             e2e_ms: e2e,
         },
     )
+}
+
+/// The largest of `v`; NaN when empty.
+fn max(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::NAN, f64::max)
 }
 
 /// Σ cached / Σ prompt tokens over requests reporting both; NaN when none does.
@@ -312,6 +344,7 @@ mod tests {
         assert!(r.ok && r.error.is_none());
         assert_eq!(r.itl_ms, vec![10.0, 20.0]);
         assert_eq!(r.tpot_ms(), Some(20.0));
+        assert_eq!(r.tt2t_ms(), Some(60.0));
         let bad = RequestResult::from_outcome(&StreamOutcome {
             status: 503,
             ..StreamOutcome::default()
@@ -348,6 +381,10 @@ mod tests {
         assert_eq!(s.prefix_hit_rate, 24.0 / 64.0);
         assert_eq!(samples.ttft_ms.len(), 4);
         assert_eq!(s.ttft_ms.p50, 150.0);
+        // Second tokens: 100+100, 300+100, 100+200 (the one-token request has none).
+        assert_eq!((s.tt2t_ms.p50, s.tt2t_max_ms), (300.0, 400.0));
+        assert_eq!(s.tt2t_mean_ms, 300.0);
+        assert_eq!(s.itl_max_ms, 200.0);
         // Without SLOs every success counts.
         let open = RunContext {
             slo: Slo::default(),

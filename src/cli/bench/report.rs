@@ -27,9 +27,9 @@ fn pct(x: f64) -> String {
 pub fn markdown_table(runs: &[RunStats]) -> String {
     let mut s = String::from(
         "| run | requests | errors | req/s | out tok/s | goodput req/s | SLO met | \
-         TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms | TPOT p50/p99 ms | E2E p50/p90/p99 ms | \
-         prefix hit | ideal hit |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms | ITL max ms | 2nd token p50/p99/max ms | \
+         TPOT p50/p99 ms | E2E p50/p90/p99 ms | prefix hit | ideal hit |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in runs {
         let q3 = |q: &super::metrics::Quantiles| {
@@ -37,7 +37,7 @@ pub fn markdown_table(runs: &[RunStats]) -> String {
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} / {} | {} | {} | {} |",
             r.label,
             r.requests,
             r.errors,
@@ -47,6 +47,10 @@ pub fn markdown_table(runs: &[RunStats]) -> String {
             pct(r.slo_attainment),
             q3(&r.ttft_ms),
             q3(&r.itl_ms),
+            num(r.itl_max_ms, 0),
+            num(r.tt2t_ms.p50, 0),
+            num(r.tt2t_ms.p99, 0),
+            num(r.tt2t_max_ms, 0),
             num(r.tpot_ms.p50, 1),
             num(r.tpot_ms.p99, 1),
             q3(&r.e2e_ms),
@@ -257,6 +261,10 @@ mod tests {
             label: label.into(),
             ttft_ms: q,
             itl_ms: q,
+            itl_max_ms: 4.0 * ttft50,
+            tt2t_ms: q,
+            tt2t_mean_ms: ttft50,
+            tt2t_max_ms: 4.0 * ttft50,
             tpot_ms: q,
             e2e_ms: q,
             requests_per_s: 1.0,
@@ -302,7 +310,10 @@ mod tests {
         ] {
             assert!(e.get(key).is_some(), "missing {key}");
         }
-        for q in ["ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"] {
+        for key in ["itl_max_ms", "tt2t_mean_ms", "tt2t_max_ms"] {
+            assert!(e[key].is_number(), "{key}");
+        }
+        for q in ["ttft_ms", "itl_ms", "tt2t_ms", "tpot_ms", "e2e_ms"] {
             for p in ["p50", "p90", "p99"] {
                 assert!(e[q][p].is_number(), "{q}.{p}");
             }

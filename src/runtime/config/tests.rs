@@ -84,3 +84,15 @@ fn dotted_key_overrides() {
     let err = Config::load_with(None, bad).unwrap_err();
     assert!(err.to_string().contains("worker.replicas"), "{err}");
 }
+
+#[test]
+fn the_decode_stall_limit_defaults_on_and_zero_turns_it_off() {
+    let cfg = Config::load(None, with_cookie()).unwrap();
+    assert_eq!(cfg.scheduler.max_decode_stall_ms, 200);
+    let mut o = with_cookie();
+    o["scheduler"] = serde_json::json!({"max_decode_stall_ms": 0});
+    assert_eq!(
+        Config::load(None, o).unwrap().scheduler.max_decode_stall_ms,
+        0
+    );
+}

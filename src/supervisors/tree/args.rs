@@ -149,6 +149,7 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
             max_num_seqs: w.max_num_seqs,
             max_num_batched_tokens: w.max_num_batched_tokens,
             max_model_len: w.max_model_len_tokens.min(model.config().max_context),
+            max_decode_stall_ms: ctx.config.scheduler.max_decode_stall_ms,
         },
         flags,
         shutdown: shutdown(ctx),

@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
+use super::step_model::{StepCost, StepShape};
 use crate::kv::{BlockPool, KvEvent, PoolError, PoolUsage, SeqLease};
 use crate::runtime::ids::{BlockId, SeqId};
 
@@ -54,6 +55,11 @@ pub struct SchedulerConfig {
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
     pub max_model_len: usize,
+    /// Stall-free batching: a step that holds decode rows takes prefill tokens only while its
+    /// predicted time stays within this (ms), given a step-time model
+    /// ([`SchedulerCore::schedule_with`]); 0 = off (the token budget alone). The default here
+    /// is off; the runtime's comes from `scheduler.max_decode_stall_ms`.
+    pub max_decode_stall_ms: u64,
 }
 
 impl Default for SchedulerConfig {
@@ -62,6 +68,7 @@ impl Default for SchedulerConfig {
             max_num_seqs: 256,
             max_num_batched_tokens: 2048,
             max_model_len: 4096,
+            max_decode_stall_ms: 0,
         }
     }
 }
@@ -131,6 +138,9 @@ pub struct ScheduledBatch {
     pub entries: Vec<ScheduledSeq>,
     /// Sequences preempted since the last batch (blocks freed; they will be recomputed).
     pub preempted: Vec<SeqId>,
+    /// `Some(prefill tokens of the step)` when the stall limit shortened or held back its
+    /// prefill (stall-free batching).
+    pub stall_capped: Option<usize>,
 }
 
 impl ScheduledBatch {
@@ -179,6 +189,52 @@ struct InFlight {
     sample: bool,
     /// False once the sequence was cancelled during the step.
     alive: bool,
+}
+
+/// Stall-free batching's limit on one step's prefill (see [`SchedulerCore::schedule_with`]).
+#[derive(Debug, Clone, Copy)]
+struct StallLimit {
+    cost: StepCost,
+    max_ms: f64,
+    /// The step so far.
+    shape: StepShape,
+    /// Prefill tokens a step always gets (one KV block).
+    min_prefill: usize,
+    /// Prefill tokens in the step so far.
+    prefill: usize,
+    /// Whether the limit cut something.
+    capped: bool,
+}
+
+impl StallLimit {
+    /// Whether a new sequence may be admitted: a token at the start of a prompt (the cheapest
+    /// place) fits, or the step has not had its minimal prefill yet.
+    fn admits(&mut self) -> bool {
+        let ok = self.prefill < self.min_prefill
+            || self.cost.max_chunk(self.shape, 0, 1, self.max_ms) == 1;
+        self.capped |= !ok;
+        ok
+    }
+
+    /// Tokens of a chunk at `start` that may run (at least `at_least`), of the `want` that the
+    /// budget allows; the chunk is counted in the step.
+    fn chunk(&mut self, start: usize, want: usize, at_least: usize) -> usize {
+        let fits = self.cost.max_chunk(self.shape, start, want, self.max_ms);
+        let floor = self
+            .min_prefill
+            .saturating_sub(self.prefill)
+            .max(at_least)
+            .min(want);
+        let n = fits.max(floor);
+        if n < want {
+            self.capped = true;
+        }
+        if n > 0 {
+            self.shape.add(start, n);
+            self.prefill += n;
+        }
+        n
+    }
 }
 
 /// The per-replica batch former (see the module doc).
@@ -272,13 +328,32 @@ impl SchedulerCore {
         Ok(())
     }
 
+    /// Forms the next step under the token budget alone: [`Self::schedule_with`] without a
+    /// step-time model.
+    ///
+    /// # Errors
+    /// See [`Self::schedule_with`].
+    pub fn schedule(&mut self) -> Result<ScheduledBatch, SchedulerError> {
+        self.schedule_with(None)
+    }
+
     /// Forms the next step: decodes, then prefill continuations, then FCFS admissions (none in
     /// a step that preempted). Exactly one step may be in flight.
+    ///
+    /// Stall-free batching: with a step-time model `cost`, `max_decode_stall_ms > 0` and at
+    /// least one decode row in the step, each prefill chunk is cut to the most tokens that
+    /// keep the step's predicted time within `max_decode_stall_ms` — but the step's prefill
+    /// always gets at least one KV block's worth of tokens (or what is left of the budget), so
+    /// that prefills progress whatever the model says, and an admitted sequence at least one
+    /// token. Without decode rows, or without a model, only the token budget applies.
     ///
     /// # Errors
     /// [`SchedulerError::StepInFlight`] while a step is out; [`SchedulerError::Pool`] means
     /// a broken invariant between the core and its pool.
-    pub fn schedule(&mut self) -> Result<ScheduledBatch, SchedulerError> {
+    pub fn schedule_with(
+        &mut self,
+        cost: Option<&StepCost>,
+    ) -> Result<ScheduledBatch, SchedulerError> {
         if self.in_flight.is_some() {
             return Err(SchedulerError::StepInFlight);
         }
@@ -305,6 +380,21 @@ impl SchedulerCore {
             i += 1;
         }
 
+        // The stall limit applies to steps with decode rows (all entries so far are decodes).
+        let mut stall = match cost {
+            Some(c) if self.config.max_decode_stall_ms > 0 && !entries.is_empty() => {
+                Some(StallLimit {
+                    cost: *c,
+                    max_ms: self.config.max_decode_stall_ms as f64,
+                    shape: StepShape::of(entries.iter().map(|e| (e.start_pos, 1))),
+                    min_prefill: self.pool.block_size(),
+                    prefill: 0,
+                    capped: false,
+                })
+            }
+            _ => None,
+        };
+
         // 2. Continue partially prefilled sequences (blocks were allocated at admission).
         for idx in 0..self.running.len() {
             if budget == 0 {
@@ -315,7 +405,13 @@ impl SchedulerCore {
             if e.num_computed >= e.prefill_len {
                 continue;
             }
-            let chunk = (e.prefill_len - e.num_computed).min(budget);
+            let mut chunk = (e.prefill_len - e.num_computed).min(budget);
+            if let Some(limit) = stall.as_mut() {
+                chunk = limit.chunk(e.num_computed, chunk, 0);
+                if chunk == 0 {
+                    break;
+                }
+            }
             entries.push(self.entry(s, chunk, None));
             budget -= chunk;
         }
@@ -326,6 +422,9 @@ impl SchedulerCore {
             let Some(&s) = self.waiting.front() else {
                 break;
             };
+            if stall.as_mut().is_some_and(|l| !l.admits()) {
+                break;
+            }
             let alloc = match self.pool.allocate_sequence(s, &self.seqs[&s].tokens) {
                 Ok(a) => a,
                 Err(PoolError::OutOfBlocks { .. }) => break,
@@ -336,7 +435,10 @@ impl SchedulerCore {
             let e = self.seqs.get_mut(&s).ok_or(PoolError::UnknownSequence(s))?;
             e.lease = Some(alloc.lease);
             e.num_computed = alloc.cached_tokens;
-            let chunk = (e.prefill_len - e.num_computed).min(budget);
+            let mut chunk = (e.prefill_len - e.num_computed).min(budget);
+            if let Some(limit) = stall.as_mut() {
+                chunk = limit.chunk(e.num_computed, chunk, 1);
+            }
             entries.push(self.entry(s, chunk, Some(alloc.cached_tokens)));
             budget -= chunk;
         }
@@ -355,6 +457,7 @@ impl SchedulerCore {
         Ok(ScheduledBatch {
             entries,
             preempted: std::mem::take(&mut self.preempted),
+            stall_capped: stall.filter(|l| l.capped).map(|l| l.prefill),
         })
     }
 

@@ -24,6 +24,7 @@ fn cfg(
         max_num_seqs,
         max_num_batched_tokens,
         max_model_len,
+        max_decode_stall_ms: 0,
     }
 }
 
@@ -510,4 +511,174 @@ fn waiting_sequences_are_admitted_in_order_of_arrival() {
     }
     // Earliest arrival first; equal arrivals (2 and 4) in submission order.
     assert_eq!(order, vec![5, 2, 4, 3, 1]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stall-free batching
+// ---------------------------------------------------------------------------------------------
+
+/// 10 ms per step + 1 ms per token, no attention term.
+const LINEAR: StepCost = StepCost {
+    base_ms: 10.0,
+    per_token_ms: 1.0,
+    per_kpair_ms: 0.0,
+};
+
+fn stall_cfg(max_num_batched_tokens: usize, max_decode_stall_ms: u64) -> SchedulerConfig {
+    SchedulerConfig {
+        max_decode_stall_ms,
+        ..cfg(8, max_num_batched_tokens, 1024)
+    }
+}
+
+/// Runs one step of `c` with `cost`, checking it; returns it.
+fn step_with(
+    c: &mut SchedulerCore,
+    cost: Option<&StepCost>,
+    next_pos: &mut HashMap<SeqId, usize>,
+) -> ScheduledBatch {
+    let b = c.schedule_with(cost).expect("schedule");
+    check_batch(c, &b, next_pos);
+    c.on_step_output(&sample_all(&b)).expect("output");
+    b
+}
+
+fn prefill_tokens(b: &ScheduledBatch, decoding: &[SeqId]) -> usize {
+    b.entries
+        .iter()
+        .filter(|e| !decoding.contains(&e.seq))
+        .map(|e| e.token_ids.len())
+        .sum()
+}
+
+#[test]
+fn with_decodes_running_prefill_chunks_respect_the_stall_limit() {
+    let mut c = core(128, 4, stall_cfg(512, 50));
+    let mut pos = HashMap::new();
+    c.add(req(1, vec![1, 2, 3], 100)).expect("add");
+    c.add(req(2, vec![4, 5, 6], 100)).expect("add");
+    step_with(&mut c, Some(&LINEAR), &mut pos); // both prefilled, no decode yet
+    c.add(req(3, (0..200).collect(), 2)).expect("add");
+    let mut chunks = Vec::new();
+    loop {
+        let b = step_with(&mut c, Some(&LINEAR), &mut pos);
+        assert_eq!(
+            b.entries[..2]
+                .iter()
+                .map(|e| e.token_ids.len())
+                .sum::<usize>(),
+            2
+        );
+        let shape = StepShape::of(b.entries.iter().map(|e| (e.start_pos, e.token_ids.len())));
+        assert!(LINEAR.predict_ms(shape) <= 50.0, "{shape:?}");
+        let Some(e) = b.entries.iter().find(|e| e.seq == SeqId(3)) else {
+            break; // decoding: its prefill is done
+        };
+        if e.sample {
+            assert_eq!(b.stall_capped, None, "the last chunk fits whole");
+            break;
+        }
+        // 10 + 2 decode rows + x ≤ 50.
+        assert_eq!(e.token_ids.len(), 38);
+        assert_eq!(b.stall_capped, Some(38));
+        chunks.push(e.token_ids.len());
+    }
+    assert_eq!(
+        chunks,
+        vec![38; 5],
+        "five capped chunks, then the last 10 tokens"
+    );
+    let (out, _) = drive_from(&mut c, pos);
+    // Its first token came with the last chunk; the second comes here.
+    assert_eq!(out[&SeqId(3)].0.len(), 1, "and the newcomer decodes");
+    assert_eq!(out[&SeqId(3)].1, FinishReason::Length);
+}
+
+#[test]
+fn without_decodes_or_without_a_model_the_token_budget_alone_applies() {
+    // No decode running: a lone prompt gets the whole budget whatever the model says.
+    let mut c = core(128, 4, stall_cfg(128, 50));
+    c.add(req(1, (0..300).collect(), 1)).expect("add");
+    let b = c.schedule_with(Some(&LINEAR)).expect("schedule");
+    assert_eq!(b.num_tokens(), 128);
+    assert_eq!(b.stall_capped, None);
+    c.on_step_output(&sample_all(&b)).expect("output");
+    // A decode running, but no model yet, or the limit off: the budget alone.
+    for (stall, cost) in [(50, None), (0, Some(&LINEAR))] {
+        let mut c = core(128, 4, stall_cfg(128, stall));
+        let mut pos = HashMap::new();
+        c.add(req(1, vec![1, 2, 3], 100)).expect("add");
+        step_with(&mut c, cost, &mut pos);
+        c.add(req(2, (0..300).collect(), 1)).expect("add");
+        let b = step_with(&mut c, cost, &mut pos);
+        assert_eq!(prefill_tokens(&b, &[SeqId(1)]), 127, "stall {stall}");
+        assert_eq!(b.stall_capped, None);
+    }
+}
+
+#[test]
+fn a_model_that_allows_nothing_still_lets_one_block_through() {
+    // Even a decode-only step is predicted above the limit: one block (4 tokens) per step.
+    let slow = StepCost {
+        base_ms: 100.0,
+        ..LINEAR
+    };
+    let mut c = core(128, 4, stall_cfg(512, 50));
+    let mut pos = HashMap::new();
+    c.add(req(1, vec![1, 2, 3], 100)).expect("add");
+    step_with(&mut c, Some(&slow), &mut pos);
+    c.add(req(2, (0..10).collect(), 1)).expect("add");
+    c.add(req(3, (20..30).collect(), 1)).expect("add");
+    let mut prefills = Vec::new();
+    for _ in 0..6 {
+        let b = step_with(&mut c, Some(&slow), &mut pos);
+        prefills.push(prefill_tokens(&b, &[SeqId(1)]));
+    }
+    // Four tokens per step: seq 2 in 4, 4, 2, topped up by seq 3's admission with 2, then
+    // seq 3's 4 and 4; then only the decode is left.
+    assert_eq!(prefills, vec![4, 4, 4, 4, 4, 0]);
+    assert_eq!(
+        (c.num_running(), c.num_waiting()),
+        (1, 0),
+        "both prefilled and done"
+    );
+}
+
+#[test]
+fn the_stall_limit_changes_no_token() {
+    // Same workload, with and without the limit: every sequence generates the same tokens
+    // (the fake model depends only on sequence and position), and the limit holds.
+    let run = |stall: u64| {
+        let mut c = core(64, 4, stall_cfg(48, stall));
+        let mut rng = StdRng::seed_from_u64(5);
+        let mut pos = HashMap::new();
+        let mut out: BTreeMap<SeqId, Vec<u32>> = BTreeMap::new();
+        let mut added = 0;
+        let mut capped = 0;
+        while added < 40 || c.has_unfinished() {
+            if added < 40 && rng.random_bool(0.3) {
+                added += 1;
+                let len = rng.random_range(1..60);
+                let prompt = (0..len)
+                    .map(|_| rng.random_range(0..VOCAB as u32))
+                    .collect();
+                c.add(req(added, prompt, rng.random_range(1..20)))
+                    .expect("add");
+            }
+            let b = c.schedule_with(Some(&LINEAR)).expect("schedule");
+            check_batch(&c, &b, &mut pos);
+            capped += usize::from(b.stall_capped.is_some());
+            for u in c.on_step_output(&sample_all(&b)).expect("output") {
+                out.entry(u.seq).or_default().push(u.token);
+            }
+            c.pool().check_invariants().expect("invariants");
+        }
+        (out, capped)
+    };
+    let (off, none) = run(0);
+    let (on, capped) = run(30);
+    assert_eq!(none, 0);
+    assert!(capped > 0, "the limit was exercised");
+    assert_eq!(off, on);
+    assert_eq!(on.len(), 40);
 }
