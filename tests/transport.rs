@@ -251,3 +251,74 @@ async fn chaos_filters_delay_drop_and_cut_pulls() {
         .expect("healed");
     assert_eq!(t.pending(), 0);
 }
+
+/// What the TCP server answers to one raw request frame: `Some(reason)` for a refusal.
+async fn raw_request(addr: &str, frame: &[u8], len_prefix: u32) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_u32_le(len_prefix).await.expect("write");
+    s.write_all(frame).await.expect("write");
+    match s.read_u8().await.expect("status") {
+        0 => None,
+        _ => {
+            let n = s.read_u32_le().await.expect("len");
+            let mut why = vec![0; n as usize];
+            s.read_exact(&mut why).await.expect("reason");
+            Some(String::from_utf8_lossy(&why).into_owned())
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tcp_server_refuses_bad_requests_and_keeps_serving() {
+    use flotilla::transport::tcp::{CHUNK_BYTES, ReadRequest};
+    let args = serve_args("tcp", None, 1024); // 16 MiB: more than one chunk
+    let peer = Peer::spawn(Path::new(EXE), &args).expect("peer starts");
+    let d = peer.descriptor.clone();
+    let region_bytes = d.layout.region_bytes();
+    let frame = |runs: Vec<(u64, u64)>| {
+        rmp_serde::to_vec(&ReadRequest {
+            region: d.id.clone(),
+            runs,
+        })
+        .expect("encode")
+    };
+    // A frame length far beyond the limit.
+    let why = raw_request(&d.tcp, b"", u32::MAX).await;
+    assert!(why.is_some_and(|w| w.contains("too large")));
+    // Not MessagePack.
+    let junk = b"not a request";
+    assert!(raw_request(&d.tcp, junk, junk.len() as u32).await.is_some());
+    // A run past the end, an overflowing run, more than one chunk at once.
+    for runs in [
+        vec![(region_bytes - 8, 16)],
+        vec![(u64::MAX - 4, 8)],
+        vec![(0, CHUNK_BYTES), (0, 8)],
+    ] {
+        let f = frame(runs.clone());
+        let why = raw_request(&d.tcp, &f, f.len() as u32).await;
+        assert!(why.is_some(), "{runs:?} was served");
+    }
+    // An unknown owner.
+    let f = rmp_serde::to_vec(&ReadRequest {
+        region: flotilla::transport::RegionId {
+            owner: "nobody".into(),
+            epoch: d.id.epoch,
+        },
+        runs: vec![(0, 8)],
+    })
+    .expect("encode");
+    assert!(
+        raw_request(&d.tcp, &f, f.len() as u32)
+            .await
+            .is_some_and(|w| w.contains("unknown"))
+    );
+    // A good request on a fresh connection still works, and a real pull too.
+    let f = frame(vec![(0, 8)]);
+    assert_eq!(raw_request(&d.tcp, &f, f.len() as u32).await, None);
+    let (t, mem) = local("tcp", None, d.layout).await;
+    t.pull(request(&peer, vec![(3, 4)], Duration::from_secs(10)))
+        .await
+        .expect("pull after the bad requests");
+    verify_pull(&d.layout, &d.layout, &mem, &[(3, 4)], 11).expect("intact");
+}

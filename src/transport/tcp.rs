@@ -126,7 +126,23 @@ async fn serve(mut stream: TcpStream, regions: ServedRegions) -> std::io::Result
             Ok(m) => m,
             Err(reason) => return refuse(&mut stream, &reason).await,
         };
-        let total: u64 = req.runs.iter().map(|r| r.1).sum();
+        // Every run inside the region, and no more than one chunk per request (what clients
+        // send): a bad request must not make the server allocate without bound.
+        let total = req.runs.iter().try_fold(0u64, |acc, &(offset, len)| {
+            let end = offset.checked_add(len)?;
+            (end <= memory.len() as u64).then_some(acc.checked_add(len)?)
+        });
+        let total = match total {
+            Some(t) if t <= CHUNK_BYTES => t,
+            Some(t) => {
+                return refuse(
+                    &mut stream,
+                    &format!("{t} bytes asked at once (at most {CHUNK_BYTES})"),
+                )
+                .await;
+            }
+            None => return refuse(&mut stream, "a run leaves the region").await,
+        };
         buf.clear();
         buf.resize(total as usize, 0);
         let mut at = 0usize;
