@@ -322,3 +322,36 @@ async fn the_tcp_server_refuses_bad_requests_and_keeps_serving() {
         .expect("pull after the bad requests");
     verify_pull(&d.layout, &d.layout, &mem, &[(3, 4)], 11).expect("intact");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_transport_actor_runs_pulls_as_tasks() {
+    use flotilla::transport::{TransportActor, TransportMsg};
+    let args = serve_args("tcp", None, 64);
+    let peer = Peer::spawn(Path::new(EXE), &args).expect("peer starts");
+    let layout = peer.descriptor.layout;
+    let (t, mem) = local("tcp", None, layout).await;
+    let (actor, handle) = ractor::Actor::spawn(None, TransportActor, Arc::new(t))
+        .await
+        .expect("spawn");
+    // Two pulls at once, each run by its own task.
+    let pairs: Vec<(u32, u32)> = (0..32).map(|b| (b, b + 32)).collect();
+    let pull = |req: PullRequest| {
+        let actor = actor.clone();
+        async move { ractor::call_t!(actor, TransportMsg::Pull, 30_000, Box::new(req)) }
+    };
+    let (a, b) = tokio::join!(
+        pull(request(&peer, pairs.clone(), Duration::from_secs(20))),
+        pull(request(&peer, vec![(40, 0)], Duration::from_secs(20))),
+    );
+    a.expect("call").expect("pull a");
+    b.expect("call").expect("pull b");
+    verify_pull(&layout, &layout, &mem, &pairs, 11).expect("intact");
+    let regions = ractor::call_t!(actor, TransportMsg::Regions, 5_000).expect("regions");
+    assert_eq!(regions.len(), 1);
+    assert_eq!(
+        ractor::call_t!(actor, TransportMsg::Pending, 5_000).expect("pending"),
+        0
+    );
+    actor.stop(None);
+    handle.await.expect("stopped");
+}

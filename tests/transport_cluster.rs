@@ -45,6 +45,26 @@ async fn replicas_publish_their_kv_regions_and_a_restart_brings_a_new_epoch() {
     assert_eq!(d1.layout.num_blocks, 64);
     assert_eq!(d1.layout, d2.layout, "same model, same pools");
     assert_ne!(d1.tcp, d2.tcp, "each node serves its own regions");
+    // Worker nodes run the transport actor; the gateway node has none.
+    let f = fleet(&c).await;
+    for n in f["nodes"].as_array().expect("nodes") {
+        let has = n["actors"].as_array().expect("actors").iter().any(|a| {
+            a["path"]
+                .as_str()
+                .is_some_and(|p| p.ends_with("/transport"))
+                && a["state"] == "running"
+        });
+        let worker = n["roles"]
+            .as_array()
+            .expect("roles")
+            .iter()
+            .any(|r| r == "worker");
+        assert_eq!(
+            has, worker,
+            "{}: transport actor {has}, worker {worker}",
+            n["id"]
+        );
+    }
 
     // Read two blocks of node-1's live pool over TCP (the server side of every node).
     let t = Transport::start(

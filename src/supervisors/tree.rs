@@ -12,6 +12,8 @@
 //! │  ├─ request_sup    one_for_one  one temporary Request child per in-flight request
 //! │  └─ http_gateway   axum: OpenAI API, /live /health /metrics /v1/fleet
 //! │                    (starts last, stops first)
+//! ├─ transport         (worker)  KV pulls between nodes; a handle on the node's transport
+//! │                    (made before the tree: engines allocate their KV through it)
 //! └─ worker_pool       (worker)  one_for_one  supervision.max_restarts in period_ms
 //!    └─ replica-<k>    ×worker.replicas, one_for_all (the parts share device memory), 5 in 10 s
 //!       ├─ kv_manager  KV events out to subscribers, snapshots
@@ -75,6 +77,9 @@ pub fn node_tree(ctx: &NodeContext) -> SupervisorSpec {
     }
     if ctx.config.has_role(Role::Gateway) {
         node = node.child(ChildSpec::supervisor(gateway_sup(ctx)));
+    }
+    if let Some(t) = &ctx.transport {
+        node = node.child(spawn::transport(ctx, t.clone()));
     }
     if ctx.config.has_role(Role::Worker) {
         node = node.child(ChildSpec::supervisor(worker_pool(ctx)));

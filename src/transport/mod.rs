@@ -9,6 +9,7 @@
 //! byte has landed or the pull has failed.
 //!
 //! Files:
+//! - `actor.rs` — [`TransportActor`], the node tree's supervised face of the node's transport.
 //! - `region.rs` — [`KvMemory`] (registrable memory), [`RegionId`] and epochs, [`KvLayout`]
 //!   and the byte runs ([`Segment`]) a block list becomes.
 //! - `ucx/` — the UCX backend (`ucx/sys.rs`: generated bindings, loaded at run time).
@@ -27,6 +28,7 @@
 //! names an older one fails with [`TransportError::Stale`] before any byte moves, and a TCP
 //! server refuses any epoch but the one it holds.
 
+mod actor;
 pub mod faults;
 pub mod region;
 pub mod tcp;
@@ -39,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+pub use actor::{TransportActor, TransportMsg, local};
 pub use faults::{TransferFaults, TransferVerdict};
 pub use region::{KvLayout, KvMemory, Preregistered, RegionId, Segment, next_epoch};
 

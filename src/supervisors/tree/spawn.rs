@@ -39,6 +39,17 @@ pub(super) fn chaos(ctx: &NodeContext) -> ChildSpec {
     .shutdown(args::shutdown(ctx))
 }
 
+/// The node's KV transport (worker nodes): a handle on the transport `node::start` made.
+pub(super) fn transport(
+    ctx: &NodeContext,
+    transport: Arc<crate::transport::Transport>,
+) -> ChildSpec {
+    ChildSpec::actor("transport", Some(ctx.name("transport")), move || {
+        (crate::transport::TransportActor, transport.clone())
+    })
+    .shutdown(args::shutdown(ctx))
+}
+
 /// Placement: prefix index, load, policy.
 pub(super) fn router(ctx: &NodeContext) -> ChildSpec {
     let config = args::router(ctx);
