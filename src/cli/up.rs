@@ -76,6 +76,8 @@ struct Launch {
     exe: PathBuf,
     cookie: String,
     ports: Vec<u16>,
+    /// Each node's KV transport port.
+    transport_ports: Vec<u16>,
     opts: UpOptions,
 }
 
@@ -105,6 +107,10 @@ impl Launch {
             .arg("--roles")
             .arg(roles)
             .env("FLOTILLA_NODE__COOKIE", &self.cookie);
+        if let Some(p) = self.transport_ports.get(i) {
+            // The KV transport's TCP server (a `--set transport.tcp_bind=…` still wins).
+            cmd.env("FLOTILLA_TRANSPORT__TCP_BIND", format!("127.0.0.1:{p}"));
+        }
         if let Some(starts) = self.starts.get(i) {
             let before = starts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             cmd.env(
@@ -175,10 +181,14 @@ enum Startup {
     Stopped,
 }
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// `n` distinct free loopback ports (each held until all are picked).
+fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
+    let held = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    held.iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect()
 }
 
 fn cookie() -> String {
@@ -233,10 +243,11 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     let exe = std::env::current_exe()?;
     let cookie = cookie();
     let model = preflight(&opts, &cookie)?;
-    let mut ports = Vec::new();
-    for _ in 0..opts.nodes {
-        ports.push(free_port()?);
-    }
+    // Two ports per node (cluster, KV transport), all picked before any is released so that
+    // they differ; a node binds its own, so no node binds port 0 and takes another's.
+    let picked = free_ports(2 * opts.nodes)?;
+    let (ports, transport_ports): (Vec<u16>, Vec<u16>) =
+        (picked[..opts.nodes].to_vec(), picked[opts.nodes..].to_vec());
     let seed = format!("127.0.0.1:{}", ports[0]);
     let mut procs: Vec<NodeProc> = Vec::new();
     let (ready_tx, mut ready_rx) = tokio::sync::mpsc::unbounded_channel::<ReadyLine>();
@@ -245,6 +256,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
         exe,
         cookie,
         ports: ports.clone(),
+        transport_ports,
         opts: opts.clone(),
     };
     for i in 0..ports.len() {

@@ -115,8 +115,16 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
             None => Default::default(),
         }),
     };
+    let cluster = cluster::start_node_server(
+        node_id.clone(),
+        config.node.listen_addr,
+        config.node.cookie.clone(),
+        config.cluster.max_frame_bytes,
+    )
+    .await?;
     // Worker nodes own KV memory peers may read: one transport per node, before the tree (the
-    // engines allocate their pools through it).
+    // engines allocate their pools through it), after the cluster listener (so that its own
+    // port is taken before the transport binds one).
     let faults = crate::control::chaos::FaultBook::default();
     let transport = if config.has_role(crate::runtime::config::Role::Worker) {
         Some(Arc::new(
@@ -130,13 +138,6 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     } else {
         None
     };
-    let cluster = cluster::start_node_server(
-        node_id.clone(),
-        config.node.listen_addr,
-        config.node.cookie.clone(),
-        config.cluster.max_frame_bytes,
-    )
-    .await?;
     let ctx = NodeContext {
         config: config.clone(),
         node_id: node_id.clone(),

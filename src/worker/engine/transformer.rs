@@ -41,6 +41,21 @@ impl Default for EngineConfig {
     }
 }
 
+/// `num_blocks` and `block_size` positive, `num_blocks` a valid [`crate::runtime::ids::BlockId`].
+fn check(config: &EngineConfig) -> Result<(), EngineError> {
+    if config.num_blocks == 0 || config.block_size == 0 {
+        return Err(EngineError::Config(
+            "num_blocks and block_size must be > 0".into(),
+        ));
+    }
+    if u32::try_from(config.num_blocks).is_err() {
+        return Err(EngineError::Config(
+            "num_blocks must fit in a BlockId (u32)".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// One device's engine.
 #[derive(Debug)]
 pub struct Engine {
@@ -58,25 +73,10 @@ impl Engine {
     /// [`EngineError::Config`] when `num_blocks` or `block_size` is 0, or `num_blocks` does
     /// not fit in a [`crate::runtime::ids::BlockId`].
     pub fn new(weights: Arc<ModelWeights>, config: EngineConfig) -> Result<Self, EngineError> {
-        if config.num_blocks == 0 || config.block_size == 0 {
-            return Err(EngineError::Config(
-                "num_blocks and block_size must be > 0".into(),
-            ));
-        }
-        if u32::try_from(config.num_blocks).is_err() {
-            return Err(EngineError::Config(
-                "num_blocks must fit in a BlockId (u32)".into(),
-            ));
-        }
-        let c = &weights.config;
-        let kv = KvCache::new(
-            c.n_layers,
-            c.n_kv_heads,
-            c.head_dim,
-            config.num_blocks,
-            config.block_size,
-        );
-        Self::with_cache(weights, config, kv)
+        check(&config)?;
+        let bytes = Self::layout(&weights, config).region_bytes() as usize;
+        let memory = KvMemory::zeroed(bytes).map_err(|e| EngineError::Config(e.to_string()))?;
+        Self::with_memory(weights, config, Arc::new(memory))
     }
 
     /// The KV layout an engine of this model and `config` has (what to allocate for
@@ -100,11 +100,7 @@ impl Engine {
         config: EngineConfig,
         memory: Arc<KvMemory>,
     ) -> Result<Self, EngineError> {
-        if config.num_blocks == 0 || config.block_size == 0 {
-            return Err(EngineError::Config(
-                "num_blocks and block_size must be > 0".into(),
-            ));
-        }
+        check(&config)?;
         let c = &weights.config;
         let kv = KvCache::with_memory(
             c.n_layers,
