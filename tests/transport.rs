@@ -32,6 +32,7 @@ fn serve_args(backend: &str, tls: Option<&str>, blocks: u32) -> ServeArgs {
         backend: backend.into(),
         ucx_tls: tls.map(str::to_owned),
         seed: 11,
+        tcp_bind: None,
     }
 }
 
@@ -354,4 +355,35 @@ async fn the_transport_actor_runs_pulls_as_tasks() {
     );
     actor.stop(None);
     handle.await.expect("stopped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_to_a_restarted_peer_is_replaced() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let mut args = serve_args("tcp", None, 16);
+    args.tcp_bind = Some(format!("127.0.0.1:{port}"));
+    let mut first = Peer::spawn(Path::new(EXE), &args).expect("peer starts");
+    let layout = first.descriptor.layout;
+    let (t, mem) = local("tcp", None, layout).await;
+    t.pull(request(&first, vec![(1, 1)], Duration::from_secs(10)))
+        .await
+        .expect("first pull");
+    // The peer dies and comes back on the same port with new memory (the next seed).
+    first.kill();
+    args.seed = 12;
+    let second = Peer::spawn(Path::new(EXE), &args).expect("peer restarts");
+    assert_eq!(second.descriptor.tcp, first.descriptor.tcp);
+    t.pull(request(&second, vec![(2, 2)], Duration::from_secs(10)))
+        .await
+        .expect("the pooled connection is dead; a fresh one serves");
+    verify_pull(&layout, &layout, &mem, &[(2, 2)], 12).expect("the new peer's bytes");
+    // The old descriptor is refused by the new server (another epoch).
+    assert!(matches!(
+        t.pull(request(&first, vec![(1, 1)], Duration::from_secs(10)))
+            .await,
+        Err(TransportError::Stale(_))
+    ));
 }

@@ -62,6 +62,9 @@ pub struct ServeArgs {
     /// Pattern seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Address of the TCP backend's server (default: any free loopback port).
+    #[arg(long)]
+    pub tcp_bind: Option<String>,
 }
 
 impl ServeArgs {
@@ -167,11 +170,14 @@ pub async fn run(args: TransportArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(a: ServeArgs) -> anyhow::Result<()> {
-    let config = TransportConfig {
+    let mut config = TransportConfig {
         backend: backend(&a.backend)?,
         ucx_tls: a.ucx_tls.clone(),
         ..TransportConfig::default()
     };
+    if let Some(bind) = &a.tcp_bind {
+        config.tcp_bind = bind.clone();
+    }
     let t = Transport::start("peer", config, TransferFaults::default()).await?;
     let layout = a.layout();
     let mut seed = a.seed;
@@ -222,6 +228,9 @@ impl Peer {
         }
         if let Some(tls) = &args.ucx_tls {
             cmd.args(["--ucx-tls", tls]);
+        }
+        if let Some(bind) = &args.tcp_bind {
+            cmd.args(["--tcp-bind", bind]);
         }
         let mut child = cmd
             .spawn()
@@ -315,6 +324,7 @@ async fn bench(a: BenchArgs) -> anyhow::Result<()> {
         backend: backend.into(),
         ucx_tls: tls.map(str::to_owned),
         seed: 1,
+        tcp_bind: None,
     };
     let configs: [(&str, &str, Option<&str>); 3] = [
         ("ucx (default transports)", "ucx", None),

@@ -67,8 +67,14 @@ impl TcpServer {
             .map_err(|e| TransportError::Backend(format!("tcp transport: {e}")))?;
         let task = tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
+                let stream = match listener.accept().await {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        // E.g. out of file descriptors: back off instead of spinning.
+                        tracing::warn!(error = %e, "tcp transport: accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
                 };
                 let _ = stream.set_nodelay(true);
                 let regions = regions.clone();
@@ -186,8 +192,18 @@ impl TcpClient {
         segments: &[Segment],
         local: &KvMemory,
     ) -> Result<(), TransportError> {
-        let stream = self.connect(peer).await?;
-        let stream = self.run(stream, peer, region, segments, local).await?;
+        let (stream, reused) = self.connect(peer).await?;
+        let stream = match self.run(stream, peer, region, segments, local).await {
+            Ok(s) => s,
+            // An idle connection may have outlived its server (a node restarted on the same
+            // port): one more try on a fresh connection. Bytes already written are rewritten.
+            Err(TransportError::Peer(e)) if reused => {
+                tracing::debug!(%peer, error = %e, "tcp transport: idle connection failed; reconnecting");
+                let fresh = self.fresh(peer).await?;
+                self.run(fresh, peer, region, segments, local).await?
+            }
+            Err(e) => return Err(e),
+        };
         self.idle
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -197,16 +213,21 @@ impl TcpClient {
         Ok(())
     }
 
-    async fn connect(&self, peer: &str) -> Result<TcpStream, TransportError> {
+    /// An idle connection to `peer` (`true`) or a new one (`false`).
+    async fn connect(&self, peer: &str) -> Result<(TcpStream, bool), TransportError> {
         let idle = self
             .idle
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get_mut(peer)
             .and_then(Vec::pop);
-        if let Some(s) = idle {
-            return Ok(s);
+        match idle {
+            Some(s) => Ok((s, true)),
+            None => Ok((self.fresh(peer).await?, false)),
         }
+    }
+
+    async fn fresh(&self, peer: &str) -> Result<TcpStream, TransportError> {
         let s = TcpStream::connect(peer)
             .await
             .map_err(|e| TransportError::Peer(format!("tcp connect {peer}: {e}")))?;
