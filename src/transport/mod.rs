@@ -129,8 +129,6 @@ pub struct TransportConfig {
     pub ucx_tls: Option<String>,
     /// Address the TCP backend's server binds (port 0: any free port).
     pub tcp_bind: String,
-    /// Deadline of a pull when its caller gives none (ms).
-    pub pull_timeout_ms: u64,
 }
 
 impl Default for TransportConfig {
@@ -139,7 +137,6 @@ impl Default for TransportConfig {
             backend: BackendChoice::Auto,
             ucx_tls: None,
             tcp_bind: "127.0.0.1:0".into(),
-            pull_timeout_ms: 10_000,
         }
     }
 }
