@@ -71,6 +71,13 @@ struct UpArgs {
     /// rounded up).
     #[arg(long)]
     workers: Option<usize>,
+    /// Disaggregated: this many prefill worker nodes (with `--decode`; sets `--nodes` to
+    /// 1 + prefill + decode).
+    #[arg(long, requires = "decode")]
+    prefill: Option<usize>,
+    /// Disaggregated: this many decode worker nodes (with `--prefill`).
+    #[arg(long, requires = "prefill")]
+    decode: Option<usize>,
 }
 
 #[derive(Args)]
@@ -210,6 +217,16 @@ async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Up(mut a) => flotilla::cli::up::up(flotilla::cli::up::UpOptions {
+            worker_roles: {
+                use flotilla::worker::Role;
+                let (p, d) = (a.prefill.unwrap_or(0), a.decode.unwrap_or(0));
+                if p + d > 0 {
+                    a.nodes = 1 + p + d;
+                }
+                let mut roles = vec![Role::Prefill; p];
+                roles.extend(vec![Role::Decode; d]);
+                roles
+            },
             nodes: a.nodes,
             http: a.http,
             model: a.model,

@@ -7,6 +7,7 @@
 //!   ([`EngineWorker`]): the real transformer (`engine/transformer.rs`), the simulated engine
 //!   (`engine/sim.rs`), and the chaos filter that wraps either (`engine/chaos.rs`).
 //! - `error.rs` — [`WorkerError`]: why a step produced no tokens.
+//! - `role.rs` — [`Role`]: aggregated, prefill or decode (disaggregated serving).
 //!
 //! [`SchedulerCore`]: scheduler::SchedulerCore
 //! [`StepEngine`]: engine::StepEngine
@@ -14,6 +15,8 @@
 
 pub mod engine;
 mod error;
+pub mod role;
 pub mod scheduler;
 
 pub use error::WorkerError;
+pub use role::Role;

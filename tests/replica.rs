@@ -11,13 +11,15 @@ use crate::poll::poll_until;
 use flotilla::kv::KvPublisherMsg;
 use flotilla::model::{LoadedModel, load_model, resolve_model_path};
 use flotilla::request_plane::protocol::{
-    FinishReason, Owner, SubmitRequest, TokenEventKind, TokenSinkMsg, sink_name,
+    FinishReason, Owner, RemoteKv, SubmitRequest, TokenEventKind, TokenSinkMsg, sink_name,
 };
 use flotilla::request_plane::token_sink::{SinkRegistry, TokenSink};
 use flotilla::runtime::ids::{NodeId, RequestId, WorkerId};
 use flotilla::runtime::wire::Wire;
 use flotilla::supervisors::tree::{ReplicaParams, replica};
 use flotilla::supervisors::{Shutdown, Strategy, Supervisor, SupervisorFlags};
+use flotilla::transport::{Transport, TransportActor, TransportConfig};
+use flotilla::worker::Role;
 use flotilla::worker::engine::{EngineConfig, SamplingParams};
 use flotilla::worker::scheduler::{SchedulerConfig, SchedulerMsg, SchedulerStats};
 use ractor::{Actor, ActorRef};
@@ -66,6 +68,30 @@ impl Harness {
 
     /// As [`Harness::start`], with the owner grace (`cluster.liveness_timeout_ms`) given.
     async fn start_with_grace(name: &str, num_blocks: usize, owner_grace: Duration) -> Self {
+        Self::start_full(name, num_blocks, owner_grace, None, Role::Aggregated).await
+    }
+
+    /// A replica in `role` whose KV lives in memory registered with `transport` (run by a
+    /// transport actor named `<name>/transport`, as in a node).
+    async fn start_disagg(name: &str, role: Role) -> Self {
+        let t = Arc::new(
+            Transport::start(name, TransportConfig::default(), Default::default())
+                .await
+                .unwrap(),
+        );
+        Actor::spawn(Some(format!("{name}/transport")), TransportActor, t.clone())
+            .await
+            .unwrap();
+        Self::start_full(name, 256, Duration::from_secs(3), Some(t), role).await
+    }
+
+    async fn start_full(
+        name: &str,
+        num_blocks: usize,
+        owner_grace: Duration,
+        transport: Option<Arc<Transport>>,
+        role: Role,
+    ) -> Self {
         let node = NodeId::new(name);
         let worker = WorkerId::new(format!("{name}/replica-0"));
         let registry = SinkRegistry::default();
@@ -95,7 +121,10 @@ impl Harness {
             owner_grace,
             sim: None,
             stats: Default::default(),
-            transport: None,
+            transport,
+            role,
+            disagg: Default::default(),
+            sim_transfer: None,
         });
         let (sup, _) = Actor::spawn(spec.actor_name.clone(), Supervisor, spec)
             .await
@@ -121,8 +150,26 @@ impl Harness {
         prompt: Vec<u32>,
         max_tokens: u32,
     ) -> tokio::sync::mpsc::UnboundedReceiver<TokenEventKind> {
-        let rx = self.registry.register(RequestId(id));
-        let req = SubmitRequest {
+        self.submit_to(self, self.request(id, prompt, max_tokens))
+    }
+
+    /// Submits `req` (owned by this harness's sink) to `target`'s scheduler.
+    fn submit_to(
+        &self,
+        target: &Harness,
+        req: SubmitRequest,
+    ) -> tokio::sync::mpsc::UnboundedReceiver<TokenEventKind> {
+        let rx = self.registry.register(req.request);
+        target
+            .scheduler()
+            .cast(SchedulerMsg::Submit(Wire::encode(&req)))
+            .unwrap();
+        rx
+    }
+
+    /// A request owned by this harness's sink.
+    fn request(&self, id: u64, prompt: Vec<u32>, max_tokens: u32) -> SubmitRequest {
+        SubmitRequest {
             request: RequestId(id),
             reply_to: self.node.clone(),
             prompt,
@@ -133,11 +180,9 @@ impl Harness {
             owner_incarnation: 1,
             arrival_ms: 0,
             trace_id: None,
-        };
-        self.scheduler()
-            .cast(SchedulerMsg::Submit(Wire::encode(&req)))
-            .unwrap();
-        rx
+            hand_off: false,
+            remote_kv: None,
+        }
     }
 
     async fn stats(&self) -> SchedulerStats {
@@ -203,6 +248,7 @@ async fn collect(
             }
             TokenEventKind::Failed { message, .. } => panic!("request failed: {message}"),
             TokenEventKind::Lost { reason } => panic!("request lost: {reason}"),
+            TokenEventKind::HandOff(_) => panic!("hand-off not asked for"),
         }
     }
 }
@@ -405,4 +451,153 @@ async fn sequences_of_a_gone_owner_are_aborted_and_freed() {
     )
     .await;
     h.sup.stop_and_wait(None, None).await.unwrap();
+}
+
+/// The first token and the hand-off of a prefill-only request.
+async fn collect_hand_off(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<TokenEventKind>,
+) -> (u32, RemoteKv) {
+    let mut first = None;
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(60), rx.recv())
+            .await
+            .expect("event within 60 s")
+            .expect("stream open");
+        match ev {
+            TokenEventKind::Admitted { .. } => {}
+            TokenEventKind::Token {
+                id, finish, index, ..
+            } => {
+                assert_eq!(index, 0);
+                assert_eq!(finish, None, "the first token does not end it");
+                first = Some(id);
+            }
+            TokenEventKind::HandOff(kv) => return (first.expect("token first"), *kv),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+/// Prefill on `p` (hand-off), decode on `d` with the handed-off KV; returns every token, the
+/// decode side's cached tokens, and the hand-off (as `tamper` left it).
+async fn disaggregated(
+    p: &Harness,
+    d: &Harness,
+    id: u64,
+    prompt: &[u32],
+    max_tokens: u32,
+    tamper: impl FnOnce(&mut RemoteKv),
+) -> (Vec<u32>, u32, RemoteKv) {
+    let mut req = p.request(id, prompt.to_vec(), max_tokens);
+    req.hand_off = true;
+    let mut rx = p.submit_to(p, req);
+    let (first, mut kv) = collect_hand_off(&mut rx).await;
+    assert_eq!(kv.tokens as usize, prompt.len());
+    assert_eq!(kv.blocks.len(), prompt.len().div_ceil(16));
+    tamper(&mut kv);
+    let mut decode_prompt = prompt.to_vec();
+    decode_prompt.push(first);
+    let mut req = p.request(id + 1, decode_prompt, max_tokens - 1);
+    req.sampling.offset = 1;
+    req.remote_kv = Some(kv.clone());
+    let mut rx = p.submit_to(d, req);
+    let (rest, _, cached) = collect(&mut rx).await;
+    let mut ids = vec![first];
+    ids.extend(rest);
+    (ids, cached, kv)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disaggregated_prefill_and_decode_give_the_golden_ids_and_move_only_missing_blocks() {
+    let p = Harness::start_disagg("dis-p", Role::Prefill).await;
+    let d = Harness::start_disagg("dis-d", Role::Decode).await;
+    assert_eq!(p.stats().await.role, Role::Prefill);
+    assert_eq!(d.stats().await.role, Role::Decode);
+    let (prompt, golden_ids) = golden("long_prompt");
+    let n = golden_ids.len() as u32;
+
+    // 1. Cold: every one of the prompt's 19 blocks moves.
+    let (ids, cached, kv) = disaggregated(&p, &d, 10, &prompt, n, |_| {}).await;
+    assert_eq!(ids, golden_ids, "disaggregated = aggregated (greedy)");
+    assert_eq!(cached, 0, "nothing was cached on the decode worker");
+    assert!(kv.region.is_some(), "a real engine hands off its region");
+    let s = d.stats().await;
+    assert_eq!((s.blocks_pulled, s.pull_fallbacks), (19, 0));
+    // The decode worker confirmed: the prefill worker released its blocks.
+    poll_until(
+        Duration::from_secs(5),
+        "prefill blocks released",
+        || async {
+            let s = p.stats().await;
+            (s.held == 0 && s.kv_blocks_used == 0).then_some(())
+        },
+    )
+    .await;
+
+    // 2. Warm: the decode worker now holds the prompt's 18 full blocks; only the last,
+    //    partial one moves.
+    let (ids, cached, _) = disaggregated(&p, &d, 20, &prompt, n, |_| {}).await;
+    assert_eq!(ids, golden_ids);
+    assert_eq!(cached, 18 * 16);
+    assert_eq!(
+        d.stats().await.blocks_pulled,
+        19 + 1,
+        "only the missing block moved"
+    );
+
+    // 3. A pull that fails (the prefill worker's address is wrong) falls back to computing
+    //    the prompt on the decode worker: same tokens.
+    let (prompt2, golden2) = golden("chat_list");
+    let (ids, _, _) = disaggregated(&p, &d, 30, &prompt2, golden2.len() as u32, |kv| {
+        if let Some(r) = kv.region.as_mut() {
+            r.ucx = None;
+            r.tcp = "127.0.0.1:1".into();
+        }
+    })
+    .await;
+    assert_eq!(ids, golden2, "recomputed on the decode worker");
+    let s = d.stats().await;
+    assert_eq!(s.pull_fallbacks, 1);
+    assert_eq!((s.pulls_pending, s.kv_blocks_used), (0, 0));
+    poll_until(
+        Duration::from_secs(5),
+        "prefill blocks released",
+        || async {
+            let s = p.stats().await;
+            (s.held == 0 && s.kv_blocks_used == 0).then_some(())
+        },
+    )
+    .await;
+    p.stop().await;
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_is_released_when_its_request_is_cancelled() {
+    let p = Harness::start_disagg("dis-q", Role::Prefill).await;
+    let (prompt, _) = golden("chat_list");
+    let mut req = p.request(40, prompt.clone(), 8);
+    req.hand_off = true;
+    let mut rx = p.submit_to(&p, req);
+    let (_, kv) = collect_hand_off(&mut rx).await;
+    let s = p.stats().await;
+    assert_eq!(s.held, 1);
+    assert!(s.kv_blocks_used >= kv.blocks.len());
+    // The gateway's Request cancels (the client left): the hold ends at once.
+    p.scheduler()
+        .cast(SchedulerMsg::Cancel(Wire::encode(&(
+            p.node.clone(),
+            RequestId(40),
+        ))))
+        .unwrap();
+    poll_until(
+        Duration::from_secs(5),
+        "hold released on cancel",
+        || async {
+            let s = p.stats().await;
+            (s.held == 0 && s.kv_blocks_used == 0).then_some(())
+        },
+    )
+    .await;
+    p.stop().await;
 }

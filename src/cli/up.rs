@@ -9,6 +9,8 @@
 //! nodes are stopped and `up` returns an error naming the node. After start-up, a node that
 //! dies (crash, chaos `kill_node`) is started again under its name and joins the others; one
 //! that stops cleanly is left stopped.
+//! `--prefill N --decode M` starts N prefill and M decode worker nodes (`worker.role`; see
+//! `worker/role.rs`) instead of aggregated ones: a disaggregated cluster.
 //! On Ctrl-C / SIGTERM each child gets SIGTERM — each node drains (see `node::drain`) — and is
 //! given `STOP_GRACE` to stop in order, then SIGKILL; `up` exits 0 with no child left behind.
 
@@ -48,6 +50,9 @@ pub struct UpOptions {
     pub restart: bool,
     /// Most restarts of one node within [`RESPAWN_WINDOW`]; one more and it stays down.
     pub max_restarts: usize,
+    /// `worker.role` of each worker node (node 1, 2, …), for a disaggregated cluster
+    /// (`--prefill N --decode M`); empty: every node keeps its configured role.
+    pub worker_roles: Vec<crate::worker::Role>,
 }
 
 struct NodeProc {
@@ -107,6 +112,10 @@ impl Launch {
             .arg("--roles")
             .arg(roles)
             .env("FLOTILLA_NODE__COOKIE", &self.cookie);
+        if let Some(role) = i.checked_sub(1).and_then(|k| opts.worker_roles.get(k)) {
+            // Disaggregated: this worker node's role (a `--set worker.role=…` still wins).
+            cmd.env("FLOTILLA_WORKER__ROLE", role.as_str());
+        }
         if let Some(p) = self.transport_ports.get(i) {
             // The KV transport's TCP server (a `--set transport.tcp_bind=…` still wins).
             cmd.env("FLOTILLA_TRANSPORT__TCP_BIND", format!("127.0.0.1:{p}"));

@@ -223,6 +223,11 @@ async fn fill_worker_stats(workers: &mut [WorkerView]) {
             w.kv_blocks_used = st.kv_blocks_used;
             w.kv_blocks_total = st.kv_blocks_total;
             w.health = st.health.to_string();
+            w.role = st.role.to_string();
+            w.kv_held = st.held;
+            w.kv_pulls_pending = st.pulls_pending;
+            w.kv_blocks_pulled = st.blocks_pulled;
+            w.kv_pull_fallbacks = st.pull_fallbacks;
         }
     }
 }

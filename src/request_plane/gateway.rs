@@ -15,6 +15,7 @@ pub mod edge;
 pub mod frontend;
 pub mod routes;
 pub mod serve;
+pub mod worker_routes;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use routes::GatewayShared;

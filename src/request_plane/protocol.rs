@@ -3,7 +3,8 @@
 //! these types; the workers know this module, not the door.
 //!
 //! - [`SubmitRequest`] — a gateway's Request actor hands one attempt to a worker's scheduler.
-//! - [`RouteRequest`] — a Request actor asks a Router for a placement.
+//! - [`RouteRequest`] / [`Placement`] — a Request actor asks a Router for a placement.
+//! - [`RemoteKv`] — a prefill worker's KV, handed off to a decode worker (disaggregated).
 //! - [`TokenEvent`] / [`TokenEventKind`] / [`FinishReason`] — what happened to a request on its
 //!   worker, batched per owner in a [`Delivery`] and sent as one [`TokenSinkMsg::Deliver`]
 //!   per engine step.
@@ -60,6 +61,35 @@ pub struct SubmitRequest {
     /// The HTTP request's `x-request-id`, for this worker's log lines about the sequence.
     #[serde(default)]
     pub trace_id: Option<String>,
+    /// Disaggregated prefill: compute the prompt's KV, sample the first token, then hand
+    /// the sequence off ([`TokenEventKind::HandOff`]) and hold its blocks for a decode worker
+    /// to pull, until it confirms (a `Cancel` of this request) or `disagg.hold_ms` passes.
+    #[serde(default)]
+    pub hand_off: bool,
+    /// Disaggregated decode: the KV of the prompt's first [`RemoteKv::tokens`] tokens is held
+    /// by a prefill worker; pull what is not cached here, then decode. The prompt ends with
+    /// the first token that worker sampled.
+    #[serde(default)]
+    pub remote_kv: Option<RemoteKv>,
+}
+
+/// KV a prefill worker holds for a decode worker to pull (disaggregated serving).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RemoteKv {
+    /// The prefill worker.
+    pub worker: WorkerId,
+    /// The prefill attempt's request id there (its node is the submitting gateway): the
+    /// decode worker confirms with a `Cancel` of it, which unpins the blocks.
+    pub request: RequestId,
+    /// The prefill worker's KV region (`None` on a simulated engine: no memory to read).
+    pub region: Option<crate::transport::RegionDescriptor>,
+    /// Its blocks holding the prompt's KV, in order (`ceil(tokens / block_size)`).
+    pub blocks: Vec<u32>,
+    /// Prompt tokens whose KV the blocks hold.
+    pub tokens: u32,
+    /// Until when the prefill worker keeps the blocks pinned (ms since the Unix epoch, its
+    /// clock): a pull must be over before then, or the decode worker recomputes.
+    pub held_until_ms: u64,
 }
 
 impl SubmitRequest {
@@ -87,6 +117,20 @@ pub struct RouteRequest {
     /// Workers that already failed this request: not chosen unless no other is live.
     #[serde(default)]
     pub avoid: Vec<WorkerId>,
+    /// The router may send the prompt to a prefill worker ([`Placement::hand_off`]); false
+    /// for a decode attempt that carries remote KV.
+    #[serde(default)]
+    pub remote_prefill: bool,
+}
+
+/// A router's answer: where to submit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// The worker.
+    pub worker: WorkerId,
+    /// Disaggregated: `worker` is a prefill worker; submit with [`SubmitRequest::hand_off`]
+    /// and place the decode attempt when it hands off.
+    pub hand_off: bool,
 }
 
 /// Process group of every TokenSink.
@@ -201,6 +245,10 @@ pub enum TokenEventKind {
         /// Why, for logs.
         reason: String,
     },
+    /// Disaggregated prefill done (after the first token's `Token` event): the prompt's KV
+    /// waits, pinned, for a decode worker to pull it. Consumed by the gateway's Request,
+    /// which places the decode attempt with it.
+    HandOff(Box<RemoteKv>),
     /// The request cannot be served (it will receive nothing more).
     Failed {
         /// Client-safe description.

@@ -38,7 +38,7 @@ pub mod migration;
 
 use crate::kv::block_hashes;
 use crate::request_plane::error::RequestError;
-use crate::request_plane::protocol::{RouteRequest, SubmitRequest, TokenEventKind};
+use crate::request_plane::protocol::{RemoteKv, RouteRequest, SubmitRequest, TokenEventKind};
 use crate::request_plane::router::policy::Policy;
 use crate::request_plane::router::{RouterMsg, find_router};
 use crate::request_plane::token_sink::SinkRegistry;
@@ -130,6 +130,8 @@ struct Attempt {
     received: u32,
     /// When the last event of this attempt arrived (ms since the Unix epoch).
     last_event_ms: Arc<AtomicU64>,
+    /// A prefill-only attempt (disaggregated): it ends with a hand-off.
+    hand_off: bool,
 }
 
 /// Request state.
@@ -142,6 +144,13 @@ pub struct RequestState {
     admitted_sent: bool,
     done: bool,
     last_token_at: Option<Instant>,
+    /// Attempts placed so far (the first one uses the job's request id).
+    attempts: u32,
+    /// KV handed off by a prefill worker, for the next (decode) attempt to pull.
+    pending_kv: Option<RemoteKv>,
+    /// The prefill worker holding this request's KV, and its request id there: released
+    /// (a `Cancel`) when the request ends or its decode attempt is given up.
+    held: Option<(WorkerId, RequestId)>,
 }
 
 fn scheduler_of(worker: &WorkerId) -> Option<ActorRef<SchedulerMsg>> {
@@ -157,6 +166,18 @@ impl RequestState {
     fn fail(&mut self, error: RequestError) {
         let _ = self.args.events.send(error.to_event());
         self.done = true;
+        self.release_held();
+    }
+
+    /// Tells the prefill worker holding this request's KV to release it (idempotent there:
+    /// the decode worker confirms the same way once its pull is over).
+    fn release_held(&mut self) {
+        self.pending_kv = None;
+        if let Some((worker, id)) = self.held.take()
+            && let Some(s) = scheduler_of(&worker)
+        {
+            let _ = s.cast(SchedulerMsg::Cancel(Wire::encode(&(self.node(), id))));
+        }
     }
 
     /// End the current attempt: cancel it at its scheduler (if `cancel`), release the
@@ -168,6 +189,9 @@ impl RequestState {
         let key = (self.node(), a.id);
         if cancel && let Some(s) = scheduler_of(&a.worker) {
             let _ = s.cast(SchedulerMsg::Cancel(Wire::encode(&key)));
+        }
+        if cancel {
+            self.release_held();
         }
         if let Some(r) = find_router() {
             let _ = r.cast(RouterMsg::Release(Wire::encode(&key)));
@@ -190,12 +214,13 @@ impl RequestState {
 
     /// Place a new attempt and start listening for its events and its worker's presence.
     async fn place(&mut self, myself: &ActorRef<RequestMsg>) -> Result<(), RequestError> {
-        let id = if self.migration.total() == 0 {
+        let id = if self.attempts == 0 {
             self.args.job.request
         } else {
             RequestId(self.args.ids.fetch_add(1, Ordering::Relaxed))
         };
-        let job = self.next_job(id);
+        self.attempts += 1;
+        let mut job = self.next_job(id);
         let router = find_router().ok_or(RequestError::NoRouter)?;
         let req = RouteRequest {
             node: job.reply_to.clone(),
@@ -207,6 +232,7 @@ impl RequestState {
                 .collect(),
             policy: self.args.policy,
             avoid: self.migration.avoid().to_vec(),
+            remote_prefill: self.pending_kv.is_none(),
         };
         let pick = ractor::call_t!(
             router,
@@ -217,7 +243,13 @@ impl RequestState {
         .map_err(|_| RequestError::RouterTimeout)?
         .decode()
         .map_err(|_| RequestError::RouterReply)?;
-        let worker = pick.ok_or(RequestError::NoWorkers)?;
+        let pick = pick.ok_or(RequestError::NoWorkers)?;
+        let worker = pick.worker;
+        if pick.hand_off {
+            job.hand_off = true;
+        } else if let Some(kv) = self.pending_kv.take() {
+            job.remote_kv = Some(kv);
+        }
         let release = || {
             let _ = router.cast(RouterMsg::Release(Wire::encode(&(
                 job.reply_to.clone(),
@@ -264,6 +296,7 @@ impl RequestState {
             admitted: false,
             received: 0,
             last_event_ms,
+            hand_off: job.hand_off,
         });
         Ok(())
     }
@@ -369,6 +402,18 @@ impl RequestState {
         }
         match ev {
             TokenEventKind::Lost { reason } => return self.migrate(myself, &reason).await,
+            TokenEventKind::HandOff(kv) => {
+                if !self.attempt.as_ref().is_some_and(|a| a.hand_off) {
+                    return true; // not asked for: ignored
+                }
+                // The prefill worker computed the prompt and sent the first token (passed on
+                // already); place the decode attempt, which pulls the KV it holds.
+                tracing::debug!(request = %self.args.job.request, prefill = %kv.worker, tokens = kv.tokens, "prefill handed off");
+                self.held = Some((kv.worker.clone(), kv.request));
+                self.pending_kv = Some(*kv);
+                self.end_attempt(false);
+                return self.place_or_retry(myself).await;
+            }
             TokenEventKind::Admitted { .. } if self.admitted_sent => return true,
             TokenEventKind::Admitted { .. } => self.admitted_sent = true,
             TokenEventKind::Token { id, .. } => {
@@ -409,6 +454,7 @@ impl RequestState {
         }
         if last {
             self.end_attempt(false);
+            self.release_held();
             self.done = true;
             return false;
         }
@@ -469,6 +515,9 @@ impl Actor for Request {
             admitted_sent: false,
             done: false,
             last_token_at: None,
+            attempts: 0,
+            pending_kv: None,
+            held: None,
         })
     }
 

@@ -26,6 +26,18 @@
 //! gone, and a restarted replica starts from an empty cache. Placements never released (a
 //! gateway that died) expire after [`LEASE_TTL_MS`].
 //!
+//! # Disaggregation
+//! Replicas have a [`Role`] (their schedulers join the role's process group). Whole requests
+//! go to aggregated and decode workers (prefill workers only when no other is routable). When
+//! the Request allows it ([`RouteRequest::remote_prefill`]), the chosen worker is a decode
+//! worker, and the part of the prompt it does not hold is at least
+//! `disagg.min_prefill_tokens`, the prompt goes to a prefill worker instead, chosen by the
+//! same policy among the prefill workers (on their own prefix overlap), unless that worker
+//! already has more than `disagg.max_prefill_queue_tokens` prompt tokens queued (Dynamo's
+//! conditional disaggregation). The answer ([`Placement::hand_off`]) tells the Request to
+//! submit a prefill-only attempt; the decode attempt that follows is routed again, without
+//! remote prefill, and pulls the KV.
+//!
 //! # Injected
 //! The Router reads time from a [`Clock`] and the workers it may choose from a
 //! [`WorkerSource`] ([`RouterArgs`]): in a node these are the system clock and the process
@@ -39,10 +51,12 @@ pub mod policy;
 use crate::kv::{
     KV_EVENTS_GROUP, KV_PUBLISHER_GROUP, KvEvent, KvEventsMsg, KvPublisherMsg, KvSnapshot,
 };
-use crate::request_plane::protocol::RouteRequest;
+use crate::request_plane::protocol::{Placement, RouteRequest};
 use crate::runtime::clock::{Instant, SharedClock};
 use crate::runtime::ids::{EventId, NodeId, RequestId, WorkerId};
 use crate::runtime::wire::Wire;
+use crate::worker::Role;
+use crate::worker::role::role_group;
 use crate::worker::scheduler::{ROUTABLE_GROUP, SCHEDULER_GROUP};
 use index::{ApplyOutcome, PrefixIndex};
 use load::{ActiveLoad, RequestKey};
@@ -66,7 +80,7 @@ pub const RESYNC_RETRY_MS: u64 = 2_000;
 pub enum RouterMsg {
     /// Pick a worker (call); `None` when no worker is live.
     #[rpc]
-    Route(Wire<RouteRequest>, RpcReplyPort<Wire<Option<WorkerId>>>),
+    Route(Wire<RouteRequest>, RpcReplyPort<Wire<Option<Placement>>>),
     /// The request's first token arrived: its prompt is no longer waiting for prefill (cast).
     FirstToken(Wire<(NodeId, RequestId)>),
     /// The request ended (cast).
@@ -89,6 +103,12 @@ pub trait WorkerSource: Send + Sync + 'static {
     fn routable(&self) -> Vec<WorkerId>;
     /// Workers whose scheduler is alive (routable or not); the others are purged.
     fn alive(&self) -> Vec<WorkerId>;
+    /// Workers in `role` (prefill or decode; aggregated workers are in neither), routable
+    /// or not.
+    fn in_role(&self, role: Role) -> Vec<WorkerId> {
+        let _ = role;
+        Vec::new()
+    }
 }
 
 /// The workers of the cluster, read from the schedulers' process groups.
@@ -103,6 +123,29 @@ impl WorkerSource for ProcessGroups {
     fn alive(&self) -> Vec<WorkerId> {
         workers_in(SCHEDULER_GROUP)
     }
+
+    fn in_role(&self, role: Role) -> Vec<WorkerId> {
+        role_group(role).map(workers_in).unwrap_or_default()
+    }
+}
+
+/// When the router sends a request to a prefill worker first (`disagg.*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DisaggRouting {
+    /// Uncached prompt tokens on the chosen decode worker from which the prompt is prefilled
+    /// remotely; 0 = never.
+    pub min_prefill_tokens: u32,
+    /// … while the chosen prefill worker has at most this many prompt tokens queued.
+    pub max_prefill_queue_tokens: u64,
+}
+
+impl Default for DisaggRouting {
+    fn default() -> Self {
+        Self {
+            min_prefill_tokens: 512,
+            max_prefill_queue_tokens: 16_384,
+        }
+    }
 }
 
 /// What a Router starts with.
@@ -114,6 +157,8 @@ pub struct RouterArgs {
     pub clock: SharedClock,
     /// The workers it may choose.
     pub workers: Arc<dyn WorkerSource>,
+    /// Conditional disaggregation.
+    pub disagg: DisaggRouting,
 }
 
 impl RouterArgs {
@@ -123,6 +168,7 @@ impl RouterArgs {
             config,
             clock: crate::runtime::clock::system(),
             workers: Arc::new(ProcessGroups),
+            disagg: DisaggRouting::default(),
         }
     }
 }
@@ -140,6 +186,7 @@ pub struct RouterState {
     /// Time zero of the router's millisecond timestamps.
     epoch: Instant,
     workers: Arc<dyn WorkerSource>,
+    disagg: DisaggRouting,
 }
 
 /// Workers a router may choose: members of the routable schedulers' group (alive, healthy,
@@ -193,6 +240,7 @@ impl RouterState {
             epoch: args.clock.now(),
             clock: args.clock,
             workers: args.workers,
+            disagg: args.disagg,
         })
     }
 
@@ -217,22 +265,50 @@ impl RouterState {
         Ok(())
     }
 
+    /// Places a request (see the module doc, "Disaggregation").
     fn route(
         &mut self,
         req: RouteRequest,
         now: u64,
-    ) -> Result<Option<WorkerId>, ActorProcessingErr> {
-        let key = RequestKey::new(req.node, req.request);
-        let live = prefer_not(self.workers.routable(), &req.avoid);
-        if let Some(w) = self.load.worker_of(&key).filter(|w| live.contains(w)) {
-            return Ok(Some(w.clone()));
+    ) -> Result<Option<Placement>, ActorProcessingErr> {
+        let key = RequestKey::new(req.node.clone(), req.request);
+        let routable = self.workers.routable();
+        let prefill_pool: Vec<WorkerId> = {
+            let prefill = self.workers.in_role(Role::Prefill);
+            routable
+                .iter()
+                .filter(|w| prefill.contains(w))
+                .cloned()
+                .collect()
+        };
+        // Whole requests go to aggregated and decode workers; prefill workers take them only
+        // when no other worker is routable.
+        let serving: Vec<WorkerId> = routable
+            .iter()
+            .filter(|w| !prefill_pool.contains(w))
+            .cloned()
+            .collect();
+        let serving = if serving.is_empty() {
+            routable
+        } else {
+            serving
+        };
+        let live = prefer_not(serving, &req.avoid);
+        if let Some(w) = self.load.worker_of(&key) {
+            let hand_off = req.remote_prefill && prefill_pool.contains(w) && !live.contains(w);
+            if live.contains(w) || hand_off {
+                return Ok(Some(Placement {
+                    worker: w.clone(),
+                    hand_off,
+                }));
+            }
         }
         let policy = req.policy.unwrap_or(self.config.policy);
         self.ensure_selector(policy)?;
         let Some(selector) = self.selectors.get_mut(&policy) else {
             return Ok(None);
         };
-        let Some(d) = selector.select(
+        let Some(mut d) = selector.select(
             &live,
             &req.seq_hashes,
             req.prompt_tokens,
@@ -241,16 +317,46 @@ impl RouterState {
         ) else {
             return Ok(None);
         };
+        // Conditional disaggregation (Dynamo's rule): a decode worker that would prefill at
+        // least `min_prefill_tokens` of the prompt itself hands the prefill to the prefill
+        // worker the same cost picks, unless that one's queue is already long.
+        let mut hand_off = false;
+        let min = self.disagg.min_prefill_tokens;
+        if req.remote_prefill
+            && min > 0
+            && d.uncached_tokens >= min
+            && !prefill_pool.is_empty()
+            && self.workers.in_role(Role::Decode).contains(&d.worker)
+        {
+            let pool = prefer_not(prefill_pool, &req.avoid);
+            if let Some(p) = selector.select(
+                &pool,
+                &req.seq_hashes,
+                req.prompt_tokens,
+                &self.index,
+                &self.load,
+            ) && self.load.prefill_tokens(&p.worker) <= self.disagg.max_prefill_queue_tokens
+            {
+                d = p;
+                hand_off = true;
+            } else {
+                metrics::counter!("flotilla_router_local_prefills_total", "why" => "prefill_queue")
+                    .increment(1);
+            }
+        }
         self.load
             .on_routed(key, &d.worker, d.uncached_tokens, d.request_blocks, now);
         let w = d.worker.to_string();
-        metrics::counter!("flotilla_router_placements_total", "worker" => w.clone(), "policy" => d.policy.as_str())
+        metrics::counter!("flotilla_router_placements_total", "worker" => w.clone(), "policy" => d.policy.as_str(), "hand_off" => if hand_off { "true" } else { "false" })
             .increment(1);
         metrics::counter!("flotilla_router_prompt_blocks_total")
             .increment(u64::from(d.request_blocks));
         metrics::counter!("flotilla_router_overlap_blocks_total")
             .increment(u64::from(d.overlap_blocks));
-        Ok(Some(d.worker))
+        Ok(Some(Placement {
+            worker: d.worker,
+            hand_off,
+        }))
     }
 
     fn on_events(&mut self, events: Vec<KvEvent>, myself: &ActorRef<RouterMsg>, now: u64) {
@@ -472,6 +578,8 @@ mod tests {
     struct Fixed {
         routable: Mutex<Vec<WorkerId>>,
         alive: Mutex<Vec<WorkerId>>,
+        prefill: Mutex<Vec<WorkerId>>,
+        decode: Mutex<Vec<WorkerId>>,
     }
 
     impl Fixed {
@@ -488,6 +596,13 @@ mod tests {
         fn alive(&self) -> Vec<WorkerId> {
             self.alive.lock().unwrap().clone()
         }
+        fn in_role(&self, role: Role) -> Vec<WorkerId> {
+            match role {
+                Role::Prefill => self.prefill.lock().unwrap().clone(),
+                Role::Decode => self.decode.lock().unwrap().clone(),
+                Role::Aggregated => vec![],
+            }
+        }
     }
 
     fn router(policy: Policy) -> (RouterState, ManualClock, Arc<Fixed>) {
@@ -500,6 +615,7 @@ mod tests {
             },
             clock: Arc::new(clock.clone()),
             workers: workers.clone(),
+            disagg: DisaggRouting::default(),
         })
         .unwrap();
         (state, clock, workers)
@@ -513,6 +629,7 @@ mod tests {
             seq_hashes: vec![],
             policy: None,
             avoid: vec![],
+            remote_prefill: false,
         }
     }
 
@@ -528,15 +645,21 @@ mod tests {
         let (mut r, _, workers) = router(Policy::RoundRobin);
         workers.set(&["a", "b"], &["a", "b"]);
         let now = r.now_ms();
-        let first = r.route(req(1), now).unwrap().unwrap();
+        let first = r.route(req(1), now).unwrap().unwrap().worker;
         for _ in 0..3 {
-            assert_eq!(r.route(req(1), now).unwrap(), Some(first.clone()));
+            assert_eq!(
+                r.route(req(1), now).unwrap().map(|p| p.worker),
+                Some(first.clone())
+            );
         }
         assert_eq!(r.load.len(), 1);
         // Its worker leaves routing: the request is placed elsewhere.
         let other = if first.as_str() == "a" { "b" } else { "a" };
         workers.set(&[other], &["a", "b"]);
-        assert_eq!(r.route(req(1), now).unwrap(), Some(WorkerId::new(other)));
+        assert_eq!(
+            r.route(req(1), now).unwrap().map(|p| p.worker),
+            Some(WorkerId::new(other))
+        );
         assert_eq!(r.load.len(), 1, "moved, not duplicated");
     }
 
@@ -587,5 +710,85 @@ mod tests {
             "the only one left"
         );
         assert_eq!(prefer_not(vec![], &ws(&["a"])), ws(&[]));
+    }
+
+    /// Workers p (prefill), d (decode), a (aggregated); min_prefill_tokens 64.
+    fn disagg_router() -> (RouterState, Arc<Fixed>) {
+        let (mut r, _, workers) = router(Policy::Kv);
+        r.disagg = DisaggRouting {
+            min_prefill_tokens: 64,
+            max_prefill_queue_tokens: 200,
+        };
+        workers.set(&["p", "d"], &["p", "d"]);
+        *workers.prefill.lock().unwrap() = ws(&["p"]);
+        *workers.decode.lock().unwrap() = ws(&["d"]);
+        (r, workers)
+    }
+
+    fn long(n: u64, tokens: u32) -> RouteRequest {
+        RouteRequest {
+            prompt_tokens: tokens,
+            remote_prefill: true,
+            ..req(n)
+        }
+    }
+
+    #[test]
+    fn a_long_uncached_prompt_goes_to_a_prefill_worker_first() {
+        let (mut r, _) = disagg_router();
+        let now = r.now_ms();
+        let p = r.route(long(1, 100), now).unwrap().unwrap();
+        assert_eq!(p.worker, WorkerId::new("p"));
+        assert!(p.hand_off);
+        assert_eq!(
+            r.load.prefill_tokens(&WorkerId::new("p")),
+            100,
+            "booked on p"
+        );
+        // Short prompts prefill on the decode worker.
+        let p = r.route(long(2, 63), now).unwrap().unwrap();
+        assert_eq!((p.worker.as_str(), p.hand_off), ("d", false));
+        // The decode attempt of a hand-off never goes back to a prefill worker.
+        let mut decode = long(3, 100);
+        decode.remote_prefill = false;
+        let p = r.route(decode, now).unwrap().unwrap();
+        assert_eq!((p.worker.as_str(), p.hand_off), ("d", false));
+    }
+
+    #[test]
+    fn a_long_prefill_queue_keeps_the_prefill_on_the_decode_worker() {
+        let (mut r, _) = disagg_router();
+        let now = r.now_ms();
+        assert!(r.route(long(1, 150), now).unwrap().unwrap().hand_off);
+        // The rule reads p's queue before booking the request: 150 <= 200 still hands off;
+        // with 250 queued the decode worker prefills itself.
+        assert!(r.route(long(2, 100), now).unwrap().unwrap().hand_off);
+        let p = r.route(long(3, 100), now).unwrap().unwrap();
+        assert_eq!((p.worker.as_str(), p.hand_off), ("d", false));
+    }
+
+    #[test]
+    fn aggregated_workers_prefill_themselves_and_prefill_workers_serve_when_alone() {
+        let (mut r, workers) = disagg_router();
+        workers.set(&["p", "a"], &["p", "a"]);
+        let now = r.now_ms();
+        let p = r.route(long(1, 500), now).unwrap().unwrap();
+        assert_eq!((p.worker.as_str(), p.hand_off), ("a", false));
+        // Only the prefill worker is left: it serves whole requests.
+        workers.set(&["p"], &["p"]);
+        let p = r.route(long(2, 500), now).unwrap().unwrap();
+        assert_eq!((p.worker.as_str(), p.hand_off), ("p", false));
+        // No prefill worker: decode workers prefill everything.
+        workers.set(&["d"], &["d"]);
+        let p = r.route(long(3, 500), now).unwrap().unwrap();
+        assert_eq!((p.worker.as_str(), p.hand_off), ("d", false));
+    }
+
+    #[test]
+    fn disaggregation_off_never_hands_off() {
+        let (mut r, _) = disagg_router();
+        r.disagg.min_prefill_tokens = 0;
+        let p = r.route(long(1, 5000), r.now_ms()).unwrap().unwrap();
+        assert_eq!((p.worker.as_str(), p.hand_off), ("d", false));
     }
 }

@@ -84,6 +84,41 @@ pub struct Config {
     pub transport: crate::transport::TransportConfig,
     /// Batch forming on each replica, beyond `worker`'s limits.
     pub scheduler: SchedulerSection,
+    /// Disaggregated prefill and decode (used when some replicas have `worker.role` prefill
+    /// or decode).
+    pub disagg: DisaggConfig,
+}
+
+/// Disaggregated prefill and decode: when a request goes to a prefill worker first, and how
+/// long its KV waits there.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct DisaggConfig {
+    /// A request placed on a decode worker is prefilled remotely when the part of its prompt
+    /// that worker does not hold is at least this long (tokens); shorter ones prefill there
+    /// (Dynamo's conditional disaggregation, its `max_local_prefill_length`). 0 = never remote.
+    /// Default 512: on the project's 2-core VM a 512-token prefill takes about 1.4 s on the
+    /// CPU engine, the cost a running decode stream is spared.
+    pub min_prefill_tokens: u32,
+    /// … and only while the chosen prefill worker has at most this many prompt tokens queued
+    /// for prefill (the router's active load); above it the decode worker prefills itself.
+    pub max_prefill_queue_tokens: u64,
+    /// A prefill worker keeps handed-off blocks pinned this long at most without the decode
+    /// worker's confirmation (ms).
+    pub hold_ms: u64,
+    /// A decode worker's pull gives up after this long and recomputes the prompt (ms).
+    pub transfer_timeout_ms: u64,
+}
+
+impl Default for DisaggConfig {
+    fn default() -> Self {
+        Self {
+            min_prefill_tokens: 512,
+            max_prefill_queue_tokens: 16_384,
+            hold_ms: 30_000,
+            transfer_timeout_ms: 10_000,
+        }
+    }
 }
 
 /// Batch forming on each replica (the batch limits themselves are in `worker`).
@@ -372,6 +407,17 @@ pub struct WorkerConfig {
     pub sim_profile: Option<std::path::PathBuf>,
     /// The sim engine's step times are divided by this.
     pub sim_speedup: f64,
+    /// The replicas' role in disaggregated serving: `aggregated`, `prefill` or `decode`
+    /// (`worker/role.rs`).
+    pub role: crate::worker::Role,
+    /// Sim engine: the modelled KV transfer between nodes, GB/s (default 25, a 200 Gb/s
+    /// RDMA link).
+    pub sim_transfer_gbps: f64,
+    /// Sim engine: fixed cost of one KV pull (µs).
+    pub sim_transfer_latency_us: u64,
+    /// Sim engine: KV bytes per token (default 131072: Llama-3-8B in fp16, 32 layers × K,V ×
+    /// 8 KV heads × 128 × 2 bytes, the model of the built-in H100 profile).
+    pub sim_kv_bytes_per_token: u64,
 }
 
 /// Which engine a replica runs.
@@ -400,6 +446,10 @@ impl Default for WorkerConfig {
             engine: EngineKind::Cpu,
             sim_profile: None,
             sim_speedup: 1.0,
+            role: crate::worker::Role::Aggregated,
+            sim_transfer_gbps: 25.0,
+            sim_transfer_latency_us: 50,
+            sim_kv_bytes_per_token: 131_072,
         }
     }
 }
@@ -506,6 +556,21 @@ impl Config {
         }
         if self.node.roles.is_empty() {
             return Err(invalid("node.roles", "at least one role is required"));
+        }
+        if !(self.worker.sim_transfer_gbps.is_finite() && self.worker.sim_transfer_gbps > 0.0) {
+            return Err(invalid("worker.sim_transfer_gbps", "must be > 0"));
+        }
+        if self.disagg.transfer_timeout_ms == 0 {
+            return Err(invalid("disagg.transfer_timeout_ms", "must be at least 1"));
+        }
+        if self.disagg.hold_ms <= self.disagg.transfer_timeout_ms {
+            return Err(invalid(
+                "disagg.hold_ms",
+                format!(
+                    "must exceed disagg.transfer_timeout_ms ({} <= {}): a pull must end before the hold",
+                    self.disagg.hold_ms, self.disagg.transfer_timeout_ms
+                ),
+            ));
         }
         if self.node.roles.contains(&Role::Planner) {
             return Err(invalid(

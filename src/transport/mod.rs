@@ -326,7 +326,12 @@ impl Transport {
         &self.config
     }
 
-    /// Pulls not finished yet.
+    /// The node this transport belongs to (its actor is `<node>/transport`).
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Pulls not finished.
     pub fn pending(&self) -> usize {
         self.pending.load(Ordering::Relaxed)
     }
@@ -511,22 +516,25 @@ impl Transport {
         out
     }
 
-    async fn pull_inner(&self, req: &PullRequest) -> Result<PullStats, TransportError> {
-        let start = Instant::now();
+    /// [`TransportError::Stale`] when a newer epoch of `id`'s owner is known.
+    fn check_fresh(&self, id: &RegionId) -> Result<(), TransportError> {
         let newest = self
             .newest
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&req.from.id.owner)
+            .get(&id.owner)
             .copied();
-        if let Some(n) = newest
-            && n > req.from.id.epoch
-        {
-            return Err(TransportError::Stale(format!(
-                "{} is older than epoch {n} of its owner",
-                req.from.id
-            )));
+        match newest {
+            Some(n) if n > id.epoch => Err(TransportError::Stale(format!(
+                "{id} is older than epoch {n} of its owner"
+            ))),
+            _ => Ok(()),
         }
+    }
+
+    async fn pull_inner(&self, req: &PullRequest) -> Result<PullStats, TransportError> {
+        let start = Instant::now();
+        self.check_fresh(&req.from.id)?;
         self.note_epoch(&req.from.id);
         let (local_layout, local) = {
             let regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
@@ -544,6 +552,8 @@ impl Transport {
                 tokio::time::timeout_at(deadline, tokio::time::sleep(d))
                     .await
                     .map_err(|_| TransportError::Timeout)?;
+                // The owner may have restarted meanwhile (its new epoch heard).
+                self.check_fresh(&req.from.id)?;
             }
             TransferVerdict::Drop(why) => return Err(TransportError::Injected(why)),
         }

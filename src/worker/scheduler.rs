@@ -68,8 +68,8 @@ mod watchdog;
 mod tests;
 
 pub use batch::{
-    FinishReason, ScheduledBatch, ScheduledSeq, SchedulerConfig, SchedulerCore, SchedulerError,
-    SeqRequest, SeqUpdate,
+    FinishReason, HandedOff, PullOrder, ScheduledBatch, ScheduledSeq, SchedulerConfig,
+    SchedulerCore, SchedulerError, SeqRequest, SeqUpdate,
 };
 pub use fill::{FILL_SEQ, FillChange, KvFill};
 pub use outbox::Outbox;
@@ -85,12 +85,13 @@ pub use crate::kv::BlockPool;
 
 use crate::kv::KvEvent;
 use crate::request_plane::protocol::{
-    self, Delivery, Owner, SubmitRequest, TokenEvent, TokenEventKind,
+    self, Delivery, Owner, RemoteKv, SubmitRequest, TokenEvent, TokenEventKind,
 };
 use crate::runtime::ids::{NodeId, RequestId, SeqId, WorkerId};
 use crate::runtime::wire::Wire;
 use crate::worker::WorkerError;
 use crate::worker::engine::{EngineWorkerMsg, SamplingParams, StepBatch, StepOutput, StepSeq};
+use crate::worker::role::{Role, role_group};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
 use serde::{Deserialize, Serialize};
@@ -145,6 +146,74 @@ pub struct SchedulerStats {
     /// Ready, draining or unhealthy.
     #[serde(default)]
     pub health: Health,
+    /// Aggregated, prefill or decode.
+    #[serde(default)]
+    pub role: Role,
+    /// Disaggregated prefill: sequences handed off whose blocks are held for a pull.
+    #[serde(default)]
+    pub held: usize,
+    /// Disaggregated decode: KV pulls in flight.
+    #[serde(default)]
+    pub pulls_pending: usize,
+    /// KV blocks pulled from prefill workers since start.
+    #[serde(default)]
+    pub blocks_pulled: u64,
+    /// Pulls that failed (the prompt was recomputed here) since start.
+    #[serde(default)]
+    pub pull_fallbacks: u64,
+}
+
+/// How a pull of remote KV ended (local message payload).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PullResult {
+    /// The sequence.
+    pub seq: SeqId,
+    /// Blocks moved, or why not.
+    pub outcome: Result<usize, String>,
+}
+
+/// Disaggregation settings of a replica (`disagg.*`).
+#[derive(Clone, Copy, Debug)]
+pub struct DisaggWorker {
+    /// How long a prefill worker holds handed-off blocks without a confirmation.
+    pub hold: std::time::Duration,
+    /// How long a decode worker's pull may take.
+    pub transfer_timeout: std::time::Duration,
+    /// A decode worker gives up a pull this long before the prefill worker's hold ends.
+    pub hold_margin: std::time::Duration,
+}
+
+impl Default for DisaggWorker {
+    fn default() -> Self {
+        Self {
+            hold: std::time::Duration::from_secs(30),
+            transfer_timeout: std::time::Duration::from_secs(10),
+            hold_margin: std::time::Duration::from_secs(2),
+        }
+    }
+}
+
+/// Modelled KV transfer of the simulated engine: no memory moves, the pull takes
+/// `latency + bytes / bandwidth` (divided by the sim speed-up).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SimTransfer {
+    /// KV bytes per token (all layers, K and V).
+    pub bytes_per_token: u64,
+    /// Link bandwidth, GB/s (10^9 bytes per second).
+    pub gbps: f64,
+    /// Fixed cost per pull.
+    pub latency: std::time::Duration,
+    /// The sim engine's speed-up (`worker.sim_speedup`).
+    pub speedup: f64,
+}
+
+impl SimTransfer {
+    /// Modelled time of a pull of `blocks` blocks of `block_size` tokens.
+    pub fn time(&self, blocks: usize, block_size: usize) -> std::time::Duration {
+        let bytes = (blocks * block_size) as f64 * self.bytes_per_token as f64;
+        let secs = self.latency.as_secs_f64() + bytes / (self.gbps.max(1e-9) * 1e9);
+        std::time::Duration::from_secs_f64(secs / self.speedup.max(1e-9))
+    }
 }
 
 /// Outcome of one engine step (local message payload).
@@ -181,6 +250,11 @@ pub enum SchedulerMsg {
     /// Hand off every request still here: each gets [`TokenEventKind::Lost`] with this
     /// reason and migrates (cast; the end of a drain's grace period).
     HandOffAll(Wire<String>),
+    /// Local: a pull of remote KV returned.
+    PullDone(Wire<PullResult>),
+    /// Change this replica's role (cast): it leaves routing, finishes what it runs, then
+    /// switches and is routable again.
+    SetRole(Wire<Role>),
 }
 
 /// Spawn inputs of a Scheduler.
@@ -215,6 +289,15 @@ pub struct SchedulerArgs {
     pub owner_grace: std::time::Duration,
     /// This node's resilience counters (engine hangs).
     pub stats: std::sync::Arc<crate::runtime::resilience::NodeStats>,
+    /// The replica's role at start (`worker.role`).
+    pub role: Role,
+    /// Disaggregation settings.
+    pub disagg: DisaggWorker,
+    /// The node's KV transport: pulls go through its actor, and a prefill worker describes
+    /// its region with it.
+    pub transport: Option<std::sync::Arc<crate::transport::Transport>>,
+    /// On a simulated engine: the modelled transfer time of a pull.
+    pub sim_transfer: Option<SimTransfer>,
 }
 
 struct Live {
@@ -226,6 +309,15 @@ struct Live {
     emitted: u32,
     /// `SubmitRequest::trace_id`.
     trace_id: Option<String>,
+    /// Disaggregated decode: the prefill worker's KV to pull.
+    remote: Option<RemoteKv>,
+}
+
+/// A handed-off sequence's pinned blocks.
+struct Held {
+    key: (NodeId, RequestId),
+    owner: Owner,
+    until: crate::runtime::clock::Instant,
 }
 
 /// Scheduler state.
@@ -249,6 +341,17 @@ pub struct SchedulerState {
     /// sample for the model (no chaos delay or hang when it started).
     step_timing: Option<StepTiming>,
     clock: crate::runtime::clock::SharedClock,
+    /// Handed-off sequences (prefill role), until the decode side confirms or the hold ends.
+    held: HashMap<SeqId, Held>,
+    /// Pulls in flight: whom to confirm to (prefill worker, its request key) when each returns.
+    pulls: HashMap<SeqId, (WorkerId, (NodeId, RequestId))>,
+    blocks_pulled: u64,
+    pull_fallbacks: u64,
+    role: Role,
+    /// A role change waiting for the replica to be empty.
+    next_role: Option<Role>,
+    /// The node is draining: never routable again.
+    draining: bool,
 }
 
 struct StepTiming {
@@ -302,7 +405,13 @@ impl SchedulerState {
             "the owner of these sequences is gone; aborting them");
         metrics::counter!("flotilla_orphaned_sequences_aborted_total")
             .increment(orphans.len() as u64);
-        for s in orphans {
+        let held: Vec<SeqId> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.owner == *owner)
+            .map(|(s, _)| *s)
+            .collect();
+        for s in orphans.into_iter().chain(held) {
             self.drop_seq(s);
         }
         self.forward_kv_events();
@@ -311,7 +420,12 @@ impl SchedulerState {
     /// Abort the sequences of every owner that is gone (run on each tick: sequences that
     /// emit nothing, e.g. waiting ones, are found too).
     fn check_owners(&mut self) {
-        let mut owners: Vec<Owner> = self.live.values().map(|l| l.owner.clone()).collect();
+        let mut owners: Vec<Owner> = self
+            .live
+            .values()
+            .map(|l| l.owner.clone())
+            .chain(self.held.values().map(|h| h.owner.clone()))
+            .collect();
         owners.sort();
         owners.dedup();
         for owner in owners {
@@ -330,7 +444,177 @@ impl SchedulerState {
             tracing::debug!(worker = %self.args.worker, request = %l.request, trace_id = l.trace_id.as_deref().unwrap_or("-"), "sequence dropped");
             self.by_request.remove(&(l.owner.node, l.request));
         }
+        if let Some(h) = self.held.remove(&seq) {
+            tracing::debug!(worker = %self.args.worker, request = %h.key.1, "handed-off blocks released");
+            self.by_request.remove(&h.key);
+        }
         let _ = self.engine.cast(EngineWorkerMsg::Release(seq));
+    }
+
+    /// Releases handed-off blocks whose hold ended without a confirmation.
+    fn expire_held(&mut self) {
+        let now = self.clock.now();
+        let expired: Vec<SeqId> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.until <= now)
+            .map(|(s, _)| *s)
+            .collect();
+        if expired.is_empty() {
+            return;
+        }
+        tracing::info!(worker = %self.args.worker, sequences = expired.len(), "hand-off holds expired unconfirmed; releasing their blocks");
+        metrics::counter!("flotilla_disagg_holds_expired_total").increment(expired.len() as u64);
+        for s in expired {
+            self.drop_seq(s);
+        }
+        self.forward_kv_events();
+    }
+
+    /// The region a decode worker reads this replica's KV from.
+    fn region(&self) -> Option<crate::transport::RegionDescriptor> {
+        let owner = self.args.worker.to_string();
+        self.args
+            .transport
+            .as_ref()?
+            .descriptors()
+            .into_iter()
+            .find(|d| d.id.owner == owner)
+    }
+
+    /// Starts the pull of a sequence admitted with remote KV: a task asks the node's
+    /// transport actor (or runs the sim engine's modelled transfer) and reports `PullDone`.
+    fn start_pull(&mut self, order: PullOrder, myself: &ActorRef<SchedulerMsg>) {
+        let seq = order.seq;
+        let worker = self.args.worker.clone();
+        let Some(live) = self.live.get_mut(&seq) else {
+            let _ = self.core.pull_done(seq, false);
+            return;
+        };
+        live.admitted = true;
+        let kv = live.remote.take();
+        let (to, req) = (live.owner.clone(), live.request);
+        self.emit(
+            &to,
+            req,
+            TokenEventKind::Admitted {
+                worker: worker.clone(),
+                cached_tokens: order.cached_tokens as u32,
+            },
+        );
+        let Some(kv) = kv else {
+            let _ = myself.cast(SchedulerMsg::PullDone(Wire::encode(&PullResult {
+                seq,
+                outcome: Err("no remote KV".into()),
+            })));
+            return;
+        };
+        self.pulls
+            .insert(seq, (kv.worker.clone(), (to.node.clone(), kv.request)));
+        let pairs: Vec<(u32, u32)> = order
+            .blocks
+            .iter()
+            .filter_map(|&(i, b)| kv.blocks.get(i).map(|&r| (r, b.0)))
+            .collect();
+        let n = order.blocks.len();
+        // The pull must end before the prefill worker's hold does (its clock; the nodes'
+        // clocks are assumed within `hold_margin` of each other).
+        let d = self.args.disagg;
+        let left_ms = kv
+            .held_until_ms
+            .saturating_sub(crate::runtime::clock::unix_ms())
+            .saturating_sub(d.hold_margin.as_millis() as u64);
+        let budget = d
+            .transfer_timeout
+            .min(std::time::Duration::from_millis(left_ms));
+        let transport = self.args.transport.clone();
+        let sim = self.args.sim_transfer;
+        let block_size = self.args.block_size;
+        let me = myself.clone();
+        tokio::spawn(async move {
+            let outcome = if pairs.len() != n {
+                Err(format!(
+                    "the hand-off names {} blocks; {n} needed",
+                    kv.blocks.len()
+                ))
+            } else if budget.is_zero() {
+                Err("the prefill worker's hold ends too soon".into())
+            } else {
+                match (kv.region, transport, sim) {
+                    (Some(from), Some(t), _) => {
+                        let req = crate::transport::PullRequest {
+                            from,
+                            into: worker.to_string(),
+                            blocks: pairs,
+                            deadline: std::time::Instant::now() + budget,
+                        };
+                        pull(&t, req).await.map(|_| n)
+                    }
+                    (None, _, Some(sim)) => {
+                        tokio::time::sleep(sim.time(n, block_size)).await;
+                        Ok(n)
+                    }
+                    _ => Err("no transport to pull the KV with".into()),
+                }
+            };
+            let _ = me.cast(SchedulerMsg::PullDone(Wire::encode(&PullResult {
+                seq,
+                outcome,
+            })));
+        });
+    }
+
+    /// A pull returned: the sequence decodes (or recomputes what it lacks), and the prefill
+    /// worker is told to release its blocks.
+    fn on_pull_done(&mut self, r: PullResult) -> Result<(), ActorProcessingErr> {
+        let ok = r.outcome.is_ok();
+        let w = self.args.worker.to_string();
+        match &r.outcome {
+            Ok(blocks) => {
+                self.blocks_pulled += *blocks as u64;
+                metrics::counter!("flotilla_disagg_pulled_blocks_total", "worker" => w)
+                    .increment(*blocks as u64);
+            }
+            Err(why) => {
+                self.pull_fallbacks += 1;
+                metrics::counter!("flotilla_disagg_pull_fallbacks_total", "worker" => w)
+                    .increment(1);
+                tracing::warn!(worker = %self.args.worker, seq = %r.seq, %why, "KV pull failed; recomputing the prompt here");
+            }
+        }
+        self.core.pull_done(r.seq, ok)?;
+        if let Some((prefill, key)) = self.pulls.remove(&r.seq) {
+            let name = format!("{prefill}/scheduler");
+            if let Some(s) = crate::runtime::cluster::member_named(SCHEDULER_GROUP, &name) {
+                let s: ActorRef<SchedulerMsg> = s.into();
+                let _ = s.cast(SchedulerMsg::Cancel(Wire::encode(&key)));
+            }
+        }
+        self.forward_kv_events();
+        Ok(())
+    }
+
+    /// Carries out a pending role change once nothing runs or is held here.
+    fn maybe_switch_role(&mut self, myself: &ActorRef<SchedulerMsg>) {
+        let Some(next) = self.next_role else {
+            return;
+        };
+        if !self.live.is_empty() || !self.held.is_empty() || self.core.num_pulling() > 0 {
+            return;
+        }
+        if let Some(g) = role_group(self.role) {
+            ractor::pg::leave(g.to_owned(), vec![myself.get_cell()]);
+        }
+        if let Some(g) = role_group(next) {
+            ractor::pg::join(g.to_owned(), vec![myself.get_cell()]);
+        }
+        tracing::info!(worker = %self.args.worker, from = %self.role, to = %next, "role changed");
+        self.role = next;
+        self.next_role = None;
+        if !self.draining && self.health == Health::Draining {
+            self.health = Health::Ready;
+            ractor::pg::join(ROUTABLE_GROUP.to_owned(), vec![myself.get_cell()]);
+        }
     }
 
     fn forward_kv_events(&mut self) {
@@ -349,7 +633,10 @@ impl SchedulerState {
     /// Start the next step if none is running and there is work.
     fn kick(&mut self, myself: &ActorRef<SchedulerMsg>) -> Result<(), ActorProcessingErr> {
         while !self.watchdog.step_in_flight() && self.core.has_unfinished() {
-            let batch = self.core.schedule_with(self.step_model.cost().as_ref())?;
+            let mut batch = self.core.schedule_with(self.step_model.cost().as_ref())?;
+            for order in std::mem::take(&mut batch.pulls) {
+                self.start_pull(order, myself);
+            }
             let mut seqs = Vec::with_capacity(batch.entries.len());
             for e in &batch.entries {
                 let Some(live) = self.live.get_mut(&e.seq) else {
@@ -483,6 +770,34 @@ impl SchedulerState {
                     index,
                 },
             );
+            if let Some(h) = u.handed_off {
+                // Disaggregated prefill: the first token went out above; the KV waits,
+                // pinned, for the decode worker's pull.
+                let now = self.clock.now();
+                let hold = self.args.disagg.hold;
+                let kv = RemoteKv {
+                    worker: self.args.worker.clone(),
+                    request: req,
+                    region: self.region(),
+                    blocks: h.blocks.iter().map(|b| b.0).collect(),
+                    tokens: h.tokens as u32,
+                    held_until_ms: crate::runtime::clock::unix_ms() + hold.as_millis() as u64,
+                };
+                self.emit(&to, req, TokenEventKind::HandOff(Box::new(kv)));
+                if let Some(l) = self.live.remove(&u.seq) {
+                    self.held.insert(
+                        u.seq,
+                        Held {
+                            key: (l.owner.node.clone(), l.request),
+                            owner: l.owner,
+                            until: now + hold,
+                        },
+                    );
+                }
+                metrics::counter!("flotilla_disagg_hand_offs_total", "worker" => self.args.worker.to_string())
+                    .increment(1);
+                continue;
+            }
             if finish.is_some() {
                 if let Some(l) = self.live.remove(&u.seq) {
                     tracing::debug!(worker = %self.args.worker, request = %l.request, trace_id = l.trace_id.as_deref().unwrap_or("-"), tokens = l.emitted, "sequence finished");
@@ -547,6 +862,10 @@ impl SchedulerState {
 
     /// Send `kind` to every live request and drop them all.
     fn drop_all(&mut self, kind: &TokenEventKind) {
+        let held: Vec<SeqId> = self.held.keys().copied().collect();
+        for s in held {
+            self.drop_seq(s);
+        }
         let all: Vec<SeqId> = self.live.keys().copied().collect();
         for s in all {
             if let Some(l) = self.live.get(&s) {
@@ -603,6 +922,11 @@ impl SchedulerState {
             kv_blocks_used: usage.used_blocks,
             steps: self.steps,
             health: self.health,
+            role: self.role,
+            held: self.held.len(),
+            pulls_pending: self.core.num_pulling(),
+            blocks_pulled: self.blocks_pulled,
+            pull_fallbacks: self.pull_fallbacks,
         }
     }
 }
@@ -625,6 +949,9 @@ impl Actor for Scheduler {
             .with_worker(args.worker.clone());
         let core = SchedulerCore::new(args.config, pool)?;
         ractor::pg::join(SCHEDULER_GROUP.to_owned(), vec![myself.get_cell()]);
+        if let Some(g) = role_group(args.role) {
+            ractor::pg::join(g.to_owned(), vec![myself.get_cell()]);
+        }
         ractor::pg::join(ROUTABLE_GROUP.to_owned(), vec![myself.get_cell()]);
         let period = (args.step_timeout / 4).clamp(
             std::time::Duration::from_millis(10),
@@ -632,6 +959,7 @@ impl Actor for Scheduler {
         );
         let ticker = myself.send_interval(period, || SchedulerMsg::Tick(Wire::encode(&())));
         let clock = crate::runtime::clock::system();
+        let args_role = args.role;
         Ok(SchedulerState {
             outbox: Outbox::new(clock.clone(), args.owner_grace),
             watchdog: StepWatchdog::new(clock.clone(), args.step_timeout, args.canary_interval),
@@ -648,6 +976,13 @@ impl Actor for Scheduler {
             steps: 0,
             health: Health::Ready,
             ticker: Some(ticker),
+            held: HashMap::new(),
+            pulls: HashMap::new(),
+            blocks_pulled: 0,
+            pull_fallbacks: 0,
+            role: args_role,
+            next_role: None,
+            draining: false,
         })
     }
 
@@ -701,7 +1036,14 @@ impl Actor for Scheduler {
                 }
                 state.next_seq += 1;
                 let seq = SeqId(state.next_seq);
+                // Remote KV must end inside the prompt (the prompt ends with the first token
+                // the prefill worker sampled); otherwise the prompt is computed here.
+                let remote = req
+                    .remote_kv
+                    .filter(|kv| (kv.tokens as usize) < req.prompt.len() && kv.tokens > 0);
                 let added = state.core.add(SeqRequest {
+                    remote_tokens: remote.as_ref().map_or(0, |kv| kv.tokens as usize),
+                    hand_off: req.hand_off,
                     seq,
                     prompt: req.prompt,
                     max_tokens: req.max_tokens as usize,
@@ -726,6 +1068,7 @@ impl Actor for Scheduler {
                                 admitted: false,
                                 emitted: 0,
                                 trace_id: req.trace_id,
+                                remote,
                             },
                         );
                     }
@@ -748,12 +1091,33 @@ impl Actor for Scheduler {
                 {
                     state.drop_seq(seq);
                     state.forward_kv_events();
+                    state.kick(&myself)?;
+                    state.maybe_switch_role(&myself);
                 }
             }
             SchedulerMsg::StepDone(wire) => {
                 let result = wire.decode()?;
                 state.on_step_done(result)?;
                 state.kick(&myself)?;
+                state.maybe_switch_role(&myself);
+            }
+            SchedulerMsg::PullDone(wire) => {
+                let result = wire.decode()?;
+                state.on_pull_done(result)?;
+                state.kick(&myself)?;
+                state.maybe_switch_role(&myself);
+            }
+            SchedulerMsg::SetRole(wire) => {
+                if let Ok(role) = wire.decode()
+                    && (role != state.role || state.next_role.is_some())
+                {
+                    tracing::info!(worker = %state.args.worker, from = %state.role, to = %role, live = state.live.len(), "role change: draining first");
+                    state.next_role = Some(role);
+                    if state.health == Health::Ready {
+                        state.leave_routing(&myself, Health::Draining);
+                    }
+                    state.maybe_switch_role(&myself);
+                }
             }
             SchedulerMsg::Stats(reply) => {
                 let _ = reply.send(Wire::encode(&state.stats()));
@@ -773,6 +1137,8 @@ impl Actor for Scheduler {
                 }
                 state.fill_kv();
                 state.check_owners();
+                state.expire_held();
+                state.maybe_switch_role(&myself);
                 state.tick(&myself)?;
                 // Work that waits for blocks freed outside a step (a fill_kv released), and
                 // events for a sink that was away, go on here.
@@ -783,6 +1149,7 @@ impl Actor for Scheduler {
             }
             SchedulerMsg::CanaryDone(_) => state.watchdog.canary_returned(),
             SchedulerMsg::Drain(_) => {
+                state.draining = true;
                 if state.health == Health::Ready {
                     tracing::info!(worker = %state.args.worker, live = state.live.len(), "draining");
                     state.leave_routing(&myself, Health::Draining);
@@ -800,4 +1167,29 @@ impl Actor for Scheduler {
         }
         Ok(())
     }
+}
+
+/// One pull through the node's transport actor (the actor runs it as a task and answers when
+/// every byte has landed or it failed); straight through the transport when the actor is
+/// restarting.
+async fn pull(
+    t: &std::sync::Arc<crate::transport::Transport>,
+    req: crate::transport::PullRequest,
+) -> Result<(), String> {
+    let slack = std::time::Duration::from_secs(5);
+    let wait = req
+        .deadline
+        .saturating_duration_since(std::time::Instant::now())
+        + slack;
+    let out = match crate::transport::local(t.node()) {
+        Some(actor) => ractor::call_t!(
+            actor,
+            crate::transport::TransportMsg::Pull,
+            wait.as_millis() as u64,
+            Box::new(req)
+        )
+        .map_err(|e| format!("transport actor: {e}"))?,
+        None => t.pull(req).await,
+    };
+    out.map(|_| ()).map_err(|e| e.to_string())
 }

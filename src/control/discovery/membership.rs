@@ -60,6 +60,22 @@ pub struct WorkerView {
     /// scheduler did not answer.
     #[serde(default)]
     pub health: String,
+    /// `aggregated`, `prefill` or `decode` (disaggregated serving); empty when its scheduler
+    /// did not answer.
+    #[serde(default)]
+    pub role: String,
+    /// Prefill role: sequences handed off whose KV blocks are held for a decode worker's pull.
+    #[serde(default)]
+    pub kv_held: usize,
+    /// Decode role: KV pulls in flight.
+    #[serde(default)]
+    pub kv_pulls_pending: usize,
+    /// KV blocks pulled from prefill workers since the replica started.
+    #[serde(default)]
+    pub kv_blocks_pulled: u64,
+    /// Pulls that failed and were recomputed locally since the replica started.
+    #[serde(default)]
+    pub kv_pull_fallbacks: u64,
 }
 
 /// What a node says about itself in every heartbeat.

@@ -228,5 +228,9 @@ pub fn control_routes(shared: Arc<GatewayShared>) -> axum::Router<Arc<GatewaySha
             "/chaos/faults/{id}",
             axum::routing::delete(chaos_routes::delete),
         )
+        .route(
+            "/v1/workers/role",
+            axum::routing::post(super::worker_routes::set_role),
+        )
         .route_layer(axum::middleware::from_fn_with_state(shared, control_guard))
 }

@@ -232,6 +232,8 @@ impl Choice {
             TokenEventKind::Lost { reason } => {
                 return Err(RequestError::Lost(reason).into());
             }
+            // Consumed by the Request actor; never reaches a handler.
+            TokenEventKind::HandOff(_) => {}
             TokenEventKind::Token {
                 id,
                 logprob,
@@ -383,6 +385,8 @@ async fn start(
             stop_token_ids: vec![],
             ignore_eos: req.ignore_eos,
             trace_id: super::edge::request_id(headers),
+            hand_off: false,
+            remote_kv: None,
         };
         guard
             .0

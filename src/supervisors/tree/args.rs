@@ -20,7 +20,7 @@ use crate::runtime::ids::WorkerId;
 use crate::supervisors::{Shutdown, SupervisorFlags};
 use crate::worker::engine::EngineConfig;
 use crate::worker::engine::sim::SimProfile;
-use crate::worker::scheduler::SchedulerConfig;
+use crate::worker::scheduler::{DisaggWorker, SchedulerConfig, SimTransfer};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -61,13 +61,18 @@ pub(super) fn discovery(ctx: &NodeContext) -> DiscoveryArgs {
 /// The router's placement policy (on the system clock and the live schedulers' group).
 pub(super) fn router(ctx: &NodeContext) -> RouterArgs {
     let r = &ctx.config.router;
-    RouterArgs::new(SelectorConfig {
+    let mut args = RouterArgs::new(SelectorConfig {
         policy: r.policy,
         block_size: ctx.config.worker.block_size_tokens as u32,
         overlap_weight: r.overlap_weight,
         temperature: r.temperature,
         seed: r.seed,
-    })
+    });
+    args.disagg = crate::request_plane::router::DisaggRouting {
+        min_prefill_tokens: ctx.config.disagg.min_prefill_tokens,
+        max_prefill_queue_tokens: ctx.config.disagg.max_prefill_queue_tokens,
+    };
+    args
 }
 
 /// What the gateway's children share: the token sink's registry (also read by the HTTP
@@ -160,6 +165,18 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
         sim: ctx.sim_profile.clone().map(|p| (p, w.sim_speedup)),
         stats: ctx.stats.clone(),
         transport: ctx.transport.clone(),
+        role: w.role,
+        disagg: DisaggWorker {
+            hold: Duration::from_millis(ctx.config.disagg.hold_ms),
+            transfer_timeout: Duration::from_millis(ctx.config.disagg.transfer_timeout_ms),
+            ..DisaggWorker::default()
+        },
+        sim_transfer: ctx.sim_profile.is_some().then(|| SimTransfer {
+            bytes_per_token: w.sim_kv_bytes_per_token,
+            gbps: w.sim_transfer_gbps,
+            latency: Duration::from_micros(w.sim_transfer_latency_us),
+            speedup: w.sim_speedup,
+        }),
     })
 }
 
@@ -194,6 +211,12 @@ pub struct ReplicaParams {
     pub stats: Arc<crate::runtime::resilience::NodeStats>,
     /// The node's KV transport: the engine allocates and registers its pools through it.
     pub transport: Option<Arc<crate::transport::Transport>>,
+    /// The replica's role at start (`worker.role`).
+    pub role: crate::worker::Role,
+    /// Disaggregation settings (`disagg.*`).
+    pub disagg: DisaggWorker,
+    /// On a simulated engine: the modelled KV transfer.
+    pub sim_transfer: Option<SimTransfer>,
 }
 
 impl ReplicaParams {

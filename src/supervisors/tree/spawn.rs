@@ -169,6 +169,10 @@ pub(super) fn scheduler(p: &ReplicaParams) -> ChildSpec {
         canary_interval: p.canary_interval,
         owner_grace: p.owner_grace,
         stats: p.stats.clone(),
+        role: p.role,
+        disagg: p.disagg,
+        transport: p.transport.clone(),
+        sim_transfer: p.sim_transfer,
     };
     ChildSpec::actor("scheduler", Some(p.part_name("scheduler")), move || {
         (Scheduler, args.clone())

@@ -45,6 +45,14 @@ pub enum SchedulerError {
     DuplicateSample(SeqId),
     #[error("no sampled token for sequence {0}, which was scheduled to sample")]
     MissingSample(SeqId),
+    #[error(
+        "sequence {seq}: {remote_tokens} remote KV tokens, but the prompt has only {prompt_tokens}"
+    )]
+    RemoteBeyondPrompt {
+        seq: SeqId,
+        remote_tokens: usize,
+        prompt_tokens: usize,
+    },
     #[error("block pool: {0}")]
     Pool(#[from] PoolError),
 }
@@ -112,6 +120,14 @@ pub struct SeqRequest {
     /// arrival at its gateway (ms since the Unix epoch), so that a request that migrated here
     /// keeps its place among the others instead of queueing behind every later one.
     pub arrival: u64,
+    /// Disaggregated decode: the KV of the first `remote_tokens` prompt tokens was computed by
+    /// a prefill worker and is pulled from it at admission (a [`PullOrder`]) for the blocks
+    /// not already cached here; 0 = none. Must be below the prompt's length.
+    pub remote_tokens: usize,
+    /// Disaggregated prefill: after the first sampled token (unless it ends the sequence) the
+    /// sequence is **handed off**: it leaves the batch and its blocks stay pinned
+    /// ([`SeqUpdate::handed_off`]) until [`SchedulerCore::cancel`] releases them.
+    pub hand_off: bool,
 }
 
 pub use crate::request_plane::protocol::FinishReason;
@@ -141,6 +157,9 @@ pub struct ScheduledBatch {
     /// `Some(prefill tokens of the step)` when the stall limit shortened or held back its
     /// prefill (stall-free batching).
     pub stall_capped: Option<usize>,
+    /// Sequences admitted in this step whose KV is to be pulled from a prefill worker (they
+    /// have no entry: they run once [`SchedulerCore::pull_done`] is called).
+    pub pulls: Vec<PullOrder>,
 }
 
 impl ScheduledBatch {
@@ -155,12 +174,37 @@ impl ScheduledBatch {
 }
 
 /// One sampled token, as accepted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SeqUpdate {
     pub seq: SeqId,
     pub token: u32,
     /// `Some` when this token ends the sequence (its blocks are already freed).
     pub finished: Option<FinishReason>,
+    /// `Some` when a [`SeqRequest::hand_off`] sequence left the batch after this token: its
+    /// blocks stay pinned (held) until the sequence is cancelled.
+    pub handed_off: Option<HandedOff>,
+}
+
+/// A prefill handed off: the blocks that hold its prompt's KV, pinned until released.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandedOff {
+    /// Prompt tokens whose KV the blocks hold.
+    pub tokens: usize,
+    /// The blocks, in order: `ceil(tokens / block_size)` of them.
+    pub blocks: Vec<BlockId>,
+}
+
+/// KV to pull for a sequence admitted with [`SeqRequest::remote_tokens`]: the sequence waits
+/// (no step runs it) until [`SchedulerCore::pull_done`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullOrder {
+    pub seq: SeqId,
+    /// Leading prompt tokens found in this pool's prefix cache (not pulled).
+    pub cached_tokens: usize,
+    /// Prompt tokens whose KV the pull completes.
+    pub tokens: usize,
+    /// `(block index in the sequence, local block)` for every block to fill.
+    pub blocks: Vec<(usize, BlockId)>,
 }
 
 #[derive(Debug)]
@@ -180,6 +224,18 @@ struct SeqEntry {
     lease: Option<SeqLease>,
     /// See [`SeqRequest::arrival`].
     arrival: u64,
+    /// Remote KV: expected (waiting), being pulled (running, not scheduled), or none.
+    remote: Remote,
+    hand_off: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Remote {
+    None,
+    /// Pull these leading tokens' KV at admission.
+    Expected(usize),
+    /// Admitted; the pull of these leading tokens' KV is in flight.
+    Pulling(usize),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -250,6 +306,11 @@ pub struct SchedulerCore {
     running: Vec<SeqId>,
     in_flight: Option<Vec<InFlight>>,
     preempted: Vec<SeqId>,
+    /// Handed-off sequences: their blocks stay pinned until cancelled.
+    held: HashMap<SeqId, SeqLease>,
+    /// Sequences cancelled while their pull was in flight: their blocks are written by the
+    /// pull, so they are freed only when it returns ([`Self::pull_done`]).
+    orphaned_pulls: HashMap<SeqId, SeqLease>,
 }
 
 impl SchedulerCore {
@@ -269,6 +330,8 @@ impl SchedulerCore {
             running: Vec::new(),
             in_flight: None,
             preempted: Vec::new(),
+            held: HashMap::new(),
+            orphaned_pulls: HashMap::new(),
         })
     }
 
@@ -285,10 +348,20 @@ impl SchedulerCore {
         if req.max_tokens == 0 {
             return Err(SchedulerError::ZeroMaxTokens(seq));
         }
-        if self.seqs.contains_key(&seq) {
+        if self.seqs.contains_key(&seq)
+            || self.held.contains_key(&seq)
+            || self.orphaned_pulls.contains_key(&seq)
+        {
             return Err(SchedulerError::DuplicateSequence(seq));
         }
         let prompt_tokens = req.prompt.len();
+        if req.remote_tokens >= prompt_tokens {
+            return Err(SchedulerError::RemoteBeyondPrompt {
+                seq,
+                remote_tokens: req.remote_tokens,
+                prompt_tokens,
+            });
+        }
         if prompt_tokens + 1 > self.config.max_model_len {
             return Err(SchedulerError::PromptTooLong {
                 seq,
@@ -315,6 +388,12 @@ impl SchedulerCore {
                 eos_token_id: req.eos_token_id,
                 lease: None,
                 arrival: req.arrival,
+                remote: if req.remote_tokens > 0 {
+                    Remote::Expected(req.remote_tokens)
+                } else {
+                    Remote::None
+                },
+                hand_off: req.hand_off,
             },
         );
         // After every waiting sequence that arrived no later (a stable insertion).
@@ -359,6 +438,7 @@ impl SchedulerCore {
         }
         let mut budget = self.config.max_num_batched_tokens;
         let mut entries = Vec::new();
+        let mut pulls = Vec::new();
         let preempted_before = self.preempted.len();
 
         // 1. One decode token per running sequence, in admission order.
@@ -402,7 +482,7 @@ impl SchedulerCore {
             }
             let s = self.running[idx];
             let e = &self.seqs[&s];
-            if e.num_computed >= e.prefill_len {
+            if e.num_computed >= e.prefill_len || matches!(e.remote, Remote::Pulling(_)) {
                 continue;
             }
             let mut chunk = (e.prefill_len - e.num_computed).min(budget);
@@ -435,6 +515,25 @@ impl SchedulerCore {
             let e = self.seqs.get_mut(&s).ok_or(PoolError::UnknownSequence(s))?;
             e.lease = Some(alloc.lease);
             e.num_computed = alloc.cached_tokens;
+            if let Remote::Expected(n) = e.remote {
+                if n > alloc.cached_tokens {
+                    // Pull the blocks from the first one not cached here to the one holding
+                    // token n - 1; the sequence runs once the pull returns.
+                    let bs = self.pool.block_size();
+                    let blocks = (alloc.cached_tokens / bs..n.div_ceil(bs))
+                        .filter_map(|i| alloc.block_table.get(i).map(|&b| (i, b)))
+                        .collect();
+                    e.remote = Remote::Pulling(n);
+                    pulls.push(PullOrder {
+                        seq: s,
+                        cached_tokens: alloc.cached_tokens,
+                        tokens: n,
+                        blocks,
+                    });
+                    continue;
+                }
+                e.remote = Remote::None;
+            }
             let mut chunk = (e.prefill_len - e.num_computed).min(budget);
             if let Some(limit) = stall.as_mut() {
                 chunk = limit.chunk(e.num_computed, chunk, 1);
@@ -458,6 +557,7 @@ impl SchedulerCore {
             entries,
             preempted: std::mem::take(&mut self.preempted),
             stall_capped: stall.filter(|l| l.capped).map(|l| l.prefill),
+            pulls,
         })
     }
 
@@ -516,8 +616,23 @@ impl SchedulerCore {
             } else {
                 None
             };
+            let mut handed_off = None;
             if finished.is_some() {
                 self.remove(s)?;
+            } else if e.hand_off {
+                // Disaggregated prefill: the prompt's KV is complete and the first token
+                // sampled; the sequence leaves the batch, its blocks stay pinned for the pull.
+                let tokens = e.tokens.len() - 1;
+                let blocks = self
+                    .pool
+                    .block_table(s)
+                    .map(|t| t[..tokens.div_ceil(self.pool.block_size()).min(t.len())].to_vec())
+                    .unwrap_or_default();
+                self.running.retain(|&r| r != s);
+                if let Some(lease) = self.seqs.remove(&s).and_then(|e| e.lease) {
+                    self.held.insert(s, lease);
+                }
+                handed_off = Some(HandedOff { tokens, blocks });
             } else if let Err(err) = self.pool.append_tokens(s, &[token]) {
                 // Unreachable while schedule() reserves the lookahead slot; recompute later.
                 match err {
@@ -529,15 +644,29 @@ impl SchedulerCore {
                 seq: s,
                 token,
                 finished,
+                handed_off,
             });
         }
         Ok(updates)
     }
 
-    /// Removes a waiting or running sequence and frees its blocks. False if unknown.
+    /// Removes a waiting, running or handed-off sequence and frees its blocks. False if
+    /// unknown. A sequence whose pull is in flight leaves at once, but its blocks are freed
+    /// only when the pull returns ([`Self::pull_done`]): the pull writes into them.
     pub fn cancel(&mut self, seq: SeqId) -> bool {
-        if !self.seqs.contains_key(&seq) {
+        if let Some(lease) = self.held.remove(&seq) {
+            let _ = self.pool.free(lease);
+            return true;
+        }
+        let Some(e) = self.seqs.get(&seq) else {
             return false;
+        };
+        if matches!(e.remote, Remote::Pulling(_)) {
+            self.running.retain(|&r| r != seq);
+            if let Some(lease) = self.seqs.remove(&seq).and_then(|e| e.lease) {
+                self.orphaned_pulls.insert(seq, lease);
+            }
+            return true;
         }
         if let Some(flight) = self.in_flight.as_mut() {
             for f in flight.iter_mut().filter(|f| f.seq == seq) {
@@ -548,6 +677,47 @@ impl SchedulerCore {
         // A failed free leaves the lease to its Drop, which queues the release in the pool.
         let _ = self.remove(seq);
         true
+    }
+
+    /// The pull of `seq`'s remote KV returned: on success its prompt's KV up to the pulled
+    /// tokens counts as computed (the full blocks are registered: KV events), else the
+    /// sequence prefills what it lacks itself (recompute). A sequence cancelled meanwhile has
+    /// its blocks freed now. False if `seq` was not pulling.
+    ///
+    /// # Errors
+    /// [`SchedulerError::Pool`] for a broken invariant between the core and its pool.
+    pub fn pull_done(&mut self, seq: SeqId, ok: bool) -> Result<bool, SchedulerError> {
+        if let Some(lease) = self.orphaned_pulls.remove(&seq) {
+            self.pool.free(lease)?;
+            return Ok(true);
+        }
+        let Some(e) = self.seqs.get_mut(&seq) else {
+            return Ok(false);
+        };
+        let Remote::Pulling(n) = e.remote else {
+            return Ok(false);
+        };
+        e.remote = Remote::None;
+        if ok {
+            e.num_computed = n;
+            self.pool.mark_computed(seq, n)?;
+        }
+        Ok(true)
+    }
+
+    /// Sequences handed off whose blocks are still pinned.
+    pub fn num_held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Pulls in flight (cancelled ones included).
+    pub fn num_pulling(&self) -> usize {
+        self.orphaned_pulls.len()
+            + self
+                .seqs
+                .values()
+                .filter(|e| matches!(e.remote, Remote::Pulling(_)))
+                .count()
     }
 
     pub fn num_waiting(&self) -> usize {
@@ -562,7 +732,10 @@ impl SchedulerCore {
     pub fn queued_prefill_tokens(&self) -> usize {
         self.seqs
             .values()
-            .map(|e| e.prefill_len.saturating_sub(e.num_computed))
+            .map(|e| match e.remote {
+                Remote::Expected(n) | Remote::Pulling(n) => e.prefill_len.saturating_sub(n),
+                Remote::None => e.prefill_len.saturating_sub(e.num_computed),
+            })
             .sum()
     }
 
@@ -605,7 +778,12 @@ impl SchedulerCore {
             match self.pool.reserve(s, slots) {
                 Ok(()) => return Ok(true),
                 Err(PoolError::OutOfBlocks { .. }) => {
-                    let Some(&victim) = self.running.last() else {
+                    // Never a sequence whose pull is in flight: the pull writes its blocks.
+                    let seqs = &self.seqs;
+                    let Some(&victim) = self.running.iter().rev().find(|r| {
+                        seqs.get(r)
+                            .is_some_and(|e| !matches!(e.remote, Remote::Pulling(_)))
+                    }) else {
                         return Ok(false);
                     };
                     self.preempt(victim)?;

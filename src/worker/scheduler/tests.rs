@@ -682,3 +682,213 @@ fn the_stall_limit_changes_no_token() {
     assert_eq!(off, on);
     assert_eq!(on.len(), 40);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Disaggregation: hand-off (prefill side) and remote KV pulls (decode side)
+// ---------------------------------------------------------------------------------------------
+
+/// Runs steps until the batch is empty, sampling every sampled position.
+fn run_until_idle(c: &mut SchedulerCore) -> Vec<SeqUpdate> {
+    let mut all = Vec::new();
+    for _ in 0..1000 {
+        if !c.has_unfinished() {
+            break;
+        }
+        let b = c.schedule().unwrap();
+        if b.entries.is_empty() {
+            c.on_step_output(&[]).unwrap();
+            break;
+        }
+        all.extend(c.on_step_output(&sample_all(&b)).unwrap());
+    }
+    all
+}
+
+#[test]
+fn a_hand_off_sequence_leaves_after_its_first_token_and_its_blocks_stay_pinned() {
+    let mut c = core(16, 4, cfg(8, 64, 64));
+    let prompt: Vec<u32> = (0..10).collect();
+    c.add(SeqRequest {
+        hand_off: true,
+        ..req(1, prompt, 20)
+    })
+    .unwrap();
+    let ups = run_until_idle(&mut c);
+    assert_eq!(ups.len(), 1, "exactly one token: the first");
+    let h = ups[0].handed_off.clone().expect("handed off");
+    assert_eq!(ups[0].finished, None);
+    assert_eq!(h.tokens, 10);
+    assert_eq!(h.blocks.len(), 3, "ceil(10 / 4) blocks hold the prompt");
+    assert!(!c.has_unfinished());
+    assert_eq!(c.num_held(), 1);
+    assert!(c.kv_usage().used_blocks >= 3, "held blocks stay pinned");
+    // The two full blocks are registered: a later prompt with that prefix hits them.
+    assert_eq!(c.pool().match_prefix(&(0..10).collect::<Vec<u32>>()), 8);
+    assert!(c.cancel(SeqId(1)), "release the hold");
+    assert_eq!(c.num_held(), 0);
+    assert_eq!(c.kv_usage().used_blocks, 0);
+    assert!(!c.cancel(SeqId(1)), "released once");
+}
+
+#[test]
+fn a_hand_off_whose_first_token_ends_it_is_not_held() {
+    let mut c = core(16, 4, cfg(8, 64, 64));
+    c.add(SeqRequest {
+        hand_off: true,
+        ..req(1, (0..6).collect(), 1)
+    })
+    .unwrap();
+    let ups = run_until_idle(&mut c);
+    assert_eq!(ups[0].finished, Some(FinishReason::Length));
+    assert!(ups[0].handed_off.is_none());
+    assert_eq!(c.num_held(), 0);
+    assert_eq!(c.kv_usage().used_blocks, 0);
+}
+
+#[test]
+fn remote_kv_is_pulled_for_the_blocks_not_cached_and_then_decoded() {
+    let mut c = core(32, 4, cfg(8, 64, 128));
+    // Cache the first 8 tokens here (two full blocks).
+    c.add(req(9, (0..9).collect(), 1)).unwrap();
+    run_until_idle(&mut c);
+    // Prompt 0..14 computed remotely, plus its first sampled token 99.
+    let mut prompt: Vec<u32> = (0..14).collect();
+    prompt.push(99);
+    c.add(SeqRequest {
+        remote_tokens: 14,
+        ..req(1, prompt, 3)
+    })
+    .unwrap();
+    let b = c.schedule().unwrap();
+    assert!(b.entries.is_empty(), "no step runs a pulling sequence");
+    assert_eq!(b.pulls.len(), 1);
+    let order = &b.pulls[0];
+    assert_eq!(order.cached_tokens, 8);
+    assert_eq!(order.tokens, 14);
+    let idx: Vec<usize> = order.blocks.iter().map(|(i, _)| *i).collect();
+    assert_eq!(idx, vec![2, 3], "blocks 2 (8..12) and 3 (12..14) only");
+    c.on_step_output(&[]).unwrap();
+    // Still pulling: nothing is scheduled.
+    assert!(c.schedule().unwrap().entries.is_empty());
+    c.on_step_output(&[]).unwrap();
+    assert_eq!(c.num_pulling(), 1);
+    assert!(c.pull_done(SeqId(1), true).unwrap());
+    assert_eq!(c.num_pulling(), 0);
+    let b = c.schedule().unwrap();
+    assert_eq!(b.entries.len(), 1);
+    let e = &b.entries[0];
+    assert_eq!(
+        e.start_pos, 14,
+        "decoding starts at the first sampled token"
+    );
+    assert_eq!(e.token_ids, vec![99]);
+    assert!(e.sample);
+    c.on_step_output(&sample_all(&b)).unwrap();
+    let ups = run_until_idle(&mut c);
+    assert_eq!(
+        ups.len(),
+        2,
+        "max_tokens counts the tokens generated here: 1 + 2"
+    );
+    assert_eq!(c.kv_usage().used_blocks, 0);
+    // The pulled prompt's full blocks are registered here now.
+    assert_eq!(c.pool().match_prefix(&(0..14).collect::<Vec<u32>>()), 12);
+}
+
+#[test]
+fn a_failed_pull_recomputes_the_prompt_here() {
+    let mut c = core(32, 4, cfg(8, 64, 128));
+    let mut prompt: Vec<u32> = (0..10).collect();
+    prompt.push(7);
+    c.add(SeqRequest {
+        remote_tokens: 10,
+        ..req(1, prompt, 2)
+    })
+    .unwrap();
+    let b = c.schedule().unwrap();
+    assert_eq!(b.pulls.len(), 1);
+    c.on_step_output(&[]).unwrap();
+    c.pull_done(SeqId(1), false).unwrap();
+    let b = c.schedule().unwrap();
+    assert_eq!(b.entries[0].start_pos, 0, "prefill from the start");
+    assert_eq!(b.entries[0].token_ids.len(), 11);
+    c.on_step_output(&sample_all(&b)).unwrap();
+    run_until_idle(&mut c);
+    assert_eq!(c.kv_usage().used_blocks, 0);
+}
+
+#[test]
+fn a_sequence_cancelled_while_pulling_keeps_its_blocks_until_the_pull_returns() {
+    let mut c = core(8, 4, cfg(8, 64, 64));
+    let mut prompt: Vec<u32> = (0..12).collect();
+    prompt.push(1);
+    c.add(SeqRequest {
+        remote_tokens: 12,
+        ..req(1, prompt, 4)
+    })
+    .unwrap();
+    let b = c.schedule().unwrap();
+    assert_eq!(b.pulls.len(), 1);
+    c.on_step_output(&[]).unwrap();
+    let used = c.kv_usage().used_blocks;
+    assert!(used >= 3);
+    assert!(c.cancel(SeqId(1)));
+    assert!(!c.has_unfinished());
+    assert_eq!(
+        c.kv_usage().used_blocks,
+        used,
+        "the pull still writes into them"
+    );
+    assert_eq!(c.num_pulling(), 1);
+    assert!(c.pull_done(SeqId(1), true).unwrap());
+    assert_eq!(c.kv_usage().used_blocks, 0, "freed when the pull returned");
+    assert_eq!(c.num_pulling(), 0);
+}
+
+#[test]
+fn a_pulling_sequence_is_never_preempted() {
+    // 6 blocks of 4 tokens. A pulls (3 blocks); B decodes and outgrows the rest.
+    let mut c = core(6, 4, cfg(8, 64, 64));
+    let mut prompt: Vec<u32> = (0..10).collect();
+    prompt.push(1);
+    c.add(SeqRequest {
+        arrival: 1,
+        remote_tokens: 10,
+        ..req(1, prompt, 4)
+    })
+    .unwrap();
+    c.add(SeqRequest {
+        arrival: 2,
+        ..req(2, (20..26).collect(), 40)
+    })
+    .unwrap();
+    let b = c.schedule().unwrap();
+    assert_eq!(b.pulls.len(), 1);
+    c.on_step_output(&sample_all(&b)).unwrap();
+    for _ in 0..20 {
+        let b = c.schedule().unwrap();
+        assert!(
+            !b.preempted.contains(&SeqId(1)),
+            "the pulling sequence stays"
+        );
+        if b.entries.is_empty() {
+            c.on_step_output(&[]).unwrap();
+            break;
+        }
+        c.on_step_output(&sample_all(&b)).unwrap();
+    }
+    assert_eq!(c.num_pulling(), 1);
+    assert!(c.pull_done(SeqId(1), true).unwrap());
+}
+
+#[test]
+fn remote_tokens_must_end_inside_the_prompt() {
+    let mut c = core(8, 4, cfg(8, 64, 64));
+    let err = c
+        .add(SeqRequest {
+            remote_tokens: 5,
+            ..req(1, (0..5).collect(), 4)
+        })
+        .unwrap_err();
+    assert!(matches!(err, SchedulerError::RemoteBeyondPrompt { .. }));
+}

@@ -1,0 +1,317 @@
+//! Disaggregated prefill and decode on real processes (`flotilla up --prefill 1 --decode 1`,
+//! the real model): the same answers as aggregated serving, only the missing KV blocks moved,
+//! a run-time role change, and B10 (C)/(D) — a transfer delayed by chaos, cancelled by its
+//! client or losing its prefill worker, frees both sides (cases in `../shared/cases/`).
+
+#[path = "common/http.rs"]
+mod http;
+#[path = "common/poll.rs"]
+mod poll;
+#[path = "common/process.rs"]
+mod process;
+
+use crate::http::{MODEL, fleet, post, wait_routable};
+use crate::poll::poll_until;
+use crate::process::Cluster;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+const PREFILL: &str = "node-1/replica-0";
+const DECODE: &str = "node-2/replica-0";
+
+/// One prefill and one decode worker node; every prompt of 8 tokens or more is prefilled
+/// remotely. `sets`: more configuration.
+fn cluster(sets: &[&str]) -> Cluster {
+    let mut all = vec!["worker.kv_blocks=256", "disagg.min_prefill_tokens=8"];
+    all.extend_from_slice(sets);
+    Cluster::start_with(3, &["--chaos", "--prefill", "1", "--decode", "1"], &all)
+}
+
+fn golden(name: &str) -> Value {
+    let j: Value =
+        serde_json::from_str(include_str!("data/smollm2-golden.json")).expect("golden json");
+    j["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap()
+        .clone()
+}
+
+/// A worker's entry in the fleet view.
+async fn worker(c: &Cluster, id: &str) -> Value {
+    fleet(c).await["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|n| n["workers"].as_array().unwrap().clone())
+        .find(|w| w["id"] == id)
+        .unwrap_or(Value::Null)
+}
+
+/// Until the fleet view shows `id`'s `field` satisfying `ok` (heartbeats lag by up to 250 ms).
+async fn wait_worker(c: &Cluster, id: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    poll_until(Duration::from_secs(30), what, || async {
+        let w = worker(c, id).await;
+        ok(&w).then_some(w)
+    })
+    .await
+}
+
+/// Both workers back at their idle state: no blocks used or held, no pull pending.
+async fn wait_idle(c: &Cluster, what: &str) {
+    for id in [PREFILL, DECODE] {
+        wait_worker(c, id, what, |w| {
+            w["kv_blocks_used"] == 0 && w["kv_held"] == 0 && w["kv_pulls_pending"] == 0
+        })
+        .await;
+    }
+}
+
+async fn completion(c: &Cluster, body: Value) -> Value {
+    let (s, _, text) = post(&c.url("/v1/completions"), &body).await;
+    assert_eq!(s, 200, "{text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Stream a completion; `after_first` runs when the first token has arrived. Returns the
+/// text and whether the stream ended with `[DONE]` and no error record.
+async fn stream(c: &Cluster, mut body: Value, after_first: impl AsyncFnOnce()) -> (String, bool) {
+    body["stream"] = json!(true);
+    let resp = reqwest::Client::new()
+        .post(c.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut bytes = resp.bytes_stream();
+    let (mut text, mut buf, mut clean) = (String::new(), String::new(), false);
+    let mut hook = Some(after_first);
+    while let Some(b) = bytes.next().await {
+        buf.push_str(&String::from_utf8_lossy(&b.unwrap()));
+        while let Some(pos) = buf.find("\n\n") {
+            let rec: String = buf.drain(..pos + 2).collect();
+            let Some(data) = rec.trim().strip_prefix("data: ") else {
+                continue;
+            };
+            if data == "[DONE]" {
+                clean = true;
+                continue;
+            }
+            let v: Value = serde_json::from_str(data).unwrap();
+            assert!(v.get("error").is_none(), "error record: {v}");
+            if let Some(t) = v["choices"][0]["text"].as_str() {
+                text.push_str(t);
+                if !t.is_empty()
+                    && let Some(h) = hook.take()
+                {
+                    h().await;
+                }
+            }
+        }
+    }
+    (text, clean)
+}
+
+async fn chaos(c: &Cluster, fault: Value) {
+    let r = reqwest::Client::new()
+        .post(c.url("/chaos/faults"))
+        .json(&fault)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{:?}", r.text().await);
+}
+
+fn long_prompt(max_tokens: usize) -> Value {
+    let g = golden("long_prompt");
+    json!({"model": MODEL, "prompt": g["prompt_ids"], "max_tokens": max_tokens, "temperature": 0})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disaggregated_cluster_answers_as_an_aggregated_one_and_moves_only_missing_blocks() {
+    let c = cluster(&[]);
+    wait_routable(&c, 2).await;
+    assert_eq!(worker(&c, PREFILL).await["role"], "prefill");
+    assert_eq!(worker(&c, DECODE).await["role"], "decode");
+
+    // Every golden case, prefilled on node-1 and decoded on node-2: the golden greedy text.
+    let mut pulled = 0;
+    for name in ["chat_capital", "chat_list", "long_prompt"] {
+        let g = golden(name);
+        let n = g["greedy_ids"].as_array().unwrap().len();
+        let v = completion(
+            &c,
+            json!({"model": MODEL, "prompt": g["prompt_ids"], "max_tokens": n, "temperature": 0}),
+        )
+        .await;
+        let want = g["greedy_text"].as_str().unwrap().replace("<|im_end|>", "");
+        assert_eq!(v["choices"][0]["text"], want.as_str(), "{name}");
+        assert_eq!(
+            v["usage"]["prompt_tokens"],
+            g["prompt_ids"].as_array().unwrap().len()
+        );
+        let blocks = g["prompt_ids"].as_array().unwrap().len().div_ceil(16) as u64;
+        pulled += blocks;
+        wait_worker(&c, DECODE, "the decode worker pulled the prompt", |w| {
+            w["kv_blocks_pulled"] == pulled
+        })
+        .await;
+    }
+    assert_eq!(worker(&c, DECODE).await["kv_pull_fallbacks"], 0);
+    wait_idle(&c, "blocks released after each request").await;
+
+    // The long prompt again: the decode worker holds its 18 full blocks, so only the last,
+    // partial one moves; the prefill worker's cache served the prompt (cached_tokens).
+    let v = completion(&c, long_prompt(16)).await;
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 288);
+    wait_worker(&c, DECODE, "one more block pulled", |w| {
+        w["kv_blocks_pulled"] == pulled + 1
+    })
+    .await;
+
+    // A seeded sampled stream, disaggregated…
+    let sampled = json!({"model": MODEL, "prompt": "Write a short poem about the sea, the wind and the old lighthouse on the hill.",
+        "max_tokens": 32, "temperature": 0.9, "seed": 11});
+    let disagg = completion(&c, sampled.clone()).await;
+    wait_worker(&c, DECODE, "the sampled request was disaggregated", |w| {
+        w["kv_blocks_pulled"].as_u64() > Some(pulled + 1)
+    })
+    .await;
+
+    // …then the prefill worker becomes aggregated at run time (a control message: drain,
+    // then switch): no prefill pool is left, so nothing is disaggregated any more…
+    let url = c.url("/v1/workers/role");
+    let (s, _, body) = post(&url, &json!({"worker": PREFILL, "role": "aggregated"})).await;
+    assert_eq!(s, 202, "{body}");
+    let (s, _, body) = post(&url, &json!({"worker": PREFILL, "role": "both"})).await;
+    assert_eq!(s, 400, "{body}");
+    let (s, _, body) = post(
+        &url,
+        &json!({"worker": "node-9/replica-0", "role": "decode"}),
+    )
+    .await;
+    assert_eq!(s, 404, "{body}");
+    wait_worker(&c, PREFILL, "role switched", |w| {
+        w["role"] == "aggregated" && w["health"] == "ready"
+    })
+    .await;
+    wait_routable(&c, 2).await;
+    let before = worker(&c, DECODE).await["kv_blocks_pulled"].clone();
+    let agg = completion(&c, sampled).await;
+    // …and the seeded sampled text is the same.
+    assert_eq!(agg["choices"][0]["text"], disagg["choices"][0]["text"]);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        worker(&c, DECODE).await["kv_blocks_pulled"],
+        before,
+        "served aggregated"
+    );
+}
+
+/// B10 (C) and (D): chaos delays every KV transfer by 2 s; clients cancel during the transfer
+/// (both workers' KV back to idle after each, nothing left pending, the next request
+/// succeeds); then the prefill worker is killed mid-transfer and the request still finishes,
+/// identical, by recomputing its prompt on the decode worker; then every transfer is dropped,
+/// and requests are recomputed likewise. On the TCP backend, whose server refuses a region
+/// that is gone at once (over UCX shared memory, a read of a restarted replica's old pool may
+/// still succeed, with the right bytes: B10 (D) allows either).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b10_transfers_cancelled_or_losing_their_prefill_worker_free_both_sides() {
+    let c = cluster(&["transport.backend=tcp"]);
+    wait_routable(&c, 2).await;
+    let want = golden("long_prompt")["greedy_text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    chaos(
+        &c,
+        json!({"kind": "delay_kv_transfer", "delay_ms": 2000, "target": {"node": "node-2"}}),
+    )
+    .await;
+
+    // (C) The client goes away as soon as its first token (from the prefill worker) arrives,
+    // while the decode worker waits on the delayed pull.
+    for i in 0..4 {
+        let mut body = long_prompt(200);
+        body["stream"] = json!(true);
+        let resp = reqwest::Client::new()
+            .post(c.url("/v1/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let mut bytes = resp.bytes_stream();
+        let mut buf = String::new();
+        'first: while let Some(b) = bytes.next().await {
+            buf.push_str(&String::from_utf8_lossy(&b.unwrap()));
+            while let Some(pos) = buf.find("\n\n") {
+                let rec: String = buf.drain(..pos + 2).collect();
+                if let Some(data) = rec.trim().strip_prefix("data: ")
+                    && let Ok(v) = serde_json::from_str::<Value>(data)
+                    && v["choices"][0]["text"]
+                        .as_str()
+                        .is_some_and(|t| !t.is_empty())
+                {
+                    break 'first;
+                }
+            }
+        }
+        wait_worker(&c, DECODE, "the decode worker is pulling", |w| {
+            w["kv_pulls_pending"] == 1
+        })
+        .await;
+        drop(bytes); // the client disconnects mid-transfer
+        wait_idle(&c, &format!("attempt {i}: both sides freed")).await;
+        // The next request succeeds.
+        let (s, _, body) = post(
+            &c.url("/v1/completions"),
+            &json!({"model": MODEL, "prompt": "Hi", "max_tokens": 2}),
+        )
+        .await;
+        assert_eq!(s, 200, "{body}");
+    }
+
+    // (D) The prefill worker dies while the decode worker waits on the delayed transfer: the
+    // pull fails, the decode worker recomputes the prompt, the stream finishes unchanged.
+    let fallbacks = worker(&c, DECODE).await["kv_pull_fallbacks"]
+        .as_u64()
+        .unwrap();
+    let c2 = &c;
+    let (text, clean) = stream(&c, long_prompt(16), async || {
+        chaos(
+            c2,
+            json!({"kind": "kill_actor", "actor": "replica", "target": {"worker": PREFILL}}),
+        )
+        .await;
+    })
+    .await;
+    assert!(clean, "[DONE], no error record");
+    assert_eq!(text, want, "recomputed on the decode worker, same text");
+    wait_worker(&c, DECODE, "the pull failed and was recomputed", |w| {
+        w["kv_pull_fallbacks"].as_u64() > Some(fallbacks)
+    })
+    .await;
+    wait_routable(&c, 2).await;
+    wait_idle(&c, "both sides freed after the kill").await;
+
+    // A transfer fault that drops every pull: recomputed on the decode worker, same text.
+    chaos(
+        &c,
+        json!({"kind": "drop_kv_transfer", "rate": 1.0, "seed": 1, "target": {"node": "node-2"}}),
+    )
+    .await;
+    let fallbacks = worker(&c, DECODE).await["kv_pull_fallbacks"]
+        .as_u64()
+        .unwrap();
+    let v = completion(&c, long_prompt(16)).await;
+    assert_eq!(v["choices"][0]["text"], want.as_str());
+    wait_worker(&c, DECODE, "the dropped pull was recomputed", |w| {
+        w["kv_pull_fallbacks"].as_u64() > Some(fallbacks)
+    })
+    .await;
+    wait_idle(&c, "both sides freed after the dropped pull").await;
+}
