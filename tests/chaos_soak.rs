@@ -33,6 +33,67 @@ async fn soak_loses_nothing_while_workers_are_killed() {
     soak_and_check(&c, &opts).await;
 }
 
+/// The soak on a disaggregated cluster (one prefill, two decode worker nodes; every prompt is
+/// prefilled remotely) with a quarter of the KV transfers dropped throughout: prefill and
+/// decode workers are killed, hand-offs fail and are recomputed, and still every request
+/// returns its reference bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_loses_nothing_disaggregated_with_transfer_faults() {
+    let c = Cluster::start_with(
+        4,
+        &[
+            "--chaos",
+            "--max-restarts",
+            "100",
+            "--prefill",
+            "1",
+            "--decode",
+            "2",
+        ],
+        &["worker.kv_blocks=256", "disagg.min_prefill_tokens=8"],
+    );
+    crate::http::wait_routable(&c, 3).await;
+    for node in ["node-2", "node-3"] {
+        let r = reqwest::Client::new()
+            .post(c.url("/chaos/faults"))
+            .json(
+                &serde_json::json!({"kind": "drop_kv_transfer", "rate": 0.25, "seed": 5,
+                "target": {"node": node}}),
+            )
+            .send()
+            .await
+            .expect("chaos");
+        assert_eq!(r.status(), 201, "{:?}", r.text().await);
+    }
+    let opts = SoakOptions {
+        requests: 32,
+        concurrency: 4,
+        max_tokens: 24,
+        interval_ms: 1500,
+        recover_timeout_ms: 60_000,
+    };
+    soak_and_check(&c, &opts).await;
+    let f = crate::http::fleet(&c).await;
+    let workers: Vec<serde_json::Value> = f["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|n| n["workers"].as_array().unwrap().clone())
+        .collect();
+    eprintln!(
+        "pulled blocks / fallbacks per worker: {:?}",
+        workers
+            .iter()
+            .map(|w| (
+                &w["id"],
+                &w["role"],
+                &w["kv_blocks_pulled"],
+                &w["kv_pull_fallbacks"]
+            ))
+            .collect::<Vec<_>>()
+    );
+}
+
 /// Run the soak; nothing lost or changed, both kinds of kill, migrations, back to capacity
 /// after every fault.
 async fn soak_and_check(c: &Cluster, opts: &SoakOptions) {

@@ -396,3 +396,103 @@ async fn b13_a_slow_worker_gets_the_least_new_work() {
         assert!(slow <= *n, "the slow worker got more than {w}: {d:?}");
     }
 }
+
+/// Disaggregation on the simulated engine: one prefill replica and three decode replicas in
+/// one node (`worker.prefill_replicas`); long prompts are prefilled on the prefill replica and
+/// their KV "pulled" by a decode replica in the modelled transfer time (bytes ÷ bandwidth), so
+/// the gap between the first token (from the prefill replica) and the second (after the pull)
+/// is at least that long; short prompts stay on the decode replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_simulated_fleet_disaggregates_with_modelled_transfer_times() {
+    use futures::StreamExt;
+    // 1 MiB per token at 1 GB/s: a ~600-token prompt takes ≥ 0.6 s to move.
+    let c = FleetOptions::new(4)
+        .set("worker.role=decode")
+        .set("worker.prefill_replicas=1")
+        .set("disagg.min_prefill_tokens=256")
+        .set("worker.sim_kv_bytes_per_token=1048576")
+        .set("worker.sim_transfer_gbps=1")
+        .start()
+        .await;
+    wait_routable(&c, 4).await;
+    let f: Value = reqwest::get(c.url("/v1/fleet"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let roles: Vec<(String, String)> = f["nodes"][0]["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["id"].as_str().unwrap().to_owned(),
+                w["role"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert!(
+        roles.contains(&(format!("{NODE}/replica-0"), "prefill".into())),
+        "{roles:?}"
+    );
+    assert_eq!(roles.iter().filter(|(_, r)| r == "decode").count(), 3);
+
+    let mut body = chat(&prefix("delta", 300), "go", 4);
+    body["stream"] = json!(true);
+    let resp = reqwest::Client::new()
+        .post(c.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.bytes_stream();
+    let (mut buf, mut times) = (String::new(), Vec::new());
+    while let Some(b) = stream.next().await {
+        buf.push_str(&String::from_utf8_lossy(&b.unwrap()));
+        while let Some(pos) = buf.find("\n\n") {
+            let rec: String = buf.drain(..pos + 2).collect();
+            if rec.contains("\"content\":") && !rec.contains("\"content\":\"\"") {
+                times.push(std::time::Instant::now());
+            }
+        }
+    }
+    assert!(times.len() >= 2, "tokens streamed: {}", times.len());
+    let gap = times[1] - times[0];
+    assert!(
+        gap >= Duration::from_millis(550),
+        "the second token waits for the modelled transfer: {gap:?}"
+    );
+    let pulled = |f: &Value| -> u64 {
+        f["nodes"][0]["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["kv_blocks_pulled"].as_u64().unwrap_or(0))
+            .sum()
+    };
+    let f = crate::poll::poll_until(Duration::from_secs(10), "pull counted", || async {
+        let f: Value = reqwest::get(c.url("/v1/fleet"))
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (pulled(&f) > 0).then_some(f)
+    })
+    .await;
+    let p = pulled(&f);
+    assert!(p >= 600 / 16, "the prompt's blocks were pulled: {p}");
+    // A short prompt is not disaggregated: nothing more is pulled.
+    send(&c, "/v1/chat/completions", &chat("Be brief.", "hi", 2)).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let f: Value = reqwest::get(c.url("/v1/fleet"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(pulled(&f), p);
+    c.stop().await;
+}

@@ -410,6 +410,9 @@ pub struct WorkerConfig {
     /// The replicas' role in disaggregated serving: `aggregated`, `prefill` or `decode`
     /// (`worker/role.rs`).
     pub role: crate::worker::Role,
+    /// Of this node's replicas, the first this many are `prefill` whatever `role` says (a
+    /// mixed node: e.g. a simulated fleet of 16 replicas in one process with 4 prefill ones).
+    pub prefill_replicas: u32,
     /// Sim engine: the modelled KV transfer between nodes, GB/s (default 25, a 200 Gb/s
     /// RDMA link).
     pub sim_transfer_gbps: f64,
@@ -447,6 +450,7 @@ impl Default for WorkerConfig {
             sim_profile: None,
             sim_speedup: 1.0,
             role: crate::worker::Role::Aggregated,
+            prefill_replicas: 0,
             sim_transfer_gbps: 25.0,
             sim_transfer_latency_us: 50,
             sim_kv_bytes_per_token: 131_072,

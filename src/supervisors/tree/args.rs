@@ -165,7 +165,11 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
         sim: ctx.sim_profile.clone().map(|p| (p, w.sim_speedup)),
         stats: ctx.stats.clone(),
         transport: ctx.transport.clone(),
-        role: w.role,
+        role: if k < w.prefill_replicas {
+            crate::worker::Role::Prefill
+        } else {
+            w.role
+        },
         disagg: DisaggWorker {
             hold: Duration::from_millis(ctx.config.disagg.hold_ms),
             transfer_timeout: Duration::from_millis(ctx.config.disagg.transfer_timeout_ms),
