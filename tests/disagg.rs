@@ -315,3 +315,86 @@ async fn b10_transfers_cancelled_or_losing_their_prefill_worker_free_both_sides(
     .await;
     wait_idle(&c, "both sides freed after the dropped pull").await;
 }
+
+/// B16 and B17 with roles: a panic in the prefill worker's scheduler restarts its replica,
+/// which comes back as a prefill worker, and requests go on; then the prefill node drains
+/// (SIGTERM) while requests keep arriving: it leaves routing at once, the decode worker
+/// prefills by itself, no request fails, and the node exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b16_b17_a_prefill_worker_that_panics_or_drains_loses_no_request() {
+    use crate::process::{node_pid, signal};
+    let c = cluster(&["node.drain_grace_ms=20000"]);
+    wait_routable(&c, 2).await;
+    let want = golden("long_prompt")["greedy_text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let restarts = |f: &Value| -> u64 {
+        f["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["counters"]["restarts"].as_u64().unwrap_or(0))
+            .sum()
+    };
+    let before = restarts(&fleet(&c).await);
+    // B17: the prefill worker's scheduler panics in its next handler.
+    chaos(&c, json!({"kind": "panic", "target": {"worker": PREFILL}})).await;
+    poll_until(Duration::from_secs(30), "the replica restarted", || async {
+        (restarts(&fleet(&c).await) > before).then_some(())
+    })
+    .await;
+    wait_worker(&c, PREFILL, "back as a prefill worker", |w| {
+        w["role"] == "prefill" && w["health"] == "ready"
+    })
+    .await;
+    wait_routable(&c, 2).await;
+    let pulled = worker(&c, DECODE).await["kv_blocks_pulled"]
+        .as_u64()
+        .unwrap_or(0);
+    let v = completion(&c, long_prompt(16)).await;
+    assert_eq!(v["choices"][0]["text"], want.as_str());
+    wait_worker(&c, DECODE, "disaggregated again after the restart", |w| {
+        w["kv_blocks_pulled"].as_u64() > Some(pulled)
+    })
+    .await;
+
+    // B16: drain the prefill node while requests arrive.
+    let pid = node_pid(&c, "node-1").await;
+    let load = {
+        let gw = c.url("/v1/completions");
+        tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            for _ in 0..6 {
+                let body = long_prompt(16);
+                let (s, _, text) = post(&gw, &body).await;
+                statuses.push((s, text));
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            statuses
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    signal(pid, nix::sys::signal::Signal::SIGTERM);
+    for (s, text) in load.await.unwrap() {
+        assert_eq!(s, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["choices"][0]["text"], want.as_str());
+    }
+    poll_until(
+        Duration::from_secs(40),
+        "node-1 exited after its drain",
+        || async {
+            let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err();
+            gone.then_some(())
+        },
+    )
+    .await;
+    wait_routable(&c, 1).await;
+    let v = completion(&c, long_prompt(16)).await;
+    assert_eq!(
+        v["choices"][0]["text"],
+        want.as_str(),
+        "served by the decode worker alone"
+    );
+}

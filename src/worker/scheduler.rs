@@ -46,6 +46,26 @@
 //! fits (or that block is not used yet). Steps without decode rows, and every step until the
 //! model has seen enough step shapes, use the token budget alone.
 //!
+//! # Disaggregation (`worker/role.rs`)
+//! - **Hand-off (prefill side).** A submission with `hand_off` runs as usual until its first
+//!   token; unless that token ends it, the sequence then leaves the batch and its blocks stay
+//!   pinned ([`SchedulerCore`]'s held sequences). The scheduler sends the token, then
+//!   [`TokenEventKind::HandOff`] with the blocks, this replica's KV region (from the node's
+//!   transport) and the end of the hold (`disagg.hold_ms`). A `Cancel` of the request — the
+//!   decode worker's confirmation, or the gateway's Request giving up — releases the blocks
+//!   (they stay in the prefix cache); so does the end of the hold, checked on every tick.
+//! - **Pull (decode side).** A submission with `remote_kv` (its prompt ends with the token the
+//!   prefill worker sampled) is admitted like any other, reusing this pool's cached prefix; the
+//!   blocks it still lacks up to the prefill worker's last prompt token are pulled (a
+//!   [`PullOrder`]) through the node's transport actor (on a simulated engine: a sleep for the
+//!   modelled transfer time, [`SimTransfer`]), by the earlier of `disagg.transfer_timeout_ms`
+//!   and the hold's end less a margin. The sequence is not scheduled, preempted or freed
+//!   while its pull runs (the pull writes its blocks; a cancelled one is freed when the pull
+//!   returns). When it returns, the prompt's KV counts as computed and decoding starts — or,
+//!   after any failure (peer dead or restarted, deadline, chaos), the sequence prefills
+//!   what it lacks itself: a failed transfer costs time, never the request. Either way the
+//!   prefill worker is told to release its blocks.
+//!
 //! # Step protocol
 //! `schedule()` → engine runs the batch → `on_step_output(sampled)`; exactly one step is in
 //! flight. Computed counts advance at scheduling time; the pool registers blocks (KV events)
