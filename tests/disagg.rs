@@ -212,6 +212,7 @@ async fn a_disaggregated_cluster_answers_as_an_aggregated_one_and_moves_only_mis
     );
 }
 
+/// B10 (B): a near-context prompt dropped before its first token stops on the prefill worker.
 /// B10 (C) and (D): chaos delays every KV transfer by 2 s; clients cancel during the transfer
 /// (both workers' KV back to idle after each, nothing left pending, the next request
 /// succeeds); then the prefill worker is killed mid-transfer and the request still finishes,
@@ -227,6 +228,54 @@ async fn b10_transfers_cancelled_or_losing_their_prefill_worker_free_both_sides(
         .as_str()
         .unwrap()
         .to_owned();
+    // (B) A cold near-context prompt (`max_tokens: 1`) dropped after 1 s, before any token:
+    // the prefill worker stops it within a step or two and frees its blocks; a short request
+    // right after is served.
+    let short = json!({"model": MODEL, "prompt": "Name three colours of the rainbow, please.", "max_tokens": 20});
+    let t = std::time::Instant::now();
+    completion(&c, short.clone()).await;
+    let baseline = t.elapsed();
+    let ids: Vec<Value> = golden("long_prompt")["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .cycle()
+        .take(3900)
+        .cloned()
+        .collect();
+    let long = json!({"model": MODEL, "prompt": ids, "max_tokens": 1, "stream": true});
+    let client = reqwest::Client::new();
+    let pending = client.post(c.url("/v1/completions")).json(&long).send();
+    let resp = tokio::time::timeout(Duration::from_secs(1), async {
+        let r = pending.await.unwrap();
+        let mut bytes = r.bytes_stream();
+        while let Some(b) = bytes.next().await {
+            let b = b.unwrap();
+            assert!(
+                !String::from_utf8_lossy(&b).contains("\"text\""),
+                "no token within 1 s of a 3 900-token prefill"
+            );
+        }
+    })
+    .await;
+    assert!(resp.is_err(), "still prefilling after 1 s");
+    let dropped = std::time::Instant::now();
+    wait_worker(&c, PREFILL, "the dropped prefill stopped", |w| {
+        w["kv_blocks_used"] == 0 && w["running"] == 0 && w["waiting"] == 0
+    })
+    .await;
+    eprintln!(
+        "B10 (B): prefill stopped {:?} after the drop",
+        dropped.elapsed()
+    );
+    let t = std::time::Instant::now();
+    completion(&c, short).await;
+    eprintln!(
+        "B10 (B): short request {:?} (baseline {baseline:?})",
+        t.elapsed()
+    );
+    wait_idle(&c, "idle after the dropped prefill").await;
+
     chaos(
         &c,
         json!({"kind": "delay_kv_transfer", "delay_ms": 2000, "target": {"node": "node-2"}}),
@@ -397,4 +446,94 @@ async fn b16_b17_a_prefill_worker_that_panics_or_drains_loses_no_request() {
         want.as_str(),
         "served by the decode worker alone"
     );
+}
+
+/// B11 disaggregated: a greedy stream whose decode worker's node is killed after 50 tokens
+/// migrates — its prompt plus the 50 tokens is prefilled again on the prefill worker and
+/// handed to the other decode worker — and the client's text equals the reference run byte
+/// for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b11_a_disaggregated_stream_migrates_without_a_seam() {
+    let c = Cluster::start_with(
+        4,
+        &["--chaos", "--prefill", "1", "--decode", "2"],
+        &[
+            "worker.kv_blocks=256",
+            "disagg.min_prefill_tokens=8",
+            "gateway.migration_limit=2",
+        ],
+    );
+    wait_routable(&c, 3).await;
+    let body = json!({"model": MODEL, "prompt": "Tell me a long story about a lighthouse keeper and the sea.",
+        "max_tokens": 120, "temperature": 0, "ignore_eos": true});
+    let (reference, clean) = stream(&c, body.clone(), async || {}).await;
+    assert!(clean);
+    let pulled_before: u64 = fleet(&c).await["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|n| n["workers"].as_array().unwrap().clone())
+        .map(|w| w["kv_blocks_pulled"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(pulled_before > 0, "the reference run was disaggregated");
+
+    // Kill the node of the decode worker serving the stream once 50 chunks have arrived.
+    let mut body = body;
+    body["stream"] = json!(true);
+    let resp = reqwest::Client::new()
+        .post(c.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut bytes = resp.bytes_stream();
+    let (mut text, mut buf, mut chunks, mut killed, mut clean) =
+        (String::new(), String::new(), 0, false, false);
+    while let Some(b) = bytes.next().await {
+        buf.push_str(&String::from_utf8_lossy(&b.unwrap()));
+        while let Some(pos) = buf.find("\n\n") {
+            let rec: String = buf.drain(..pos + 2).collect();
+            let Some(data) = rec.trim().strip_prefix("data: ") else {
+                continue;
+            };
+            if data == "[DONE]" {
+                clean = true;
+                continue;
+            }
+            let v: Value = serde_json::from_str(data).unwrap();
+            assert!(v.get("error").is_none(), "error record: {v}");
+            if let Some(t) = v["choices"][0]["text"].as_str() {
+                text.push_str(t);
+                chunks += 1;
+            }
+        }
+        if chunks >= 50 && !killed {
+            killed = true;
+            let f = fleet(&c).await;
+            let busy = f["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|n| {
+                    n["workers"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|w| w["role"] == "decode" && w["running"].as_u64() > Some(0))
+                })
+                .map(|n| n["id"].as_str().unwrap().to_owned())
+                .expect("a decode worker runs the stream");
+            chaos(&c, json!({"kind": "kill_node", "target": {"node": busy}})).await;
+        }
+    }
+    assert!(killed, "the fault was injected");
+    assert!(clean, "[DONE]");
+    assert_eq!(text, reference, "byte for byte across the migration");
+    let migrations: u64 = fleet(&c).await["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["counters"]["migrations"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(migrations >= 1, "the stream migrated");
 }
