@@ -76,9 +76,14 @@ async fn completion(c: &Cluster, body: Value) -> Value {
     serde_json::from_str(&text).unwrap()
 }
 
-/// Stream a completion; `after_first` runs when the first token has arrived. Returns the
+/// Stream a completion; `hook` runs once `mark` chunks with text have arrived. Returns the
 /// text and whether the stream ended with `[DONE]` and no error record.
-async fn stream(c: &Cluster, mut body: Value, after_first: impl AsyncFnOnce()) -> (String, bool) {
+async fn stream(
+    c: &Cluster,
+    mut body: Value,
+    mark: usize,
+    hook: impl AsyncFnOnce(),
+) -> (String, bool) {
     body["stream"] = json!(true);
     let resp = reqwest::Client::new()
         .post(c.url("/v1/completions"))
@@ -88,8 +93,8 @@ async fn stream(c: &Cluster, mut body: Value, after_first: impl AsyncFnOnce()) -
         .unwrap();
     assert_eq!(resp.status(), 200);
     let mut bytes = resp.bytes_stream();
-    let (mut text, mut buf, mut clean) = (String::new(), String::new(), false);
-    let mut hook = Some(after_first);
+    let (mut text, mut buf, mut clean, mut chunks) = (String::new(), String::new(), false, 0);
+    let mut hook = Some(hook);
     while let Some(b) = bytes.next().await {
         buf.push_str(&String::from_utf8_lossy(&b.unwrap()));
         while let Some(pos) = buf.find("\n\n") {
@@ -103,14 +108,15 @@ async fn stream(c: &Cluster, mut body: Value, after_first: impl AsyncFnOnce()) -
             }
             let v: Value = serde_json::from_str(data).unwrap();
             assert!(v.get("error").is_none(), "error record: {v}");
-            if let Some(t) = v["choices"][0]["text"].as_str() {
+            if let Some(t) = v["choices"][0]["text"].as_str().filter(|t| !t.is_empty()) {
                 text.push_str(t);
-                if !t.is_empty()
-                    && let Some(h) = hook.take()
-                {
-                    h().await;
-                }
+                chunks += 1;
             }
+        }
+        if chunks >= mark
+            && let Some(h) = hook.take()
+        {
+            h().await;
         }
     }
     (text, clean)
@@ -330,7 +336,7 @@ async fn b10_transfers_cancelled_or_losing_their_prefill_worker_free_both_sides(
         .as_u64()
         .unwrap();
     let c2 = &c;
-    let (text, clean) = stream(&c, long_prompt(16), async || {
+    let (text, clean) = stream(&c, long_prompt(16), 1, async || {
         chaos(
             c2,
             json!({"kind": "kill_actor", "actor": "replica", "target": {"worker": PREFILL}}),
@@ -466,7 +472,7 @@ async fn b11_a_disaggregated_stream_migrates_without_a_seam() {
     wait_routable(&c, 3).await;
     let body = json!({"model": MODEL, "prompt": "Tell me a long story about a lighthouse keeper and the sea.",
         "max_tokens": 120, "temperature": 0, "ignore_eos": true});
-    let (reference, clean) = stream(&c, body.clone(), async || {}).await;
+    let (reference, clean) = stream(&c, body.clone(), 0, async || {}).await;
     assert!(clean);
     let pulled_before: u64 = fleet(&c).await["nodes"]
         .as_array()
@@ -478,55 +484,25 @@ async fn b11_a_disaggregated_stream_migrates_without_a_seam() {
     assert!(pulled_before > 0, "the reference run was disaggregated");
 
     // Kill the node of the decode worker serving the stream once 50 chunks have arrived.
-    let mut body = body;
-    body["stream"] = json!(true);
-    let resp = reqwest::Client::new()
-        .post(c.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let mut bytes = resp.bytes_stream();
-    let (mut text, mut buf, mut chunks, mut killed, mut clean) =
-        (String::new(), String::new(), 0, false, false);
-    while let Some(b) = bytes.next().await {
-        buf.push_str(&String::from_utf8_lossy(&b.unwrap()));
-        while let Some(pos) = buf.find("\n\n") {
-            let rec: String = buf.drain(..pos + 2).collect();
-            let Some(data) = rec.trim().strip_prefix("data: ") else {
-                continue;
-            };
-            if data == "[DONE]" {
-                clean = true;
-                continue;
-            }
-            let v: Value = serde_json::from_str(data).unwrap();
-            assert!(v.get("error").is_none(), "error record: {v}");
-            if let Some(t) = v["choices"][0]["text"].as_str() {
-                text.push_str(t);
-                chunks += 1;
-            }
-        }
-        if chunks >= 50 && !killed {
-            killed = true;
-            let f = fleet(&c).await;
-            let busy = f["nodes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|n| {
-                    n["workers"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .any(|w| w["role"] == "decode" && w["running"].as_u64() > Some(0))
-                })
-                .map(|n| n["id"].as_str().unwrap().to_owned())
-                .expect("a decode worker runs the stream");
-            chaos(&c, json!({"kind": "kill_node", "target": {"node": busy}})).await;
-        }
-    }
-    assert!(killed, "the fault was injected");
+    let c2 = &c;
+    let (text, clean) = stream(&c, body, 50, async || {
+        let f = fleet(c2).await;
+        let busy = f["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| {
+                n["workers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|w| w["role"] == "decode" && w["running"].as_u64() > Some(0))
+            })
+            .map(|n| n["id"].as_str().unwrap().to_owned())
+            .expect("a decode worker runs the stream");
+        chaos(c2, json!({"kind": "kill_node", "target": {"node": busy}})).await;
+    })
+    .await;
     assert!(clean, "[DONE]");
     assert_eq!(text, reference, "byte for byte across the migration");
     let migrations: u64 = fleet(&c).await["nodes"]
