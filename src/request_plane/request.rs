@@ -412,6 +412,9 @@ impl RequestState {
                 self.held = Some((kv.worker.clone(), kv.request));
                 self.pending_kv = Some(*kv);
                 self.end_attempt(false);
+                // Tokens have reached the client: a placement that finds no worker waits
+                // for one (as a migration does) instead of failing the request.
+                self.migration.on_hand_off(self.args.clock.now());
                 return self.place_or_retry(myself).await;
             }
             TokenEventKind::Admitted { .. } if self.admitted_sent => return true,

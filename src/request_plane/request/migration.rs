@@ -140,6 +140,8 @@ pub struct Migration {
     total: u32,
     /// The migration under way: its deadline and the placement tries it made.
     current: Option<(Instant, u32)>,
+    /// `current` is a hand-off's placement, not a migration.
+    hand_off: bool,
     avoid: Vec<WorkerId>,
     rng: StdRng,
 }
@@ -154,6 +156,7 @@ impl Migration {
             stall_start: None,
             total: 0,
             current: None,
+            hand_off: false,
             avoid: Vec::new(),
             rng: StdRng::seed_from_u64(seed),
         }
@@ -195,7 +198,17 @@ impl Migration {
         }
         self.total += 1;
         self.current = Some((now + self.policy.deadline, 0));
+        self.hand_off = false;
         Decision::Place
+    }
+
+    /// A prefill worker handed the request off at `now` (disaggregated serving): the decode
+    /// attempt's placement may wait for a worker like a migration's (backoff up to the
+    /// deadline) — tokens have reached the client — but nothing was lost, so no migration is
+    /// counted and no worker avoided.
+    pub fn on_hand_off(&mut self, now: Instant) {
+        self.current = Some((now + self.policy.deadline, 0));
+        self.hand_off = true;
     }
 
     /// The `k`-th backoff step (from 0), jittered.
@@ -226,9 +239,11 @@ impl Migration {
     }
 
     /// The request is placed and produced a token: the migration under way (if any) is over.
-    /// Returns whether one was.
+    /// Returns whether one was (a hand-off's placement is not one).
     pub fn on_resumed(&mut self) -> bool {
-        self.current.take().is_some()
+        let migrated = self.current.take().is_some() && !self.hand_off;
+        self.hand_off = false;
+        migrated
     }
 
     /// Workers that failed this request, oldest first: to avoid when placing it.

@@ -248,3 +248,28 @@ fn losses_while_only_queued_never_count_against_the_request() {
         Decision::Fail(GiveUp::NoProgress { losses: 5, .. })
     ));
 }
+
+#[test]
+fn a_hand_off_placement_waits_for_a_worker_without_counting_a_migration() {
+    let clock = ManualClock::new();
+    let mut m = Migration::new(policy(), 1);
+    // Before any hand-off, a failed first placement fails at once.
+    assert_eq!(
+        m.on_place_failed(clock.now(), true),
+        Decision::Fail(GiveUp::FirstPlacement)
+    );
+    m.on_hand_off(clock.now());
+    assert!(matches!(
+        m.on_place_failed(clock.now(), true),
+        Decision::Wait { .. }
+    ));
+    assert_eq!(m.total(), 0, "not a migration");
+    assert!(m.avoid().is_empty());
+    assert!(!m.on_resumed(), "its first token ends no migration");
+    m.on_hand_off(clock.now());
+    clock.advance(policy().deadline);
+    assert!(matches!(
+        m.on_place_failed(clock.now(), true),
+        Decision::Fail(GiveUp::Deadline { .. })
+    ));
+}
