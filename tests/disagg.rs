@@ -40,6 +40,14 @@ fn golden(name: &str) -> Value {
         .clone()
 }
 
+/// A golden case's greedy continuation as the completions route returns it.
+fn greedy_text(name: &str) -> String {
+    golden(name)["greedy_text"]
+        .as_str()
+        .unwrap()
+        .replace("<|im_end|>", "")
+}
+
 /// A worker's entry in the fleet view.
 async fn worker(c: &Cluster, id: &str) -> Value {
     fleet(c).await["nodes"]
@@ -154,7 +162,7 @@ async fn a_disaggregated_cluster_answers_as_an_aggregated_one_and_moves_only_mis
             json!({"model": MODEL, "prompt": g["prompt_ids"], "max_tokens": n, "temperature": 0}),
         )
         .await;
-        let want = g["greedy_text"].as_str().unwrap().replace("<|im_end|>", "");
+        let want = greedy_text(name);
         assert_eq!(v["choices"][0]["text"], want.as_str(), "{name}");
         assert_eq!(
             v["usage"]["prompt_tokens"],
@@ -230,10 +238,7 @@ async fn a_disaggregated_cluster_answers_as_an_aggregated_one_and_moves_only_mis
 async fn b10_transfers_cancelled_or_losing_their_prefill_worker_free_both_sides() {
     let c = cluster(&["transport.backend=tcp"]);
     wait_routable(&c, 2).await;
-    let want = golden("long_prompt")["greedy_text"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let want = greedy_text("long_prompt");
     // (B) A cold near-context prompt (`max_tokens: 1`) dropped after 1 s, before any token:
     // the prefill worker stops it within a step or two and frees its blocks; a short request
     // right after is served.
@@ -380,10 +385,7 @@ async fn b16_b17_a_prefill_worker_that_panics_or_drains_loses_no_request() {
     use crate::process::{node_pid, signal};
     let c = cluster(&["node.drain_grace_ms=20000"]);
     wait_routable(&c, 2).await;
-    let want = golden("long_prompt")["greedy_text"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let want = greedy_text("long_prompt");
     let restarts = |f: &Value| -> u64 {
         f["nodes"]
             .as_array()

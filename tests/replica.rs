@@ -185,6 +185,15 @@ impl Harness {
         }
     }
 
+    /// Until nothing is held or used in this replica's pool (a hand-off released).
+    async fn wait_released(&self) {
+        poll_until(Duration::from_secs(5), "blocks released", || async {
+            let s = self.stats().await;
+            (s.held == 0 && s.kv_blocks_used == 0).then_some(())
+        })
+        .await;
+    }
+
     async fn stats(&self) -> SchedulerStats {
         ractor::call!(self.scheduler(), SchedulerMsg::Stats)
             .unwrap()
@@ -524,15 +533,7 @@ async fn disaggregated_prefill_and_decode_give_the_golden_ids_and_move_only_miss
     let s = d.stats().await;
     assert_eq!((s.blocks_pulled, s.pull_fallbacks), (19, 0));
     // The decode worker confirmed: the prefill worker released its blocks.
-    poll_until(
-        Duration::from_secs(5),
-        "prefill blocks released",
-        || async {
-            let s = p.stats().await;
-            (s.held == 0 && s.kv_blocks_used == 0).then_some(())
-        },
-    )
-    .await;
+    p.wait_released().await;
 
     // 2. Warm: the decode worker now holds the prompt's 18 full blocks; only the last,
     //    partial one moves.
@@ -559,15 +560,7 @@ async fn disaggregated_prefill_and_decode_give_the_golden_ids_and_move_only_miss
     let s = d.stats().await;
     assert_eq!(s.pull_fallbacks, 1);
     assert_eq!((s.pulls_pending, s.kv_blocks_used), (0, 0));
-    poll_until(
-        Duration::from_secs(5),
-        "prefill blocks released",
-        || async {
-            let s = p.stats().await;
-            (s.held == 0 && s.kv_blocks_used == 0).then_some(())
-        },
-    )
-    .await;
+    p.wait_released().await;
     p.stop().await;
     d.stop().await;
 }
@@ -590,14 +583,6 @@ async fn a_hand_off_is_released_when_its_request_is_cancelled() {
             RequestId(40),
         ))))
         .unwrap();
-    poll_until(
-        Duration::from_secs(5),
-        "hold released on cancel",
-        || async {
-            let s = p.stats().await;
-            (s.held == 0 && s.kv_blocks_used == 0).then_some(())
-        },
-    )
-    .await;
+    p.wait_released().await;
     p.stop().await;
 }

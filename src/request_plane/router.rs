@@ -139,12 +139,19 @@ pub struct DisaggRouting {
     pub max_prefill_queue_tokens: u64,
 }
 
-impl Default for DisaggRouting {
-    fn default() -> Self {
+impl From<&crate::runtime::config::DisaggConfig> for DisaggRouting {
+    fn from(c: &crate::runtime::config::DisaggConfig) -> Self {
         Self {
-            min_prefill_tokens: 512,
-            max_prefill_queue_tokens: 16_384,
+            min_prefill_tokens: c.min_prefill_tokens,
+            max_prefill_queue_tokens: c.max_prefill_queue_tokens,
         }
+    }
+}
+
+impl Default for DisaggRouting {
+    /// From the configuration's defaults.
+    fn default() -> Self {
+        Self::from(&crate::runtime::config::DisaggConfig::default())
     }
 }
 

@@ -203,13 +203,20 @@ pub struct DisaggWorker {
     pub hold_margin: std::time::Duration,
 }
 
-impl Default for DisaggWorker {
-    fn default() -> Self {
+impl From<&crate::runtime::config::DisaggConfig> for DisaggWorker {
+    fn from(c: &crate::runtime::config::DisaggConfig) -> Self {
         Self {
-            hold: std::time::Duration::from_secs(30),
-            transfer_timeout: std::time::Duration::from_secs(10),
+            hold: std::time::Duration::from_millis(c.hold_ms),
+            transfer_timeout: std::time::Duration::from_millis(c.transfer_timeout_ms),
             hold_margin: std::time::Duration::from_secs(2),
         }
+    }
+}
+
+impl Default for DisaggWorker {
+    /// From the configuration's defaults.
+    fn default() -> Self {
+        Self::from(&crate::runtime::config::DisaggConfig::default())
     }
 }
 
@@ -335,7 +342,7 @@ struct Live {
 
 /// A handed-off sequence's pinned blocks.
 struct Held {
-    key: (NodeId, RequestId),
+    request: RequestId,
     owner: Owner,
     until: crate::runtime::clock::Instant,
 }
@@ -465,8 +472,8 @@ impl SchedulerState {
             self.by_request.remove(&(l.owner.node, l.request));
         }
         if let Some(h) = self.held.remove(&seq) {
-            tracing::debug!(worker = %self.args.worker, request = %h.key.1, "handed-off blocks released");
-            self.by_request.remove(&h.key);
+            tracing::debug!(worker = %self.args.worker, request = %h.request, "handed-off blocks released");
+            self.by_request.remove(&(h.owner.node, h.request));
         }
         let _ = self.engine.cast(EngineWorkerMsg::Release(seq));
     }
@@ -808,7 +815,7 @@ impl SchedulerState {
                     self.held.insert(
                         u.seq,
                         Held {
-                            key: (l.owner.node.clone(), l.request),
+                            request: l.request,
                             owner: l.owner,
                             until: now + hold,
                         },

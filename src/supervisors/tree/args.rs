@@ -68,10 +68,7 @@ pub(super) fn router(ctx: &NodeContext) -> RouterArgs {
         temperature: r.temperature,
         seed: r.seed,
     });
-    args.disagg = crate::request_plane::router::DisaggRouting {
-        min_prefill_tokens: ctx.config.disagg.min_prefill_tokens,
-        max_prefill_queue_tokens: ctx.config.disagg.max_prefill_queue_tokens,
-    };
+    args.disagg = (&ctx.config.disagg).into();
     args
 }
 
@@ -170,11 +167,7 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
         } else {
             w.role
         },
-        disagg: DisaggWorker {
-            hold: Duration::from_millis(ctx.config.disagg.hold_ms),
-            transfer_timeout: Duration::from_millis(ctx.config.disagg.transfer_timeout_ms),
-            ..DisaggWorker::default()
-        },
+        disagg: DisaggWorker::from(&ctx.config.disagg),
         sim_transfer: ctx.sim_profile.is_some().then(|| SimTransfer {
             bytes_per_token: w.sim_kv_bytes_per_token,
             gbps: w.sim_transfer_gbps,
