@@ -185,6 +185,7 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
         prefill: fit_quadratic(&prefill)?,
         decode: fit_quadratic(&decode)?,
         min_decode_ms: decode.iter().map(|p| p.1).fold(f64::INFINITY, f64::min) * 0.5,
+        kv_tokens: Some(a.num_blocks * BLOCK),
     };
     std::fs::write(&a.out, serde_json::to_string_pretty(&profile)?)?;
     println!(

@@ -6,8 +6,9 @@
 //!   worker's event ids triggers one resync from its KV event publisher's snapshot).
 //! - `load.rs` — [`load::ActiveLoad`]: per worker, prompt tokens waiting for prefill and active
 //!   decode blocks of the requests this router placed.
-//! - `policy.rs` — [`policy::Selector`]: `kv` (Dynamo's cost: `overlap_weight × prefill_blocks
-//!   + decode_blocks`), `least_loaded`, `round_robin`, `random`.
+//! - `policy.rs` — [`policy::Selector`]: `kv` (`(queued + overlap_weight × uncached) / B +
+//!   decode_blocks`), `dynamo_kv` (NVIDIA Dynamo's cost), `least_loaded`, `round_robin`,
+//!   `random`.
 //!
 //! Any node with the `router` role runs one Router, in the process group [`ROUTER_GROUP`];
 //! gateways ask their own node's router first. Every router consumes every KV event (a
@@ -351,8 +352,14 @@ impl RouterState {
                     .increment(1);
             }
         }
-        self.load
-            .on_routed(key, &d.worker, d.uncached_tokens, d.request_blocks, now);
+        self.load.on_routed_prefix(
+            key,
+            &d.worker,
+            d.uncached_tokens,
+            &req.seq_hashes,
+            d.request_blocks,
+            now,
+        );
         let w = d.worker.to_string();
         metrics::counter!("flotilla_router_placements_total", "worker" => w.clone(), "policy" => d.policy.as_str(), "hand_off" => if hand_off { "true" } else { "false" })
             .increment(1);

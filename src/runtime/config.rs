@@ -154,8 +154,11 @@ pub struct RouterConfig {
     /// `kv` (prefix overlap against load), `least_loaded`, `round_robin` or `random`; a
     /// request may override it with the `x-flotilla-route-policy` header.
     pub policy: crate::request_plane::router::policy::Policy,
-    /// Weight of the prefill term in the `kv` cost (Dynamo's `--kv-overlap-score-weight`).
+    /// `kv`: weight of the prompt tokens the cache saves against load (default 4).
     pub overlap_weight: f64,
+    /// `dynamo_kv`: weight of the prefill term (Dynamo's `--kv-overlap-score-weight`,
+    /// default 1).
+    pub dynamo_overlap_weight: f64,
     /// 0: the cheapest worker wins; above, a softmax over normalised costs is sampled.
     pub temperature: f64,
     /// Seed of the router's random choices (`random`, `temperature > 0`).
@@ -166,7 +169,8 @@ impl Default for RouterConfig {
     fn default() -> Self {
         Self {
             policy: Default::default(),
-            overlap_weight: 1.0,
+            overlap_weight: crate::request_plane::router::policy::DEFAULT_OVERLAP_WEIGHT,
+            dynamo_overlap_weight: 1.0,
             temperature: 0.0,
             seed: 0,
         }
@@ -381,9 +385,11 @@ pub struct WorkerConfig {
     /// Model file (GGUF) or Hugging Face directory; `None`: `FLOTILLA_MODEL`, else
     /// `models/smollm2-135m-instruct-q4_1.gguf` (what `make model` fetches).
     pub model_path: Option<std::path::PathBuf>,
-    /// KV blocks per replica. The default model's KV is 46 KiB per token in f32 (30 layers ×
+    /// KV blocks per replica; `None`: the engine's default — the sim profile's KV capacity
+    /// (`kv_tokens ÷ block_size_tokens`, the simulated device's pool) for `sim`, else
+    /// [`DEFAULT_KV_BLOCKS`]. The default model's KV is 46 KiB per token in f32 (30 layers ×
     /// K,V × 3 heads × 64 × 4 bytes), so 512 blocks of 16 tokens take 360 MiB.
-    pub kv_blocks: usize,
+    pub kv_blocks: Option<usize>,
     /// Tokens per KV block.
     pub block_size_tokens: usize,
     /// Sequences batched at once per replica.
@@ -423,6 +429,22 @@ pub struct WorkerConfig {
     pub sim_kv_bytes_per_token: u64,
 }
 
+/// KV blocks per replica of the CPU engine unless `worker.kv_blocks` says otherwise.
+pub const DEFAULT_KV_BLOCKS: usize = 512;
+
+impl WorkerConfig {
+    /// The KV blocks each replica gets: `kv_blocks` if set, else the sim profile's capacity
+    /// (`profile` is the sim engine's, `None` for the CPU engine), else [`DEFAULT_KV_BLOCKS`].
+    pub fn kv_blocks_with(
+        &self,
+        profile: Option<&crate::worker::engine::sim::SimProfile>,
+    ) -> usize {
+        self.kv_blocks
+            .or_else(|| profile.and_then(|p| p.kv_blocks(self.block_size_tokens)))
+            .unwrap_or(DEFAULT_KV_BLOCKS)
+    }
+}
+
 /// Which engine a replica runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -439,7 +461,7 @@ impl Default for WorkerConfig {
         Self {
             replicas: 1,
             model_path: None,
-            kv_blocks: 512,
+            kv_blocks: None,
             block_size_tokens: 16,
             max_num_seqs: 64,
             max_num_batched_tokens: 512,
@@ -642,7 +664,7 @@ impl Config {
         if w.replicas == 0 {
             return Err(invalid("worker.replicas", "must be at least 1"));
         }
-        if w.kv_blocks == 0 {
+        if w.kv_blocks == Some(0) {
             return Err(invalid("worker.kv_blocks", "must be at least 1"));
         }
         if w.block_size_tokens == 0 {

@@ -6,8 +6,18 @@
 //! ```text
 //! prefill_tokens(w) = Σ uncached_prompt_tokens(r)  over requests r routed to w, first token not seen   (tokens)
 //! decode_blocks(w)  = Σ total_blocks(r)            over requests r routed to w, not finished          (KV blocks)
+//! unique_blocks(w)  = |∪ hashed blocks(r)| + Σ (total_blocks(r) − hashed blocks(r))                  (KV blocks)
 //! in_flight(w)      = #requests routed to w, not finished
 //! ```
+//!
+//! `decode_blocks` counts every request's blocks, shared or not: a decode step reads each
+//! sequence's whole KV, so it is the work a worker's decode steps do (the simulated engine's
+//! step time grows with it, `worker/engine/sim.rs`). `unique_blocks` counts the blocks the
+//! requests hold in the pool, a block shared by several requests (a common prefix, by sequence
+//! hash: [`ActiveLoad::on_routed_prefix`]) once, and the unhashed partial last block of each —
+//! NVIDIA Dynamo's "active blocks" (its `ActiveSequences` keeps one entry per unique block
+//! hash); [`ActiveLoad::active_overlap_at`] is the number of a new prompt's leading blocks that
+//! requests in flight on a worker already hold (Dynamo's "new blocks" are the rest).
 //!
 //! A request enters at [`ActiveLoad::on_routed`] (its uncached prompt tokens wait for prefill,
 //! its blocks count as decode load at once, as Dynamo's "potential active blocks" do), its
@@ -23,7 +33,7 @@
 //! hashing worker ids per decision. Costs: `O(1)` per call except `expire` and
 //! `remove_worker`, `O(requests in flight)`.
 
-use crate::runtime::ids::{NodeId, RequestId, WorkerId};
+use crate::runtime::ids::{NodeId, RequestId, SequenceHash, WorkerId};
 
 use super::index::{FastMap, fresh_epoch};
 
@@ -48,8 +58,10 @@ impl RequestKey {
 pub struct WorkerLoad {
     /// Prompt tokens routed here and waiting for prefill (tokens).
     pub prefill_tokens: u64,
-    /// KV blocks of the requests routed here and not finished (blocks).
+    /// KV blocks of the requests routed here and not finished, each request's own (blocks).
     pub decode_blocks: u64,
+    /// The same blocks counted once each when requests share them (blocks).
+    pub unique_blocks: u64,
     /// Requests routed here and not finished.
     pub in_flight: u32,
 }
@@ -61,6 +73,8 @@ struct Placement {
     /// Prompt tokens still waiting for prefill (0 after the first token).
     prefill_tokens: u64,
     decode_blocks: u64,
+    /// Sequence hashes of its full prompt blocks (counted once per worker in `unique_blocks`).
+    hashes: Box<[SequenceHash]>,
     last_seen_ms: u64,
 }
 
@@ -79,6 +93,8 @@ pub struct ActiveLoad {
     by_id: FastMap<WorkerId, u32>,
     /// By slot: the worker (None: free slot) and its load.
     workers: Vec<Option<(WorkerId, WorkerLoad)>>,
+    /// By slot: how many of the worker's requests in flight hold each hashed block.
+    held: Vec<FastMap<SequenceHash, u32>>,
     free: Vec<u32>,
     epoch: u64,
 }
@@ -90,7 +106,8 @@ impl ActiveLoad {
     }
 
     /// The request `key` was routed to `worker`, with `uncached_prompt_tokens` to prefill and
-    /// `total_blocks` KV blocks (prompt blocks, rounded up). Routing a key again moves it.
+    /// `total_blocks` KV blocks (prompt blocks, rounded up), none of them shared with other
+    /// requests: [`ActiveLoad::on_routed_prefix`] without hashes.
     pub fn on_routed(
         &mut self,
         key: RequestKey,
@@ -99,19 +116,64 @@ impl ActiveLoad {
         total_blocks: u32,
         now_ms: u64,
     ) {
+        self.on_routed_prefix(
+            key,
+            worker,
+            uncached_prompt_tokens,
+            &[],
+            total_blocks,
+            now_ms,
+        );
+    }
+
+    /// The request `key` was routed to `worker`, with `uncached_prompt_tokens` to prefill and
+    /// `total_blocks` KV blocks, the first `hashes.len()` of them full blocks with these
+    /// sequence hashes (shared with other requests on `worker` that hold the same hashes).
+    /// Routing a key again moves it.
+    pub fn on_routed_prefix(
+        &mut self,
+        key: RequestKey,
+        worker: &WorkerId,
+        uncached_prompt_tokens: u32,
+        hashes: &[SequenceHash],
+        total_blocks: u32,
+        now_ms: u64,
+    ) {
         self.on_finished(&key);
         let slot = self.slot_or_insert(worker);
+        let hashes: Box<[SequenceHash]> = hashes[..hashes.len().min(total_blocks as usize)].into();
+        let held = &mut self.held[slot as usize];
+        let mut fresh = 0u64;
+        for h in hashes.iter() {
+            let n = held.entry(*h).or_insert(0);
+            fresh += u64::from(*n == 0);
+            *n += 1;
+        }
         let placement = Placement {
             slot,
             prefill_tokens: u64::from(uncached_prompt_tokens),
             decode_blocks: u64::from(total_blocks),
+            hashes,
             last_seen_ms: now_ms,
         };
+        let unhashed = placement.decode_blocks - placement.hashes.len() as u64;
         let load = self.load_mut(slot);
         load.prefill_tokens += placement.prefill_tokens;
         load.decode_blocks += placement.decode_blocks;
+        load.unique_blocks += fresh + unhashed;
         load.in_flight += 1;
         self.placements.insert(key, placement);
+    }
+
+    /// How many leading blocks of `hashes` requests in flight on the worker in `slot` hold.
+    pub fn active_overlap_at(&self, slot: LoadSlot, hashes: &[SequenceHash]) -> u32 {
+        let Some(held) = self.held.get(slot.0 as usize) else {
+            return 0;
+        };
+        if held.is_empty() {
+            return 0;
+        }
+        hashes.iter().take_while(|h| held.contains_key(h)).count() as u32
     }
 
     /// The request's first token came out: its prefill tokens are done (its decode blocks
@@ -150,6 +212,7 @@ impl ActiveLoad {
         };
         let n = self.drop_where(|p| p.slot == slot);
         self.workers[slot as usize] = None;
+        self.held[slot as usize] = FastMap::default();
         self.free.push(slot);
         self.epoch = fresh_epoch();
         n
@@ -222,6 +285,7 @@ impl ActiveLoad {
             }
             None => {
                 self.workers.push(entry);
+                self.held.push(FastMap::default());
                 u32::try_from(self.workers.len() - 1).expect("fewer than 2^32 workers")
             }
         };
@@ -252,9 +316,22 @@ impl ActiveLoad {
 
     /// Subtracts a placement that left the map from its worker's load.
     fn release(&mut self, p: &Placement) {
+        let held = &mut self.held[p.slot as usize];
+        let mut gone = 0u64;
+        for h in p.hashes.iter() {
+            if let Some(n) = held.get_mut(h) {
+                *n -= 1;
+                if *n == 0 {
+                    held.remove(h);
+                    gone += 1;
+                }
+            }
+        }
+        let unhashed = p.decode_blocks - p.hashes.len() as u64;
         let load = self.load_mut(p.slot);
         load.prefill_tokens -= p.prefill_tokens;
         load.decode_blocks -= p.decode_blocks;
+        load.unique_blocks -= gone + unhashed;
         load.in_flight -= 1;
     }
 }
@@ -282,6 +359,7 @@ mod tests {
             WorkerLoad {
                 prefill_tokens: 130,
                 decode_blocks: 14,
+                unique_blocks: 14,
                 in_flight: 2
             }
         );
@@ -304,6 +382,7 @@ mod tests {
             WorkerLoad {
                 prefill_tokens: 30,
                 decode_blocks: 4,
+                unique_blocks: 4,
                 in_flight: 1
             }
         );
@@ -346,6 +425,7 @@ mod tests {
             WorkerLoad {
                 prefill_tokens: 0,
                 decode_blocks: 2,
+                unique_blocks: 2,
                 in_flight: 1
             }
         );
@@ -378,6 +458,50 @@ mod tests {
         m.on_routed(k(4), &w("c"), 7, 1, 0);
         assert_eq!(m.slot(&w("c")), Some(a), "the freed slot is reused");
         assert_eq!(m.worker_of(&k(4)), Some(&w("c")));
+    }
+
+    fn hs(range: std::ops::Range<u64>) -> Vec<SequenceHash> {
+        range.map(SequenceHash).collect()
+    }
+
+    #[test]
+    fn shared_blocks_count_once_in_unique_blocks() {
+        let mut m = ActiveLoad::new();
+        // Turn 1: 10 full blocks + a partial one; turn 2 extends it to 14 + a partial one.
+        m.on_routed_prefix(k(1), &w("a"), 170, &hs(0..10), 11, 0);
+        m.on_routed_prefix(k(2), &w("a"), 70, &hs(0..14), 15, 0);
+        let l = m.load(&w("a"));
+        assert_eq!((l.decode_blocks, l.unique_blocks), (26, 14 + 2));
+        let a = m.slot(&w("a")).unwrap();
+        assert_eq!(m.active_overlap_at(a, &hs(0..20)), 14);
+        let mut other = hs(0..3);
+        other.push(SequenceHash(99));
+        assert_eq!(m.active_overlap_at(a, &other), 3, "leading blocks only");
+        m.on_finished(&k(2));
+        let l = m.load(&w("a"));
+        assert_eq!((l.decode_blocks, l.unique_blocks), (11, 11));
+        assert_eq!(m.active_overlap_at(a, &hs(0..20)), 10);
+        m.on_finished(&k(1));
+        assert_eq!(m.load(&w("a")), WorkerLoad::default());
+        assert_eq!(m.active_overlap_at(a, &hs(0..20)), 0);
+        // Moving a request moves its held blocks; removing a worker forgets them.
+        m.on_routed_prefix(k(3), &w("a"), 0, &hs(0..4), 4, 0);
+        m.on_routed_prefix(k(3), &w("b"), 0, &hs(0..4), 4, 0);
+        assert_eq!(m.active_overlap_at(a, &hs(0..4)), 0);
+        let b = m.slot(&w("b")).unwrap();
+        assert_eq!(m.active_overlap_at(b, &hs(0..4)), 4);
+        m.remove_worker(&w("b"));
+        m.on_routed(k(4), &w("c"), 0, 1, 0);
+        let c = m.slot(&w("c")).unwrap();
+        assert_eq!(
+            m.active_overlap_at(c, &hs(0..4)),
+            0,
+            "a reused slot starts empty"
+        );
+        // More hashes than blocks (a caller's mistake) never underflows.
+        m.on_routed_prefix(k(5), &w("d"), 0, &hs(0..8), 2, 0);
+        m.on_finished(&k(5));
+        assert_eq!(m.load(&w("d")), WorkerLoad::default());
     }
 
     #[test]

@@ -65,6 +65,7 @@ pub(super) fn router(ctx: &NodeContext) -> RouterArgs {
         policy: r.policy,
         block_size: ctx.config.worker.block_size_tokens as u32,
         overlap_weight: r.overlap_weight,
+        dynamo_overlap_weight: r.dynamo_overlap_weight,
         temperature: r.temperature,
         seed: r.seed,
     });
@@ -143,7 +144,7 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
         worker: WorkerId::new(ctx.name(&format!("replica-{k}"))),
         model: model.clone(),
         engine: EngineConfig {
-            num_blocks: w.kv_blocks,
+            num_blocks: w.kv_blocks_with(ctx.sim_profile.as_ref()),
             block_size: w.block_size_tokens,
             ..EngineConfig::default()
         },

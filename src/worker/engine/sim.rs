@@ -6,7 +6,9 @@
 //! # Timing model
 //! A step holds prefill chunks and decode tokens. With `T` the prompt tokens prefilled in the
 //! step (uncached tokens: cached prefix blocks are never sent to the engine) and `u` the KV
-//! utilisation (blocks referenced by the step's sequences ÷ blocks in the pool, capped at 1):
+//! utilisation (blocks referenced by the step's sequences ÷ blocks in the pool, capped at 1; a
+//! prefix block shared by several sequences counts once per sequence, since each decode row
+//! reads its whole context — the "logical" active KV Dynamo's mocker uses too):
 //!
 //! ```text
 //! prefill_ms(T) = a·T² + b·T + c                     (only when T > 0)
@@ -19,6 +21,25 @@
 //! `decode_ms = −25.74·u² + 54.01·u + 5.74`, at least 1 ms. `flotilla profile` fits the same
 //! forms to the CPU engine of this machine and writes a profile file (`worker.sim_profile`).
 //!
+//! # KV capacity
+//! A profile also says how many tokens of KV the simulated device holds
+//! ([`SimProfile::kv_tokens`]); unless `worker.kv_blocks` is set, each sim replica gets
+//! `kv_tokens ÷ block_size` blocks, so a simulated H100 fleet is not limited by the CPU
+//! engine's 512-block pool. The H100 profile's capacity is Llama-3-8B in bf16 on an 80 GiB
+//! H100 under vLLM's default `gpu_memory_utilization = 0.9`: (0.9 × 80 GiB − 16 GiB of weights
+//! and activations) ÷ 128 KiB per token (32 layers × K,V × 8 KV heads × 128 × 2 bytes)
+//! = 458 752 tokens, 28 672 blocks of 16.
+//!
+//! # Time
+//! Steps shorter than the timer's 1 ms resolution must still cost what the profile says (at
+//! `speedup = 1000` an H100 decode step is ~6 µs). The engine keeps a virtual clock: each step
+//! ends `step_ms` after the previous step's end (or after now, when the engine sat idle), and
+//! it sleeps only while that end is more than [`SLEEP_THRESHOLD`] ahead of the real clock;
+//! a step that is due returns at once. The real clock may overshoot a sleep by up to a timer
+//! tick; a step that starts less than [`CATCH_UP`] behind the virtual clock continues it, so
+//! the overshoot is paid back by the following steps and the mean step time is the
+//! profile's.
+//!
 //! # Tokens
 //! Deterministic placeholders: the token at position `p` of sequence `s` is
 //! `FIRST_TOKEN + (p·31 + s) mod TOKEN_RANGE`, never an end-of-sequence id in practice
@@ -28,6 +49,14 @@ use super::{EngineError, EngineInfo, SampledToken, StepBatch, StepEngine, StepOu
 use crate::runtime::ids::SeqId;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
+use tokio::time::Instant;
+
+/// The engine sleeps only when its virtual clock is this far ahead of the real one.
+pub const SLEEP_THRESHOLD: Duration = Duration::from_millis(1);
+/// A step that starts less than this after the virtual clock's last step end continues the
+/// virtual timeline (a busy engine paying back a timer overshoot); later, it starts anew from
+/// the real clock (the engine was idle).
+pub const CATCH_UP: Duration = Duration::from_millis(5);
 
 /// First placeholder token id.
 pub const FIRST_TOKEN: u32 = 1000;
@@ -46,6 +75,10 @@ pub struct SimProfile {
     pub decode: [f64; 3],
     /// Floor of a decode step (ms).
     pub min_decode_ms: f64,
+    /// Tokens of KV the simulated device holds per replica (see the module docs); `None`:
+    /// the pool is `worker.kv_blocks` or the CPU engine's default.
+    #[serde(default)]
+    pub kv_tokens: Option<usize>,
 }
 
 impl Default for SimProfile {
@@ -63,7 +96,13 @@ impl SimProfile {
             prefill: [4.21e-7, 0.01518, 16.5],
             decode: [-25.74, 54.01, 5.74],
             min_decode_ms: 1.0,
+            kv_tokens: Some(H100_LLAMA3_8B_KV_TOKENS),
         }
+    }
+
+    /// KV blocks of `block_size` tokens the simulated device holds, if the profile says.
+    pub fn kv_blocks(&self, block_size: usize) -> Option<usize> {
+        self.kv_tokens.map(|t| (t / block_size.max(1)).max(1))
     }
 
     /// Read a profile file (JSON).
@@ -112,6 +151,9 @@ impl SimProfile {
     }
 }
 
+/// KV capacity of the H100 profile (tokens): see the module docs.
+pub const H100_LLAMA3_8B_KV_TOKENS: usize = 458_752;
+
 /// Spawn inputs of a simulated engine.
 #[derive(Clone, Debug)]
 pub struct SimEngineArgs {
@@ -133,6 +175,37 @@ pub struct SimEngineArgs {
 #[derive(Debug)]
 pub struct SimEngine {
     args: SimEngineArgs,
+    clock: VirtualClock,
+}
+
+/// When simulated steps end (see the module docs, "Time").
+#[derive(Debug, Default, Clone, Copy)]
+pub struct VirtualClock {
+    /// End of the last step on the virtual timeline.
+    end: Option<Instant>,
+}
+
+impl VirtualClock {
+    /// Books a step of `length` starting no earlier than `now`; returns when it ends.
+    pub fn book(&mut self, now: Instant, length: Duration) -> Instant {
+        let start = match self.end {
+            Some(end) if end + CATCH_UP >= now => end,
+            _ => now,
+        };
+        let end = start + length;
+        self.end = Some(end);
+        end
+    }
+
+    /// Waits until the step that ends at `end` is due (sleeps only when it is more than
+    /// [`SLEEP_THRESHOLD`] away; else yields once, so a free engine still shares the runtime).
+    pub async fn wait(end: Instant) {
+        if end.saturating_duration_since(Instant::now()) > SLEEP_THRESHOLD {
+            tokio::time::sleep_until(end).await;
+        } else {
+            tokio::task::yield_now().await;
+        }
+    }
 }
 
 /// Placeholder token at position `pos` of sequence `seq`.
@@ -150,7 +223,10 @@ impl StepEngine for SimEngine {
                 args.speedup
             )));
         }
-        Ok(Self { args })
+        Ok(Self {
+            args,
+            clock: VirtualClock::default(),
+        })
     }
 
     fn info(&self) -> EngineInfo {
@@ -169,7 +245,10 @@ impl StepEngine for SimEngine {
     async fn step(&mut self, batch: StepBatch) -> Result<StepOutput, EngineError> {
         let s = &self.args;
         let ms = s.profile.step_ms(&batch, s.num_blocks) / s.speedup;
-        tokio::time::sleep(Duration::from_secs_f64(ms / 1000.0)).await;
+        let end = self
+            .clock
+            .book(Instant::now(), Duration::from_secs_f64(ms / 1000.0));
+        VirtualClock::wait(end).await;
         let tokens = batch
             .seqs
             .iter()
@@ -206,6 +285,46 @@ mod tests {
         assert!(p.decode_ms(0.0) >= 1.0);
         // Monotone where it matters: more tokens take longer.
         assert!(p.prefill_ms(4096) > p.prefill_ms(512));
+    }
+
+    #[test]
+    fn the_h100_profile_holds_an_h100_pool() {
+        let p = SimProfile::h100_vllm();
+        assert_eq!(p.kv_blocks(16), Some(28_672));
+        assert_eq!(p.kv_blocks(64), Some(7_168));
+        let old: SimProfile = serde_json::from_str(
+            r#"{"source":"x","prefill":[0,1,2],"decode":[0,0,1],"min_decode_ms":1}"#,
+        )
+        .expect("a profile file without kv_tokens still loads");
+        assert_eq!(old.kv_blocks(16), None);
+    }
+
+    #[test]
+    fn the_virtual_clock_continues_a_busy_timeline_and_restarts_after_idle() {
+        let t0 = Instant::now();
+        let us = Duration::from_micros;
+        let mut c = VirtualClock::default();
+        assert_eq!(c.book(t0, us(100)), t0 + us(100));
+        // Back to back: the next step starts where the last one ended, even if the real clock
+        // is already past it (a timer overshoot is paid back).
+        assert_eq!(c.book(t0 + us(1_500), us(100)), t0 + us(200));
+        // Idle for longer than CATCH_UP: a new timeline from now.
+        let later = t0 + Duration::from_millis(50);
+        assert_eq!(c.book(later, us(100)), later + us(100));
+    }
+
+    #[tokio::test]
+    async fn sub_millisecond_steps_cost_what_the_profile_says() {
+        // 500 steps of 20 µs: 10 ms of engine time; a 1 ms sleep per step would take ≥ 500 ms.
+        let mut c = VirtualClock::default();
+        let start = Instant::now();
+        for _ in 0..500 {
+            let end = c.book(Instant::now(), Duration::from_micros(20));
+            VirtualClock::wait(end).await;
+        }
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(9), "{took:?}");
+        assert!(took < Duration::from_millis(250), "{took:?}");
     }
 
     #[test]

@@ -112,7 +112,7 @@ fn empty_live_list_gives_none() {
 fn cost_formula_by_hand() {
     // B = 16, P = 100 tokens (7 blocks), overlap 4 blocks (64 tokens) → 36 uncached;
     // queued prefill 32 tokens, 10 decode blocks, weight 2:
-    // prefill = (32 + 36) / 16 = 4.25, decode = 10 + 7 = 17, cost = 2 × 4.25 + 17 = 25.5.
+    // prefill = (32 + 2 × 36) / 16 = 6.5, decode = 10 + 7 = 17, cost = 6.5 + 17 = 23.5.
     let config = SelectorConfig {
         overlap_weight: 2.0,
         ..SelectorConfig::default()
@@ -120,13 +120,26 @@ fn cost_formula_by_hand() {
     let load = WorkerLoad {
         prefill_tokens: 32,
         decode_blocks: 10,
+        unique_blocks: 8,
         in_flight: 3,
     };
     let c = kv_cost(&config, 100, 4, load);
     assert_eq!(c.uncached_tokens, 36);
-    assert_eq!(c.prefill_blocks, 4.25);
+    assert_eq!(c.prefill_blocks, 6.5);
     assert_eq!(c.decode_blocks, 17.0);
-    assert_eq!(c.cost, 25.5);
+    assert_eq!(c.cost, 23.5);
+    // Dynamo's form, weight 2, 3 of the prompt's blocks held by requests in flight:
+    // prefill = (32 + 36) / 16 = 4.25, decode = 8 unique + (7 − 3) new = 12,
+    // cost = 2 × 4.25 + 12 = 20.5.
+    let dynamo = SelectorConfig {
+        dynamo_overlap_weight: 2.0,
+        ..config.clone()
+    };
+    let c = cost_of(CostForm::Dynamo, &dynamo, 100, 4, 3, load);
+    assert_eq!(
+        (c.prefill_blocks, c.decode_blocks, c.cost),
+        (4.25, 12.0, 20.5)
+    );
     // An overlap beyond the prompt caps at the prompt.
     assert_eq!(kv_cost(&config, 100, 50, load).uncached_tokens, 0);
     assert_eq!(request_blocks(100, 16), 7);
@@ -145,7 +158,7 @@ fn decision_reports_the_formula_terms() {
         ..SelectorConfig::default()
     })
     .unwrap();
-    // Only "a" is live: 100-token prompt, 4 blocks cached → the hand-computed 25.5.
+    // Only "a" is live: 100-token prompt, 4 blocks cached → the hand-computed 23.5.
     let d = s.select(&[w("a")], &hashes, 100, &index, &load).unwrap();
     assert_eq!(d.worker, w("a"));
     assert_eq!(d.policy, Policy::Kv);
@@ -156,7 +169,7 @@ fn decision_reports_the_formula_terms() {
     assert_eq!(d.request_blocks, 7);
     assert_eq!(
         (d.prefill_blocks, d.decode_blocks, d.cost),
-        (4.25, 17.0, 25.5)
+        (6.5, 17.0, 23.5)
     );
     assert_eq!(d.candidates, 1);
 }
@@ -201,7 +214,7 @@ fn load_wins_when_the_holder_is_much_busier() {
     let d = s
         .select(&[w("a"), w("b")], &hashes, 32 * 16, &index, &load)
         .unwrap();
-    assert_eq!(d.worker, w("a"), "cost a = 0 + 20 + 32, b = 32 + 32");
+    assert_eq!(d.worker, w("a"), "cost a = 0 + 20 + 32, b = 4 × 32 + 32");
     // A larger overlap weight makes the prefix worth more than the same load gap.
     let mut heavy = Selector::new(SelectorConfig {
         overlap_weight: 40.0,
@@ -505,4 +518,110 @@ fn cached_slots_follow_worker_churn() {
         .select(&[w("b"), w("c")], &hashes, 128, &other, &load)
         .unwrap();
     assert_eq!(d.best_overlap_blocks, 3);
+}
+
+/// A 3 000-token prompt whose first 2 560 tokens (160 blocks) worker `a` holds, while `a` is
+/// prefilling another 2 000-token prompt; `b` is idle.
+fn busy_holder() -> (Vec<SequenceHash>, PrefixIndex, ActiveLoad) {
+    let hashes = prompt(187, 11);
+    let mut index = PrefixIndex::new();
+    hold(&mut index, "a", &hashes, 160);
+    let mut load = ActiveLoad::new();
+    load.on_routed_prefix(key(1), &w("a"), 2000, &prompt(125, 12), 125, 0);
+    (hashes, index, load)
+}
+
+#[test]
+fn a_holder_busy_with_a_long_prefill_still_wins_when_the_saving_is_larger() {
+    let (hashes, index, load) = busy_holder();
+    let live = [w("a"), w("b")];
+    // kv, weight 4: a = (2000 + 4 × 440) / 16 + 125 + 188 = 548; b = 4 × 3000 / 16 + 188 = 938.
+    let d = selector(Policy::Kv)
+        .select(&live, &hashes, 3000, &index, &load)
+        .unwrap();
+    assert_eq!((d.worker.clone(), d.cost), (w("a"), 548.0));
+    // Dynamo's form weighs the queue like the saving: a = (2000 + 440) / 16 + 125 + 188 =
+    // 465.5 > b = 3000 / 16 + 188 = 375.5, so the 2 560 cached tokens are recomputed on b.
+    let d = selector(Policy::DynamoKv)
+        .select(&live, &hashes, 3000, &index, &load)
+        .unwrap();
+    assert_eq!((d.worker.clone(), d.cost), (w("b"), 375.5));
+    // A queue longer than what the cache saves still sends the request elsewhere under kv.
+    let mut load = load;
+    load.on_routed(key(2), &w("a"), 10_000, 0, 0);
+    let d = selector(Policy::Kv)
+        .select(&live, &hashes, 3000, &index, &load)
+        .unwrap();
+    assert_eq!(d.worker, w("b"), "a = 1173, b = 938");
+}
+
+#[test]
+fn dynamo_kv_counts_blocks_held_by_requests_in_flight_once() {
+    // a runs turn 1 of a conversation (40 blocks, still decoding; its blocks are cached on a
+    // too). Turn 2 (48 blocks) costs a only its 8 new blocks of decode load under Dynamo's
+    // form; under kv the earlier turn is decode work like any other request's.
+    let turn2 = prompt(48, 13);
+    let mut index = PrefixIndex::new();
+    hold(&mut index, "a", &turn2, 40);
+    let mut load = ActiveLoad::new();
+    load.on_routed_prefix(key(1), &w("a"), 0, &turn2[..40], 41, 0);
+    load.on_routed(key(2), &w("b"), 0, 30, 0);
+    let live = [w("a"), w("b")];
+    let d = selector(Policy::DynamoKv)
+        .select(&live, &turn2, 48 * 16, &index, &load)
+        .unwrap();
+    // a: 8 + (41 + 8) = 57; b: 48 + 30 + 48 = 126.
+    assert_eq!(
+        (d.worker.clone(), d.decode_blocks, d.cost),
+        (w("a"), 49.0, 57.0)
+    );
+    let d = selector(Policy::Kv)
+        .select(&live, &turn2, 48 * 16, &index, &load)
+        .unwrap();
+    // a: 4 × 8 + 41 + 48 = 121; b: 4 × 48 + 30 + 48 = 270.
+    assert_eq!(
+        (d.worker.clone(), d.decode_blocks, d.cost),
+        (w("a"), 89.0, 121.0)
+    );
+}
+
+/// Routes `n` requests that share a 63-block prefix held by `a` (each with 2 blocks of its
+/// own, none finishing) and returns how many each worker got.
+fn route_hot_prefix(policy: Policy, n: u64) -> HashMap<WorkerId, u64> {
+    let prefix = prompt(63, 14);
+    let mut index = PrefixIndex::new();
+    hold(&mut index, "a", &prefix, 63);
+    let mut load = ActiveLoad::new();
+    let live = [w("a"), w("b"), w("c"), w("d")];
+    let mut s = selector(policy);
+    let mut got = HashMap::new();
+    for i in 0..n {
+        let mut hashes = prefix.clone();
+        hashes.extend(prompt(2, 100 + i as u32));
+        let d = s.select(&live, &hashes, 65 * 16, &index, &load).unwrap();
+        load.on_routed_prefix(
+            key(i),
+            &d.worker,
+            d.uncached_tokens,
+            &hashes,
+            d.request_blocks,
+            0,
+        );
+        *got.entry(d.worker).or_insert(0) += 1;
+    }
+    got
+}
+
+#[test]
+fn a_hot_prefix_still_spreads_under_kv() {
+    // Case B13: 48 concurrent requests on one hot prefix, none done. Every in-flight
+    // request's blocks are decode load (and the others' prefill queues grow), so the holder
+    // takes less than half (a = 67·n + 73 against 130·n + 325 elsewhere).
+    let got = route_hot_prefix(Policy::Kv, 48);
+    let max = *got.values().max().unwrap();
+    assert!(max * 2 <= 48, "{got:?}");
+    assert_eq!(got.len(), 4, "{got:?}");
+    // Dynamo's form counts the shared prefix once: the holder keeps the first 16 alone.
+    let got = route_hot_prefix(Policy::DynamoKv, 16);
+    assert_eq!(got.get(&w("a")), Some(&16), "{got:?}");
 }
