@@ -164,6 +164,7 @@ async fn run_session(
     session: &Session,
     plan: &RunPlan,
     progress: &Progress,
+    start: Instant,
 ) -> Vec<RequestResult> {
     let mut out = Vec::with_capacity(session.turns.len());
     for turn in &session.turns {
@@ -174,7 +175,9 @@ async fn run_session(
             continue;
         }
         progress.in_flight.fetch_add(1, Ordering::Relaxed);
-        let r = send_turn(target, turn, plan.salt, &plan.headers).await;
+        let sent_s = start.elapsed().as_secs_f64();
+        let mut r = send_turn(target, turn, plan.salt, &plan.headers).await;
+        r.sent_s = sent_s;
         progress.in_flight.fetch_sub(1, Ordering::Relaxed);
         progress.finish(&r);
         out.push(r);
@@ -189,17 +192,28 @@ struct Shared {
     workload: Arc<Workload>,
     plan: Arc<RunPlan>,
     progress: Arc<Progress>,
+    /// Per session, per turn: ideal cached tokens (`Workload::ideal_cached`).
+    ideal: Arc<Vec<Vec<(u64, u64)>>>,
+    start: Instant,
 }
 
 impl Shared {
+    /// Session `i`'s results, each labelled with its session, turn and ideal cached tokens.
     async fn session(&self, i: usize) -> Vec<RequestResult> {
-        run_session(
+        let mut out = run_session(
             &self.target,
             &self.workload.sessions[i],
             &self.plan,
             &self.progress,
+            self.start,
         )
-        .await
+        .await;
+        for (k, r) in out.iter_mut().enumerate() {
+            r.session = i;
+            r.turn = k;
+            r.ideal_cached_tokens = self.ideal.get(i).and_then(|t| t.get(k)).map_or(0, |x| x.0);
+        }
+        out
     }
 }
 
@@ -211,13 +225,15 @@ pub async fn execute(
     plan: RunPlan,
 ) -> (Vec<RequestResult>, f64) {
     let total = workload.requests();
+    let start = Instant::now();
     let shared = Shared {
         target,
+        ideal: Arc::new(workload.ideal_cached()),
         workload,
         plan: Arc::new(plan),
         progress: Arc::new(Progress::default()),
+        start,
     };
-    let start = Instant::now();
     let ticker = spawn_progress(
         Arc::clone(&shared.progress),
         shared.plan.label.clone(),

@@ -25,6 +25,9 @@
 //!   `[DONE]`, timeout) plus later turns of a session that were skipped after one failed.
 //! - **prefix_hit_rate** = Σ `usage.prompt_tokens_details.cached_tokens` / Σ
 //!   `usage.prompt_tokens` over successful requests that report both; NaN when none do.
+//! - **reuse split**: successful requests whose prompt an infinite cache would hit for more
+//!   than [`REUSE_TOKENS`] tokens (the workload's own sharing, `workload::Workload::ideal_cached`)
+//!   and the others: count and mean TTFT of each. This is where KV-aware routing pays.
 
 use serde::Serialize;
 
@@ -32,8 +35,15 @@ use super::workload::WorkloadInfo;
 use crate::cli::client::{StreamOutcome, percentile};
 
 /// What one request gave.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct RequestResult {
+    /// Its session (index in the workload) and turn.
+    pub session: usize,
+    pub turn: usize,
+    /// Sent at (s from the run's start).
+    pub sent_s: f64,
+    /// Prompt tokens an infinite cache would have held (`workload::Workload::ideal_cached`).
+    pub ideal_cached_tokens: u64,
     /// Succeeded: 200, one id, one finish reason, `[DONE]`, no error record.
     pub ok: bool,
     /// Why not, when it failed.
@@ -77,6 +87,7 @@ impl RequestResult {
             output_tokens: o.completion_tokens.unwrap_or(o.chunk_times.len() as u64),
             prompt_tokens: o.prompt_tokens,
             cached_tokens: o.cached_tokens,
+            ..Self::default()
         }
     }
 
@@ -183,6 +194,12 @@ pub struct RunStats {
     pub requests: usize,
     /// Requests that did not succeed.
     pub errors: usize,
+    /// Successful requests that could reuse more than the first 512-token block of an earlier
+    /// prompt (ideal cached tokens > 512), and their mean TTFT (ms).
+    pub reuse_requests: usize,
+    pub reuse_ttft_mean_ms: f64,
+    /// The other successful requests' mean TTFT (ms).
+    pub other_ttft_mean_ms: f64,
     /// Wall time of the run (s).
     pub wall_s: f64,
     /// The run's prefix salt (see `bench` module doc).
@@ -227,6 +244,17 @@ pub fn summarize(ctx: RunContext<'_>, results: &[RequestResult]) -> (RunStats, S
     let tt2t: Vec<f64> = ok.iter().filter_map(|r| r.tt2t_ms()).collect();
     let tokens: u64 = ok.iter().map(|r| r.output_tokens).sum();
     let met = results.iter().filter(|r| ctx.slo.met_by(r)).count();
+    let (reuse, other): (Vec<&&RequestResult>, Vec<&&RequestResult>) = ok
+        .iter()
+        .partition(|r| r.ideal_cached_tokens > REUSE_TOKENS);
+    let mean_ttft = |v: &[&&RequestResult]| {
+        let t: Vec<f64> = v.iter().filter_map(|r| r.ttft_ms).collect();
+        if t.is_empty() {
+            f64::NAN
+        } else {
+            t.iter().sum::<f64>() / t.len() as f64
+        }
+    };
     let per_s = |x: f64| {
         if ctx.wall_s > 0.0 {
             x / ctx.wall_s
@@ -256,6 +284,9 @@ pub fn summarize(ctx: RunContext<'_>, results: &[RequestResult]) -> (RunStats, S
         ideal_prefix_hit_rate: ctx.ideal_hit_rate,
         requests: results.len(),
         errors: results.len() - ok.len(),
+        reuse_requests: reuse.len(),
+        reuse_ttft_mean_ms: mean_ttft(&reuse),
+        other_ttft_mean_ms: mean_ttft(&other),
         wall_s: ctx.wall_s,
         salt: ctx.salt,
         workload: ctx.workload.clone(),
@@ -268,6 +299,10 @@ pub fn summarize(ctx: RunContext<'_>, results: &[RequestResult]) -> (RunStats, S
         },
     )
 }
+
+/// Requests whose ideal cached tokens exceed this reuse more than a first shared block (a
+/// Mooncake `hash_id` covers 512 tokens: a common system prompt).
+pub const REUSE_TOKENS: u64 = 512;
 
 /// The largest of `v`; NaN when empty.
 fn max(v: &[f64]) -> f64 {
@@ -305,6 +340,7 @@ mod tests {
             prompt_tokens: Some(prompt),
             cached_tokens: Some(cached),
             error: None,
+            ..RequestResult::default()
         }
     }
 

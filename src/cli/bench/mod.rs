@@ -179,6 +179,10 @@ pub struct BenchArgs {
     /// Longest wait for the fleet to go idle before a run (s).
     #[arg(long, default_value_t = 300)]
     pub idle_timeout_s: u64,
+    /// Open a new connection for every request (no keep-alive), e.g. for a server whose
+    /// listener lacks TCP_NODELAY, where a reused connection can stall on a delayed ACK.
+    #[arg(long)]
+    pub fresh_connections: bool,
     /// synthetic-sessions: sessions.
     #[arg(long, default_value_t = 32)]
     pub sessions: usize,
@@ -232,7 +236,8 @@ pub fn parse_compare(spec: &str) -> anyhow::Result<Vec<Variant>> {
         v.parse::<crate::request_plane::router::policy::Policy>()
             .map_err(|_| {
                 anyhow::anyhow!(
-                    "--compare policy={v}: expected kv, least_loaded, round_robin or random"
+                    "--compare policy={v}: expected kv, dynamo_kv, least_loaded, round_robin \
+                     or random"
                 )
             })?;
     }
@@ -396,6 +401,7 @@ fn write_outputs(
     dir: &Path,
     runs: &[RunStats],
     samples: &[(String, Samples)],
+    per_request: &[(String, Vec<metrics::RequestResult>)],
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let json = dir.join("report.json");
@@ -404,7 +410,15 @@ fn write_outputs(
     let svg = dir.join("latency_cdf.svg");
     std::fs::write(&svg, report::latency_cdf_svg(samples))
         .with_context(|| format!("cannot write {}", svg.display()))?;
-    eprintln!("wrote {} and {}", json.display(), svg.display());
+    let jsonl = dir.join("requests.jsonl");
+    std::fs::write(&jsonl, report::requests_jsonl(per_request)?)
+        .with_context(|| format!("cannot write {}", jsonl.display()))?;
+    eprintln!(
+        "wrote {}, {} and {}",
+        json.display(),
+        svg.display(),
+        jsonl.display()
+    );
     Ok(())
 }
 
@@ -455,9 +469,13 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     let base_salt = a.salt.unwrap_or_else(rand::random);
     eprintln!("{}", describe_workload(&workload, ideal, &a, base_salt));
 
-    let client = reqwest::Client::builder()
+    let mut client = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
-        .build()?;
+        .tcp_nodelay(true);
+    if a.fresh_connections {
+        client = client.pool_max_idle_per_host(0);
+    }
+    let client = client.build()?;
     let model = match &a.model {
         Some(m) => m.clone(),
         None => driver::first_model(&client, &base).await?,
@@ -475,6 +493,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
 
     let mut runs = Vec::with_capacity(variants.len());
     let mut samples = Vec::with_capacity(variants.len());
+    let mut per_request = Vec::with_capacity(variants.len());
     for (i, v) in variants.into_iter().enumerate() {
         driver::wait_idle(&client, &base, Duration::from_secs(a.idle_timeout_s)).await;
         let salt = synth::combine(base_salt, i as u64);
@@ -498,7 +517,8 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         let (stats, s) = metrics::summarize(ctx, &results);
         report_first_error(&v.label, &results);
         runs.push(stats);
-        samples.push((v.label, s));
+        samples.push((v.label.clone(), s));
+        per_request.push((v.label, results));
     }
 
     println!("{}", report::markdown_table(&runs));
@@ -506,7 +526,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         println!("{}", report::compare_table(&runs));
     }
     if let Some(dir) = &a.out {
-        write_outputs(dir, &runs, &samples)?;
+        write_outputs(dir, &runs, &samples, &per_request)?;
     }
     Ok(())
 }
@@ -653,13 +673,25 @@ mod tests {
     #[test]
     fn outputs_written() {
         let dir = tempfile::tempdir().unwrap();
-        let results = vec![metrics::RequestResult {
-            ok: true,
-            ttft_ms: Some(10.0),
-            e2e_ms: 20.0,
-            output_tokens: 2,
-            ..Default::default()
-        }];
+        let results = vec![
+            metrics::RequestResult {
+                ok: true,
+                ttft_ms: Some(10.0),
+                e2e_ms: 20.0,
+                output_tokens: 2,
+                ..Default::default()
+            },
+            metrics::RequestResult {
+                ok: true,
+                session: 1,
+                turn: 1,
+                ttft_ms: Some(30.0),
+                e2e_ms: 40.0,
+                output_tokens: 2,
+                ideal_cached_tokens: 1024,
+                ..Default::default()
+            },
+        ];
         let ctx = RunContext {
             label: "policy=a",
             wall_s: 1.0,
@@ -669,7 +701,30 @@ mod tests {
             workload: &workload::WorkloadInfo::default(),
         };
         let (stats, s) = metrics::summarize(ctx, &results);
-        write_outputs(dir.path(), &[stats], &[("policy=a".into(), s)]).unwrap();
+        assert_eq!(
+            (
+                stats.reuse_requests,
+                stats.reuse_ttft_mean_ms,
+                stats.other_ttft_mean_ms
+            ),
+            (1, 30.0, 10.0)
+        );
+        write_outputs(
+            dir.path(),
+            &[stats],
+            &[("policy=a".into(), s)],
+            &[("policy=a".into(), results)],
+        )
+        .unwrap();
+        let lines = std::fs::read_to_string(dir.path().join("requests.jsonl")).unwrap();
+        let rows: Vec<serde_json::Value> = lines
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[1]["run"], "policy=a");
+        assert_eq!(rows[1]["ideal_cached_tokens"], 1024);
+        assert_eq!(rows[1]["ttft_ms"], 30.0);
         let json: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.path().join("report.json")).unwrap())
                 .unwrap();

@@ -23,13 +23,36 @@ fn pct(x: f64) -> String {
     }
 }
 
+/// One JSON object per request and run (`{"run": label, ...RequestResult}`), one per line,
+/// for splits the tables do not make.
+///
+/// # Errors
+/// Serialization failed (not expected).
+pub fn requests_jsonl(
+    runs: &[(String, Vec<super::metrics::RequestResult>)],
+) -> anyhow::Result<String> {
+    let mut s = String::new();
+    for (label, results) in runs {
+        for r in results {
+            let mut v = serde_json::to_value(r)?;
+            if let Some(o) = v.as_object_mut() {
+                o.insert("run".into(), serde_json::Value::from(label.as_str()));
+            }
+            s.push_str(&serde_json::to_string(&v)?);
+            s.push('\n');
+        }
+    }
+    Ok(s)
+}
+
 /// One markdown row per run: counts, throughput, goodput, latency quantiles (ms), hit rates.
 pub fn markdown_table(runs: &[RunStats]) -> String {
     let mut s = String::from(
         "| run | requests | errors | req/s | out tok/s | goodput req/s | SLO met | \
          TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms | ITL max ms | 2nd token p50/p99/max ms | \
-         TPOT p50/p99 ms | E2E p50/p90/p99 ms | prefix hit | ideal hit |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         TPOT p50/p99 ms | E2E p50/p90/p99 ms | prefix hit | ideal hit | \
+         TTFT mean reuse / other ms (n reuse) |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in runs {
         let q3 = |q: &super::metrics::Quantiles| {
@@ -37,7 +60,7 @@ pub fn markdown_table(runs: &[RunStats]) -> String {
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} / {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} / {} | {} | {} | {} | {} / {} ({}) |",
             r.label,
             r.requests,
             r.errors,
@@ -56,6 +79,9 @@ pub fn markdown_table(runs: &[RunStats]) -> String {
             q3(&r.e2e_ms),
             pct(r.prefix_hit_rate),
             pct(r.ideal_prefix_hit_rate),
+            num(r.reuse_ttft_mean_ms, 0),
+            num(r.other_ttft_mean_ms, 0),
+            r.reuse_requests,
         );
     }
     s
@@ -274,6 +300,9 @@ mod tests {
             prefix_hit_rate: f64::NAN,
             ideal_prefix_hit_rate: 0.366,
             requests: 10,
+            reuse_requests: 3,
+            reuse_ttft_mean_ms: ttft50,
+            other_ttft_mean_ms: 2.0 * ttft50,
             errors: 0,
             wall_s: 10.0,
             salt: 1,

@@ -183,18 +183,29 @@ impl Workload {
 
     /// The ideal prefix hit rate of the workload (see the module doc); NaN when empty.
     pub fn ideal_hit_rate(&self) -> f64 {
+        rate(&self.ideal_cached().concat())
+    }
+
+    /// Per session, per turn: `(ideal cached tokens, prompt tokens)` (see the module doc;
+    /// estimated tokens for chat prompts), in the workload's order.
+    pub fn ideal_cached(&self) -> Vec<Vec<(u64, u64)>> {
         let turns = self.sessions.iter().flat_map(|s| &s.turns);
         let chat = turns
             .clone()
             .any(|t| matches!(t.prompt, Prompt::Chat { .. }));
-        if chat {
-            ideal_hit_rate_chat(turns.map(|t| &t.prompt))
+        let flat = if chat {
+            ideal_cached_chat(turns.map(|t| &t.prompt))
         } else {
-            ideal_hit_rate_tokens(turns.filter_map(|t| match &t.prompt {
-                Prompt::Tokens(segs) => Some(token_ids(segs, 0)),
-                Prompt::Chat { .. } => None,
+            ideal_cached_tokens(turns.map(|t| match &t.prompt {
+                Prompt::Tokens(segs) => token_ids(segs, 0),
+                Prompt::Chat { .. } => Vec::new(),
             }))
-        }
+        };
+        let mut flat = flat.into_iter();
+        self.sessions
+            .iter()
+            .map(|s| flat.by_ref().take(s.turns.len()).collect())
+            .collect()
     }
 }
 
@@ -476,10 +487,24 @@ fn chain(parent: u64, block: &[u32]) -> u64 {
 /// Ideal hit rate of token prompts at the server's block granularity (module doc); NaN when
 /// there are no prompt tokens.
 pub fn ideal_hit_rate_tokens(prompts: impl Iterator<Item = Vec<u32>>) -> f64 {
+    rate(&ideal_cached_tokens(prompts))
+}
+
+/// `Σ hit / Σ total` of `(hit, total)` pairs; NaN when the total is 0.
+fn rate(per_prompt: &[(u64, u64)]) -> f64 {
+    let (hit, total) = per_prompt
+        .iter()
+        .fold((0, 0), |(h, t), (ph, pt)| (h + ph, t + pt));
+    hit as f64 / total as f64
+}
+
+/// Per token prompt, in order: `(ideal cached tokens, prompt tokens)` under the server's rule
+/// (module doc).
+pub fn ideal_cached_tokens(prompts: impl Iterator<Item = Vec<u32>>) -> Vec<(u64, u64)> {
     let mut seen: HashSet<u64> = HashSet::new();
-    let (mut hit, mut total) = (0usize, 0usize);
+    let mut out = Vec::new();
     for p in prompts {
-        total += p.len();
+        let mut hit = 0u64;
         let mut parent = 0;
         let mut hitting = true;
         let last = p.len().saturating_sub(1);
@@ -488,21 +513,30 @@ pub fn ideal_hit_rate_tokens(prompts: impl Iterator<Item = Vec<u32>>) -> f64 {
             let fits = (i + 1) * SERVER_BLOCK <= last;
             hitting = hitting && fits && seen.contains(&parent);
             if hitting {
-                hit += SERVER_BLOCK;
+                hit += SERVER_BLOCK as u64;
             }
             seen.insert(parent);
         }
+        out.push((hit, p.len() as u64));
     }
-    hit as f64 / total as f64
+    out
 }
 
 /// Ideal hit rate of chat prompts at message granularity on estimated tokens (module doc);
 /// NaN when there are none.
 pub fn ideal_hit_rate_chat<'a>(prompts: impl Iterator<Item = &'a Prompt>) -> f64 {
+    rate(&ideal_cached_chat(prompts))
+}
+
+/// Per chat prompt, in order (other prompts give `(0, 0)`): `(ideal cached, estimated
+/// prompt tokens)` at message granularity (module doc).
+pub fn ideal_cached_chat<'a>(prompts: impl Iterator<Item = &'a Prompt>) -> Vec<(u64, u64)> {
     let mut seen: HashSet<u64> = HashSet::new();
-    let (mut hit, mut total) = (0u64, 0u64);
+    let mut out = Vec::new();
     for p in prompts {
+        let (mut hit, mut total) = (0u64, 0u64);
         let Prompt::Chat { conv, turn } = p else {
+            out.push((0, 0));
             continue;
         };
         let msgs = conv.messages(*turn, "");
@@ -518,8 +552,9 @@ pub fn ideal_hit_rate_chat<'a>(prompts: impl Iterator<Item = &'a Prompt>) -> f64
             }
             seen.insert(parent);
         }
+        out.push((hit, total));
     }
-    hit as f64 / total as f64
+    out
 }
 
 fn text_hash(role: &str, text: &str) -> u64 {

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# KV-aware routing side by side with NVIDIA Dynamo's router, one workload, one table
+# (docs/benchmarks.md, "KV-aware routing"). Both run 16 simulated workers with the same
+# vLLM-on-H100 timing fit, block size 16, the same KV blocks per worker, step budget and
+# batch limit, on loopback; every request opens a fresh connection (Dynamo's listener lacks
+# TCP_NODELAY). Runs, in order: Flotilla round_robin, kv and dynamo_kv (NVIDIA Dynamo's cost
+# inside Flotilla, one fleet, switched per request), then Dynamo 1.6.1's frontend with
+# --router-mode kv and round-robin over its mocker engine (scripts/peers/dynamo.sh).
+#
+#   scripts/bench-routing.sh [BENCH_FLAGS…]        default: the first 600 Mooncake conversation requests
+#   REQUESTS=2000 DATASET=mooncake-synthetic scripts/bench-routing.sh
+#
+# Environment: FLOTILLA (binary, default target/release/flotilla), OUT (default
+# /tmp/bench-routing), WORKERS (16), KV_BLOCKS (8192), SIM_SPEEDUP (0.25: engine time ×4, so that
+# 2 cores carry the fleet near saturation), TRACE_SPEEDUP (5), REQUESTS (600), DATASET
+# (mooncake-conversation), STALL_MS (0: Flotilla's stall-free cap off, as vLLM and Dynamo's
+# mocker have none), SALT (prompts; the same for every run), PEERS (1: also run Dynamo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${FLOTILLA:-target/release/flotilla}
+OUT=${OUT:-/tmp/bench-routing}
+WORKERS=${WORKERS:-16}; KV_BLOCKS=${KV_BLOCKS:-8192}; SIM_SPEEDUP=${SIM_SPEEDUP:-0.25}
+TRACE_SPEEDUP=${TRACE_SPEEDUP:-5}; REQUESTS=${REQUESTS:-600}
+DATASET=${DATASET:-mooncake-conversation}; STALL_MS=${STALL_MS:-0}; SALT=${SALT:-1647954570651526062}
+PEERS=${PEERS:-1}
+FGW=127.0.0.1:18080; DGW=127.0.0.1:18090
+mkdir -p "$OUT"
+BENCH=(--dataset "$DATASET" --max-requests "$REQUESTS" --speedup "$TRACE_SPEEDUP"
+       --trace-jitter-ms 3000 --fresh-connections --salt "$SALT" "$@")
+
+"$BIN" up --nodes 3 --engine sim --workers "$WORKERS" --http "$FGW" \
+  --set worker.kv_blocks="$KV_BLOCKS" --set worker.max_num_batched_tokens=8192 \
+  --set worker.max_num_seqs=256 --set worker.sim_speedup="$SIM_SPEEDUP" \
+  --set scheduler.max_decode_stall_ms="$STALL_MS" \
+  --set gateway.busy_kv_ratio=1.0 --set gateway.busy_waiting=1000000 > "$OUT/flotilla.up.log" 2>&1 &
+UP=$!
+trap 'kill -TERM $UP 2>/dev/null || true; scripts/peers/dynamo.sh stop 2>/dev/null || true' EXIT
+for _ in $(seq 1 120); do
+  n=$(curl -sf "http://$FGW/v1/fleet" 2>/dev/null | python3 -c 'import json,sys; print(sum(len(n["workers"]) for n in json.load(sys.stdin)["nodes"] if n["state"] == "up"))' 2>/dev/null || echo 0)
+  [ "$n" = "$WORKERS" ] && break; sleep 1
+done
+"$BIN" bench --gateway "$FGW" "${BENCH[@]}" --compare policy=round_robin,kv,dynamo_kv \
+  --out "$OUT/flotilla" > "$OUT/flotilla.log" 2>&1
+kill -TERM $UP; wait $UP 2>/dev/null || true
+
+runs=("$OUT/flotilla")
+if [ "$PEERS" = 1 ]; then
+  [ -x "${FLOTILLA_PEERS:-$HOME/.cache/flotilla-peers}/dynamo/venv/bin/python" ] || scripts/peers/dynamo.sh setup
+  for mode in kv round-robin; do
+    scripts/peers/dynamo.sh start "$mode" "${DGW#*:}" "$WORKERS" --block-size 16 \
+      --num-gpu-blocks-override "$KV_BLOCKS" --max-num-batched-tokens 8192 --max-num-seqs 256 \
+      --speedup-ratio "$SIM_SPEEDUP"
+    sleep 10  # every mocker worker registered
+    "$BIN" bench --gateway "$DGW" --model smollm2 "${BENCH[@]}" --out "$OUT/dynamo-$mode" \
+      > "$OUT/dynamo-$mode.log" 2>&1
+    scripts/peers/dynamo.sh stop; sleep 2
+    runs+=("$OUT/dynamo-$mode")
+  done
+fi
+
+python3 - "${runs[@]}" <<'PY'
+import json, os, sys
+print("| system / policy | prefix hit | % of ideal | TTFT p50 / p99 ms | TTFT mean, reuse > 512 tok (n) / other | ITL p50 / p99 ms | TPOT p50 ms | E2E p50 s | goodput req/s | errors |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for d in sys.argv[1:]:
+    sysname = "Dynamo 1.6.1" if "dynamo" in os.path.basename(d) else "Flotilla"
+    for r in json.load(open(os.path.join(d, "report.json"))):
+        label = r["label"].replace("policy=", "") if sysname == "Flotilla" else os.path.basename(d).split("-", 1)[1]
+        hit, ideal = r["prefix_hit_rate"], r["ideal_prefix_hit_rate"]
+        print(f"| {sysname} {label} | {100*hit:.1f} % | {100*hit/ideal:.0f} % | {r['ttft_ms']['p50']:.0f} / {r['ttft_ms']['p99']:.0f} | "
+              f"{r['reuse_ttft_mean_ms']:.0f} ({r['reuse_requests']}) / {r['other_ttft_mean_ms']:.0f} | "
+              f"{r['itl_ms']['p50']:.0f} / {r['itl_ms']['p99']:.0f} | {r['tpot_ms']['p50']:.1f} | {r['e2e_ms']['p50']/1000:.1f} | "
+              f"{r['goodput_rps']:.2f} | {r['errors']} |")
+PY
