@@ -14,7 +14,8 @@
 # /tmp/bench-routing), WORKERS (16), KV_BLOCKS (8192), SIM_SPEEDUP (0.25: engine time ×4, so that
 # 2 cores carry the fleet near saturation), TRACE_SPEEDUP (5), REQUESTS (600), DATASET
 # (mooncake-conversation), STALL_MS (0: Flotilla's stall-free cap off, as vLLM and Dynamo's
-# mocker have none), SALT (prompts; the same for every run), PEERS (1: also run Dynamo).
+# mocker have none), SALT (prompts; the same for every run), POLICIES (Flotilla's, default
+# round_robin,kv,dynamo_kv), PEERS (1: also run Dynamo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${FLOTILLA:-target/release/flotilla}
@@ -22,7 +23,7 @@ OUT=${OUT:-/tmp/bench-routing}
 WORKERS=${WORKERS:-16}; KV_BLOCKS=${KV_BLOCKS:-8192}; SIM_SPEEDUP=${SIM_SPEEDUP:-0.25}
 TRACE_SPEEDUP=${TRACE_SPEEDUP:-5}; REQUESTS=${REQUESTS:-600}
 DATASET=${DATASET:-mooncake-conversation}; STALL_MS=${STALL_MS:-0}; SALT=${SALT:-1647954570651526062}
-PEERS=${PEERS:-1}
+PEERS=${PEERS:-1}; POLICIES=${POLICIES:-round_robin,kv,dynamo_kv}
 FGW=127.0.0.1:18080; DGW=127.0.0.1:18090
 mkdir -p "$OUT"
 BENCH=(--dataset "$DATASET" --max-requests "$REQUESTS" --speedup "$TRACE_SPEEDUP"
@@ -39,7 +40,7 @@ for _ in $(seq 1 120); do
   n=$(curl -sf "http://$FGW/v1/fleet" 2>/dev/null | python3 -c 'import json,sys; print(sum(len(n["workers"]) for n in json.load(sys.stdin)["nodes"] if n["state"] == "up"))' 2>/dev/null || echo 0)
   [ "$n" = "$WORKERS" ] && break; sleep 1
 done
-"$BIN" bench --gateway "$FGW" "${BENCH[@]}" --compare policy=round_robin,kv,dynamo_kv \
+"$BIN" bench --gateway "$FGW" "${BENCH[@]}" --compare "policy=$POLICIES" \
   --out "$OUT/flotilla" > "$OUT/flotilla.log" 2>&1
 kill -TERM $UP; wait $UP 2>/dev/null || true
 

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Gateway throughput on 1-token requests, several flotilla builds side by side in one run.
+# Gateway throughput, several flotilla builds (and NVIDIA Dynamo's frontend) side by side in
+# one run.
 #
 #   scripts/gateway-bench.sh BIN [BIN ...]
+#   BENCH_ARGS="--stream --max-tokens 64 --fresh-connections" DYNAMO=1 scripts/gateway-bench.sh BIN
 #
 # For each binary: start `BIN up` with sim engines (3 nodes: a gateway + router node and two
 # worker nodes with 2 replicas each, `worker.sim_speedup=1000` so the engine costs next to
 # nothing), wait for /health, run `examples/gateway_bench.rs` at concurrency 32 and 128, stop
 # the cluster. The first binary is the baseline; the figures of the others follow it.
-# Environment: SECONDS_PER_POINT (default 10), CONCURRENCY (default 32,128), PORT (18080).
+# Environment: SECONDS_PER_POINT (default 10), CONCURRENCY (default 32,128), PORT (18080),
+# BENCH_ARGS (more flags for examples/gateway_bench.rs: --stream, --max-tokens, --prompt-tokens,
+# --fresh-connections), DYNAMO=1 (then the same bench against Dynamo 1.6.1's frontend over 4
+# mocker workers at the same speed-up, scripts/peers/dynamo.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: $0 BIN [BIN ...]" >&2; exit 2; }
@@ -26,6 +31,15 @@ for bin in "$@"; do
   done
   curl -fs "http://127.0.0.1:$PORT/health" >/dev/null || { cat /tmp/gateway-bench-up.log; kill $up; exit 1; }
   "$BENCH" --gateway "http://127.0.0.1:$PORT" --concurrency "${CONCURRENCY:-32,128}" \
-    --seconds "${SECONDS_PER_POINT:-10}" --warmup 2
+    --seconds "${SECONDS_PER_POINT:-10}" --warmup 2 ${BENCH_ARGS:-}
   kill -INT $up; wait $up || true
 done
+if [ "${DYNAMO:-0}" = 1 ]; then
+  echo "== NVIDIA Dynamo 1.6.1 (frontend, --router-mode kv, 4 mocker workers)"
+  DPORT=$((PORT + 10))
+  scripts/peers/dynamo.sh start kv "$DPORT" 4 --block-size 16 --speedup-ratio 1000 >/dev/null
+  sleep 8
+  "$BENCH" --gateway "http://127.0.0.1:$DPORT" --model smollm2 --concurrency "${CONCURRENCY:-32,128}" \
+    --seconds "${SECONDS_PER_POINT:-10}" --warmup 2 ${BENCH_ARGS:-}
+  scripts/peers/dynamo.sh stop
+fi

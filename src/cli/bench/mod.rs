@@ -26,7 +26,12 @@
 //! closed loop (`--arrival fixed --concurrency C`). The same seeded arrival times are used for
 //! every run of a `--compare`.
 //!
-//! **Metrics**: definitions in [`metrics`]; ideal hit rates in [`workload`].
+//! **Metrics**: definitions in [`metrics`]; ideal hit rates in [`workload`]. `--out DIR` also
+//! keeps every request's result (`requests.jsonl`) for splits the tables do not make.
+//!
+//! **Any gateway**: `--model NAME` skips the `/v1/models` lookup, and a gateway without
+//! Flotilla's `/v1/fleet` is not waited on; `--fresh-connections` opens a connection per
+//! request (`scripts/bench-routing.sh` drives NVIDIA Dynamo's frontend this way).
 //!
 //! **`--compare KEY=V1,V2,…`** runs the same workload once per value, in order, labelled
 //! `KEY=V`. Only `policy` can be changed per request: each request of the run carries the
@@ -149,7 +154,9 @@ pub struct BenchArgs {
     /// Run the workload once per value: `policy=round_robin,kv` (only `policy`).
     #[arg(long)]
     pub compare: Option<String>,
-    /// Write `report.json` and `latency_cdf.svg` into this folder.
+    /// Write `report.json`, `latency_cdf.svg` and `requests.jsonl` (one line per request and
+    /// run: session, turn, send time, TTFT, E2E, tokens, cached and ideal cached tokens) into
+    /// this folder.
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// TTFT objective (ms).
