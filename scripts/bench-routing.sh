@@ -40,13 +40,18 @@ for _ in $(seq 1 120); do
   n=$(curl -sf "http://$FGW/v1/fleet" 2>/dev/null | python3 -c 'import json,sys; print(sum(len(n["workers"]) for n in json.load(sys.stdin)["nodes"] if n["state"] == "up"))' 2>/dev/null || echo 0)
   [ "$n" = "$WORKERS" ] && break; sleep 1
 done
+if [ "$n" != "$WORKERS" ] || ! kill -0 $UP 2>/dev/null; then
+  echo "the Flotilla fleet did not come up ($n of $WORKERS workers); see $OUT/flotilla.up.log" >&2
+  exit 1
+fi
 "$BIN" bench --gateway "$FGW" "${BENCH[@]}" --compare "policy=$POLICIES" \
   --out "$OUT/flotilla" > "$OUT/flotilla.log" 2>&1
-kill -TERM $UP; wait $UP 2>/dev/null || true
+kill -TERM $UP 2>/dev/null || true; wait $UP 2>/dev/null || true
 
 runs=("$OUT/flotilla")
 if [ "$PEERS" = 1 ]; then
-  [ -x "${FLOTILLA_PEERS:-$HOME/.cache/flotilla-peers}/dynamo/venv/bin/python" ] || scripts/peers/dynamo.sh setup
+  [ -x "${FLOTILLA_PEERS:-${XDG_CACHE_HOME:-$HOME/.cache}/flotilla-peers}/dynamo/venv/bin/python" ] ||
+    scripts/peers/dynamo.sh setup
   for mode in kv round-robin; do
     scripts/peers/dynamo.sh start "$mode" "${DGW#*:}" "$WORKERS" --block-size 16 \
       --num-gpu-blocks-override "$KV_BLOCKS" --max-num-batched-tokens 8192 --max-num-seqs 256 \
@@ -61,6 +66,8 @@ fi
 
 python3 - "${runs[@]}" <<'PY'
 import json, os, sys
+def f(x, spec):  # NaN is null in report.json
+    return "–" if x is None else format(x, spec)
 print("| system / policy | prefix hit | % of ideal | TTFT p50 / p99 ms | TTFT mean, reuse > 512 tok (n) / other | ITL p50 / p99 ms | TPOT p50 ms | E2E p50 s | goodput req/s | errors |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for d in sys.argv[1:]:
@@ -68,8 +75,11 @@ for d in sys.argv[1:]:
     for r in json.load(open(os.path.join(d, "report.json"))):
         label = r["label"].replace("policy=", "") if sysname == "Flotilla" else os.path.basename(d).split("-", 1)[1]
         hit, ideal = r["prefix_hit_rate"], r["ideal_prefix_hit_rate"]
-        print(f"| {sysname} {label} | {100*hit:.1f} % | {100*hit/ideal:.0f} % | {r['ttft_ms']['p50']:.0f} / {r['ttft_ms']['p99']:.0f} | "
-              f"{r['reuse_ttft_mean_ms']:.0f} ({r['reuse_requests']}) / {r['other_ttft_mean_ms']:.0f} | "
-              f"{r['itl_ms']['p50']:.0f} / {r['itl_ms']['p99']:.0f} | {r['tpot_ms']['p50']:.1f} | {r['e2e_ms']['p50']/1000:.1f} | "
-              f"{r['goodput_rps']:.2f} | {r['errors']} |")
+        share = hit / ideal if hit is not None and ideal else None
+        e2e = r["e2e_ms"]["p50"]
+        print(f"| {sysname} {label} | {f(hit and 100 * hit, '.1f')} % | {f(share and 100 * share, '.0f')} % | "
+              f"{f(r['ttft_ms']['p50'], '.0f')} / {f(r['ttft_ms']['p99'], '.0f')} | "
+              f"{f(r['reuse_ttft_mean_ms'], '.0f')} ({r['reuse_requests']}) / {f(r['other_ttft_mean_ms'], '.0f')} | "
+              f"{f(r['itl_ms']['p50'], '.0f')} / {f(r['itl_ms']['p99'], '.0f')} | {f(r['tpot_ms']['p50'], '.1f')} | "
+              f"{f(e2e and e2e / 1000, '.1f')} | {f(r['goodput_rps'], '.2f')} | {r['errors']} |")
 PY

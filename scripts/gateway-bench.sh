@@ -37,6 +37,7 @@ done
 if [ "${DYNAMO:-0}" = 1 ]; then
   echo "== NVIDIA Dynamo 1.6.1 (frontend, --router-mode kv, 4 mocker workers)"
   DPORT=$((PORT + 10))
+  trap 'scripts/peers/dynamo.sh stop' EXIT
   scripts/peers/dynamo.sh start kv "$DPORT" 4 --block-size 16 --speedup-ratio 1000 >/dev/null
   sleep 8
   "$BENCH" --gateway "http://127.0.0.1:$DPORT" --model smollm2 --concurrency "${CONCURRENCY:-32,128}" \

@@ -34,19 +34,29 @@ struct Stream {
 /// time the token count crosses a value in `marks` (in order).
 async fn stream_with(
     url: &str,
+    body: Value,
+    marks: &[usize],
+    on_mark: impl FnMut(usize) -> futures::future::BoxFuture<'static, ()>,
+) -> Stream {
+    stream_routed(url, body, None, marks, on_mark).await
+}
+
+/// [`stream_with`] under the routing policy `policy` (header `x-flotilla-route-policy`).
+async fn stream_routed(
+    url: &str,
     mut body: Value,
+    policy: Option<&str>,
     marks: &[usize],
     mut on_mark: impl FnMut(usize) -> futures::future::BoxFuture<'static, ()>,
 ) -> Stream {
     body["stream"] = json!(true);
     body["logprobs"] = json!(true);
     body["stream_options"] = json!({"include_usage": true});
-    let resp = reqwest::Client::new()
-        .post(url)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let mut req = reqwest::Client::new().post(url).json(&body);
+    if let Some(p) = policy {
+        req = req.header("x-flotilla-route-policy", p);
+    }
+    let resp = req.send().await.unwrap();
     assert_eq!(resp.status(), 200);
     let mut s = Stream {
         text: String::new(),
@@ -474,13 +484,15 @@ async fn a_partitioned_worker_leaves_routing_and_heals() {
     let url = c.url("/v1/chat/completions");
     let reference = stream_with(&url, story(150), &[], |_| Box::pin(async {})).await;
     let pid = node_pid(&c, "node-2").await;
-    // Two streams: consecutive placements go to different workers.
+    // Two streams on different workers (round-robin: the kv policy would keep both on the
+    // worker that cached the reference's prompt).
     let streams: Vec<_> = (0..2)
         .map(|_| {
             let url = url.clone();
-            tokio::spawn(
-                async move { stream_with(&url, story(150), &[], |_| Box::pin(async {})).await },
-            )
+            tokio::spawn(async move {
+                let rr = Some("round_robin");
+                stream_routed(&url, story(150), rr, &[], |_| Box::pin(async {})).await
+            })
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -45,6 +45,9 @@ case ${1:-} in
     mode=${2:?mode}; port=${3:?port}; n=${4:?workers}; shift 4
     [[ -x $DIR/venv/bin/python ]] || { echo "run $0 setup first" >&2; exit 1; }
     env_vars
+    if curl -sf "127.0.0.1:$port/v1/models" > /dev/null 2>&1; then
+      echo "port $port already answers: stop what runs there first ($0 stop)" >&2; exit 1
+    fi
     rm -rf "$DIR/kvstore" && mkdir -p "$DIR/kvstore" "$DIR/logs"
     cd "$DIR"
     nohup venv/bin/python -m dynamo.frontend --router-mode "$mode" --http-host 127.0.0.1 \
@@ -62,9 +65,17 @@ case ${1:-} in
     echo "dynamo did not come up; see $DIR/logs" >&2; exit 1
     ;;
   stop)
+    # SIGTERM, then wait up to 30 s for both to exit (the port must be free for the next
+    # start), then SIGKILL.
+    pids=()
     for p in frontend mocker; do
-      [[ -f $DIR/$p.pid ]] && kill "$(cat "$DIR/$p.pid")" 2>/dev/null || true
+      [[ -f $DIR/$p.pid ]] && pids+=("$(cat "$DIR/$p.pid")")
       rm -f "$DIR/$p.pid"
+    done
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${pids[@]}"; do
+      for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+      kill -9 "$pid" 2>/dev/null || true
     done
     ;;
   *) sed -n 2,13p "$0"; exit 2 ;;

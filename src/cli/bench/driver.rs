@@ -219,16 +219,20 @@ impl Shared {
 
 /// Send every session of `workload` as `plan` says; returns every request's result and the
 /// wall time (s) from the start to the last completion.
+///
+/// `ideal` labels each result with its ideal cached tokens (per session, per turn:
+/// [`Workload::ideal_cached_in`] in the order the sessions are sent).
 pub async fn execute(
     target: Arc<Target>,
     workload: Arc<Workload>,
     plan: RunPlan,
+    ideal: Arc<Vec<Vec<(u64, u64)>>>,
 ) -> (Vec<RequestResult>, f64) {
     let total = workload.requests();
     let start = Instant::now();
     let shared = Shared {
         target,
-        ideal: Arc::new(workload.ideal_cached()),
+        ideal,
         workload,
         plan: Arc::new(plan),
         progress: Arc::new(Progress::default()),

@@ -471,7 +471,14 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         ArrivalKind::Poisson
     });
     let offsets = arrival_offsets(&a, kind, &workload)?;
-    let ideal = workload.ideal_hit_rate();
+    // The ideal in the order sessions are sent (open loop: by offset; closed loop: in order).
+    let mut order: Vec<usize> = (0..workload.sessions.len()).collect();
+    if let Some(o) = &offsets {
+        order.retain(|&i| i < o.len());
+        order.sort_by(|&x, &y| o[x].total_cmp(&o[y]));
+    }
+    let ideal_table = Arc::new(workload.ideal_cached_in(&order));
+    let ideal = workload::ideal_rate(&ideal_table);
     let info = workload.info();
     let base_salt = a.salt.unwrap_or_else(rand::random);
     eprintln!("{}", describe_workload(&workload, ideal, &a, base_salt));
@@ -511,8 +518,13 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             salt,
             headers: v.headers,
         };
-        let (results, wall_s) =
-            driver::execute(Arc::clone(&target), Arc::clone(&workload), plan).await;
+        let (results, wall_s) = driver::execute(
+            Arc::clone(&target),
+            Arc::clone(&workload),
+            plan,
+            Arc::clone(&ideal_table),
+        )
+        .await;
         let ctx = RunContext {
             label: &v.label,
             wall_s,

@@ -181,15 +181,20 @@ impl Workload {
         !self.sessions.is_empty() && self.sessions.iter().all(|s| s.timestamp_ms.is_some())
     }
 
-    /// The ideal prefix hit rate of the workload (see the module doc); NaN when empty.
+    /// The ideal prefix hit rate of the workload (see the module doc), its sessions in the
+    /// workload's order; NaN when empty.
     pub fn ideal_hit_rate(&self) -> f64 {
-        rate(&self.ideal_cached().concat())
+        let order: Vec<usize> = (0..self.sessions.len()).collect();
+        ideal_rate(&self.ideal_cached_in(&order))
     }
 
-    /// Per session, per turn: `(ideal cached tokens, prompt tokens)` (see the module doc;
-    /// estimated tokens for chat prompts), in the workload's order.
-    pub fn ideal_cached(&self) -> Vec<Vec<(u64, u64)>> {
-        let turns = self.sessions.iter().flat_map(|s| &s.turns);
+    /// Per session (indexed as in the workload), per turn: `(ideal cached tokens, prompt
+    /// tokens)` (see the module doc; estimated tokens for chat prompts) when the sessions are
+    /// sent in `order` (session indices; turns in order within each session). Sessions not in
+    /// `order` get no entries.
+    pub fn ideal_cached_in(&self, order: &[usize]) -> Vec<Vec<(u64, u64)>> {
+        let sessions: Vec<&Session> = order.iter().filter_map(|&i| self.sessions.get(i)).collect();
+        let turns = sessions.iter().flat_map(|s| &s.turns);
         let chat = turns
             .clone()
             .any(|t| matches!(t.prompt, Prompt::Chat { .. }));
@@ -202,10 +207,11 @@ impl Workload {
             }))
         };
         let mut flat = flat.into_iter();
-        self.sessions
-            .iter()
-            .map(|s| flat.by_ref().take(s.turns.len()).collect())
-            .collect()
+        let mut out = vec![Vec::new(); self.sessions.len()];
+        for (&i, s) in order.iter().zip(&sessions) {
+            out[i] = flat.by_ref().take(s.turns.len()).collect();
+        }
+        out
     }
 }
 
@@ -488,6 +494,11 @@ fn chain(parent: u64, block: &[u32]) -> u64 {
 /// there are no prompt tokens.
 pub fn ideal_hit_rate_tokens(prompts: impl Iterator<Item = Vec<u32>>) -> f64 {
     rate(&ideal_cached_tokens(prompts))
+}
+
+/// `Σ hit / Σ total` over every turn of a [`Workload::ideal_cached_in`] table; NaN when empty.
+pub fn ideal_rate(table: &[Vec<(u64, u64)>]) -> f64 {
+    rate(&table.concat())
 }
 
 /// `Σ hit / Σ total` of `(hit, total)` pairs; NaN when the total is 0.

@@ -88,7 +88,8 @@
 //! so worker ids are not hashed on every decision.
 //!
 //! Every policy only ever picks from `live` (duplicates are harmless), and every
-//! [`Decision`] carries the chosen worker's overlap and `kv` cost so the caller can measure
+//! [`Decision`] carries the chosen worker's overlap and cost (`dynamo_kv`'s form under that
+//! policy, `kv`'s under every other) so the caller can measure
 //! prefix hits whatever the policy. There is no separate imbalance guard: the decode term is
 //! the load balancer, and `overlap_weight` sets how much prefix reuse may outweigh it.
 
@@ -353,7 +354,8 @@ pub struct Decision {
     pub uncached_tokens: u32,
     /// `ceil(prompt_tokens / block_size)`: pass to [`ActiveLoad::on_routed`].
     pub request_blocks: u32,
-    /// The chosen worker's kv cost terms (computed whatever the policy).
+    /// The chosen worker's cost terms: `dynamo_kv`'s form under that policy, `kv`'s under
+    /// every other (computed whatever the policy).
     pub prefill_blocks: f64,
     pub decode_blocks: f64,
     pub cost: f64,

@@ -36,9 +36,10 @@
 //! ends `step_ms` after the previous step's end (or after now, when the engine sat idle), and
 //! it sleeps only while that end is more than [`SLEEP_THRESHOLD`] ahead of the real clock;
 //! a step that is due returns at once. The real clock may overshoot a sleep by up to a timer
-//! tick; a step that starts less than [`CATCH_UP`] behind the virtual clock continues it, so
-//! the overshoot is paid back by the following steps and the mean step time is the
-//! profile's.
+//! tick: the overshoot is measured, and the next step starts that much before now (never
+//! before the last step's end), so it is paid back and the mean step time is the profile's.
+//! Time the engine spent idle between steps is never paid back: a step never starts before
+//! its work arrived.
 //!
 //! # Tokens
 //! Deterministic placeholders: the token at position `p` of sequence `s` is
@@ -53,9 +54,7 @@ use tokio::time::Instant;
 
 /// The engine sleeps only when its virtual clock is this far ahead of the real one.
 pub const SLEEP_THRESHOLD: Duration = Duration::from_millis(1);
-/// A step that starts less than this after the virtual clock's last step end continues the
-/// virtual timeline (a busy engine paying back a timer overshoot); later, it starts anew from
-/// the real clock (the engine was idle).
+/// The most timer overshoot paid back (a longer one is a stall of the machine, not the timer).
 pub const CATCH_UP: Duration = Duration::from_millis(5);
 
 /// First placeholder token id.
@@ -183,28 +182,41 @@ pub struct SimEngine {
 pub struct VirtualClock {
     /// End of the last step on the virtual timeline.
     end: Option<Instant>,
+    /// How late the last sleep woke after its step's end (at most [`CATCH_UP`]).
+    late: Duration,
 }
 
 impl VirtualClock {
-    /// Books a step of `length` starting no earlier than `now`; returns when it ends.
+    /// Books a step of `length` whose work arrived by `now`; returns when it ends. It starts
+    /// at the last step's end if that is still ahead, else at `now` less the last sleep's
+    /// overshoot (but not before the last step's end).
     pub fn book(&mut self, now: Instant, length: Duration) -> Instant {
         let start = match self.end {
-            Some(end) if end + CATCH_UP >= now => end,
-            _ => now,
+            Some(end) if end >= now => end,
+            Some(end) => now.checked_sub(self.late).map_or(now, |t| t.max(end)),
+            None => now,
         };
+        self.late = Duration::ZERO;
         let end = start + length;
         self.end = Some(end);
         end
     }
 
     /// Waits until the step that ends at `end` is due (sleeps only when it is more than
-    /// [`SLEEP_THRESHOLD`] away; else yields once, so a free engine still shares the runtime).
-    pub async fn wait(end: Instant) {
+    /// [`SLEEP_THRESHOLD`] away; else yields once, so a free engine still shares the runtime),
+    /// and notes how late a sleep woke.
+    pub async fn wait(&mut self, end: Instant) {
         if end.saturating_duration_since(Instant::now()) > SLEEP_THRESHOLD {
             tokio::time::sleep_until(end).await;
+            self.late = Instant::now().saturating_duration_since(end).min(CATCH_UP);
         } else {
             tokio::task::yield_now().await;
         }
+    }
+
+    /// Notes that the last sleep woke `late` after its step's end (for tests).
+    pub fn woke_late(&mut self, late: Duration) {
+        self.late = late.min(CATCH_UP);
     }
 }
 
@@ -248,7 +260,7 @@ impl StepEngine for SimEngine {
         let end = self
             .clock
             .book(Instant::now(), Duration::from_secs_f64(ms / 1000.0));
-        VirtualClock::wait(end).await;
+        self.clock.wait(end).await;
         let tokens = batch
             .seqs
             .iter()
@@ -300,15 +312,23 @@ mod tests {
     }
 
     #[test]
-    fn the_virtual_clock_continues_a_busy_timeline_and_restarts_after_idle() {
+    fn the_virtual_clock_pays_back_overshoot_but_never_idle_time() {
         let t0 = Instant::now();
         let us = Duration::from_micros;
         let mut c = VirtualClock::default();
         assert_eq!(c.book(t0, us(100)), t0 + us(100));
-        // Back to back: the next step starts where the last one ended, even if the real clock
-        // is already past it (a timer overshoot is paid back).
-        assert_eq!(c.book(t0 + us(1_500), us(100)), t0 + us(200));
-        // Idle for longer than CATCH_UP: a new timeline from now.
+        // Still ahead of the real clock: the next step follows the last one.
+        assert_eq!(c.book(t0 + us(50), us(100)), t0 + us(200));
+        // A sleep woke 900 µs late and the next step is booked at once: it starts where the
+        // last one ended, paying the overshoot back.
+        c.woke_late(us(900));
+        assert_eq!(c.book(t0 + us(1_100), us(100)), t0 + us(300));
+        // Idle 3 ms after a step whose sleep woke 400 µs late: only the overshoot is paid
+        // back, never the idle time.
+        c.woke_late(us(400));
+        let now = t0 + us(3_300);
+        assert_eq!(c.book(now, us(100)), now - us(400) + us(100));
+        // Without an overshoot, a step after idle starts now.
         let later = t0 + Duration::from_millis(50);
         assert_eq!(c.book(later, us(100)), later + us(100));
     }
@@ -320,11 +340,12 @@ mod tests {
         let start = Instant::now();
         for _ in 0..500 {
             let end = c.book(Instant::now(), Duration::from_micros(20));
-            VirtualClock::wait(end).await;
+            c.wait(end).await;
         }
         let took = start.elapsed();
         assert!(took >= Duration::from_millis(9), "{took:?}");
-        assert!(took < Duration::from_millis(250), "{took:?}");
+        // A loaded machine may add its own delays; the point is that it is not 500 ticks.
+        assert!(took < Duration::from_millis(400), "{took:?}");
     }
 
     #[test]
