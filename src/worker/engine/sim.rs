@@ -35,11 +35,11 @@
 //! `speedup = 1000` an H100 decode step is ~6 µs). The engine keeps a virtual clock: each step
 //! ends `step_ms` after the previous step's end (or after now, when the engine sat idle), and
 //! it sleeps only while that end is more than [`SLEEP_THRESHOLD`] ahead of the real clock;
-//! a step that is due returns at once. The real clock may overshoot a sleep by up to a timer
-//! tick: the overshoot is measured, and the next step starts that much before now (never
-//! before the last step's end), so it is paid back and the mean step time is the profile's.
-//! Time the engine spent idle between steps is never paid back: a step never starts before
-//! its work arrived.
+//! a step that is due returns at once. The next step starts at that end plus the real time
+//! between the wait's return and the next step's arrival (scheduler work, or idleness): a
+//! step that returned early or overslept a timer tick is neither gained nor lost, so the mean
+//! step time is the profile's, and idle time is never paid back (a step never starts before
+//! its work arrived, up to [`CATCH_UP`]).
 //!
 //! # Tokens
 //! Deterministic placeholders: the token at position `p` of sequence `s` is
@@ -54,7 +54,8 @@ use tokio::time::Instant;
 
 /// The engine sleeps only when its virtual clock is this far ahead of the real one.
 pub const SLEEP_THRESHOLD: Duration = Duration::from_millis(1);
-/// The most timer overshoot paid back (a longer one is a stall of the machine, not the timer).
+/// The most a step may start before its work arrived, paying back a sleep that woke late (a
+/// longer delay is a stall of the machine, not the timer).
 pub const CATCH_UP: Duration = Duration::from_millis(5);
 
 /// First placeholder token id.
@@ -182,21 +183,26 @@ pub struct SimEngine {
 pub struct VirtualClock {
     /// End of the last step on the virtual timeline.
     end: Option<Instant>,
-    /// How late the last sleep woke after its step's end (at most [`CATCH_UP`]).
-    late: Duration,
+    /// When the last step's wait returned (real clock).
+    returned: Option<Instant>,
 }
 
 impl VirtualClock {
-    /// Books a step of `length` whose work arrived by `now`; returns when it ends. It starts
-    /// at the last step's end if that is still ahead, else at `now` less the last sleep's
-    /// overshoot (but not before the last step's end).
+    /// Books a step of `length` whose work arrived by `now`; returns when it ends. The step
+    /// starts after the last one's end plus the real time between the last wait's return and
+    /// `now` (scheduler work or idleness: real time, counted), so a step that returned early
+    /// (no sleep) or late (a timer overshoot) is neither gained nor lost on the timeline —
+    /// but never more than [`CATCH_UP`] before `now` (a stall of the whole machine is not paid
+    /// back).
     pub fn book(&mut self, now: Instant, length: Duration) -> Instant {
-        let start = match self.end {
-            Some(end) if end >= now => end,
-            Some(end) => now.checked_sub(self.late).map_or(now, |t| t.max(end)),
-            None => now,
+        let start = match (self.end, self.returned) {
+            (Some(end), Some(returned)) => {
+                let start = end + now.saturating_duration_since(returned);
+                now.checked_sub(CATCH_UP)
+                    .map_or(start, |floor| start.max(floor))
+            }
+            _ => now,
         };
-        self.late = Duration::ZERO;
         let end = start + length;
         self.end = Some(end);
         end
@@ -204,19 +210,19 @@ impl VirtualClock {
 
     /// Waits until the step that ends at `end` is due (sleeps only when it is more than
     /// [`SLEEP_THRESHOLD`] away; else yields once, so a free engine still shares the runtime),
-    /// and notes how late a sleep woke.
+    /// and notes when it returned.
     pub async fn wait(&mut self, end: Instant) {
         if end.saturating_duration_since(Instant::now()) > SLEEP_THRESHOLD {
             tokio::time::sleep_until(end).await;
-            self.late = Instant::now().saturating_duration_since(end).min(CATCH_UP);
         } else {
             tokio::task::yield_now().await;
         }
+        self.returned = Some(Instant::now());
     }
 
-    /// Notes that the last sleep woke `late` after its step's end (for tests).
-    pub fn woke_late(&mut self, late: Duration) {
-        self.late = late.min(CATCH_UP);
+    /// Notes that the last wait returned at `at` (for tests).
+    pub fn returned_at(&mut self, at: Instant) {
+        self.returned = Some(at);
     }
 }
 
@@ -316,36 +322,53 @@ mod tests {
         let t0 = Instant::now();
         let us = Duration::from_micros;
         let mut c = VirtualClock::default();
-        assert_eq!(c.book(t0, us(100)), t0 + us(100));
-        // Still ahead of the real clock: the next step follows the last one.
-        assert_eq!(c.book(t0 + us(50), us(100)), t0 + us(200));
-        // A sleep woke 900 µs late and the next step is booked at once: it starts where the
-        // last one ended, paying the overshoot back.
-        c.woke_late(us(900));
-        assert_eq!(c.book(t0 + us(1_100), us(100)), t0 + us(300));
-        // Idle 3 ms after a step whose sleep woke 400 µs late: only the overshoot is paid
-        // back, never the idle time.
-        c.woke_late(us(400));
-        let now = t0 + us(3_300);
-        assert_eq!(c.book(now, us(100)), now - us(400) + us(100));
-        // Without an overshoot, a step after idle starts now.
-        let later = t0 + Duration::from_millis(50);
-        assert_eq!(c.book(later, us(100)), later + us(100));
+        assert_eq!(
+            c.book(t0, us(100)),
+            t0 + us(100),
+            "the first step starts now"
+        );
+        // It returned early (a yield) and 10 µs of scheduler work followed: the next step
+        // starts at the last one's end plus those 10 µs.
+        c.returned_at(t0 + us(50));
+        assert_eq!(c.book(t0 + us(60), us(100)), t0 + us(210));
+        // A sleep overshot by 890 µs, and the next step is booked at once: it starts at the
+        // last end, so the overshoot is paid back.
+        c.returned_at(t0 + us(1_100));
+        assert_eq!(c.book(t0 + us(1_100), us(100)), t0 + us(310));
+        // Idle 3 ms after returning on time: idleness is real time, not paid back.
+        c.returned_at(t0 + us(310));
+        assert_eq!(c.book(t0 + us(3_310), us(100)), t0 + us(3_410));
+        // A machine stall of 20 ms: at most CATCH_UP is paid back.
+        c.returned_at(t0 + us(23_410));
+        let now = t0 + us(23_410);
+        assert_eq!(c.book(now, us(100)), now - CATCH_UP + us(100));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn sub_millisecond_steps_cost_what_the_profile_says() {
-        // 500 steps of 20 µs: 10 ms of engine time; a 1 ms sleep per step would take ≥ 500 ms.
+        // Tokio's clock is paused: it moves only when every task waits on a timer, by what the
+        // timer wheel (1 ms ticks) says — the granularity that made each sim step cost ≥ 1 ms.
+        let step = Duration::from_micros(20);
+        // Control: one plain sleep per step pays a whole tick each time.
+        let start = Instant::now();
+        for _ in 0..500 {
+            tokio::time::sleep(step).await;
+        }
+        assert!(
+            start.elapsed() >= Duration::from_millis(500),
+            "{:?}",
+            start.elapsed()
+        );
+        // The virtual clock: 500 steps of 20 µs cost their 10 ms (plus at most one tick).
         let mut c = VirtualClock::default();
         let start = Instant::now();
         for _ in 0..500 {
-            let end = c.book(Instant::now(), Duration::from_micros(20));
+            let end = c.book(Instant::now(), step);
             c.wait(end).await;
         }
         let took = start.elapsed();
         assert!(took >= Duration::from_millis(9), "{took:?}");
-        // A loaded machine may add its own delays; the point is that it is not 500 ticks.
-        assert!(took < Duration::from_millis(400), "{took:?}");
+        assert!(took <= Duration::from_millis(12), "{took:?}");
     }
 
     #[test]
