@@ -10,6 +10,9 @@
 //! - `publisher.rs` — [`KvEventPublisher`]: the actor that mirrors the pool's events, publishes
 //!   them to the routers ([`KV_EVENTS_GROUP`]) and serves snapshots. The pool itself belongs
 //!   to the replica's scheduler, which forwards the events after every step.
+//! - `vllm.rs` — vLLM's KV event wire format (MessagePack) and [`vllm::Translator`], which
+//!   turns an external engine's events into Flotilla's.
+//! - `zmq.rs` — the ZMQ PUB socket that publishes a replica's events in vLLM's format.
 //! - `invariants.rs` — test-only consistency checker; `tests.rs` — unit and seeded tests.
 //!
 //! # Model
@@ -66,6 +69,8 @@ pub mod hash;
 mod lease;
 pub mod pool;
 mod publisher;
+pub mod vllm;
+pub mod zmq;
 
 #[cfg(test)]
 mod invariants;
@@ -78,6 +83,6 @@ pub use hash::{ROOT_PARENT_SEQ_HASH, block_hash, block_hashes, sequence_hash};
 pub use lease::SeqLease;
 pub use pool::{Allocation, BlockPool, PoolError, PoolUsage};
 pub use publisher::{
-    KV_EVENTS_GROUP, KV_PUBLISHER_GROUP, KvEventPublisher, KvEventsMsg, KvPublisherMsg,
-    KvPublisherState, KvSnapshot,
+    KV_EVENTS_GROUP, KV_PUBLISHER_GROUP, KvEventPublisher, KvEventsMsg, KvPublisherArgs,
+    KvPublisherMsg, KvPublisherState, KvSnapshot, VllmEventsConfig,
 };

@@ -125,6 +125,7 @@ impl Harness {
             role,
             disagg: Default::default(),
             sim_transfer: None,
+            kv_events: None,
         });
         let (sup, _) = Actor::spawn(spec.actor_name.clone(), Supervisor, spec)
             .await

@@ -126,6 +126,51 @@ pub struct DiscoveryArgs {
     /// This node's KV transport, when it has one: its regions go into every heartbeat, and
     /// peers' regions teach it their newest epochs.
     pub transport: Option<Arc<crate::transport::Transport>>,
+    /// This node's replicas' own endpoints (HTTP face, vLLM-format KV events), for the
+    /// workers' entries in every heartbeat.
+    pub endpoints: WorkerEndpoints,
+}
+
+/// Where one replica can be reached besides the cluster, once bound: its own HTTP face
+/// (`worker.http`) and its vLLM-format KV event socket (`worker.kv_events_addr`). The actors
+/// that bind them write here (and read it back on a restart, to keep a port chosen as 0).
+#[derive(Clone, Debug, Default)]
+pub struct WorkerEndpoint {
+    /// The face's bound address.
+    pub http: Arc<Mutex<Option<String>>>,
+    /// The KV event socket's bound address.
+    pub kv_events: Arc<Mutex<Option<std::net::SocketAddr>>>,
+}
+
+/// [`WorkerEndpoint`]s of a node's replicas, by worker id.
+#[derive(Clone, Debug, Default)]
+pub struct WorkerEndpoints(Arc<Mutex<std::collections::HashMap<String, WorkerEndpoint>>>);
+
+impl WorkerEndpoints {
+    /// `worker`'s endpoints (created empty on first use).
+    pub fn entry(&self, worker: &str) -> WorkerEndpoint {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(worker.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// Fill each view's `http_addr` and `kv_events_endpoint` from what is bound.
+    fn fill(&self, workers: &mut [WorkerView]) {
+        let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        for w in workers {
+            if let Some(e) = map.get(&w.id) {
+                w.http_addr = e.http.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                w.kv_events_endpoint = e
+                    .kv_events
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .map(|a| format!("tcp://{a}"));
+            }
+        }
+    }
 }
 
 /// The Discovery actor.
@@ -152,6 +197,7 @@ impl DiscoveryState {
             .unwrap_or_else(|p| p.into_inner().clone());
         let (actors, mut workers) = describe_tree(me, &self.args.worker_pool_name);
         fill_worker_stats(&mut workers).await;
+        self.args.endpoints.fill(&mut workers);
         let info = NodeInfo {
             id: self.args.node_id.clone(),
             addr: self.args.addr.clone(),

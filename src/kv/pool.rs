@@ -115,6 +115,9 @@ pub struct BlockPool {
     pub(super) dups: HashMap<SequenceHash, Vec<BlockId>>,
     pub(super) seqs: HashMap<SeqId, SeqState>,
     pub(super) outbox: Vec<KvEvent>,
+    /// With [`BlockPool::with_token_events`]: the tokens of each `Stored` event in the outbox
+    /// that [`BlockPool::mark_computed`] emitted, by event id.
+    pub(super) token_outbox: Option<Vec<(EventId, Vec<u32>)>>,
     pub(super) next_event_id: u64,
     pub(super) tick: u64,
     pub(super) returns: ReturnQueue,
@@ -148,6 +151,7 @@ impl BlockPool {
             dups: HashMap::new(),
             seqs: HashMap::new(),
             outbox: Vec::new(),
+            token_outbox: None,
             next_event_id: 1,
             tick: 0,
             returns: Arc::new(Mutex::new(Vec::new())),
@@ -158,6 +162,14 @@ impl BlockPool {
     /// Stamps events with `worker`.
     pub fn with_worker(mut self, worker: WorkerId) -> Self {
         self.worker = worker;
+        self
+    }
+
+    /// Also keep the token ids of newly registered blocks, for consumers whose event format
+    /// carries them (vLLM's `BlockStored.token_ids`: `kv/vllm.rs`); drained with
+    /// [`BlockPool::drain_event_tokens`].
+    pub fn with_token_events(mut self) -> Self {
+        self.token_outbox = Some(Vec::new());
         self
     }
 
@@ -348,6 +360,8 @@ impl BlockPool {
         let bs = self.block_size;
         let mut registered = 0;
         let mut group: Vec<StoredBlock> = Vec::new();
+        let mut group_tokens: Vec<u32> = Vec::new();
+        let keep_tokens = self.token_outbox.is_some();
         let mut group_parent = st.last_seq_hash;
         while (st.hashed_blocks + 1) * bs <= st.num_computed {
             let i = st.hashed_blocks;
@@ -358,7 +372,11 @@ impl BlockPool {
                 // Dedup: the existing block stays registered, ours stays unregistered.
                 self.blocks[b.0 as usize].dup_of = Some(sh);
                 self.dups.entry(sh).or_default().push(b);
-                self.emit_stored(group_parent, std::mem::take(&mut group));
+                self.emit_stored_tokens(
+                    group_parent,
+                    std::mem::take(&mut group),
+                    std::mem::take(&mut group_tokens),
+                );
                 group_parent = Some(sh);
             } else {
                 self.blocks[b.0 as usize].reg = Some(Registration {
@@ -372,12 +390,15 @@ impl BlockPool {
                     seq_hash: sh,
                     block_hash: bh,
                 });
+                if keep_tokens {
+                    group_tokens.extend_from_slice(&st.tokens[i * bs..(i + 1) * bs]);
+                }
                 registered += 1;
             }
             st.last_seq_hash = Some(sh);
             st.hashed_blocks += 1;
         }
-        self.emit_stored(group_parent, group);
+        self.emit_stored_tokens(group_parent, group, group_tokens);
         self.seqs.insert(seq, st);
         Ok(registered)
     }
@@ -490,6 +511,17 @@ impl BlockPool {
     /// Takes the events accumulated since the last call, in id order.
     pub fn drain_events(&mut self) -> Vec<KvEvent> {
         std::mem::take(&mut self.outbox)
+    }
+
+    /// With [`BlockPool::with_token_events`]: the token ids of the `Stored` events emitted
+    /// since the last call (by event id; `block_size` per block, in order). A `Stored` event
+    /// of [`BlockPool::clear`] re-announces blocks registered earlier and has no entry: the
+    /// consumer knows their tokens from the first announcement.
+    pub fn drain_event_tokens(&mut self) -> Vec<(EventId, Vec<u32>)> {
+        self.token_outbox
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// `seq`'s block table.
@@ -616,6 +648,22 @@ impl BlockPool {
     fn emit_stored(&mut self, parent: Option<SequenceHash>, blocks: Vec<StoredBlock>) {
         if !blocks.is_empty() {
             self.emit(KvEventData::Stored { parent, blocks });
+        }
+    }
+
+    fn emit_stored_tokens(
+        &mut self,
+        parent: Option<SequenceHash>,
+        blocks: Vec<StoredBlock>,
+        tokens: Vec<u32>,
+    ) {
+        if blocks.is_empty() {
+            return;
+        }
+        let id = EventId(self.next_event_id);
+        self.emit_stored(parent, blocks);
+        if let Some(out) = self.token_outbox.as_mut() {
+            out.push((id, tokens));
         }
     }
 

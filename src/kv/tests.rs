@@ -551,3 +551,35 @@ fn seeded_random_operations_keep_invariants() {
         random_run(seed, 20_000);
     }
 }
+
+#[test]
+fn token_events_give_each_stored_event_its_blocks_tokens() {
+    let mut p = pool(16, 4).with_token_events();
+    let a = toks(9, 100); // 2 full blocks
+    let _la = fill(&mut p, 1, &a);
+    // Shares the first block with `a`, then 2 new ones: the shared (deduplicated) block
+    // splits nothing here since it is already registered and not re-announced.
+    let mut b = a[..4].to_vec();
+    b.extend(toks(9, 500));
+    let _lb = fill(&mut p, 2, &b);
+    let events = p.drain_events();
+    let tokens: HashMap<EventId, Vec<u32>> = p.drain_event_tokens().into_iter().collect();
+    let mut stored = 0;
+    for ev in &events {
+        if let KvEventData::Stored { blocks, .. } = &ev.data {
+            stored += 1;
+            let t = &tokens[&ev.event_id];
+            assert_eq!(t.len(), blocks.len() * 4);
+            for (blk, chunk) in blocks.iter().zip(t.chunks(4)) {
+                assert_eq!(blk.block_hash, block_hash(chunk, SALT));
+            }
+        }
+    }
+    assert_eq!(stored, tokens.len());
+    assert!(p.drain_event_tokens().is_empty());
+    // Without the option nothing is kept.
+    let mut q = pool(16, 4);
+    let _l = fill(&mut q, 1, &a);
+    assert!(!q.drain_events().is_empty());
+    assert!(q.drain_event_tokens().is_empty());
+}

@@ -12,6 +12,7 @@ pub mod admission;
 pub mod chaos_routes;
 pub mod conn;
 pub mod edge;
+pub mod face;
 pub mod frontend;
 pub mod routes;
 pub mod serve;

@@ -38,7 +38,9 @@ pub mod migration;
 
 use crate::kv::block_hashes;
 use crate::request_plane::error::RequestError;
-use crate::request_plane::protocol::{RemoteKv, RouteRequest, SubmitRequest, TokenEventKind};
+use crate::request_plane::protocol::{
+    Placement, RemoteKv, RouteRequest, SubmitRequest, TokenEventKind,
+};
 use crate::request_plane::router::policy::Policy;
 use crate::request_plane::router::{RouterMsg, find_router};
 use crate::request_plane::token_sink::SinkRegistry;
@@ -91,6 +93,10 @@ pub struct RequestArgs {
     pub salt: u64,
     /// Routing policy for this request (`None`: the router's).
     pub policy: Option<Policy>,
+    /// Every attempt goes to this worker, without asking a router (a worker's own HTTP face,
+    /// `gateway/face.rs`): a loss waits for the replica to come back, within the migration
+    /// deadline, instead of moving elsewhere.
+    pub pin: Option<WorkerId>,
     /// This node's counters: requests in flight, migrations.
     pub stats: Arc<NodeStats>,
 }
@@ -180,6 +186,15 @@ impl RequestState {
         }
     }
 
+    /// The router this request tells about its placements (none when pinned).
+    fn router(&self) -> Option<ActorRef<RouterMsg>> {
+        if self.args.pin.is_some() {
+            None
+        } else {
+            find_router()
+        }
+    }
+
     /// End the current attempt: cancel it at its scheduler (if `cancel`), release the
     /// placement, stop listening for its events. Idempotent.
     fn end_attempt(&mut self, cancel: bool) {
@@ -193,7 +208,7 @@ impl RequestState {
         if cancel {
             self.release_held();
         }
-        if let Some(r) = find_router() {
+        if let Some(r) = self.router() {
             let _ = r.cast(RouterMsg::Release(Wire::encode(&key)));
         }
         self.args.registry.unregister(a.id);
@@ -221,7 +236,10 @@ impl RequestState {
         };
         self.attempts += 1;
         let mut job = self.next_job(id);
-        let router = find_router().ok_or(RequestError::NoRouter)?;
+        let router = match &self.args.pin {
+            Some(_) => None,
+            None => Some(find_router().ok_or(RequestError::NoRouter)?),
+        };
         let req = RouteRequest {
             node: job.reply_to.clone(),
             request: id,
@@ -234,15 +252,21 @@ impl RequestState {
             avoid: self.migration.avoid().to_vec(),
             remote_prefill: self.pending_kv.is_none(),
         };
-        let pick = ractor::call_t!(
-            router,
-            RouterMsg::Route,
-            ROUTE_TIMEOUT_MS,
-            Wire::encode(&req)
-        )
-        .map_err(|_| RequestError::RouterTimeout)?
-        .decode()
-        .map_err(|_| RequestError::RouterReply)?;
+        let pick = match (&router, &self.args.pin) {
+            (Some(router), _) => ractor::call_t!(
+                router,
+                RouterMsg::Route,
+                ROUTE_TIMEOUT_MS,
+                Wire::encode(&req)
+            )
+            .map_err(|_| RequestError::RouterTimeout)?
+            .decode()
+            .map_err(|_| RequestError::RouterReply)?,
+            (None, pin) => pin.clone().map(|worker| Placement {
+                worker,
+                hand_off: false,
+            }),
+        };
         let pick = pick.ok_or(RequestError::NoWorkers)?;
         let worker = pick.worker;
         if pick.hand_off {
@@ -251,10 +275,12 @@ impl RequestState {
             job.remote_kv = Some(kv);
         }
         let release = || {
-            let _ = router.cast(RouterMsg::Release(Wire::encode(&(
-                job.reply_to.clone(),
-                id,
-            ))));
+            if let Some(router) = &router {
+                let _ = router.cast(RouterMsg::Release(Wire::encode(&(
+                    job.reply_to.clone(),
+                    id,
+                ))));
+            }
         };
         let Some(scheduler) = scheduler_of(&worker) else {
             release();
@@ -422,7 +448,7 @@ impl RequestState {
             TokenEventKind::Token { id, .. } => {
                 if let Some(a) = &self.attempt
                     && !a.first_token_seen
-                    && let Some(r) = find_router()
+                    && let Some(r) = self.router()
                 {
                     let _ = r.cast(RouterMsg::FirstToken(Wire::encode(&(self.node(), a.id))));
                 }

@@ -427,6 +427,28 @@ pub struct WorkerConfig {
     /// Sim engine: KV bytes per token (default 131072: Llama-3-8B in fp16, 32 layers × K,V ×
     /// 8 KV heads × 128 × 2 bytes, the model of the built-in H100 profile).
     pub sim_kv_bytes_per_token: u64,
+    /// Each replica's own OpenAI-compatible HTTP face (`request_plane/gateway/face.rs`), so
+    /// that other routers (SGLang's, vLLM's) can route over Flotilla workers: replica `k`
+    /// listens on this address with port + k (port 0: a free port each, listed in
+    /// `/v1/fleet` as the worker's `http_addr`). `None`: no face.
+    pub http: Option<std::net::SocketAddr>,
+    /// Each replica also publishes its KV events in vLLM's format (ZMQ PUB, MessagePack
+    /// `KVEventBatch`: `kv/vllm.rs`): replica `k` binds this address with port + k, as vLLM
+    /// offsets its `kv-events-config` endpoint by data-parallel rank (port 0: a free port
+    /// each, listed in `/v1/fleet` as `kv_events_endpoint`). `None`: not published.
+    pub kv_events_addr: Option<std::net::SocketAddr>,
+}
+
+impl WorkerConfig {
+    /// Replica `k`'s address given a base address: port + k, or port 0 for every replica
+    /// when the base port is 0 (`worker.http`, `worker.kv_events_addr`).
+    pub fn replica_addr(base: std::net::SocketAddr, k: u32) -> std::net::SocketAddr {
+        let mut a = base;
+        if base.port() != 0 {
+            a.set_port(base.port().saturating_add(k as u16));
+        }
+        a
+    }
 }
 
 /// KV blocks per replica of the CPU engine unless `worker.kv_blocks` says otherwise.
@@ -476,6 +498,8 @@ impl Default for WorkerConfig {
             sim_transfer_gbps: 25.0,
             sim_transfer_latency_us: 50,
             sim_kv_bytes_per_token: 131_072,
+            http: None,
+            kv_events_addr: None,
         }
     }
 }
@@ -666,6 +690,24 @@ impl Config {
         }
         if w.kv_blocks == Some(0) {
             return Err(invalid("worker.kv_blocks", "must be at least 1"));
+        }
+        for (field, base) in [
+            ("worker.http", w.http),
+            ("worker.kv_events_addr", w.kv_events_addr),
+        ] {
+            if let Some(b) = base
+                && b.port() != 0
+                && u32::from(b.port()) + w.replicas > 65_536
+            {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "port {} + {} replicas runs past 65535",
+                        b.port(),
+                        w.replicas
+                    ),
+                ));
+            }
         }
         if w.block_size_tokens == 0 {
             return Err(invalid("worker.block_size_tokens", "must be at least 1"));

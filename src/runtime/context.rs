@@ -51,6 +51,8 @@ pub struct NodeContext {
     /// This node's KV transport (worker nodes): engines allocate and register their pools
     /// through it; Discovery publishes its regions.
     pub transport: Option<Arc<crate::transport::Transport>>,
+    /// This node's replicas' own endpoints (HTTP faces, vLLM-format KV event sockets).
+    pub endpoints: crate::control::discovery::WorkerEndpoints,
 }
 
 impl NodeContext {

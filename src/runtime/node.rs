@@ -96,7 +96,10 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     } else {
         None
     };
-    let frontend = if config.has_role(crate::runtime::config::Role::Gateway) {
+    // Gateways tokenize; so do workers with their own HTTP faces.
+    let frontend = if config.has_role(crate::runtime::config::Role::Gateway)
+        || (config.has_role(crate::runtime::config::Role::Worker) && config.worker.http.is_some())
+    {
         let path = crate::model::resolve_model_path(config.worker.model_path.as_deref())?;
         let fe = crate::request_plane::gateway::frontend::Frontend::load(
             &path,
@@ -154,6 +157,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         sim_profile,
         stats: Arc::new(NodeStats::from_env()),
         fleet: Default::default(),
+        endpoints: Default::default(),
     };
     let spec = tree::node_tree(&ctx);
     let (root, root_task) = match Actor::spawn(spec.actor_name.clone(), Supervisor, spec).await {

@@ -7,11 +7,13 @@
 //! ├─ router_sup        (router)  one_for_all  10 in 60 s: the relay is useless without its router
 //! │  ├─ router         placement: KV-aware (prefix index + load)
 //! │  └─ kv_event_relay joins the KV-events group, hands every batch to the router
-//! ├─ gateway_sup       (gateway) one_for_one  supervision.max_restarts in period_ms
+//! ├─ gateway_sup       (gateway, or a worker with worker.http) one_for_one
+//! │  │                 supervision.max_restarts in period_ms
 //! │  ├─ token_sink     receives this node's requests' tokens, one message per step
 //! │  ├─ request_sup    one_for_one  one temporary Request child per in-flight request
-//! │  └─ http_gateway   axum: OpenAI API, /live /health /metrics /v1/fleet
-//! │                    (starts last, stops first)
+//! │  ├─ http_gateway   (gateway) axum: OpenAI API, /live /health /metrics /v1/fleet
+//! │  │                 (starts last, stops first)
+//! │  └─ face-<k>       (worker.http) replica k's own OpenAI face, pinned to it
 //! ├─ transport         (worker)  KV pulls between nodes; a handle on the node's transport
 //! │                    (made before the tree: engines allocate their KV through it)
 //! └─ worker_pool       (worker)  one_for_one  supervision.max_restarts in period_ms
@@ -75,7 +77,8 @@ pub fn node_tree(ctx: &NodeContext) -> SupervisorSpec {
     if ctx.config.has_role(Role::Router) {
         node = node.child(ChildSpec::supervisor(router_sup(ctx)));
     }
-    if ctx.config.has_role(Role::Gateway) {
+    let faces = ctx.config.has_role(Role::Worker) && ctx.config.worker.http.is_some();
+    if ctx.config.has_role(Role::Gateway) || faces {
         node = node.child(ChildSpec::supervisor(gateway_sup(ctx)));
     }
     if let Some(t) = &ctx.transport {
@@ -98,7 +101,9 @@ fn router_sup(ctx: &NodeContext) -> SupervisorSpec {
     .child(spawn::kv_event_relay(ctx))
 }
 
-/// The request plane's door. The listener starts last and stops first.
+/// The request plane's doors: the gateway's listener and the replicas' own faces
+/// (`worker.http`), over one token sink and one request supervisor. The listeners start last
+/// and stop first.
 fn gateway_sup(ctx: &NodeContext) -> SupervisorSpec {
     let parts = args::gateway(ctx);
     let requests = SupervisorSpec::new(
@@ -106,14 +111,20 @@ fn gateway_sup(ctx: &NodeContext) -> SupervisorSpec {
         flags(ctx, Strategy::OneForOne, REQUEST_BUDGET),
     )
     .counting(ctx.stats.clone());
-    SupervisorSpec::new(
+    let mut sup = SupervisorSpec::new(
         ctx.name("gateway_sup"),
         flags(ctx, Strategy::OneForOne, inner_budget(ctx)),
     )
     .counting(ctx.stats.clone())
     .child(spawn::token_sink(ctx, &parts))
-    .child(ChildSpec::supervisor(requests))
-    .child(spawn::http_gateway(ctx, &parts))
+    .child(ChildSpec::supervisor(requests));
+    if let Some(http) = &parts.http {
+        sup = sup.child(spawn::http_gateway(ctx, http));
+    }
+    for (k, face) in &parts.faces {
+        sup = sup.child(spawn::face(ctx, *k, face));
+    }
+    sup
 }
 
 /// `worker.replicas` replicas, each under its own one_for_all supervisor.

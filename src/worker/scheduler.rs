@@ -325,6 +325,9 @@ pub struct SchedulerArgs {
     pub transport: Option<std::sync::Arc<crate::transport::Transport>>,
     /// On a simulated engine: the modelled transfer time of a pull.
     pub sim_transfer: Option<SimTransfer>,
+    /// Send the token ids of stored blocks with the KV events (the replica publishes
+    /// vLLM-format events, which carry them).
+    pub token_events: bool,
 }
 
 struct Live {
@@ -649,10 +652,16 @@ impl SchedulerState {
         if events.is_empty() {
             return;
         }
+        let tokens = self.core.pool_mut().drain_event_tokens();
         if let Some(name) = &self.args.kv_publisher_name
             && let Some(cell) = ractor::registry::where_is(name.clone())
         {
             let publisher: ActorRef<crate::kv::KvPublisherMsg> = cell.into();
+            if !tokens.is_empty() {
+                let _ = publisher.cast(crate::kv::KvPublisherMsg::EventTokens(Wire::encode(
+                    &tokens,
+                )));
+            }
             let _ = publisher.cast(crate::kv::KvPublisherMsg::Events(Wire::encode(&events)));
         }
     }
@@ -972,8 +981,11 @@ impl Actor for Scheduler {
             ractor::registry::where_is(args.engine_name.clone())
                 .ok_or_else(|| format!("engine worker {} is not running", args.engine_name))?
                 .into();
-        let pool = BlockPool::new(args.num_blocks, args.block_size, args.salt)?
+        let mut pool = BlockPool::new(args.num_blocks, args.block_size, args.salt)?
             .with_worker(args.worker.clone());
+        if args.token_events {
+            pool = pool.with_token_events();
+        }
         let core = SchedulerCore::new(args.config, pool)?;
         ractor::pg::join(SCHEDULER_GROUP.to_owned(), vec![myself.get_cell()]);
         if let Some(g) = role_group(args.role) {

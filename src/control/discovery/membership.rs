@@ -76,6 +76,12 @@ pub struct WorkerView {
     /// Pulls that failed and were recomputed locally since the replica started.
     #[serde(default)]
     pub kv_pull_fallbacks: u64,
+    /// The replica's own OpenAI-compatible HTTP face (`worker.http`), if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_addr: Option<String>,
+    /// Where it publishes vLLM-format KV events (`worker.kv_events_addr`), if it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_events_endpoint: Option<String>,
 }
 
 /// What a node says about itself in every heartbeat.

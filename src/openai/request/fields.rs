@@ -10,6 +10,10 @@
 //!   mean a plain answer); `"required"` or a named function forces a tool call this server cannot
 //!   make: 400, `param` = the field.
 //! - `modalities`: only `["text"]`; `service_tier`: only `"auto"` or `"default"`.
+//! - [`ROUTER_EXTRAS`]: fields SGLang's and vLLM's routers add to every request they forward
+//!   (`sglang-router` 0.3.2, `vllm-router` 0.1.17, read off their forwarded bodies), accepted on
+//!   both routes at the value that asks for what this server does anyway, refused at any
+//!   other.
 
 use serde_json::Value;
 
@@ -78,13 +82,31 @@ pub const ONLY_UNSET: &[&str] = &[
     "web_search_options",
 ];
 
+/// SGLang and vLLM extensions that routers add to every request, each with the only value
+/// accepted (`None`: any boolean — the reasoning switches, a no-op for a model served without
+/// a reasoning parser):
+/// - `no_stop_trim: false` — a matched stop string is trimmed (as here);
+/// - `continue_final_message: false` — the template opens a new assistant turn (as here);
+/// - `skip_special_tokens: true` — special tokens are left out of the text (as here);
+/// - `return_hidden_states: false`;
+/// - `separate_reasoning`, `stream_reasoning`, `include_reasoning`: booleans.
+pub const ROUTER_EXTRAS: &[(&str, Option<bool>)] = &[
+    ("no_stop_trim", Some(false)),
+    ("continue_final_message", Some(false)),
+    ("skip_special_tokens", Some(true)),
+    ("return_hidden_states", Some(false)),
+    ("separate_reasoning", None),
+    ("stream_reasoning", None),
+    ("include_reasoning", None),
+];
+
 /// Whether route `kind` knows top-level field `key`.
 pub fn known(kind: RequestKind, key: &str) -> bool {
     let own = match kind {
         RequestKind::Chat => CHAT,
         RequestKind::Completion => COMPLETION,
     };
-    COMMON.contains(&key) || own.contains(&key)
+    COMMON.contains(&key) || own.contains(&key) || ROUTER_EXTRAS.iter().any(|(k, _)| *k == key)
 }
 
 /// Refuse unknown fields, and known ones at a value this server cannot honour.
@@ -97,6 +119,21 @@ pub(super) fn audit(kind: RequestKind, obj: &Obj) -> Result<(), ApiError> {
     }
     for key in ["tool_choice", "function_call"] {
         check_choice(obj, key)?;
+    }
+    for &(key, only) in ROUTER_EXTRAS {
+        let Some(v) = obj.get(key) else { continue };
+        let ok = match (v.as_bool(), only) {
+            (Some(b), Some(want)) => b == want,
+            (Some(_), None) => true,
+            (None, _) => v.is_null(),
+        };
+        if !ok {
+            let what = match only {
+                Some(want) => format!("{key} is only supported as {want}"),
+                None => format!("{key} must be a boolean, got {}", describe(v)),
+            };
+            return Err(invalid(key, what));
+        }
     }
     for &key in ONLY_UNSET {
         let Some(v) = obj.get(key) else { continue };

@@ -626,3 +626,28 @@ fn unknown_fields_are_refused_on_both_routes() {
         );
     }
 }
+
+#[test]
+fn what_sglang_and_vllm_routers_add_is_accepted_at_its_default_only() {
+    // sglang-router 0.3.2 adds these to a chat request it forwards; vllm-router 0.1.17 also
+    // `include_reasoning`.
+    let extras = json!({"no_stop_trim": false, "continue_final_message": false,
+        "skip_special_tokens": true, "return_hidden_states": false,
+        "separate_reasoning": true, "stream_reasoning": true, "include_reasoning": true,
+        "ignore_eos": false, "logprobs": false});
+    assert!(chat(extras.clone()).is_ok());
+    let completion_extras = json!({"no_stop_trim": false, "skip_special_tokens": true,
+        "return_hidden_states": false, "echo": false});
+    assert!(completion(completion_extras).is_ok());
+    // At a value that asks for something else: refused, naming the field.
+    let m = bad(chat(json!({"no_stop_trim": true})), Some("no_stop_trim"));
+    assert_eq!(m, "no_stop_trim is only supported as false");
+    bad(
+        completion(json!({"skip_special_tokens": false})),
+        Some("skip_special_tokens"),
+    );
+    bad(
+        chat(json!({"separate_reasoning": "yes"})),
+        Some("separate_reasoning"),
+    );
+}

@@ -38,6 +38,8 @@ pub struct GatewayShared {
     pub stats: Arc<NodeStats>,
     /// The fleet view this node's Discovery publishes (what admission control reads).
     pub fleet: FleetView,
+    /// `Some`: this is a worker's own face (`face.rs`), not the gateway.
+    pub face: Option<Arc<super::face::FaceInfo>>,
 }
 
 impl GatewayShared {
@@ -60,6 +62,9 @@ impl GatewayShared {
 /// The gateway's router (no socket: tests drive it with `tower::ServiceExt::oneshot`).
 pub fn app(shared: Arc<GatewayShared>) -> Router {
     use super::serve;
+    if shared.face.is_some() {
+        return super::face::app(shared);
+    }
     let app = Router::new()
         .route("/v1/chat/completions", axum::routing::post(serve::chat))
         .route("/v1/completions", axum::routing::post(serve::completions))
@@ -76,7 +81,7 @@ pub fn app(shared: Arc<GatewayShared>) -> Router {
     super::edge::with_request_ids(app)
 }
 
-async fn live() -> Json<serde_json::Value> {
+pub(super) async fn live() -> Json<serde_json::Value> {
     Json(json!({"status": "alive"}))
 }
 
@@ -152,7 +157,10 @@ async fn fleet(State(s): State<Arc<GatewayShared>>) -> Result<Json<serde_json::V
     Ok(Json(json!({ "nodes": nodes })))
 }
 
-async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+pub(super) async fn method_not_allowed(
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+) -> Response {
     let mut r = ApiError::new(
         ErrorKind::InvalidRequest,
         format!("method {method} is not allowed on {}", uri.path()),
@@ -163,6 +171,6 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
     r
 }
 
-async fn not_found(uri: axum::http::Uri) -> ApiError {
+pub(super) async fn not_found(uri: axum::http::Uri) -> ApiError {
     ApiError::new(ErrorKind::NotFound, format!("no route for {}", uri.path())).code("not_found")
 }

@@ -49,6 +49,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 /// What the generation routes share.
+#[derive(Clone)]
 pub struct Serving {
     /// The model.
     pub frontend: Arc<Frontend>,
@@ -75,15 +76,24 @@ pub struct Serving {
     pub keep_alive: Duration,
     /// Admission thresholds.
     pub admission: Admission,
+    /// A worker's own face (`face.rs`): every request goes to this worker, no router asked.
+    pub pin: Option<crate::runtime::ids::WorkerId>,
 }
 
 /// Admission control on this node's flag, this gateway's requests in flight and the fleet
 /// view Discovery last published: no call to any actor.
 fn admit(s: &GatewayShared, serving: &Serving) -> Result<(), RequestError> {
     let fleet = s.fleet.latest();
+    // A worker's face queues at its engine like a single server: only draining and the
+    // in-flight cap shed there.
+    let fleet = if serving.pin.is_some() {
+        Some(&[][..])
+    } else {
+        fleet.as_deref()
+    };
     match serving
         .admission
-        .decide(s.stats.draining(), serving.registry.len(), fleet.as_deref())
+        .decide(s.stats.draining(), serving.registry.len(), fleet)
     {
         Verdict::Admit => Ok(()),
         Verdict::Shed {
@@ -328,6 +338,7 @@ async fn spawn_choice(
         salt: serving.frontend.salt,
         policy,
         stats: stats.clone(),
+        pin: serving.pin.clone(),
     };
     let spec = ChildSpec::actor(format!("request-{}", job.request), Some(name), move || {
         (Request, args.clone())

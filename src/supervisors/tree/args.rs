@@ -9,12 +9,14 @@ use crate::request_plane::gateway::GatewayArgs;
 use crate::request_plane::gateway::admission::Admission;
 use crate::request_plane::gateway::chaos_routes::ChaosController;
 use crate::request_plane::gateway::conn::ConnLimits;
+use crate::request_plane::gateway::face::FaceInfo;
 use crate::request_plane::gateway::routes::GatewayShared;
 use crate::request_plane::gateway::serve::Serving;
 use crate::request_plane::request::migration::MigrationPolicy;
 use crate::request_plane::router::RouterArgs;
 use crate::request_plane::router::policy::SelectorConfig;
 use crate::request_plane::token_sink::SinkRegistry;
+use crate::runtime::config::Role;
 use crate::runtime::context::NodeContext;
 use crate::runtime::ids::WorkerId;
 use crate::supervisors::{Shutdown, SupervisorFlags};
@@ -55,6 +57,7 @@ pub(super) fn discovery(ctx: &NodeContext) -> DiscoveryArgs {
         stats: ctx.stats.clone(),
         fleet: ctx.fleet.clone(),
         transport: ctx.transport.clone(),
+        endpoints: ctx.endpoints.clone(),
     }
 }
 
@@ -74,12 +77,14 @@ pub(super) fn router(ctx: &NodeContext) -> RouterArgs {
 }
 
 /// What the gateway's children share: the token sink's registry (also read by the HTTP
-/// actor's serving state) and the HTTP actor's arguments.
+/// actors' serving state) and the HTTP actors' arguments.
 pub(super) struct GatewayParts {
-    /// Per-request token senders, filled by the HTTP actor and read by the token sink.
+    /// Per-request token senders, filled by the HTTP actors and read by the token sink.
     pub registry: SinkRegistry,
-    /// The HTTP actor's arguments.
-    pub http: GatewayArgs,
+    /// The gateway's HTTP actor's arguments (`None` on a node without the gateway role).
+    pub http: Option<GatewayArgs>,
+    /// The replicas' own faces (`worker.http`): `(k, arguments)`.
+    pub faces: Vec<(u32, GatewayArgs)>,
 }
 
 /// The gateway's serving state, admission, migration policy and HTTP limits.
@@ -108,6 +113,7 @@ pub(super) fn gateway(ctx: &NodeContext) -> GatewayParts {
                 busy_waiting: g.busy_waiting,
                 max_in_flight: g.max_in_flight,
             },
+            pin: None,
         })
     });
     let chaos = ctx
@@ -125,14 +131,71 @@ pub(super) fn gateway(ctx: &NodeContext) -> GatewayParts {
         chaos,
         stats: ctx.stats.clone(),
         fleet: ctx.fleet.clone(),
+        face: None,
     });
-    let http = GatewayArgs {
+    let faces = faces(ctx, &shared);
+    let http = ctx.config.has_role(Role::Gateway).then(|| GatewayArgs {
         addr: g.http_addr,
         bound: ctx.http_addr.clone(),
         shared,
         limits: ConnLimits::of(g),
+    });
+    GatewayParts {
+        registry,
+        http,
+        faces,
+    }
+}
+
+/// Each replica's own face (`worker.http`, port + k): the gateway's routes state with the
+/// requests pinned to that replica (`gateway/face.rs`).
+fn faces(ctx: &NodeContext, gateway: &Arc<GatewayShared>) -> Vec<(u32, GatewayArgs)> {
+    let w = &ctx.config.worker;
+    let (Some(base), Some(serving)) = (w.http, gateway.serving.as_ref()) else {
+        return Vec::new();
     };
-    GatewayParts { registry, http }
+    if !ctx.config.has_role(Role::Worker) || ctx.model.is_none() {
+        return Vec::new();
+    }
+    (0..w.replicas)
+        .map(|k| {
+            let worker = WorkerId::new(ctx.name(&format!("replica-{k}")));
+            let ends = ctx.endpoints.entry(worker.as_str());
+            let addr = crate::runtime::config::WorkerConfig::replica_addr(base, k);
+            let serving = Arc::new(Serving {
+                pin: Some(worker.clone()),
+                ..serving.as_ref().clone()
+            });
+            let shared = Arc::new(GatewayShared {
+                discovery_name: gateway.discovery_name.clone(),
+                metrics: gateway.metrics.clone(),
+                max_body_bytes: gateway.max_body_bytes,
+                request_body_timeout: gateway.request_body_timeout,
+                http_addr: addr,
+                serving: Some(serving),
+                chaos: None,
+                stats: gateway.stats.clone(),
+                fleet: gateway.fleet.clone(),
+                face: Some(Arc::new(FaceInfo {
+                    worker,
+                    block_size: w.block_size_tokens,
+                    kv_events: ends.kv_events.clone(),
+                    model_path: w
+                        .model_path
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
+                })),
+            });
+            let args = GatewayArgs {
+                addr,
+                bound: ends.http,
+                shared,
+                limits: ConnLimits::of(&ctx.config.gateway),
+            };
+            (k, args)
+        })
+        .collect()
 }
 
 /// Replica `k` of this node (`<node>/replica-<k>`), or `None` when the node has no model
@@ -169,6 +232,14 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
             w.role
         },
         disagg: DisaggWorker::from(&ctx.config.disagg),
+        kv_events: w.kv_events_addr.map(|base| crate::kv::VllmEventsConfig {
+            addr: crate::runtime::config::WorkerConfig::replica_addr(base, k),
+            block_size: w.block_size_tokens as u32,
+            bound: ctx
+                .endpoints
+                .entry(&ctx.name(&format!("replica-{k}")))
+                .kv_events,
+        }),
         sim_transfer: ctx.sim_profile.is_some().then(|| SimTransfer {
             bytes_per_token: w.sim_kv_bytes_per_token,
             gbps: w.sim_transfer_gbps,
@@ -215,6 +286,8 @@ pub struct ReplicaParams {
     pub disagg: DisaggWorker,
     /// On a simulated engine: the modelled KV transfer.
     pub sim_transfer: Option<SimTransfer>,
+    /// Publish the KV events in vLLM's format too (`worker.kv_events_addr`).
+    pub kv_events: Option<crate::kv::VllmEventsConfig>,
 }
 
 impl ReplicaParams {

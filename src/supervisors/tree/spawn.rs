@@ -5,8 +5,8 @@
 use super::args::{self, GatewayParts, ReplicaParams};
 use crate::control::chaos::Chaos;
 use crate::control::discovery::Discovery;
-use crate::kv::KvEventPublisher;
-use crate::request_plane::gateway::HttpGateway;
+use crate::kv::{KvEventPublisher, KvPublisherArgs};
+use crate::request_plane::gateway::{GatewayArgs, HttpGateway};
 use crate::request_plane::protocol::{Owner, sink_name};
 use crate::request_plane::router::{KvEventsRelay, Router, RouterMsg};
 use crate::request_plane::token_sink::TokenSink;
@@ -91,9 +91,19 @@ pub(super) fn token_sink(ctx: &NodeContext, parts: &GatewayParts) -> ChildSpec {
 }
 
 /// The HTTP listener: OpenAI API, `/live`, `/health`, `/metrics`, `/v1/fleet`.
-pub(super) fn http_gateway(ctx: &NodeContext, parts: &GatewayParts) -> ChildSpec {
-    let http = parts.http.clone();
+pub(super) fn http_gateway(ctx: &NodeContext, http: &GatewayArgs) -> ChildSpec {
+    let http = http.clone();
     ChildSpec::actor("http_gateway", Some(ctx.name("http_gateway")), move || {
+        (HttpGateway, http.clone())
+    })
+    .shutdown(args::shutdown(ctx))
+}
+
+/// Replica `k`'s own HTTP face (`worker.http`): the gateway actor over the face's routes.
+pub(super) fn face(ctx: &NodeContext, k: u32, http: &GatewayArgs) -> ChildSpec {
+    let http = http.clone();
+    let name = format!("face-{k}");
+    ChildSpec::actor(name.clone(), Some(ctx.name(&name)), move || {
         (HttpGateway, http.clone())
     })
     .shutdown(args::shutdown(ctx))
@@ -103,8 +113,16 @@ pub(super) fn http_gateway(ctx: &NodeContext, parts: &GatewayParts) -> ChildSpec
 pub(super) fn kv_manager(p: &ReplicaParams) -> ChildSpec {
     let worker = p.worker.clone();
     let faults = p.faults.clone();
+    let vllm = p.kv_events.clone();
     ChildSpec::actor("kv_manager", Some(p.part_name("kv_manager")), move || {
-        (KvEventPublisher, (worker.clone(), faults.clone()))
+        (
+            KvEventPublisher,
+            KvPublisherArgs {
+                worker: worker.clone(),
+                faults: faults.clone(),
+                vllm: vllm.clone(),
+            },
+        )
     })
     .shutdown(p.shutdown)
 }
@@ -173,6 +191,7 @@ pub(super) fn scheduler(p: &ReplicaParams) -> ChildSpec {
         disagg: p.disagg,
         transport: p.transport.clone(),
         sim_transfer: p.sim_transfer,
+        token_events: p.kv_events.is_some(),
     };
     ChildSpec::actor("scheduler", Some(p.part_name("scheduler")), move || {
         (Scheduler, args.clone())
