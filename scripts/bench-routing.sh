@@ -5,7 +5,10 @@
 # batch limit, on loopback; every request opens a fresh connection (Dynamo's listener lacks
 # TCP_NODELAY). Runs, in order: Flotilla round_robin, kv and dynamo_kv (NVIDIA Dynamo's cost
 # inside Flotilla, one fleet, switched per request), then Dynamo 1.6.1's frontend with
-# --router-mode kv and round-robin over its mocker engine (scripts/peers/dynamo.sh).
+# --router-mode kv and round-robin over its mocker engine (scripts/peers/dynamo.sh), then
+# SGLang's router (cache_aware) and vLLM's router (kv_aware, fed by the workers' vLLM-format
+# ZMQ KV events) in front of a fresh Flotilla fleet each, through the workers' own OpenAI faces
+# (worker.http; scripts/peers/routers.sh).
 #
 #   scripts/bench-routing.sh [BENCH_FLAGS…]        default: the first 600 Mooncake conversation requests
 #   REQUESTS=2000 DATASET=mooncake-synthetic scripts/bench-routing.sh
@@ -15,7 +18,8 @@
 # 2 cores carry the fleet near saturation), TRACE_SPEEDUP (5), REQUESTS (600), DATASET
 # (mooncake-conversation), STALL_MS (0: Flotilla's stall-free cap off, as vLLM and Dynamo's
 # mocker have none), SALT (prompts; the same for every run), POLICIES (Flotilla's, default
-# round_robin,kv,dynamo_kv), PEERS (1: also run Dynamo).
+# round_robin,kv,dynamo_kv), PEERS (1: also run Dynamo), ROUTERS (peer routers over Flotilla
+# workers, default sglang:cache_aware,vllm:kv_aware; empty: none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${FLOTILLA:-target/release/flotilla}
@@ -24,29 +28,38 @@ WORKERS=${WORKERS:-16}; KV_BLOCKS=${KV_BLOCKS:-8192}; SIM_SPEEDUP=${SIM_SPEEDUP:
 TRACE_SPEEDUP=${TRACE_SPEEDUP:-5}; REQUESTS=${REQUESTS:-600}
 DATASET=${DATASET:-mooncake-conversation}; STALL_MS=${STALL_MS:-0}; SALT=${SALT:-1647954570651526062}
 PEERS=${PEERS:-1}; POLICIES=${POLICIES:-round_robin,kv,dynamo_kv}
-FGW=127.0.0.1:18080; DGW=127.0.0.1:18090
+ROUTERS=${ROUTERS-sglang:cache_aware,vllm:kv_aware}
+FGW=127.0.0.1:18080; DGW=127.0.0.1:18090; RGW=127.0.0.1:18100
 mkdir -p "$OUT"
 BENCH=(--dataset "$DATASET" --max-requests "$REQUESTS" --speedup "$TRACE_SPEEDUP"
        --trace-jitter-ms 3000 --fresh-connections --salt "$SALT" "$@")
 
-"$BIN" up --nodes 3 --engine sim --workers "$WORKERS" --http "$FGW" \
-  --set worker.kv_blocks="$KV_BLOCKS" --set worker.max_num_batched_tokens=8192 \
-  --set worker.max_num_seqs=256 --set worker.sim_speedup="$SIM_SPEEDUP" \
-  --set scheduler.max_decode_stall_ms="$STALL_MS" \
-  --set gateway.busy_kv_ratio=1.0 --set gateway.busy_waiting=1000000 > "$OUT/flotilla.up.log" 2>&1 &
-UP=$!
-trap 'kill -TERM $UP 2>/dev/null || true; scripts/peers/dynamo.sh stop 2>/dev/null || true' EXIT
-for _ in $(seq 1 120); do
-  n=$(curl -sf "http://$FGW/v1/fleet" 2>/dev/null | python3 -c 'import json,sys; print(sum(len(n["workers"]) for n in json.load(sys.stdin)["nodes"] if n["state"] == "up"))' 2>/dev/null || echo 0)
-  [ "$n" = "$WORKERS" ] && break; sleep 1
-done
-if [ "$n" != "$WORKERS" ] || ! kill -0 $UP 2>/dev/null; then
-  echo "the Flotilla fleet did not come up ($n of $WORKERS workers); see $OUT/flotilla.up.log" >&2
-  exit 1
-fi
+UP=
+# A fresh Flotilla fleet of $WORKERS sim workers on 2 worker nodes (extra `--set`s appended).
+start_fleet() {
+  "$BIN" up --nodes 3 --engine sim --workers "$WORKERS" --http "$FGW" \
+    --set worker.kv_blocks="$KV_BLOCKS" --set worker.max_num_batched_tokens=8192 \
+    --set worker.max_num_seqs=256 --set worker.sim_speedup="$SIM_SPEEDUP" \
+    --set scheduler.max_decode_stall_ms="$STALL_MS" \
+    --set gateway.busy_kv_ratio=1.0 --set gateway.busy_waiting=1000000 "$@" \
+    > "$OUT/flotilla.up.log" 2>&1 &
+  UP=$!
+  for _ in $(seq 1 120); do
+    n=$(curl -sf "http://$FGW/v1/fleet" 2>/dev/null | python3 -c 'import json,sys; print(sum(len(n["workers"]) for n in json.load(sys.stdin)["nodes"] if n["state"] == "up"))' 2>/dev/null || echo 0)
+    [ "$n" = "$WORKERS" ] && break; sleep 1
+  done
+  if [ "$n" != "$WORKERS" ] || ! kill -0 $UP 2>/dev/null; then
+    echo "the Flotilla fleet did not come up ($n of $WORKERS workers); see $OUT/flotilla.up.log" >&2
+    exit 1
+  fi
+}
+stop_fleet() { [ -n "$UP" ] && { kill -TERM $UP 2>/dev/null || true; wait $UP 2>/dev/null || true; }; UP=; }
+trap 'stop_fleet; scripts/peers/dynamo.sh stop 2>/dev/null || true; scripts/peers/routers.sh stop 2>/dev/null || true' EXIT
+
+start_fleet
 "$BIN" bench --gateway "$FGW" "${BENCH[@]}" --compare "policy=$POLICIES" \
   --out "$OUT/flotilla" > "$OUT/flotilla.log" 2>&1
-kill -TERM $UP 2>/dev/null || true; wait $UP 2>/dev/null || true
+stop_fleet
 
 runs=("$OUT/flotilla")
 if [ "$PEERS" = 1 ]; then
@@ -64,6 +77,31 @@ if [ "$PEERS" = 1 ]; then
   done
 fi
 
+MODEL_ID=$(basename "${FLOTILLA_MODEL:-models/smollm2-135m-instruct-q4_1.gguf}" .gguf)
+for spec in ${ROUTERS//,/ }; do
+  which=${spec%%:*}; policy=${spec#*:}
+  d=${FLOTILLA_PEERS:-${XDG_CACHE_HOME:-$HOME/.cache}/flotilla-peers}
+  [ -x "$d/sglang/venv/bin/python" ] && [ -x "$d/vllm-router/venv/bin/vllm-router" ] ||
+    scripts/peers/routers.sh setup
+  # Every replica with its own face and vLLM-format KV event socket (free ports).
+  start_fleet --set worker.http=127.0.0.1:0 --set worker.kv_events_addr=127.0.0.1:0
+  mapfile -t workers < <(curl -sf "http://$FGW/v1/fleet" | python3 -c '
+import json, sys
+for n in json.load(sys.stdin)["nodes"]:
+    for w in n["workers"]:
+        print("http://%s=%s" % (w["http_addr"], w["kv_events_endpoint"]))')
+  MODEL_NAME=$MODEL_ID scripts/peers/routers.sh start "$which" "${RGW#*:}" "$policy" "${workers[@]}"
+  # The routers take only text on /v1/completions: one single-token word per trace token id
+  # (same lengths, same shared prefixes; `flotilla bench --text-prompts`).
+  "$BIN" bench --gateway "$RGW" --model "$MODEL_ID" --text-prompts "${BENCH[@]}" \
+    --out "$OUT/router-$which-$policy" \
+    > "$OUT/router-$which-$policy.log" 2>&1
+  curl -sf "127.0.0.1:$((${RGW#*:} + 1))/metrics" > "$OUT/router-$which-$policy/router-metrics.txt" || true
+  scripts/peers/routers.sh stop
+  stop_fleet
+  runs+=("$OUT/router-$which-$policy")
+done
+
 python3 - "${runs[@]}" <<'PY'
 import json, os, sys
 def f(x, spec):  # NaN is null in report.json
@@ -71,13 +109,20 @@ def f(x, spec):  # NaN is null in report.json
 print("| system / policy | prefix hit | % of ideal | TTFT p50 / p99 ms | TTFT mean, reuse > 512 tok (n) / other | ITL p50 / p99 ms | TPOT p50 ms | E2E p50 s | goodput req/s | errors |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for d in sys.argv[1:]:
-    sysname = "Dynamo 1.6.1" if "dynamo" in os.path.basename(d) else "Flotilla"
+    base = os.path.basename(d)
+    if base.startswith("dynamo"):
+        sysname, label = "Dynamo 1.6.1", base.split("-", 1)[1]
+    elif base.startswith("router-"):
+        which, label = base.split("-", 2)[1:]
+        sysname = {"sglang": "SGLang router 0.3.2", "vllm": "vLLM router 0.1.17"}[which] + " (Flotilla workers)"
+    else:
+        sysname, label = "Flotilla", None
     for r in json.load(open(os.path.join(d, "report.json"))):
-        label = r["label"].replace("policy=", "") if sysname == "Flotilla" else os.path.basename(d).split("-", 1)[1]
+        label_r = label or r["label"].replace("policy=", "")
         hit, ideal = r["prefix_hit_rate"], r["ideal_prefix_hit_rate"]
         share = hit / ideal if hit is not None and ideal else None
         e2e = r["e2e_ms"]["p50"]
-        print(f"| {sysname} {label} | {f(hit and 100 * hit, '.1f')} % | {f(share and 100 * share, '.0f')} % | "
+        print(f"| {sysname} {label_r} | {f(hit and 100 * hit, '.1f')} % | {f(share and 100 * share, '.0f')} % | "
               f"{f(r['ttft_ms']['p50'], '.0f')} / {f(r['ttft_ms']['p99'], '.0f')} | "
               f"{f(r['reuse_ttft_mean_ms'], '.0f')} ({r['reuse_requests']}) / {f(r['other_ttft_mean_ms'], '.0f')} | "
               f"{f(r['itl_ms']['p50'], '.0f')} / {f(r['itl_ms']['p99'], '.0f')} | {f(r['tpot_ms']['p50'], '.1f')} | "

@@ -1,9 +1,13 @@
 //! Load shedding (B14 in part): when every live worker is above the configured KV threshold,
 //! new requests — streaming or not — get 503 with `Retry-After` and the OpenAI error body,
-//! fast and before any work; once load falls, requests are admitted again.
+//! fast and before any work; once load falls, requests are admitted again. And admission
+//! that predicts (`gateway.ttft_target_ms`): shed when every worker's measured queue says a new
+//! request would start past its TTFT target.
 
 #[path = "common/http.rs"]
 mod http;
+#[path = "common/inproc.rs"]
+mod inproc;
 #[path = "common/poll.rs"]
 mod poll;
 #[path = "common/process.rs"]
@@ -90,6 +94,123 @@ async fn requests_are_shed_with_503_when_every_worker_is_busy() {
     let r = client
         .post(c.url("/v1/chat/completions"))
         .json(&json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+/// Every worker's predicted prefill wait (ms), once each has a fitted step-time model.
+async fn predicted_waits(c: &impl http::Gateway) -> Option<Vec<f64>> {
+    let f = http::fleet(c).await;
+    f["nodes"][0]["workers"]
+        .as_array()?
+        .iter()
+        .map(|w| w["prefill_wait_ms"].as_f64())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttft_target_sheds_what_the_measured_queue_says_would_miss_it() {
+    // One simulated replica, 5× slower than the H100 fit (a 512-token step ≈ 120 ms).
+    let c = inproc::FleetOptions::new(1)
+        .set("worker.sim_speedup=0.2")
+        .set("worker.max_num_batched_tokens=512")
+        .set("gateway.ttft_target_ms=1500")
+        .set("cluster.heartbeat_interval_ms=100")
+        .start()
+        .await;
+    http::wait_routable(&c, 1).await;
+    let client = reqwest::Client::new();
+    let completion = |words: usize, max_tokens: u32| json!({"model": MODEL, "prompt": "word ".repeat(words), "max_tokens": max_tokens, "ignore_eos": true});
+    // Warm-up: steps of several sizes fit the worker's step-time model.
+    for (words, n) in [(30, 12), (300, 6), (900, 4), (60, 12)] {
+        let r = client
+            .post(c.url("/v1/completions"))
+            .json(&completion(words, n))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    poll_until(Duration::from_secs(20), "a fitted model", || async {
+        predicted_waits(&c).await
+    })
+    .await;
+    // Idle: admitted.
+    let r = client
+        .post(c.url("/v1/completions"))
+        .json(&completion(20, 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // Eight different 2 000-token prompts at once: ~16 000 queued tokens, ~30 steps, seconds
+    // of wait. (Different: a waiting prompt is counted whole, so identical ones, which reuse
+    // the first one's blocks once computed, would drain faster than predicted.)
+    let mut flood = Vec::new();
+    for i in 0..8 {
+        let body = json!({"model": MODEL, "prompt": format!("w{i} ").repeat(1_000),
+            "max_tokens": 2, "ignore_eos": true});
+        let (client, url) = (client.clone(), c.url("/v1/completions"));
+        flood.push(tokio::spawn(async move {
+            client
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }));
+    }
+    let waits = poll_until(Duration::from_secs(10), "a long predicted wait", || async {
+        predicted_waits(&c)
+            .await
+            .filter(|w| w.iter().all(|&ms| ms > 1_500.0))
+    })
+    .await;
+    let t0 = Instant::now();
+    let r = client
+        .post(c.url("/v1/chat/completions"))
+        .json(&json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let took = t0.elapsed();
+    assert_eq!(r.status(), 503, "predicted waits {waits:?}");
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    let v: Value = r.json().await.unwrap();
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("time-to-first-token target of 1500 ms"),
+        "{msg}"
+    );
+    assert!(took < Duration::from_millis(500), "refused fast: {took:?}");
+    // What was admitted is served; once the queue drains, requests are admitted again.
+    // (Those of the flood judged after a heartbeat that saw the first ones queued may be shed
+    // too; none fails any other way.)
+    let mut served = 0;
+    for f in flood {
+        let s = f.await.unwrap();
+        assert!(s == 200 || s == 503, "{s}");
+        served += usize::from(s == 200);
+    }
+    assert!(served >= 1);
+    poll_until(Duration::from_secs(20), "the queue drained", || async {
+        predicted_waits(&c)
+            .await
+            .filter(|w| w.iter().all(|&ms| ms < 1_500.0))
+    })
+    .await;
+    let r = client
+        .post(c.url("/v1/completions"))
+        .json(&completion(20, 2))
         .send()
         .await
         .unwrap();

@@ -274,6 +274,7 @@ async fn fill_worker_stats(workers: &mut [WorkerView]) {
             w.kv_pulls_pending = st.pulls_pending;
             w.kv_blocks_pulled = st.blocks_pulled;
             w.kv_pull_fallbacks = st.pull_fallbacks;
+            w.prefill_wait_ms = st.prefill_wait_ms.map(|ms| ms.round() as u64);
         }
     }
 }

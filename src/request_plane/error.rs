@@ -21,6 +21,14 @@ pub enum ShedReason {
     GatewayQueue,
     /// Every live worker is busy (KV use or queue above the thresholds).
     AllWorkersBusy,
+    /// Every worker's predicted wait before a new prefill starts exceeds the TTFT target
+    /// (`gateway.ttft_target_ms`).
+    TtftTarget {
+        /// The least predicted wait over the workers (ms).
+        predicted_ms: u64,
+        /// The target (ms).
+        target_ms: u64,
+    },
 }
 
 impl ShedReason {
@@ -30,15 +38,26 @@ impl ShedReason {
             ShedReason::Draining => "draining",
             ShedReason::GatewayQueue => "gateway_queue",
             ShedReason::AllWorkersBusy => "all_workers_busy",
+            ShedReason::TtftTarget { .. } => "ttft_target",
         }
     }
 
     /// What the client is told.
-    pub fn message(self) -> &'static str {
+    pub fn message(self) -> String {
         match self {
-            ShedReason::Draining => "this gateway is draining; use another",
-            ShedReason::GatewayQueue => "the gateway is at its in-flight limit; retry shortly",
-            ShedReason::AllWorkersBusy => "every worker is busy; retry shortly",
+            ShedReason::Draining => "this gateway is draining; use another".into(),
+            ShedReason::GatewayQueue => {
+                "the gateway is at its in-flight limit; retry shortly".into()
+            }
+            ShedReason::AllWorkersBusy => "every worker is busy; retry shortly".into(),
+            ShedReason::TtftTarget {
+                predicted_ms,
+                target_ms,
+            } => format!(
+                "every worker is predicted to start a new request's prefill in {predicted_ms} ms \
+                 or later (queued prompt tokens at its measured prefill rate), past the \
+                 time-to-first-token target of {target_ms} ms; retry after the queue drains"
+            ),
         }
     }
 }

@@ -291,6 +291,11 @@ pub struct GatewayConfig {
     pub busy_waiting: usize,
     /// Admission: most choices in flight on this gateway; beyond, 503.
     pub max_in_flight: usize,
+    /// Admission that predicts (`gateway/admission.rs`): a TTFT target (ms). When every
+    /// worker's predicted wait before a new request's prefill starts (its queued prompt
+    /// tokens through its measured step-time model, as of the last heartbeat) exceeds it, the
+    /// request gets 503 with the prediction in the body and `Retry-After`. `None`: off.
+    pub ttft_target_ms: Option<u64>,
     /// Losses in a row **without progress** (no new token since the previous loss) that
     /// never give a request up; beyond them, a stall of `migration_deadline_ms` does. Losses
     /// after progress do not count. See `request_plane::request::migration`.
@@ -328,6 +333,7 @@ impl Default for GatewayConfig {
             busy_kv_ratio: 0.95,
             busy_waiting: 64,
             max_in_flight: 4096,
+            ttft_target_ms: None,
             migration_limit: 3,
             migration_deadline_ms: 30_000,
             migration_backoff_base_ms: 50,

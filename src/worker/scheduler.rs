@@ -181,6 +181,11 @@ pub struct SchedulerStats {
     /// Pulls that failed (the prompt was recomputed here) since start.
     #[serde(default)]
     pub pull_fallbacks: u64,
+    /// Predicted wait of a request arriving now before its own prefill starts (ms): the
+    /// queued prompt tokens through the fitted step-time model ([`StepCost::drain_ms`]);
+    /// `None` until the model has enough steps.
+    #[serde(default)]
+    pub prefill_wait_ms: Option<f64>,
 }
 
 /// How a pull of remote KV ended (local message payload).
@@ -963,6 +968,10 @@ impl SchedulerState {
             pulls_pending: self.core.num_pulling(),
             blocks_pulled: self.blocks_pulled,
             pull_fallbacks: self.pull_fallbacks,
+            prefill_wait_ms: self.step_model.cost().map(|c| {
+                let budget = self.core.config().max_num_batched_tokens;
+                c.drain_ms(self.core.queued_prefill_tokens(), budget)
+            }),
         }
     }
 }

@@ -24,6 +24,8 @@ pub struct Target {
     pub model: String,
     /// Longest time one request may take, stream included.
     pub request_timeout: Duration,
+    /// `--text-prompts`: token-id prompts go as text.
+    pub text: Option<std::sync::Arc<super::text::TextPrompts>>,
 }
 
 /// One run of a workload.
@@ -50,13 +52,21 @@ pub fn chat_salt_prefix(salt: u64) -> String {
 /// The request body of `turn` under `salt` (`stream` and usage are added by the client), and
 /// the route it goes to. Every request sets `ignore_eos` and `temperature: 0`, so its output
 /// has exactly `max_tokens` tokens unless the context ends first.
-pub fn request_body(model: &str, turn: &Turn, salt: u64) -> (Route, Value) {
+pub fn request_body(
+    model: &str,
+    turn: &Turn,
+    salt: u64,
+    text: Option<&super::text::TextPrompts>,
+) -> (Route, Value) {
     match &turn.prompt {
         Prompt::Tokens(segs) => (
             Route::Completions,
             json!({
                 "model": model,
-                "prompt": token_ids(segs, salt),
+                "prompt": match text {
+                    None => json!(token_ids(segs, salt)),
+                    Some(t) => json!(t.text(&token_ids(segs, salt))),
+                },
                 "max_tokens": turn.max_tokens,
                 "ignore_eos": true,
                 "temperature": 0,
@@ -145,7 +155,7 @@ async fn send_turn(
     salt: u64,
     headers: &[(String, String)],
 ) -> RequestResult {
-    let (route, body) = request_body(&target.model, turn, salt);
+    let (route, body) = request_body(&target.model, turn, salt, target.text.as_deref());
     let call = stream_request(&target.client, &target.base, route, body, headers);
     match tokio::time::timeout(target.request_timeout, call).await {
         Ok(Ok(outcome)) => RequestResult::from_outcome(&outcome),
@@ -372,14 +382,14 @@ mod tests {
             prompt: Prompt::Tokens(vec![Segment { seed: 1, len: 20 }]),
             max_tokens: 7,
         };
-        let (route, b) = request_body("m", &turn, 0);
+        let (route, b) = request_body("m", &turn, 0, None);
         assert_eq!(route, Route::Completions);
         assert_eq!(b["prompt"].as_array().unwrap().len(), 20);
         assert_eq!(
             (b["max_tokens"].as_u64(), b["ignore_eos"].as_bool()),
             (Some(7), Some(true))
         );
-        let (_, other) = request_body("m", &turn, 1);
+        let (_, other) = request_body("m", &turn, 1, None);
         assert_ne!(b["prompt"], other["prompt"], "salt changes the ids");
         let conv = Arc::new(ChatConv {
             system: String::new(),
@@ -389,7 +399,7 @@ mod tests {
             prompt: Prompt::Chat { conv, turn: 1 },
             max_tokens: 3,
         };
-        let (route, b) = request_body("m", &chat, 0xab);
+        let (route, b) = request_body("m", &chat, 0xab, None);
         assert_eq!(route, Route::Chat);
         let roles: Vec<&str> = b["messages"]
             .as_array()

@@ -52,6 +52,7 @@ pub mod metrics;
 pub mod report;
 pub mod sharegpt;
 pub mod synth;
+pub mod text;
 pub mod trace;
 pub mod workload;
 
@@ -168,6 +169,15 @@ pub struct BenchArgs {
     /// `model` of the requests [default: the first of `GET /v1/models`].
     #[arg(long)]
     pub model: Option<String>,
+    /// Send trace prompts as text (one single-token word of the model's vocabulary per token
+    /// id: `text.rs`) instead of token ids, for gateways that take only text on
+    /// `/v1/completions` (SGLang's and vLLM's routers).
+    #[arg(long)]
+    pub text_prompts: bool,
+    /// The model whose tokenizer `--text-prompts` uses [default: `FLOTILLA_MODEL`, else the
+    /// embedded default model's file].
+    #[arg(long)]
+    pub tokenizer_model: Option<std::path::PathBuf>,
     /// Largest `max_tokens` (outputs longer in the workload are capped).
     #[arg(long, default_value_t = 256)]
     pub max_output_tokens: u32,
@@ -494,11 +504,18 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         Some(m) => m.clone(),
         None => driver::first_model(&client, &base).await?,
     };
+    let text = if a.text_prompts {
+        let path = crate::model::resolve_model_path(a.tokenizer_model.as_deref())?;
+        Some(Arc::new(text::TextPrompts::from_model(&path)?))
+    } else {
+        None
+    };
     let target = Arc::new(Target {
         client: client.clone(),
         base: base.clone(),
         model,
         request_timeout: Duration::from_secs(a.request_timeout_s),
+        text,
     });
     let slo = Slo {
         ttft_ms: Some(a.slo_ttft_ms),

@@ -76,6 +76,10 @@ pub struct WorkerView {
     /// Pulls that failed and were recomputed locally since the replica started.
     #[serde(default)]
     pub kv_pull_fallbacks: u64,
+    /// Predicted wait before a request arriving now starts its prefill (ms): the queued
+    /// prompt tokens through the replica's fitted step-time model; `None` until it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_wait_ms: Option<u64>,
     /// The replica's own OpenAI-compatible HTTP face (`worker.http`), if it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http_addr: Option<String>,

@@ -9,9 +9,27 @@
 //! it then gets **503** with `Retry-After: 1` and no work is done. (429 is reserved for per-key
 //! rate limits, which do not exist yet.) With no worker at all the request is admitted: the
 //! router answers "no worker is available".
+//!
+//! **Admission that predicts** (`gateway.ttft_target_ms`, off by default): each worker reports
+//! its predicted wait before a new request's prefill starts — its queued prompt tokens through
+//! its own step-time model fitted online (`scheduler/step_model.rs`, `StepCost::drain_ms`), so
+//! the rate is the one measured on that worker, not a constant. When every live worker with a
+//! prediction is predicted past the target (a worker without one yet counts as free), the
+//! request is shed with 503; the body gives the least predicted wait and the target, and
+//! `Retry-After` is the excess in seconds (rounded up, 1 to [`MAX_RETRY_AFTER_S`]). This is
+//! the rule of SLO-aware admission in SLOs-Serve (Chen et al., 2025) and of Dynamo's planner
+//! reduced to one gateway: refuse what would miss its TTFT anyway, so that what is admitted
+//! meets it, instead of queueing every request until all miss. The prediction is as old as the
+//! last heartbeat (≤ `cluster.heartbeat_interval_ms`); a burst between two heartbeats is judged
+//! on the queue before it. A waiting prompt counts whole (the part a prefix cache may still
+//! save once an earlier request computes it is not subtracted), so many waiting requests
+//! sharing one uncached prefix make it err high.
 
 use crate::control::discovery::membership::{NodeState, NodeView, WorkerView};
 use crate::request_plane::error::{RETRY_AFTER_S, ShedReason};
+
+/// Most seconds a TTFT-target refusal asks the client to wait.
+pub const MAX_RETRY_AFTER_S: u64 = 60;
 
 /// Admission thresholds (`gateway.busy_kv_ratio`, `gateway.busy_waiting`,
 /// `gateway.max_in_flight`).
@@ -23,6 +41,8 @@ pub struct Admission {
     pub busy_waiting: usize,
     /// See `gateway.max_in_flight`.
     pub max_in_flight: usize,
+    /// See `gateway.ttft_target_ms`.
+    pub ttft_target_ms: Option<u64>,
 }
 
 /// What admission decided.
@@ -66,6 +86,27 @@ impl Admission {
         if workers.peek().is_some() && workers.all(|w| self.busy(w)) {
             return shed(ShedReason::AllWorkersBusy);
         }
+        if let Some(target) = self.ttft_target_ms {
+            let least = fleet
+                .iter()
+                .filter(|n| n.state == NodeState::Up)
+                .flat_map(|n| &n.workers)
+                .filter(|w| w.health.is_empty() || w.health == "ready")
+                .map(|w| w.prefill_wait_ms.unwrap_or(0))
+                .min();
+            if let Some(least) = least
+                && least > target
+            {
+                let excess_s = (least - target).div_ceil(1000);
+                return Verdict::Shed {
+                    reason: ShedReason::TtftTarget {
+                        predicted_ms: least,
+                        target_ms: target,
+                    },
+                    retry_after_s: excess_s.clamp(1, MAX_RETRY_AFTER_S),
+                };
+            }
+        }
         Verdict::Admit
     }
 
@@ -86,6 +127,7 @@ mod tests {
         busy_kv_ratio: 0.5,
         busy_waiting: 4,
         max_in_flight: 10,
+        ttft_target_ms: None,
     };
 
     fn worker(used: usize, total: usize, waiting: usize) -> WorkerView {
@@ -169,6 +211,85 @@ mod tests {
             A.decide(false, 0, Some(&free_but_suspect)),
             shed(ShedReason::AllWorkersBusy)
         );
+    }
+
+    fn waiting(ms: Option<u64>, health: &str) -> WorkerView {
+        WorkerView {
+            prefill_wait_ms: ms,
+            health: health.into(),
+            ..worker(0, 16, 0)
+        }
+    }
+
+    #[test]
+    fn a_ttft_target_sheds_only_when_every_worker_is_predicted_past_it() {
+        let a = Admission {
+            ttft_target_ms: Some(2_000),
+            ..A
+        };
+        let late = [node(
+            NodeState::Up,
+            vec![waiting(Some(2_500), "ready"), waiting(Some(4_100), "ready")],
+        )];
+        assert_eq!(
+            a.decide(false, 0, Some(&late)),
+            Verdict::Shed {
+                reason: ShedReason::TtftTarget {
+                    predicted_ms: 2_500,
+                    target_ms: 2_000
+                },
+                retry_after_s: 1,
+            }
+        );
+        // The message says why, with the numbers.
+        let m = ShedReason::TtftTarget {
+            predicted_ms: 2_500,
+            target_ms: 2_000,
+        }
+        .message();
+        assert!(m.contains("2500 ms") && m.contains("2000 ms"), "{m}");
+        // Retry-After is the excess, rounded up, capped.
+        let very = [node(NodeState::Up, vec![waiting(Some(9_001), "ready")])];
+        assert!(matches!(
+            a.decide(false, 0, Some(&very)),
+            Verdict::Shed {
+                retry_after_s: 8,
+                ..
+            }
+        ));
+        let endless = [node(
+            NodeState::Up,
+            vec![waiting(Some(1_000_000_000), "ready")],
+        )];
+        assert!(matches!(
+            a.decide(false, 0, Some(&endless)),
+            Verdict::Shed {
+                retry_after_s: MAX_RETRY_AFTER_S,
+                ..
+            }
+        ));
+        // One worker in time, or one without a model yet: admitted.
+        for free in [waiting(Some(1_999), "ready"), waiting(None, "ready")] {
+            let fleet = [node(
+                NodeState::Up,
+                vec![waiting(Some(2_500), "ready"), free],
+            )];
+            assert_eq!(a.decide(false, 0, Some(&fleet)), Verdict::Admit);
+        }
+        // A draining or unhealthy worker's short queue does not count; off by default.
+        let fleet = [node(
+            NodeState::Up,
+            vec![
+                waiting(Some(2_500), "ready"),
+                waiting(Some(0), "draining"),
+                waiting(Some(0), "unhealthy"),
+            ],
+        )];
+        assert!(matches!(
+            a.decide(false, 0, Some(&fleet)),
+            Verdict::Shed { .. }
+        ));
+        assert_eq!(A.decide(false, 0, Some(&late)), Verdict::Admit);
     }
 
     #[test]

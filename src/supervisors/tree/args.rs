@@ -112,6 +112,7 @@ pub(super) fn gateway(ctx: &NodeContext) -> GatewayParts {
                 busy_kv_ratio: g.busy_kv_ratio,
                 busy_waiting: g.busy_waiting,
                 max_in_flight: g.max_in_flight,
+                ttft_target_ms: g.ttft_target_ms,
             },
             pin: None,
         })

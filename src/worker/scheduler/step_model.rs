@@ -100,6 +100,24 @@ impl StepCost {
             + self.per_kpair_ms * shape.pairs as f64 / 1000.0
     }
 
+    /// Predicted time to prefill `queued` prompt tokens at most `budget` tokens per step (ms):
+    /// `⌈queued / budget⌉` steps, each predicted as one fresh chunk of `budget` tokens (the
+    /// last of the rest). What a request arriving now waits before its own prefill is done
+    /// under first-come-first-served admission; it leaves out the decode rows sharing those
+    /// steps and the attention over earlier chunks of long prompts, so it errs low.
+    pub fn drain_ms(&self, queued: usize, budget: usize) -> f64 {
+        if queued == 0 || budget == 0 {
+            return 0.0;
+        }
+        let full = queued / budget;
+        let rest = queued % budget;
+        let mut ms = full as f64 * self.predict_ms(StepShape::of([(0, budget)]));
+        if rest > 0 {
+            ms += self.predict_ms(StepShape::of([(0, rest)]));
+        }
+        ms
+    }
+
     /// The most tokens, up to `max_len`, of a chunk at `start` that a step of shape `base`
     /// can take while its predicted time stays within `limit_ms` (0 when not even one fits).
     pub fn max_chunk(&self, base: StepShape, start: usize, max_len: usize, limit_ms: f64) -> usize {
@@ -340,6 +358,22 @@ mod tests {
 
     fn close(a: f64, b: f64, tol: f64) -> bool {
         (a - b).abs() <= tol
+    }
+
+    #[test]
+    fn draining_a_queue_costs_its_full_steps_and_the_rest() {
+        let c = StepCost {
+            base_ms: 10.0,
+            per_token_ms: 0.1,
+            per_kpair_ms: 0.0,
+        };
+        assert_eq!(c.drain_ms(0, 512), 0.0);
+        assert_eq!(c.drain_ms(100, 0), 0.0);
+        // 1 200 tokens at 512 a step: two full steps (61.2 ms each) and one of 176 (27.6 ms).
+        assert!(close(c.drain_ms(1_200, 512), 2.0 * 61.2 + 27.6, 1e-9));
+        // It grows with the queue and never falls below one step's base per step.
+        assert!(c.drain_ms(5_000, 512) > c.drain_ms(4_000, 512));
+        assert!(c.drain_ms(5_120, 512) >= 10.0 * 10.0);
     }
 
     #[test]
