@@ -55,7 +55,8 @@ impl ShedReason {
                 target_ms,
             } => format!(
                 "every worker is predicted to start a new request's prefill in {predicted_ms} ms \
-                 or later (queued prompt tokens at its measured prefill rate), past the \
+                 or later (its queued prompt tokens at its measured rate, or requests \
+                 waiting that long already), past the \
                  time-to-first-token target of {target_ms} ms; retry after the queue drains"
             ),
         }

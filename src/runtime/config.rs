@@ -293,7 +293,8 @@ pub struct GatewayConfig {
     pub max_in_flight: usize,
     /// Admission that predicts (`gateway/admission.rs`): a TTFT target (ms). When every
     /// worker's predicted wait before a new request's prefill starts (its queued prompt
-    /// tokens through its measured step-time model, as of the last heartbeat) exceeds it, the
+    /// tokens through its measured step-time model, or the wait of its oldest request not yet
+    /// admitted, whichever is longer, as of the last heartbeat) exceeds it, the
     /// request gets 503 with the prediction in the body and `Retry-After`. `None`: off.
     pub ttft_target_ms: Option<u64>,
     /// Losses in a row **without progress** (no new token since the previous loss) that

@@ -182,8 +182,12 @@ pub struct SchedulerStats {
     #[serde(default)]
     pub pull_fallbacks: u64,
     /// Predicted wait of a request arriving now before its own prefill starts (ms): the
-    /// queued prompt tokens through the fitted step-time model ([`StepCost::drain_ms`]);
-    /// `None` until the model has enough steps.
+    /// larger of the queued prompt tokens through the fitted step-time model
+    /// ([`StepCost::drain_ms`]: the compute queue) and how long the oldest request still
+    /// waiting for admission has waited (its sojourn time: the memory queue too — a request
+    /// that waits for KV blocks shows here, not in the compute queue; under first-come,
+    /// first-served admission a newcomer waits about as long while the queue stands, the
+    /// signal CoDel uses, Nichols & Jacobson 2012). `None` with no model and nobody waiting.
     #[serde(default)]
     pub prefill_wait_ms: Option<f64>,
 }
@@ -346,6 +350,8 @@ struct Live {
     trace_id: Option<String>,
     /// Disaggregated decode: the prefill worker's KV to pull.
     remote: Option<RemoteKv>,
+    /// When it was queued here (its wait for admission counts from this).
+    queued_at: crate::runtime::clock::Instant,
 }
 
 /// A handed-off sequence's pinned blocks.
@@ -387,7 +393,15 @@ pub struct SchedulerState {
     next_role: Option<Role>,
     /// The node is draining: never routable again.
     draining: bool,
+    /// When sequences were admitted, over the last [`ADMIT_RATE_WINDOW`] (the measured
+    /// admission rate behind `prefill_wait_ms`).
+    admissions: std::collections::VecDeque<crate::runtime::clock::Instant>,
+    /// When this scheduler started (the admission rate's window is shorter before).
+    started_at: crate::runtime::clock::Instant,
 }
+
+/// Window of the measured admission rate.
+pub const ADMIT_RATE_WINDOW: std::time::Duration = std::time::Duration::from_secs(5);
 
 struct StepTiming {
     shape: StepShape,
@@ -527,6 +541,15 @@ impl SchedulerState {
             return;
         };
         live.admitted = true;
+        let now = self.clock.now();
+        while self
+            .admissions
+            .front()
+            .is_some_and(|t| now.saturating_duration_since(*t) > ADMIT_RATE_WINDOW)
+        {
+            self.admissions.pop_front();
+        }
+        self.admissions.push_back(now);
         let kv = live.remote.take();
         let (to, req) = (live.owner.clone(), live.request);
         self.emit(
@@ -687,6 +710,15 @@ impl SchedulerState {
                     && !live.admitted
                 {
                     live.admitted = true;
+                    let now = self.clock.now();
+                    while self
+                        .admissions
+                        .front()
+                        .is_some_and(|t| now.saturating_duration_since(*t) > ADMIT_RATE_WINDOW)
+                    {
+                        self.admissions.pop_front();
+                    }
+                    self.admissions.push_back(now);
                     tracing::debug!(worker = %self.args.worker, request = %live.request, trace_id = live.trace_id.as_deref().unwrap_or("-"), cached, "sequence admitted");
                     let (to, req) = (live.owner.clone(), live.request);
                     let worker = self.args.worker.clone();
@@ -968,10 +1000,34 @@ impl SchedulerState {
             pulls_pending: self.core.num_pulling(),
             blocks_pulled: self.blocks_pulled,
             pull_fallbacks: self.pull_fallbacks,
-            prefill_wait_ms: self.step_model.cost().map(|c| {
-                let budget = self.core.config().max_num_batched_tokens;
-                c.drain_ms(self.core.queued_prefill_tokens(), budget)
-            }),
+            prefill_wait_ms: {
+                let compute = self.step_model.cost().map(|c| {
+                    let budget = self.core.config().max_num_batched_tokens;
+                    c.drain_ms(self.core.queued_prefill_tokens(), budget)
+                });
+                let now = self.clock.now();
+                let waiting: Vec<_> = self.live.values().filter(|l| !l.admitted).collect();
+                let sojourn = waiting
+                    .iter()
+                    .map(|l| now.saturating_duration_since(l.queued_at).as_secs_f64() * 1e3)
+                    .reduce(f64::max);
+                // Little's law: the queue ahead ÷ the measured admission rate.
+                let window = now
+                    .saturating_duration_since(self.started_at)
+                    .min(ADMIT_RATE_WINDOW)
+                    .as_secs_f64();
+                let recent = self
+                    .admissions
+                    .iter()
+                    .filter(|t| now.saturating_duration_since(**t) <= ADMIT_RATE_WINDOW)
+                    .count();
+                let little = (recent > 0 && window > 0.0 && !waiting.is_empty())
+                    .then(|| waiting.len() as f64 / (recent as f64 / window) * 1e3);
+                [compute, sojourn, little]
+                    .into_iter()
+                    .flatten()
+                    .reduce(f64::max)
+            },
         }
     }
 }
@@ -1007,6 +1063,7 @@ impl Actor for Scheduler {
         );
         let ticker = myself.send_interval(period, || SchedulerMsg::Tick(Wire::encode(&())));
         let clock = crate::runtime::clock::system();
+        let started_at = clock.now();
         let args_role = args.role;
         Ok(SchedulerState {
             outbox: Outbox::new(clock.clone(), args.owner_grace),
@@ -1031,6 +1088,8 @@ impl Actor for Scheduler {
             role: args_role,
             next_role: None,
             draining: false,
+            admissions: Default::default(),
+            started_at,
         })
     }
 
@@ -1117,6 +1176,7 @@ impl Actor for Scheduler {
                                 emitted: 0,
                                 trace_id: req.trace_id,
                                 remote,
+                                queued_at: state.clock.now(),
                             },
                         );
                     }

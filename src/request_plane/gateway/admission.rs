@@ -11,9 +11,13 @@
 //! router answers "no worker is available".
 //!
 //! **Admission that predicts** (`gateway.ttft_target_ms`, off by default): each worker reports
-//! its predicted wait before a new request's prefill starts — its queued prompt tokens through
-//! its own step-time model fitted online (`scheduler/step_model.rs`, `StepCost::drain_ms`), so
-//! the rate is the one measured on that worker, not a constant. When every live worker with a
+//! its predicted wait before a new request's prefill starts (`prefill_wait_ms`): the larger of
+//! its queued prompt tokens through its own step-time model fitted online
+//! (`scheduler/step_model.rs`, `StepCost::drain_ms` — the rate measured on that worker, not a
+//! constant), the time its oldest request still waiting for admission has waited (requests
+//! held back for KV blocks show there; CoDel's sojourn signal), and the requests waiting
+//! divided by its admission rate over the last 5 s (Little's law: it rises as soon as a queue
+//! forms, before anyone has waited long). When every live worker with a
 //! prediction is predicted past the target (a worker without one yet counts as free), the
 //! request is shed with 503; the body gives the least predicted wait and the target, and
 //! `Retry-After` is the excess in seconds (rounded up, 1 to [`MAX_RETRY_AFTER_S`]). This is
