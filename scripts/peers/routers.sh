@@ -94,5 +94,5 @@ case ${1:-} in
     done
     ;;
   *)
-    sed -n '2,19p' "$0"; exit 2 ;;
+    sed -n '2,18p' "$0"; exit 2 ;;
 esac

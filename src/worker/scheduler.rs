@@ -403,6 +403,20 @@ pub struct SchedulerState {
 /// Window of the measured admission rate.
 pub const ADMIT_RATE_WINDOW: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Record an admission at `now`, forgetting those older than [`ADMIT_RATE_WINDOW`].
+fn note_admission(
+    admissions: &mut std::collections::VecDeque<crate::runtime::clock::Instant>,
+    now: crate::runtime::clock::Instant,
+) {
+    while admissions
+        .front()
+        .is_some_and(|t| now.saturating_duration_since(*t) > ADMIT_RATE_WINDOW)
+    {
+        admissions.pop_front();
+    }
+    admissions.push_back(now);
+}
+
 struct StepTiming {
     shape: StepShape,
     started: crate::runtime::clock::Instant,
@@ -541,15 +555,7 @@ impl SchedulerState {
             return;
         };
         live.admitted = true;
-        let now = self.clock.now();
-        while self
-            .admissions
-            .front()
-            .is_some_and(|t| now.saturating_duration_since(*t) > ADMIT_RATE_WINDOW)
-        {
-            self.admissions.pop_front();
-        }
-        self.admissions.push_back(now);
+        note_admission(&mut self.admissions, self.clock.now());
         let kv = live.remote.take();
         let (to, req) = (live.owner.clone(), live.request);
         self.emit(
@@ -710,15 +716,7 @@ impl SchedulerState {
                     && !live.admitted
                 {
                     live.admitted = true;
-                    let now = self.clock.now();
-                    while self
-                        .admissions
-                        .front()
-                        .is_some_and(|t| now.saturating_duration_since(*t) > ADMIT_RATE_WINDOW)
-                    {
-                        self.admissions.pop_front();
-                    }
-                    self.admissions.push_back(now);
+                    note_admission(&mut self.admissions, self.clock.now());
                     tracing::debug!(worker = %self.args.worker, request = %live.request, trace_id = live.trace_id.as_deref().unwrap_or("-"), cached, "sequence admitted");
                     let (to, req) = (live.owner.clone(), live.request);
                     let worker = self.args.worker.clone();
@@ -984,6 +982,40 @@ impl SchedulerState {
         Ok(())
     }
 
+    /// [`SchedulerStats::prefill_wait_ms`]: the longest of the compute queue through the
+    /// step-time model, the oldest unadmitted request's sojourn, and the unadmitted requests
+    /// over the admission rate measured in the last [`ADMIT_RATE_WINDOW`] (Little's law).
+    fn prefill_wait_ms(&self) -> Option<f64> {
+        let compute = self.step_model.cost().map(|c| {
+            let budget = self.core.config().max_num_batched_tokens;
+            c.drain_ms(self.core.queued_prefill_tokens(), budget)
+        });
+        let now = self.clock.now();
+        let (waiting, sojourn) = self
+            .live
+            .values()
+            .filter(|l| !l.admitted)
+            .map(|l| now.saturating_duration_since(l.queued_at).as_secs_f64() * 1e3)
+            .fold((0usize, None::<f64>), |(n, max), ms| {
+                (n + 1, Some(max.map_or(ms, |m| m.max(ms))))
+            });
+        let window = now
+            .saturating_duration_since(self.started_at)
+            .min(ADMIT_RATE_WINDOW)
+            .as_secs_f64();
+        let recent = self
+            .admissions
+            .iter()
+            .filter(|t| now.saturating_duration_since(**t) <= ADMIT_RATE_WINDOW)
+            .count();
+        let little = (recent > 0 && window > 0.0 && waiting > 0)
+            .then(|| waiting as f64 / (recent as f64 / window) * 1e3);
+        [compute, sojourn, little]
+            .into_iter()
+            .flatten()
+            .reduce(f64::max)
+    }
+
     fn stats(&self) -> SchedulerStats {
         let usage = self.core.kv_usage();
         SchedulerStats {
@@ -1000,34 +1032,7 @@ impl SchedulerState {
             pulls_pending: self.core.num_pulling(),
             blocks_pulled: self.blocks_pulled,
             pull_fallbacks: self.pull_fallbacks,
-            prefill_wait_ms: {
-                let compute = self.step_model.cost().map(|c| {
-                    let budget = self.core.config().max_num_batched_tokens;
-                    c.drain_ms(self.core.queued_prefill_tokens(), budget)
-                });
-                let now = self.clock.now();
-                let waiting: Vec<_> = self.live.values().filter(|l| !l.admitted).collect();
-                let sojourn = waiting
-                    .iter()
-                    .map(|l| now.saturating_duration_since(l.queued_at).as_secs_f64() * 1e3)
-                    .reduce(f64::max);
-                // Little's law: the queue ahead ÷ the measured admission rate.
-                let window = now
-                    .saturating_duration_since(self.started_at)
-                    .min(ADMIT_RATE_WINDOW)
-                    .as_secs_f64();
-                let recent = self
-                    .admissions
-                    .iter()
-                    .filter(|t| now.saturating_duration_since(**t) <= ADMIT_RATE_WINDOW)
-                    .count();
-                let little = (recent > 0 && window > 0.0 && !waiting.is_empty())
-                    .then(|| waiting.len() as f64 / (recent as f64 / window) * 1e3);
-                [compute, sojourn, little]
-                    .into_iter()
-                    .flatten()
-                    .reduce(f64::max)
-            },
+            prefill_wait_ms: self.prefill_wait_ms(),
         }
     }
 }

@@ -129,16 +129,7 @@ async fn health(State(s): State<Arc<GatewayShared>>) -> Response {
     } else {
         "not_ready"
     };
-    let status = if word == "ready" {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (
-        status,
-        Json(json!({"status": word, "worker": f.worker.as_str()})),
-    )
-        .into_response()
+    super::routes::readiness(word, json!({"worker": f.worker.as_str()}))
 }
 
 fn model_id(s: &GatewayShared) -> String {
@@ -226,7 +217,9 @@ async fn server_info(
     Ok(Json(json!({
         "served_model_name": model_id(&s),
         "model_path": f.model_path,
-        "tokenizer_path": f.model_path,
+        // The tokenizer is inside the model file (GGUF); a path other routers would try to
+        // load as a Hugging Face tokenizer is not given.
+        "tokenizer_path": serde_json::Value::Null,
         "worker": f.worker.as_str(),
         "dp_size": 1,
         "tp_size": 1,

@@ -104,19 +104,25 @@ async fn health(State(s): State<Arc<GatewayShared>>) -> Response {
             } else {
                 "not_ready"
             };
-            let status = if word == "ready" {
-                StatusCode::OK
-            } else {
-                StatusCode::SERVICE_UNAVAILABLE
-            };
-            (
-                status,
-                Json(json!({"status": word, "live_worker_nodes": worker_nodes, "routable_workers": routable})),
+            readiness(
+                word,
+                json!({"live_worker_nodes": worker_nodes, "routable_workers": routable}),
             )
-                .into_response()
         }
         Err(e) => e.into_response(),
     }
+}
+
+/// A readiness answer: 200 when `word` is `ready`, else 503; the body is `fields` with
+/// `status: word` (shared with the workers' faces).
+pub(super) fn readiness(word: &str, mut fields: serde_json::Value) -> Response {
+    let status = if word == "ready" {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    fields["status"] = word.into();
+    (status, Json(fields)).into_response()
 }
 
 async fn metrics(State(s): State<Arc<GatewayShared>>) -> Response {
