@@ -6,7 +6,7 @@ CARGO ?= cargo
 NODES ?= 3
 HTTP ?= 127.0.0.1:8080
 
-.PHONY: run test deps model build lint venv
+.PHONY: run test deps model build lint venv nvrtc
 
 deps:
 	@scripts/deps.sh
@@ -31,12 +31,19 @@ venv: .venv/.openai-$(OPENAI_VERSION)
 	.venv/bin/pip install --quiet openai==$(OPENAI_VERSION)
 	touch $@
 
+# NVRTC (no GPU needed) so that the tests compile the CUDA kernels to PTX: fetched once from
+# the nvidia-cuda-nvrtc-cu12 wheel, cached in ~/.cache/flotilla (scripts/fetch-nvrtc.sh).
+nvrtc:
+	@scripts/fetch-nvrtc.sh >/dev/null
+
 lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 
-test: deps model venv lint
-	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
+test: deps model venv nvrtc lint
+	@export LD_LIBRARY_PATH="$$(scripts/fetch-nvrtc.sh)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" \
+		FLOTILLA_REQUIRE_NVRTC=1; \
+	if $(CARGO) nextest --version >/dev/null 2>&1; then \
 		$(CARGO) nextest run --no-fail-fast; \
 	else \
 		$(CARGO) test --no-fail-fast; \

@@ -11,9 +11,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use flotilla::cli::cuda::{decode_tps, prefill_tps};
 use flotilla::model::{load_model, resolve_model_path};
-use flotilla::runtime::ids::{BlockId, SeqId};
-use flotilla::worker::engine::{Engine, EngineConfig, SamplingParams, StepBatch, StepSeq};
+use flotilla::worker::engine::{Engine, EngineConfig};
 use rayon::prelude::*;
 
 fn bandwidth_gbs(buf: &[u64]) -> f64 {
@@ -25,55 +25,6 @@ fn bandwidth_gbs(buf: &[u64]) -> f64 {
     let dt = t.elapsed().as_secs_f64();
     std::hint::black_box(s);
     (buf.len() * 8) as f64 / dt / 1e9
-}
-
-fn seq(id: u64, tokens: Vec<u32>, start_pos: usize, table: &[BlockId], sample: bool) -> StepSeq {
-    StepSeq {
-        seq_id: SeqId(id),
-        tokens,
-        start_pos,
-        block_table: table.to_vec(),
-        sampling: SamplingParams::default(),
-        sample,
-    }
-}
-
-fn prefill_tps(e: &mut Engine, prompt: &[u32]) -> anyhow::Result<f64> {
-    let table: Vec<BlockId> = (0..(prompt.len() / 16 + 1) as u32).map(BlockId).collect();
-    let t = Instant::now();
-    e.step(&StepBatch {
-        seqs: vec![seq(0, prompt.to_vec(), 0, &table, true)],
-    })?;
-    Ok(prompt.len() as f64 / t.elapsed().as_secs_f64())
-}
-
-fn decode_tps(e: &mut Engine, prompt: &[u32], batch: usize, steps: usize) -> anyhow::Result<f64> {
-    let per = (prompt.len() + steps) / 16 + 1;
-    let tables: Vec<Vec<BlockId>> = (0..batch)
-        .map(|i| (0..per).map(|b| BlockId((i * per + b) as u32)).collect())
-        .collect();
-    let pre: Vec<StepSeq> = (0..batch)
-        .map(|i| seq(i as u64, prompt.to_vec(), 0, &tables[i], true))
-        .collect();
-    let mut last: Vec<u32> = e
-        .step(&StepBatch { seqs: pre })?
-        .tokens
-        .iter()
-        .map(|t| t.token)
-        .collect();
-    let t = Instant::now();
-    for s in 0..steps {
-        let seqs = (0..batch)
-            .map(|i| seq(i as u64, vec![last[i]], prompt.len() + s, &tables[i], true))
-            .collect();
-        last = e
-            .step(&StepBatch { seqs })?
-            .tokens
-            .iter()
-            .map(|t| t.token)
-            .collect();
-    }
-    Ok((batch * steps) as f64 / t.elapsed().as_secs_f64())
 }
 
 fn median(v: &mut [f64]) -> f64 {

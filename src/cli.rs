@@ -13,6 +13,7 @@
 pub mod bench;
 pub mod chaos;
 pub mod client;
+pub mod cuda;
 pub mod generate;
 pub mod profile;
 pub mod soak;

@@ -36,6 +36,8 @@ enum Cmd {
     Profile(flotilla::cli::profile::ProfileArgs),
     /// KV transfer between processes: serve a test region, or benchmark the backends.
     Transport(flotilla::cli::transport::TransportArgs),
+    /// Report which CUDA libraries load and compile the GPU kernels with NVRTC (no GPU needed).
+    Cuda(flotilla::cli::cuda::CudaArgs),
 }
 
 #[derive(Args)]
@@ -251,6 +253,11 @@ async fn main() -> std::process::ExitCode {
         .await
         .map(|_| std::process::ExitCode::SUCCESS),
         Cmd::Node(a) => run_node(a).await,
+        Cmd::Cuda(a) => tokio::task::spawn_blocking(move || flotilla::cli::cuda::run(a))
+            .await
+            .map_err(anyhow::Error::from)
+            .and_then(|r| r)
+            .map(|_| std::process::ExitCode::SUCCESS),
         Cmd::Profile(a) => tokio::task::spawn_blocking(move || flotilla::cli::profile::run(a))
             .await
             .map_err(anyhow::Error::from)

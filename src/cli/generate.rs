@@ -42,6 +42,41 @@ pub struct GenerateArgs {
     /// Print one JSON object `{"prompt_ids", "output_ids", "text"}` instead of the text.
     #[arg(long)]
     pub json: bool,
+    /// Where the engine runs: auto (a GPU when CUDA loads and one exists, else the CPU),
+    /// cpu, or cuda (an error naming what is missing when it cannot).
+    #[arg(long, default_value = "auto")]
+    pub backend: crate::kernels::cuda::BackendChoice,
+    /// GPU prefill matrix products: f32 (the CPU's numbers) or bf16 (tensor cores).
+    #[arg(long, default_value = "f32", value_parser = parse_precision)]
+    pub cuda_gemm: crate::kernels::cuda::GemmPrecision,
+}
+
+fn parse_precision(s: &str) -> Result<crate::kernels::cuda::GemmPrecision, String> {
+    match s {
+        "f32" => Ok(crate::kernels::cuda::GemmPrecision::F32),
+        "bf16" => Ok(crate::kernels::cuda::GemmPrecision::Bf16),
+        other => Err(format!("unknown precision {other:?} (f32 or bf16)")),
+    }
+}
+
+/// The engine device `--backend` asks for, with the reason on stderr.
+///
+/// # Errors
+/// `--backend cuda` where CUDA cannot be used.
+pub fn device_for(
+    backend: crate::kernels::cuda::BackendChoice,
+    precision: crate::kernels::cuda::GemmPrecision,
+) -> anyhow::Result<crate::kernels::Device> {
+    let sel = crate::kernels::cuda::select(backend).map_err(anyhow::Error::msg)?;
+    eprintln!("engine backend: {}", sel.reason);
+    Ok(if sel.cuda {
+        crate::kernels::Device::Cuda {
+            ordinal: 0,
+            precision,
+        }
+    } else {
+        crate::kernels::Device::Cpu
+    })
 }
 
 /// Result of a generation.
@@ -84,12 +119,13 @@ pub fn generate_streaming(
     anyhow::ensure!(!prompt_ids.is_empty(), "the prompt encodes to zero tokens");
     let total = prompt_ids.len() + args.max_tokens;
     let num_blocks = total.div_ceil(DEFAULT_BLOCK_SIZE) + 1;
+    let device = device_for(args.backend, args.cuda_gemm)?;
     let mut engine = Engine::new(
         Arc::clone(&model.weights),
         EngineConfig {
             num_blocks,
             block_size: DEFAULT_BLOCK_SIZE,
-            ..EngineConfig::default()
+            device,
         },
     )?;
     let block_table: Vec<BlockId> = (0..num_blocks as u32).map(BlockId).collect();

@@ -12,11 +12,17 @@
 //! - `cpu/rope.rs`: rotary embeddings, adjacent-pair (GGUF) and half-split (HF) layouts.
 //! - `cpu/attention.rs`: paged causal attention with grouped-query heads.
 //! - `cpu/activation.rs`: SwiGLU and softmax.
+//! - `cuda/`: the GPU path: CUDA kernels (NVRTC sources) with CPU twins, the forward pass over
+//!   device buffers, the CUDA device (feature `cuda`, libraries loaded at run time) and
+//!   backend selection.
 //!
-//! All activations are host f32 slices. A CUDA backend would implement [`Backend`] beside
-//! [`cpu::CpuBackend`]; the forward pass only talks to the trait.
+//! [`Backend`] is the CPU's op boundary: activations are host f32 slices and
+//! `model/forward.rs` calls one op at a time. A GPU keeps a whole step's activations on the
+//! device instead, so the GPU path has its own pass (`cuda/pass.rs`, the same ops in the same
+//! order) and [`Device`] says which of the two an engine runs.
 
 pub mod cpu;
+pub mod cuda;
 pub mod quant;
 pub mod sample;
 
@@ -63,13 +69,19 @@ pub enum Device {
     /// Host CPU (rayon thread pool).
     #[default]
     Cpu,
+    /// GPU `ordinal` through the CUDA kernels (feature `cuda`).
+    Cuda {
+        ordinal: usize,
+        precision: cuda::GemmPrecision,
+    },
+    /// The GPU pass on the host through the kernels' CPU twins (`cuda/pass.rs` `HostOps`):
+    /// slow; it checks the GPU path's bookkeeping where no GPU is.
+    CudaTwin { precision: cuda::GemmPrecision },
 }
 
 impl Device {
-    /// The backend implementing this device.
+    /// The CPU backend (for [`Device::Cpu`]; the GPU devices run `cuda/pass.rs` instead).
     pub fn backend(self) -> Arc<dyn Backend> {
-        match self {
-            Device::Cpu => Arc::new(cpu::CpuBackend),
-        }
+        Arc::new(cpu::CpuBackend)
     }
 }

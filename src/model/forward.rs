@@ -71,6 +71,20 @@ pub fn validate(
     kv: &KvCache,
     seqs: &[ForwardSeq<'_>],
 ) -> Result<(), ForwardError> {
+    validate_for(w, kv.num_blocks, kv.block_size, seqs)
+}
+
+/// [`validate`] for a KV pool of `num_blocks` blocks of `block_size` tokens held anywhere
+/// (e.g. on a GPU).
+///
+/// # Errors
+/// As [`validate`].
+pub fn validate_for(
+    w: &ModelWeights,
+    num_blocks: usize,
+    block_size: usize,
+    seqs: &[ForwardSeq<'_>],
+) -> Result<(), ForwardError> {
     let vocab = w.config.vocab_size;
     for (i, s) in seqs.iter().enumerate() {
         if s.tokens.is_empty() {
@@ -86,13 +100,13 @@ pub fn validate(
         let last_pos = s
             .start_pos
             .checked_add(s.tokens.len() - 1)
-            .filter(|p| p.checked_add(kv.block_size).is_some())
+            .filter(|p| p.checked_add(block_size).is_some() && *p <= i32::MAX as usize)
             .ok_or(ForwardError::PositionOverflow {
                 seq: i,
                 start_pos: s.start_pos,
                 len: s.tokens.len(),
             })?;
-        let need = last_pos / kv.block_size + 1;
+        let need = last_pos / block_size + 1;
         if s.block_table.len() < need {
             return Err(ForwardError::ShortBlockTable {
                 seq: i,
@@ -103,12 +117,12 @@ pub fn validate(
         }
         if let Some(&b) = s.block_table[..need]
             .iter()
-            .find(|b| b.0 as usize >= kv.num_blocks)
+            .find(|b| b.0 as usize >= num_blocks)
         {
             return Err(ForwardError::BadBlock {
                 seq: i,
                 block: b,
-                num_blocks: kv.num_blocks,
+                num_blocks,
             });
         }
     }

@@ -415,6 +415,14 @@ pub struct WorkerConfig {
     /// `cpu` (the real transformer) or `sim` (the real scheduler and KV manager over a timing
     /// model: `worker/engine/sim.rs`), for fleet-scale runs.
     pub engine: EngineKind,
+    /// Where the real engine runs (`engine = "cpu"`): `auto` (a GPU when the CUDA driver,
+    /// cuBLAS and the kernels load and a device exists, else the CPU; the node's log says
+    /// which and why), `cpu`, or `cuda` (a GPU or an error at start naming what is missing).
+    /// Replica `k` of a node uses GPU `k mod devices` (`kernels/cuda/`).
+    pub backend: crate::kernels::cuda::BackendChoice,
+    /// GPU engine: precision of the prefill matrix products, `f32` (the CPU engine's numbers)
+    /// or `bf16` (tensor cores). Decode GEMVs read the quantised weights in f32 either way.
+    pub cuda_gemm: crate::kernels::cuda::GemmPrecision,
     /// Timing profile of the sim engine (JSON written by `flotilla profile`); `None`: the
     /// built-in H100 profile.
     pub sim_profile: Option<std::path::PathBuf>,
@@ -478,7 +486,7 @@ impl WorkerConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EngineKind {
-    /// The real model on the CPU backend.
+    /// The real model (on the CPU or a GPU: `worker.backend`).
     #[default]
     Cpu,
     /// The timing model with placeholder tokens.
@@ -498,6 +506,8 @@ impl Default for WorkerConfig {
             step_timeout_ms: 30_000,
             canary_interval_ms: 5_000,
             engine: EngineKind::Cpu,
+            backend: Default::default(),
+            cuda_gemm: Default::default(),
             sim_profile: None,
             sim_speedup: 1.0,
             role: crate::worker::Role::Aggregated,

@@ -41,6 +41,11 @@ pub struct NodeContext {
     pub faults: crate::control::chaos::FaultBook,
     /// The model's tokenizer, template and limits, when this node runs a gateway.
     pub frontend: Option<Arc<crate::request_plane::gateway::frontend::Frontend>>,
+    /// Where this node's real engines run (`worker.backend` resolved at start; replica `k`
+    /// of a CUDA node takes GPU `k mod gpus`).
+    pub device: crate::kernels::Device,
+    /// GPUs the driver sees (0 without CUDA).
+    pub gpus: usize,
     /// The sim engine's timing profile when `worker.engine = "sim"`.
     pub sim_profile: Option<crate::worker::engine::sim::SimProfile>,
     /// This node's draining flag and resilience counters (never shared with another node of

@@ -30,6 +30,33 @@ pub enum NodeError {
     Transport(#[from] crate::transport::TransportError),
 }
 
+/// Where this node's real engines run: `worker.backend` resolved against what loads here
+/// (logged with the reason), and the GPUs the driver sees. Nodes without the worker role or
+/// with the sim engine run no real engine: CPU, no question asked.
+///
+/// # Errors
+/// [`NodeError::Tree`] when `worker.backend = "cuda"` cannot be honoured (the message names
+/// what is missing).
+fn engine_device(config: &Config) -> Result<(crate::kernels::Device, usize), NodeError> {
+    use crate::kernels::{Device, cuda};
+    let w = &config.worker;
+    if !config.has_role(crate::runtime::config::Role::Worker)
+        || w.engine != crate::runtime::config::EngineKind::Cpu
+    {
+        return Ok((Device::Cpu, 0));
+    }
+    let sel = cuda::select(w.backend).map_err(NodeError::Tree)?;
+    tracing::info!(cuda = sel.cuda, reason = %sel.reason, "engine backend");
+    if !sel.cuda {
+        return Ok((Device::Cpu, 0));
+    }
+    let device = Device::Cuda {
+        ordinal: 0,
+        precision: w.cuda_gemm,
+    };
+    Ok((device, cuda::device_count().max(1)))
+}
+
 /// The line a node prints on stdout once it is up, prefixed by [`READY_PREFIX`].
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct ReadyLine {
@@ -118,6 +145,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
             None => Default::default(),
         }),
     };
+    let (device, gpus) = engine_device(&config)?;
     let cluster = cluster::start_node_server(
         node_id.clone(),
         config.node.listen_addr,
@@ -155,6 +183,8 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         frontend,
         transport,
         sim_profile,
+        device,
+        gpus,
         stats: Arc::new(NodeStats::from_env()),
         fleet: Default::default(),
         endpoints: Default::default(),

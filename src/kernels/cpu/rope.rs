@@ -35,6 +35,16 @@ impl Rope {
         }
     }
 
+    /// `inv_freq[i]` for the rotated pairs (`rot_dim / 2` of them); the CUDA kernel reads these.
+    pub fn inv_freq(&self) -> &[f64] {
+        &self.inv_freq
+    }
+
+    /// Which elements form the rotated pairs.
+    pub fn layout(&self) -> RopeLayout {
+        self.layout
+    }
+
     /// Rotates every head of `x` (`[n_heads, head_dim]` f32, one token) for position `pos`.
     pub fn apply(&self, x: &mut [f32], pos: usize) {
         let half = self.inv_freq.len();

@@ -210,7 +210,13 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
         engine: EngineConfig {
             num_blocks: w.kv_blocks_with(ctx.sim_profile.as_ref()),
             block_size: w.block_size_tokens,
-            ..EngineConfig::default()
+            device: match ctx.device {
+                crate::kernels::Device::Cuda { precision, .. } => crate::kernels::Device::Cuda {
+                    ordinal: k as usize % ctx.gpus.max(1),
+                    precision,
+                },
+                other => other,
+            },
         },
         scheduler: SchedulerConfig {
             max_num_seqs: w.max_num_seqs,

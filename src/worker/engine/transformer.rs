@@ -4,6 +4,14 @@
 //! [`Engine::step`] runs one batched forward pass and samples. [`TransformerEngine`] is the
 //! same engine as a [`StepEngine`]: each step runs on tokio's blocking pool
 //! (`spawn_blocking`), so a long forward pass does not stall the async runtime.
+//!
+//! The pass runs where [`EngineConfig::device`] says: on the CPU (`model/forward.rs` over the
+//! [`Backend`], KV pools in host memory that the node's transport can register), or on a GPU
+//! (`kernels/cuda/`: weights, KV pools and activations on the device; only the step's index
+//! arrays go up and the sampled rows' statistics come down). Sampling is the same code on
+//! both: a greedy row takes the device's argmax (the CPU's tie rule), any other row is copied
+//! to the host and drawn from the sequence's own seeded generator, so a sequence migrated
+//! between a CPU and a GPU replica draws the same tokens.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,9 +21,10 @@ use rayon::prelude::*;
 use super::StepEngine;
 use super::error::EngineError;
 use super::types::{EngineInfo, SampledToken, StepBatch, StepOutput};
+use crate::kernels::cuda::engine::DeviceRunner;
 use crate::kernels::sample::{SeqSampler, log_prob};
 use crate::kernels::{Backend, Device, Rope};
-use crate::model::forward::{ForwardSeq, forward};
+use crate::model::forward::{ForwardSeq, forward, validate_for};
 use crate::model::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache};
 use crate::model::weights::ModelWeights;
 use crate::runtime::ids::SeqId;
@@ -60,10 +69,58 @@ fn check(config: &EngineConfig) -> Result<(), EngineError> {
 #[derive(Debug)]
 pub struct Engine {
     weights: Arc<ModelWeights>,
-    backend: Arc<dyn Backend>,
-    rope: Rope,
-    kv: KvCache,
+    compute: Compute,
     rngs: HashMap<SeqId, SeqSampler>,
+}
+
+/// Where the forward pass runs, with its KV pools.
+#[derive(Debug)]
+enum Compute {
+    Cpu {
+        backend: Arc<dyn Backend>,
+        rope: Rope,
+        kv: KvCache,
+    },
+    /// A GPU (or the GPU pass on CPU twins): pools on the device.
+    Device {
+        runner: Box<dyn DeviceRunner>,
+        num_blocks: usize,
+        block_size: usize,
+    },
+}
+
+/// Builds the GPU runner of `device` (not [`Device::Cpu`]).
+fn device_runner(
+    weights: &Arc<ModelWeights>,
+    config: EngineConfig,
+) -> Result<Box<dyn DeviceRunner>, EngineError> {
+    use crate::kernels::cuda::engine::GpuEngine;
+    let geometry = (config.num_blocks, config.block_size);
+    let cfg = |e: String| EngineError::Config(format!("{:?}: {e}", config.device));
+    match config.device {
+        Device::Cpu => Err(cfg("not a device".into())),
+        Device::CudaTwin { precision } => Ok(Box::new(
+            GpuEngine::new(
+                "cuda-twin",
+                crate::kernels::cuda::pass::HostOps,
+                weights,
+                geometry,
+                precision,
+            )
+            .map_err(cfg)?,
+        )),
+        #[cfg(feature = "cuda")]
+        Device::Cuda { ordinal, precision } => {
+            let ops = crate::kernels::cuda::device::CudaOps::new(ordinal)
+                .map_err(|e| cfg(e.to_string()))?;
+            tracing::info!(device = %ops.name, arch = %ops.arch, ?precision, "engine on CUDA");
+            Ok(Box::new(
+                GpuEngine::new("cuda", ops, weights, geometry, precision).map_err(cfg)?,
+            ))
+        }
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda { .. } => Err(cfg("built without the `cuda` cargo feature".into())),
+    }
 }
 
 impl Engine {
@@ -74,6 +131,18 @@ impl Engine {
     /// not fit in a [`crate::runtime::ids::BlockId`].
     pub fn new(weights: Arc<ModelWeights>, config: EngineConfig) -> Result<Self, EngineError> {
         check(&config)?;
+        if config.device != Device::Cpu {
+            let runner = device_runner(&weights, config)?;
+            return Ok(Self {
+                weights,
+                compute: Compute::Device {
+                    runner,
+                    num_blocks: config.num_blocks,
+                    block_size: config.block_size,
+                },
+                rngs: HashMap::new(),
+            });
+        }
         let bytes = Self::layout(&weights, config).region_bytes() as usize;
         let memory = KvMemory::zeroed(bytes).map_err(|e| EngineError::Config(e.to_string()))?;
         Self::with_memory(weights, config, Arc::new(memory))
@@ -90,17 +159,24 @@ impl Engine {
         }
     }
 
-    /// As [`Engine::new`], with the KV pools in `memory` (e.g. allocated by the node's
-    /// transport, so that peers can read its blocks).
+    /// As [`Engine::new`] on the CPU, with the KV pools in `memory` (e.g. allocated by the
+    /// node's transport, so that peers can read its blocks).
     ///
     /// # Errors
-    /// As [`Engine::new`]; [`EngineError::Config`] when `memory` is too small.
+    /// As [`Engine::new`]; [`EngineError::Config`] when `memory` is too small, or the device
+    /// is not the CPU (a GPU's pools are device memory).
     pub fn with_memory(
         weights: Arc<ModelWeights>,
         config: EngineConfig,
         memory: Arc<KvMemory>,
     ) -> Result<Self, EngineError> {
         check(&config)?;
+        if config.device != Device::Cpu {
+            return Err(EngineError::Config(format!(
+                "{:?} keeps its KV pools in device memory, not in host memory",
+                config.device
+            )));
+        }
         let c = &weights.config;
         let kv = KvCache::with_memory(
             c.n_layers,
@@ -122,10 +198,12 @@ impl Engine {
         let c = &weights.config;
         let rope = Rope::new(c.head_dim, c.rope_dim, c.rope_base, c.rope_layout);
         Ok(Self {
-            backend: config.device.backend(),
+            compute: Compute::Cpu {
+                backend: config.device.backend(),
+                rope,
+                kv,
+            },
             weights,
-            rope,
-            kv,
             rngs: HashMap::new(),
         })
     }
@@ -135,46 +213,75 @@ impl Engine {
         &self.weights
     }
 
-    /// The KV pools (e.g. to register them with a transport).
-    pub fn kv_cache(&self) -> &KvCache {
-        &self.kv
-    }
-
-    /// Mutable KV pools (e.g. to receive transferred blocks).
-    pub fn kv_cache_mut(&mut self) -> &mut KvCache {
-        &mut self.kv
+    /// The host KV pools (e.g. to register them with a transport); `None` on a GPU.
+    pub fn kv_cache(&self) -> Option<&KvCache> {
+        match &self.compute {
+            Compute::Cpu { kv, .. } => Some(kv),
+            Compute::Device { .. } => None,
+        }
     }
 
     /// Static facts about this engine.
     pub fn info(&self) -> EngineInfo {
+        let c = &self.weights.config;
+        let (device, num_blocks, block_size, kv_bytes) = match &self.compute {
+            Compute::Cpu { backend, kv, .. } => (
+                backend.name(),
+                kv.num_blocks,
+                kv.block_size,
+                kv.total_bytes(),
+            ),
+            Compute::Device {
+                runner,
+                num_blocks,
+                block_size,
+            } => (runner.name(), *num_blocks, *block_size, runner.kv_bytes()),
+        };
         EngineInfo {
-            device: self.backend.name().to_owned(),
-            num_blocks: self.kv.num_blocks,
-            block_size: self.kv.block_size,
-            vocab_size: self.weights.config.vocab_size,
-            max_context: self.weights.config.max_context,
-            block_bytes: self.kv.block_bytes(),
-            kv_bytes: self.kv.total_bytes(),
+            device: device.to_owned(),
+            num_blocks,
+            block_size,
+            vocab_size: c.vocab_size,
+            max_context: c.max_context,
+            block_bytes: block_size * c.n_kv_heads * c.head_dim * 4,
+            kv_bytes,
         }
     }
 
+    /// Runs the batch on the device; its logits stay there. Returns the number of rows.
+    fn run_device(&mut self, batch: &StepBatch, all_logits: bool) -> Result<usize, EngineError> {
+        let Compute::Device {
+            runner,
+            num_blocks,
+            block_size,
+        } = &mut self.compute
+        else {
+            return Err(EngineError::Crashed("not a device engine".into()));
+        };
+        let seqs = forward_seqs(batch, all_logits);
+        validate_for(&self.weights, *num_blocks, *block_size, &seqs)?;
+        runner
+            .forward(&seqs)
+            .map_err(|e| EngineError::Crashed(format!("GPU step failed: {e}")))
+    }
+
     fn run(&mut self, batch: &StepBatch, all_logits: bool) -> Result<Vec<f32>, EngineError> {
-        let seqs: Vec<ForwardSeq<'_>> = batch
-            .seqs
-            .iter()
-            .map(|s| ForwardSeq {
-                tokens: &s.tokens,
-                start_pos: s.start_pos,
-                block_table: &s.block_table,
-                want_logits: all_logits || s.sample,
-            })
-            .collect();
-        let (w, be, rope, kv) = (
-            &self.weights,
-            self.backend.as_ref(),
-            &self.rope,
-            &mut self.kv,
-        );
+        if matches!(self.compute, Compute::Device { .. }) {
+            let rows = self.run_device(batch, all_logits)?;
+            let Compute::Device { runner, .. } = &self.compute else {
+                return Ok(Vec::new());
+            };
+            let mut out = Vec::new();
+            for i in 0..rows {
+                out.extend(runner.logits_row(i).map_err(device_lost)?);
+            }
+            return Ok(out);
+        }
+        let seqs = forward_seqs(batch, all_logits);
+        let Compute::Cpu { backend, rope, kv } = &mut self.compute else {
+            return Ok(Vec::new());
+        };
+        let (w, be) = (&self.weights, backend.as_ref());
         // Run the whole pass on a rayon worker: nested parallel ops then fork-join by work
         // stealing instead of handing every op from this thread to the pool and back.
         Ok(rayon::scope(|_| forward(w, be, rope, kv, &seqs))?)
@@ -188,6 +295,9 @@ impl Engine {
     /// # Errors
     /// [`EngineError::InvalidBatch`] for a malformed batch (checked before any KV write).
     pub fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, EngineError> {
+        if matches!(self.compute, Compute::Device { .. }) {
+            return self.step_device(batch);
+        }
         let logits = self.run(batch, false)?;
         let vocab = self.weights.lm_head().rows;
         let mut tokens: Vec<SampledToken> = batch
@@ -215,6 +325,37 @@ impl Engine {
         Ok(StepOutput { tokens })
     }
 
+    /// [`Engine::step`] on a device: greedy rows from the device's row statistics, the others'
+    /// logits copied to the host and drawn there (the CPU's sampler, the same draws).
+    fn step_device(&mut self, batch: &StepBatch) -> Result<StepOutput, EngineError> {
+        let rows = self.run_device(batch, false)?;
+        let Compute::Device { runner, .. } = &self.compute else {
+            return Err(EngineError::Crashed("not a device engine".into()));
+        };
+        let stats = runner.row_stats(rows).map_err(device_lost)?;
+        let mut tokens = Vec::with_capacity(rows);
+        for (i, s) in batch.seqs.iter().filter(|s| s.sample).enumerate() {
+            let sampler = self
+                .rngs
+                .entry(s.seq_id)
+                .or_insert_with(|| SeqSampler::new(s.sampling.seed, s.sampling.offset));
+            let (token, logprob) = if s.sampling.is_greedy() {
+                let (best, max, lse) = stats[i];
+                (best, max - lse)
+            } else {
+                let row = runner.logits_row(i).map_err(device_lost)?;
+                let t = sampler.choose(&row, &s.sampling);
+                (t, log_prob(&row, t))
+            };
+            tokens.push(SampledToken {
+                seq_id: s.seq_id,
+                token,
+                logprob,
+            });
+        }
+        Ok(StepOutput { tokens })
+    }
+
     /// Runs the batch (writing its K/V like [`Engine::step`]) and returns the last-position
     /// logits (`[vocab]` f32) of every sequence, in batch order; nothing is sampled.
     ///
@@ -230,6 +371,25 @@ impl Engine {
     pub fn release(&mut self, seq: SeqId) {
         self.rngs.remove(&seq);
     }
+}
+
+/// The batch as the forward pass takes it.
+fn forward_seqs(batch: &StepBatch, all_logits: bool) -> Vec<ForwardSeq<'_>> {
+    batch
+        .seqs
+        .iter()
+        .map(|s| ForwardSeq {
+            tokens: &s.tokens,
+            start_pos: s.start_pos,
+            block_table: &s.block_table,
+            want_logits: all_logits || s.sample,
+        })
+        .collect()
+}
+
+/// A device that fails after its step ran cannot be trusted with the next one.
+fn device_lost(e: String) -> EngineError {
+    EngineError::Crashed(format!("GPU read-back failed: {e}"))
 }
 
 /// Spawn inputs of a [`TransformerEngine`].
@@ -303,6 +463,21 @@ impl StepEngine for TransformerEngine {
     type Config = TransformerArgs;
 
     async fn start(args: TransformerArgs) -> Result<Self, EngineError> {
+        if args.config.device != Device::Cpu {
+            if let Some((_, owner)) = &args.transport {
+                tracing::warn!(
+                    worker = %owner,
+                    "KV pools on the GPU are not registered with the node's transport (device \
+                     memory kinds are not implemented yet): peers recompute this replica's blocks"
+                );
+            }
+            // Compiling the kernels and uploading the weights take a while: off the runtime.
+            let (weights, config) = (args.weights, args.config);
+            let engine = tokio::task::spawn_blocking(move || Engine::new(weights, config))
+                .await
+                .map_err(|e| EngineError::Config(format!("GPU engine start panicked: {e}")))??;
+            return Ok(engine.into());
+        }
         let Some((transport, owner)) = args.transport else {
             return Ok(Engine::new(args.weights, args.config)?.into());
         };
