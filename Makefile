@@ -36,9 +36,12 @@ venv: .venv/.openai-$(OPENAI_VERSION)
 nvrtc:
 	@scripts/fetch-nvrtc.sh >/dev/null
 
+# The second clippy is the build without the `cuda` feature (no CUDA code at all): it must
+# stay green too.
 lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --no-default-features --lib -- -D warnings
 
 test: deps model venv nvrtc lint
 	@export LD_LIBRARY_PATH="$$(scripts/fetch-nvrtc.sh)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" \

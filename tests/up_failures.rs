@@ -73,3 +73,27 @@ fn a_taken_http_port_fails_fast_naming_the_port() {
     );
     drop(taken);
 }
+
+/// `worker.backend = "cuda"` where CUDA cannot be used: the worker nodes refuse to start and
+/// say what is missing (here, no driver); `up` exits non-zero.
+#[test]
+fn a_cuda_backend_without_cuda_fails_naming_what_is_missing() {
+    if flotilla::kernels::cuda::probe().driver {
+        eprintln!("skipped: a CUDA driver loads here");
+        return;
+    }
+    let (status, stderr, _) = up(&[
+        "--nodes",
+        "2",
+        "--http",
+        "127.0.0.1:0",
+        "--set",
+        "worker.backend=cuda",
+    ]);
+    assert!(!status.success(), "{status}\n{stderr}");
+    assert!(
+        stderr.contains("worker.backend: backend cuda asked for, but cannot load libcuda"),
+        "the error says why:\n{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "no panic happened:\n{stderr}");
+}

@@ -45,7 +45,8 @@ fn engine_device(config: &Config) -> Result<(crate::kernels::Device, usize), Nod
     {
         return Ok((Device::Cpu, 0));
     }
-    let sel = cuda::select(w.backend).map_err(NodeError::Tree)?;
+    let sel =
+        cuda::select(w.backend).map_err(|e| NodeError::Tree(format!("worker.backend: {e}")))?;
     tracing::info!(cuda = sel.cuda, reason = %sel.reason, "engine backend");
     if !sel.cuda {
         return Ok((Device::Cpu, 0));

@@ -97,7 +97,7 @@ where
         let kv_row = c.n_kv_heads * c.head_dim;
         let pool_elems = num_blocks * block_size * kv_row;
         let pools = ops.zeros(2 * c.n_layers * pool_elems).map_err(err)?;
-        let ws = Workspace::new(&ops, c, model.vocab, 1).map_err(err)?;
+        let ws = Workspace::new(&ops, c, model.vocab, (1, 1)).map_err(err)?;
         Ok(Self {
             name,
             ops,

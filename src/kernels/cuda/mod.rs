@@ -376,7 +376,7 @@ pub fn select_with(
                 "CUDA without cuBLAS (prefill products as GEMVs)".into()
             },
         }),
-        (Some(why), BackendChoice::Cuda) => Err(format!("worker.backend = cuda, but {why}")),
+        (Some(why), BackendChoice::Cuda) => Err(format!("backend cuda asked for, but {why}")),
         (Some(why), _) => Ok(Selection {
             cuda: false,
             reason: format!("auto: CPU, because {why}"),

@@ -262,11 +262,15 @@ impl<O: DeviceOps> DeviceModel<O> {
     }
 }
 
-/// Activation buffers reused across steps, grown to the largest step seen.
+/// Activation buffers reused across steps, grown to the largest step seen (tokens for the
+/// activations, wanted rows for the logits: a long prefill chunk wants one row, not one per
+/// token).
 #[derive(Debug)]
 pub struct Workspace<O: DeviceOps> {
-    /// Tokens the buffers hold.
+    /// Tokens the activation buffers hold.
     tokens: usize,
+    /// Rows the logits buffer holds.
+    rows: usize,
     x: O::Buf,
     h: O::Buf,
     q: O::Buf,
@@ -283,15 +287,21 @@ pub struct Workspace<O: DeviceOps> {
 }
 
 impl<O: DeviceOps> Workspace<O> {
-    /// Buffers for steps of up to `tokens` tokens.
+    /// Buffers for steps of up to `tokens` tokens and `rows` wanted logit rows.
     ///
     /// # Errors
     /// The device's.
-    pub fn new(ops: &O, c: &ModelConfig, vocab: usize, tokens: usize) -> Result<Self, O::Error> {
-        let n = tokens.max(1);
+    pub fn new(
+        ops: &O,
+        c: &ModelConfig,
+        vocab: usize,
+        (tokens, rows): (usize, usize),
+    ) -> Result<Self, O::Error> {
+        let (n, r) = (tokens.max(1), rows.max(1));
         let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
         Ok(Self {
             tokens: n,
+            rows: r,
             x: ops.zeros(n * c.hidden_size)?,
             h: ops.zeros(n * c.hidden_size)?,
             q: ops.zeros(n * qd)?,
@@ -301,13 +311,14 @@ impl<O: DeviceOps> Workspace<O> {
             o: ops.zeros(n * c.hidden_size)?,
             gate: ops.zeros(n * c.intermediate_size)?,
             up: ops.zeros(n * c.intermediate_size)?,
-            sel: ops.zeros(n * c.hidden_size)?,
-            normed: ops.zeros(n * c.hidden_size)?,
-            logits: ops.zeros(n * vocab)?,
+            sel: ops.zeros(r * c.hidden_size)?,
+            normed: ops.zeros(r * c.hidden_size)?,
+            logits: ops.zeros(r * vocab)?,
         })
     }
 
-    /// Grows the buffers for a step of `tokens` tokens (at least doubling).
+    /// Grows the buffers for a step of `tokens` tokens and `rows` logit rows (at least
+    /// doubling what grows).
     ///
     /// # Errors
     /// The device's.
@@ -316,10 +327,18 @@ impl<O: DeviceOps> Workspace<O> {
         ops: &O,
         c: &ModelConfig,
         vocab: usize,
-        tokens: usize,
+        (tokens, rows): (usize, usize),
     ) -> Result<(), O::Error> {
-        if tokens > self.tokens {
-            *self = Self::new(ops, c, vocab, tokens.max(2 * self.tokens))?;
+        if tokens > self.tokens || rows > self.rows {
+            let grow = |want: usize, have: usize| {
+                if want > have {
+                    want.max(2 * have)
+                } else {
+                    have
+                }
+            };
+            let shape = (grow(tokens, self.tokens), grow(rows, self.rows));
+            *self = Self::new(ops, c, vocab, shape)?;
         }
         Ok(())
     }
@@ -344,7 +363,7 @@ pub fn forward_pass<O: DeviceOps>(
     let c = &m.config;
     let n = plan.len();
     ops.bind()?;
-    ws.reserve(ops, c, m.vocab, n)?;
+    ws.reserve(ops, c, m.vocab, (n, plan.logit_rows.len()))?;
     let dp = ops.upload_plan(plan, c.hidden_size)?;
     let (h, hd) = (c.hidden_size, c.head_dim);
     let (qd, kvd, ffn) = (c.n_heads * hd, c.n_kv_heads * hd, c.intermediate_size);
