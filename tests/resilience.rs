@@ -450,6 +450,15 @@ async fn b17_panics_are_contained_and_counted() {
     })
     .await;
     wait_routable(&c, 2).await;
+    // A gateway actor named on a worker target: that node runs none, so nothing would be
+    // killed: refused, naming the node.
+    let (s, _, t) = post(
+        &c.url("/chaos/faults"),
+        &json!({"kind": "kill_actor", "actor": "http_gateway", "target": {"worker": "node-1/replica-0"}}),
+    )
+    .await;
+    assert_eq!(s, 400, "{t}");
+    assert!(t.contains("node node-1 runs no http_gateway"), "{t}");
     // The gateway's HTTP actor killed: its supervisor starts it again on the same address.
     chaos(
         &c.url(""),

@@ -126,9 +126,15 @@ fn check_partition(nodes: &mut Vec<String>, fleet: &[NodeView]) -> Result<(), Ap
     Ok(())
 }
 
-/// A node-wide `kill_actor` must name an actor the target node runs (its roles).
-fn check_kill_actor(kind: &FaultKind, target: &Target, fleet: &[NodeView]) -> Result<(), ApiError> {
-    let (FaultKind::KillActor { actor }, Target::Node(node)) = (kind, target) else {
+/// A node-wide `kill_actor` must name an actor that every node it hits runs (by the node's
+/// roles), whatever the target: a worker target or `any_busy` hits the worker's node, and a
+/// worker node runs no `http_gateway`, `token_sink` or `router`.
+fn check_kill_actor(
+    kind: &FaultKind,
+    hit: &BTreeMap<String, Vec<WorkerId>>,
+    fleet: &[NodeView],
+) -> Result<(), ApiError> {
+    let FaultKind::KillActor { actor } = kind else {
         return Ok(());
     };
     let role = match actor.as_str() {
@@ -137,14 +143,18 @@ fn check_kill_actor(kind: &FaultKind, target: &Target, fleet: &[NodeView]) -> Re
         "worker_pool" => Role::Worker,
         _ => return Ok(()),
     };
-    match fleet.iter().find(|v| v.id == *node) {
-        Some(v) if !v.roles.contains(&role) => Err(ApiError::new(
-            ErrorKind::InvalidRequest,
-            format!("node {node} runs no {actor} (roles {:?})", v.roles),
-        )
-        .param("actor")),
-        _ => Ok(()),
+    for node in hit.keys() {
+        if let Some(v) = fleet.iter().find(|v| v.id.as_str() == node)
+            && !v.roles.contains(&role)
+        {
+            return Err(ApiError::new(
+                ErrorKind::InvalidRequest,
+                format!("node {node} runs no {actor} (roles {:?})", v.roles),
+            )
+            .param("actor"));
+        }
     }
+    Ok(())
 }
 
 /// The nodes a fault acts on, each with the workers it hits there. Node-wide kinds
@@ -287,8 +297,8 @@ pub async fn create(
         if let FaultKind::Partition { nodes } = &mut spec.kind {
             check_partition(nodes, &fleet)?;
         }
-        check_kill_actor(&spec.kind, &spec.target, &fleet)?;
         let by_node = resolve_nodes(&spec.kind, &spec.target, &fleet);
+        check_kill_actor(&spec.kind, &by_node, &fleet)?;
         let hit: Vec<WorkerId> = by_node.values().flatten().cloned().collect();
         if by_node.is_empty() {
             let what = match spec.target {
