@@ -86,18 +86,29 @@ fn mixed_batch_matches_the_cpu_engine() {
         };
         s
     };
+    // A seeded sequence whose first pick is greedy (top_k = 1) and whose second is drawn:
+    // the second draw is its second on both engines (a greedy pick counts as a draw).
+    let greedy_then_seeded = |mut s: StepSeq, top_k: usize| {
+        s.sampling = SamplingParams {
+            temperature: 1.0,
+            top_k,
+            seed: Some(11),
+            ..SamplingParams::default()
+        };
+        s
+    };
     let warm = StepBatch {
         seqs: vec![
             seq(1, &long[..24], 0, &ta, false),
             sampled(seq(2, prompt, 0, &tb, true)),
-            seq(3, &long[..5], 0, &tc, true),
+            greedy_then_seeded(seq(3, &long[..5], 0, &tc, true), 1),
         ],
     };
     let next = StepBatch {
         seqs: vec![
             seq(1, &long[24..], 24, &ta, true),
             sampled(seq(2, &[42], prompt.len(), &tb, true)),
-            seq(3, &[43], 5, &tc, true),
+            greedy_then_seeded(seq(3, &[43], 5, &tc, true), 0),
         ],
     };
     for b in [&warm, &next] {

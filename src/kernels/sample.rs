@@ -38,6 +38,12 @@ impl SeqSampler {
         }
     }
 
+    /// Counts a draw made elsewhere (a greedy pick taken from a device's argmax), so the next
+    /// draw keeps its index in the sequence as if [`SeqSampler::choose`] had made it.
+    pub fn skip(&mut self) {
+        self.next += 1;
+    }
+
     /// Picks the next token with [`choose`].
     pub fn choose(&mut self, logits: &[f32], p: &SamplingParams) -> u32 {
         let n = self.next;

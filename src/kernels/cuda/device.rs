@@ -202,7 +202,9 @@ impl CudaOps {
             paged_attention: f("paged_attention")?,
             row_stats: f("row_stats")?,
         };
-        let stream = ctx.default_stream();
+        // A stream of its own (not the legacy default stream), so replicas sharing a GPU do
+        // not serialise on one queue or wait for each other's work when they synchronise.
+        let stream = ctx.new_stream()?;
         let blas = if p.cublas {
             Some(CudaBlas::new(stream.clone())?)
         } else {
@@ -451,7 +453,7 @@ impl DeviceOps for CudaOps {
                     // SAFETY: `f32_to_bf16_n(x, out, n)`.
                     unsafe { l.launch(elems_cfg(n)) }?;
                 }
-                (None, None) => {}
+                (None, None) => return Err(CudaError::Other("matrix without weights".into())),
             }
             m.bf16 = Some(out);
         }
@@ -483,7 +485,10 @@ impl DeviceOps for CudaOps {
         range: std::ops::Range<usize>,
     ) -> Result<Vec<f32>, CudaError> {
         self.bind()?;
-        let v = self.stream.clone_dtoh(&b.slice(range))?;
+        let view = b
+            .try_slice(range.clone())
+            .ok_or_else(|| CudaError::Other(format!("download of {range:?} from {}", b.len())))?;
+        let v = self.stream.clone_dtoh(&view)?;
         self.stream.synchronize()?;
         Ok(v)
     }

@@ -90,6 +90,11 @@ where
         if let Some(why) = unsupported(weights) {
             return Err(why);
         }
+        if num_blocks > i32::MAX as usize {
+            return Err(format!(
+                "{num_blocks} KV blocks: the kernels index blocks with int"
+            ));
+        }
         let c = &weights.config;
         let rope = Rope::new(c.head_dim, c.rope_dim, c.rope_base, c.rope_layout);
         let err = |e: O::Error| e.to_string();
@@ -113,6 +118,14 @@ where
     /// The device operations (e.g. to synchronise).
     pub fn ops(&self) -> &O {
         &self.ops
+    }
+}
+
+impl<O: DeviceOps> Drop for GpuEngine<O> {
+    /// Buffers are freed on the device's own context: make it current on the dropping
+    /// thread first (an engine is dropped wherever its last step ran).
+    fn drop(&mut self) {
+        let _ = self.ops.bind();
     }
 }
 

@@ -117,7 +117,7 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
     float ss = 0.0f;
     for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
     ss = block_sum(ss, sh);
-    float inv = rsqrtf(ss / (float)d + eps);
+    float inv = 1.0f / sqrtf(ss / (float)d + eps);
     for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = xr[i] * inv * w[i];
 }
 

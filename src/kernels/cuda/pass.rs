@@ -362,6 +362,9 @@ pub fn forward_pass<O: DeviceOps>(
 ) -> Result<(), O::Error> {
     let c = &m.config;
     let n = plan.len();
+    if n == 0 {
+        return Ok(());
+    }
     ops.bind()?;
     ws.reserve(ops, c, m.vocab, (n, plan.logit_rows.len()))?;
     let dp = ops.upload_plan(plan, c.hidden_size)?;

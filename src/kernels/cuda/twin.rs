@@ -1,5 +1,6 @@
 //! CPU twins of the CUDA kernels in `kernels.cu`: the same math in the same decomposition
-//! (threads of a block, tiles, the order of every reduction), run sequentially. They are tested
+//! (threads of a block, tiles, the order of every reduction), run sequentially. On a GPU the
+//! results agree to rounding, not bit for bit: NVRTC fuses multiply-adds. They are tested
 //! here against the CPU kernels (`kernels/cpu/`), so the kernels' algorithms (online softmax over
 //! tiles, nibble order, tie rules, bf16 rounding) are checked on every machine; the device
 //! script checks that the CUDA code does what its twin does.

@@ -340,6 +340,7 @@ impl Engine {
                 .entry(s.seq_id)
                 .or_insert_with(|| SeqSampler::new(s.sampling.seed, s.sampling.offset));
             let (token, logprob) = if s.sampling.is_greedy() {
+                sampler.skip();
                 let (best, max, lse) = stats[i];
                 (best, max - lse)
             } else {
