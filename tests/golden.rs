@@ -4,7 +4,7 @@
 #[path = "common/model.rs"]
 mod model;
 
-use crate::model::{engine, golden, greedy, model};
+use crate::model::{assert_golden, engine, golden, model};
 
 #[test]
 fn tokenizer_matches_golden_prompt_ids() {
@@ -21,25 +21,7 @@ fn tokenizer_matches_golden_prompt_ids() {
 
 #[test]
 fn engine_matches_golden_greedy_and_logits() {
-    let m = model();
-    let mut e = engine(m, 64);
-    for c in golden() {
-        let (logits, ids) = greedy(
-            &mut e,
-            &c.prompt_ids,
-            c.greedy_ids.len(),
-            &m.tokenizer.eos_ids,
-        );
-        for &(id, want) in &c.top5 {
-            let got = logits[id as usize];
-            assert!(
-                (got - want).abs() < 2e-2,
-                "case {} token {id}: {got} vs {want}",
-                c.name
-            );
-        }
-        assert_eq!(ids, c.greedy_ids, "case {}", c.name);
-    }
+    assert_golden(&mut engine(model(), 64));
 }
 
 #[test]

@@ -17,7 +17,7 @@ use flotilla::worker::engine::{
     Engine, EngineConfig, EngineError, SamplingParams, StepBatch, StepSeq,
 };
 
-use crate::model::{blocks, golden, greedy, max_abs_diff, model, seq};
+use crate::model::{assert_golden, blocks, golden, greedy, max_abs_diff, model, seq};
 
 /// The device under test: the twins, or GPU 0 when `FLOTILLA_TEST_GPU=cuda`.
 fn device(precision: GemmPrecision) -> Device {
@@ -47,23 +47,7 @@ fn gpu_pass_matches_golden_greedy_and_logits() {
     let m = model();
     let mut e = engine_on(m, 64, device(GemmPrecision::F32));
     assert!(e.info().device.starts_with("cuda"), "{}", e.info().device);
-    for c in golden() {
-        let (logits, ids) = greedy(
-            &mut e,
-            &c.prompt_ids,
-            c.greedy_ids.len(),
-            &m.tokenizer.eos_ids,
-        );
-        for &(id, want) in &c.top5 {
-            let got = logits[id as usize];
-            assert!(
-                (got - want).abs() < 2e-2,
-                "case {} token {id}: {got} vs {want}",
-                c.name
-            );
-        }
-        assert_eq!(ids, c.greedy_ids, "case {}", c.name);
-    }
+    assert_golden(&mut e);
 }
 
 /// A step mixing a prefill chunk, a second chunk and decode tokens of other sequences gives

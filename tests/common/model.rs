@@ -129,3 +129,25 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).fold(0.0, |m, (x, y)| m.max((x - y).abs()))
 }
+
+/// Every golden case through `engine`: greedy ids exact, step 0's top-5 logits within 2e-2.
+pub fn assert_golden(engine: &mut Engine) {
+    let m = model();
+    for c in golden() {
+        let (logits, ids) = greedy(
+            engine,
+            &c.prompt_ids,
+            c.greedy_ids.len(),
+            &m.tokenizer.eos_ids,
+        );
+        for &(id, want) in &c.top5 {
+            let got = logits[id as usize];
+            assert!(
+                (got - want).abs() < 2e-2,
+                "case {} token {id}: {got} vs {want}",
+                c.name
+            );
+        }
+        assert_eq!(ids, c.greedy_ids, "case {}", c.name);
+    }
+}
