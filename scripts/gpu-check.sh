@@ -13,6 +13,9 @@
 #   device call 1 (carry gpu-check/a):  scripts/gpu-check.sh stage
 #   device call 2 (carry gpu-check/b):  scripts/gpu-check.sh run
 #
+# On a machine of your own with a GPU, run the three steps there, one after the other (or
+# simply `flotilla cuda --check --bench` from a build with NVRTC on LD_LIBRARY_PATH).
+#
 # `run` prints (and writes to $OUT/gpu-check.txt): which libraries load, the golden cases on
 # the GPU (greedy ids exact and top-5 logits within 2e-2 with f32 products; the bf16 error),
 # a 64-sequence batch against solo runs, and the throughput table (device-to-device copy
@@ -43,6 +46,7 @@ prepare)
   echo "       call 2, at once, carries gpu-check/b and runs 'scripts/gpu-check.sh run'"
   ;;
 stage)
+  test -f gpu-check/a/model.part-a || { echo "no gpu-check/a: run 'prepare' first (and carry gpu-check/a)" >&2; exit 1; }
   mkdir -p "$stage_dir"
   cp gpu-check/a/model.part-a "$stage_dir/"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
@@ -69,12 +73,12 @@ run)
   export LD_LIBRARY_PATH="$libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export FLOTILLA_CUDA_PTX_DIR="$PWD/gpu-check/b/ptx" RUST_LOG=info
   set -o pipefail
-  "$stage_dir/flotilla" cuda --arch sm_90 --check --bench \
+  "$stage_dir/flotilla" cuda --check --bench \
     --model "$stage_dir/model.gguf" --golden tests/data/smollm2-golden.json 2>&1 \
     | tee "$out/gpu-check.txt"
   ;;
 *)
-  sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
   exit 2
   ;;
 esac

@@ -25,6 +25,7 @@ fn device(precision: GemmPrecision) -> Device {
         Ok("cuda") => Device::Cuda {
             ordinal: 0,
             precision,
+            cpu_fallback: false,
         },
         _ => Device::CudaTwin { precision },
     }
@@ -179,4 +180,34 @@ fn malformed_batches_are_typed_errors_and_the_engine_goes_on() {
         seqs: vec![seq(1, &[1, 2, 3], 0, &t, true)],
     };
     assert_eq!(e.step(&ok).expect("step").tokens.len(), 1);
+}
+
+/// `auto` picked CUDA but the GPU engine cannot start: with `cpu_fallback` the engine runs on
+/// the CPU (and gives the golden ids); without it the start fails naming the cause. Here the
+/// driver is missing, which is one way a GPU engine fails to start.
+#[test]
+fn a_gpu_that_cannot_start_falls_back_only_when_allowed() {
+    if flotilla::kernels::cuda::probe().driver {
+        eprintln!("skipped: a CUDA driver loads here");
+        return;
+    }
+    let m = model();
+    let cuda = |cpu_fallback| Device::Cuda {
+        ordinal: 0,
+        precision: GemmPrecision::F32,
+        cpu_fallback,
+    };
+    let mut e = engine_on(m, 64, cuda(true));
+    assert_eq!(e.info().device, "cpu");
+    assert_golden(&mut e);
+    let err = Engine::new(
+        Arc::clone(&m.weights),
+        EngineConfig {
+            num_blocks: 64,
+            device: cuda(false),
+            ..EngineConfig::default()
+        },
+    )
+    .expect_err("no fallback");
+    assert!(err.to_string().contains("libcuda"), "{err}");
 }

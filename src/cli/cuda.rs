@@ -41,9 +41,10 @@ pub struct CudaArgs {
     /// Print the throughput table (GPU and CPU engines, copy bandwidth).
     #[arg(long)]
     pub bench: bool,
-    /// Golden cases for `--check` (the repository's fixture by default).
-    #[arg(long, default_value = "tests/data/smollm2-golden.json")]
-    pub golden: PathBuf,
+    /// Golden cases for `--check` (default: the repository's fixture,
+    /// `tests/data/smollm2-golden.json` under the current directory or the source tree).
+    #[arg(long)]
+    pub golden: Option<PathBuf>,
     /// Model (default: `FLOTILLA_MODEL`, else the default model).
     #[arg(long, env = "FLOTILLA_MODEL")]
     pub model: Option<PathBuf>,
@@ -61,11 +62,19 @@ pub fn run(a: CudaArgs) -> anyhow::Result<()> {
     println!("libnvrtc:           {}", p.nvrtc);
     println!("libcublas:          {}", p.cublas);
     println!("GPUs:               {}", cuda::device_count());
+    if let Some(dir) = std::env::var_os(cuda::PTX_DIR_ENV).filter(|d| !d.is_empty()) {
+        println!("{}: {}", cuda::PTX_DIR_ENV, PathBuf::from(dir).display());
+    }
     match cuda::select(cuda::BackendChoice::Auto) {
         Ok(s) => println!("engine backend:     {}", s.reason),
         Err(e) => println!("engine backend:     {e}"),
     }
-    if p.nvrtc || a.ptx_out.is_some() {
+    if !p.nvrtc && a.ptx_out.is_none() {
+        println!(
+            "kernels: not compiled (libnvrtc does not load; in the repository, \
+             LD_LIBRARY_PATH=$(scripts/fetch-nvrtc.sh) provides it)"
+        );
+    } else {
         for arch in &a.archs {
             let k = cuda::compile_ptx(arch)?;
             println!(
@@ -74,9 +83,10 @@ pub fn run(a: CudaArgs) -> anyhow::Result<()> {
                 k.ptx.len()
             );
             if let Some(dir) = &a.ptx_out {
-                std::fs::create_dir_all(dir)?;
                 let path = dir.join(format!("flotilla-{arch}.ptx"));
-                std::fs::write(&path, &k.ptx)?;
+                std::fs::create_dir_all(dir)
+                    .and_then(|()| std::fs::write(&path, &k.ptx))
+                    .with_context(|| format!("writing {}", path.display()))?;
                 println!("  wrote {}", path.display());
             }
         }
@@ -84,11 +94,24 @@ pub fn run(a: CudaArgs) -> anyhow::Result<()> {
     if !(a.check || a.bench) {
         return Ok(());
     }
+    // The GPU first: without one there is nothing to check or time.
+    cuda::select(cuda::BackendChoice::Cuda)
+        .map_err(|e| anyhow::anyhow!("--check and --bench need a GPU: {e}"))?;
     let path = resolve_model_path(a.model.as_deref())?;
     let model = load_model(&path).with_context(|| format!("loading {}", path.display()))?;
     let mut failed = 0;
     if a.check {
-        failed += check(&model, &a.golden)?;
+        let golden = a.golden.clone().unwrap_or_else(|| {
+            let rel = Path::new("tests/data/smollm2-golden.json");
+            [
+                rel.to_path_buf(),
+                Path::new(env!("CARGO_MANIFEST_DIR")).join(rel),
+            ]
+            .into_iter()
+            .find(|p| p.exists())
+            .unwrap_or_else(|| rel.to_path_buf())
+        });
+        failed += check(&model, &golden)?;
     }
     if a.bench {
         bench(&model)?;
@@ -101,6 +124,7 @@ fn gpu(precision: GemmPrecision) -> Device {
     Device::Cuda {
         ordinal: 0,
         precision,
+        cpu_fallback: false,
     }
 }
 

@@ -47,16 +47,8 @@ pub struct GenerateArgs {
     #[arg(long, default_value = "auto")]
     pub backend: crate::kernels::cuda::BackendChoice,
     /// GPU prefill matrix products: f32 (the CPU's numbers) or bf16 (tensor cores).
-    #[arg(long, default_value = "f32", value_parser = parse_precision)]
+    #[arg(long, default_value = "f32")]
     pub cuda_gemm: crate::kernels::cuda::GemmPrecision,
-}
-
-fn parse_precision(s: &str) -> Result<crate::kernels::cuda::GemmPrecision, String> {
-    match s {
-        "f32" => Ok(crate::kernels::cuda::GemmPrecision::F32),
-        "bf16" => Ok(crate::kernels::cuda::GemmPrecision::Bf16),
-        other => Err(format!("unknown precision {other:?} (f32 or bf16)")),
-    }
 }
 
 /// The engine device `--backend` asks for, with the reason on stderr.
@@ -69,14 +61,7 @@ pub fn device_for(
 ) -> anyhow::Result<crate::kernels::Device> {
     let sel = crate::kernels::cuda::select(backend).map_err(anyhow::Error::msg)?;
     eprintln!("engine backend: {}", sel.reason);
-    Ok(if sel.cuda {
-        crate::kernels::Device::Cuda {
-            ordinal: 0,
-            precision,
-        }
-    } else {
-        crate::kernels::Device::Cpu
-    })
+    Ok(sel.device(0, precision))
 }
 
 /// Result of a generation.

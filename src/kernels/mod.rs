@@ -26,8 +26,6 @@ pub mod cuda;
 pub mod quant;
 pub mod sample;
 
-use std::sync::Arc;
-
 pub use cpu::attention::{AttnGeometry, AttnToken};
 pub use cpu::rope::{Rope, RopeLayout};
 pub use quant::{MatrixData, WeightMatrix};
@@ -73,15 +71,11 @@ pub enum Device {
     Cuda {
         ordinal: usize,
         precision: cuda::GemmPrecision,
+        /// When the GPU engine cannot start (no memory, kernels that do not load), run on the
+        /// CPU instead, with a warning (`worker.backend = "auto"`); else fail.
+        cpu_fallback: bool,
     },
     /// The GPU pass on the host through the kernels' CPU twins (`cuda/pass.rs` `HostOps`):
     /// slow; it checks the GPU path's bookkeeping where no GPU is.
     CudaTwin { precision: cuda::GemmPrecision },
-}
-
-impl Device {
-    /// The CPU backend (for [`Device::Cpu`]; the GPU devices run `cuda/pass.rs` instead).
-    pub fn backend(self) -> Arc<dyn Backend> {
-        Arc::new(cpu::CpuBackend)
-    }
 }

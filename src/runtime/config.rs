@@ -415,10 +415,12 @@ pub struct WorkerConfig {
     /// `cpu` (the real transformer) or `sim` (the real scheduler and KV manager over a timing
     /// model: `worker/engine/sim.rs`), for fleet-scale runs.
     pub engine: EngineKind,
-    /// Where the real engine runs (`engine = "cpu"`): `auto` (a GPU when the CUDA driver,
-    /// cuBLAS and the kernels load and a device exists, else the CPU; the node's log says
-    /// which and why), `cpu`, or `cuda` (a GPU or an error at start naming what is missing).
-    /// Replica `k` of a node uses GPU `k mod devices` (`kernels/cuda/`).
+    /// Where the real engine runs (`engine = "cpu"`): `auto` (a GPU when the CUDA driver
+    /// and the kernels load and a device exists, else the CPU; a GPU engine that then cannot
+    /// start falls back to the CPU too; the node's log says which and why), `cpu`, or `cuda`
+    /// (a GPU or an error at start naming what is missing). cuBLAS is optional (without it,
+    /// prefill products run as GEMVs). Replica `k` of a node uses GPU `k mod devices`
+    /// (`kernels/cuda/`).
     pub backend: crate::kernels::cuda::BackendChoice,
     /// GPU engine: precision of the prefill matrix products, `f32` (the CPU engine's numbers)
     /// or `bf16` (tensor cores). Decode GEMVs read the quantised weights in f32 either way.

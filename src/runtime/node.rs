@@ -24,6 +24,10 @@ pub enum NodeError {
     /// The supervision tree failed to start.
     #[error("supervision tree failed to start: {0}")]
     Tree(String),
+    /// `worker.backend` cannot be honoured (`cuda` without a usable GPU: the message names
+    /// what is missing).
+    #[error("worker.backend: {0}")]
+    Backend(String),
     /// The KV transport could not start (`transport.backend = "ucx"` without UCX, a TCP
     /// address that cannot be bound).
     #[error("transport: {0}")]
@@ -35,8 +39,7 @@ pub enum NodeError {
 /// with the sim engine run no real engine: CPU, no question asked.
 ///
 /// # Errors
-/// [`NodeError::Tree`] when `worker.backend = "cuda"` cannot be honoured (the message names
-/// what is missing).
+/// [`NodeError::Backend`] when `worker.backend = "cuda"` cannot be honoured.
 fn engine_device(config: &Config) -> Result<(crate::kernels::Device, usize), NodeError> {
     use crate::kernels::{Device, cuda};
     let w = &config.worker;
@@ -45,17 +48,10 @@ fn engine_device(config: &Config) -> Result<(crate::kernels::Device, usize), Nod
     {
         return Ok((Device::Cpu, 0));
     }
-    let sel =
-        cuda::select(w.backend).map_err(|e| NodeError::Tree(format!("worker.backend: {e}")))?;
-    tracing::info!(cuda = sel.cuda, reason = %sel.reason, "engine backend");
-    if !sel.cuda {
-        return Ok((Device::Cpu, 0));
-    }
-    let device = Device::Cuda {
-        ordinal: 0,
-        precision: w.cuda_gemm,
-    };
-    Ok((device, cuda::device_count().max(1)))
+    let sel = cuda::select(w.backend).map_err(NodeError::Backend)?;
+    tracing::info!(cuda = sel.cuda, gpus = sel.gpus, reason = %sel.reason, "engine backend");
+    let device = sel.device(0, w.cuda_gemm);
+    Ok((device, sel.gpus))
 }
 
 /// The line a node prints on stdout once it is up, prefixed by [`READY_PREFIX`].

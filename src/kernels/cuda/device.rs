@@ -25,17 +25,36 @@ use super::twin;
 use crate::kernels::quant::{MatrixData, WeightMatrix};
 use crate::kernels::{AttnGeometry, RopeLayout};
 
-/// What went wrong on the device.
+/// What went wrong on the device. The causes are part of the message, not error sources,
+/// so a chain printed with `{:#}` says each once.
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
     #[error("CUDA driver: {0}")]
-    Driver(#[from] DriverError),
+    Driver(DriverError),
     #[error("cuBLAS: {0}")]
-    Blas(#[from] cublas::result::CublasError),
-    #[error(transparent)]
-    Compile(#[from] super::CompileError),
+    Blas(cublas::result::CublasError),
+    #[error("{0}")]
+    Compile(super::CompileError),
     #[error("CUDA: {0}")]
     Other(String),
+}
+
+impl From<DriverError> for CudaError {
+    fn from(e: DriverError) -> Self {
+        Self::Driver(e)
+    }
+}
+
+impl From<cublas::result::CublasError> for CudaError {
+    fn from(e: cublas::result::CublasError) -> Self {
+        Self::Blas(e)
+    }
+}
+
+impl From<super::CompileError> for CudaError {
+    fn from(e: super::CompileError) -> Self {
+        Self::Compile(e)
+    }
 }
 
 /// Every kernel of [`super::SOURCE`], loaded from one module.
@@ -163,7 +182,7 @@ impl CudaOps {
         let p = super::probe();
         if !p.driver {
             return Err(CudaError::Other(
-                p.why_not().unwrap_or_else(|| "no driver".into()),
+                "cannot load libcuda (the NVIDIA driver)".into(),
             ));
         }
         let count = CudaContext::device_count()?;
@@ -221,14 +240,6 @@ impl CudaOps {
         })
     }
 
-    /// Waits for every queued operation.
-    ///
-    /// # Errors
-    /// The driver's (an asynchronous kernel fault surfaces here).
-    pub fn synchronize(&self) -> Result<(), CudaError> {
-        Ok(self.stream.synchronize()?)
-    }
-
     /// Device-to-device copy bandwidth: `reps` copies of `bytes`, counted as bytes read plus
     /// bytes written per second (GB/s), the figure a memory-bound kernel can reach.
     ///
@@ -246,14 +257,6 @@ impl CudaOps {
         }
         self.stream.synchronize()?;
         Ok((2 * bytes * reps) as f64 / t.elapsed().as_secs_f64() / 1e9)
-    }
-
-    /// Free and total device memory (bytes).
-    ///
-    /// # Errors
-    /// The driver's.
-    pub fn mem_info(&self) -> Result<(usize, usize), CudaError> {
-        Ok(self.ctx.mem_get_info()?)
     }
 
     fn upload_t<T: cudarc::driver::DeviceRepr + Copy + Default>(
@@ -280,20 +283,18 @@ impl CudaOps {
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
+        let (func, wbuf): (&CudaFunction, WeightRef<'_>) = match (&w.blocks, &w.f32) {
+            (Some((b, Quant::Q4_1)), _) => (&self.k.gemv_q4_1, WeightRef::U8(b)),
+            (Some((b, Quant::Q8_0)), _) => (&self.k.gemv_q8_0, WeightRef::U8(b)),
+            (None, Some(f)) => (&self.k.gemv_f32, WeightRef::F32(f)),
+            (None, None) => return Err(CudaError::Other("matrix without GEMV weights".into())),
+        };
         let mut r0 = 0;
         while r0 < m {
             let mc = (m - r0).min(twin::GEMV_MAX_M);
             let xv = x.slice(r0 * w.cols..(r0 + mc) * w.cols);
             let mut yv = y.slice_mut(r0 * w.rows..(r0 + mc) * w.rows);
             let mi = mc as i32;
-            let (func, wbuf): (&CudaFunction, WeightRef<'_>) = match (&w.blocks, &w.f32) {
-                (Some((b, Quant::Q4_1)), _) => (&self.k.gemv_q4_1, WeightRef::U8(b)),
-                (Some((b, Quant::Q8_0)), _) => (&self.k.gemv_q8_0, WeightRef::U8(b)),
-                (None, Some(f)) => (&self.k.gemv_f32, WeightRef::F32(f)),
-                (None, None) => {
-                    return Err(CudaError::Other("matrix without GEMV weights".into()));
-                }
-            };
             let mut b = self.stream.launch_builder(func);
             match wbuf {
                 WeightRef::U8(s) => b.arg(s),
@@ -305,6 +306,23 @@ impl CudaOps {
             unsafe { b.launch(cfg) }?;
             r0 += mc;
         }
+        Ok(())
+    }
+
+    /// An element-wise kernel `f(x, y, n)` that updates `x` in place from `y` (`add`,
+    /// `swiglu`), grid-stride over `n` elements.
+    fn in_place(
+        &self,
+        f: &CudaFunction,
+        x: &mut CudaSlice<f32>,
+        y: &CudaSlice<f32>,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        let nn = n as i64;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(x).arg(y).arg(&nn);
+        // SAFETY: `add(x, y, n)` / `swiglu(gate, up, n)`: both buffers hold n elements.
+        unsafe { b.launch(elems_cfg(n)) }?;
         Ok(())
     }
 
@@ -669,12 +687,7 @@ impl DeviceOps for CudaOps {
     }
 
     fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>, n: usize) -> Result<(), CudaError> {
-        let nn = n as i64;
-        let mut b = self.stream.launch_builder(&self.k.add);
-        b.arg(x).arg(y).arg(&nn);
-        // SAFETY: `add(x, y, n)`.
-        unsafe { b.launch(elems_cfg(n)) }?;
-        Ok(())
+        self.in_place(&self.k.add, x, y, n)
     }
 
     fn swiglu(
@@ -683,12 +696,7 @@ impl DeviceOps for CudaOps {
         up: &CudaSlice<f32>,
         n: usize,
     ) -> Result<(), CudaError> {
-        let nn = n as i64;
-        let mut b = self.stream.launch_builder(&self.k.swiglu);
-        b.arg(gate).arg(up).arg(&nn);
-        // SAFETY: `swiglu(gate, up, n)`.
-        unsafe { b.launch(elems_cfg(n)) }?;
-        Ok(())
+        self.in_place(&self.k.swiglu, gate, up, n)
     }
 
     fn gather_logit_rows(

@@ -114,11 +114,6 @@ where
             ws,
         })
     }
-
-    /// The device operations (e.g. to synchronise).
-    pub fn ops(&self) -> &O {
-        &self.ops
-    }
 }
 
 impl<O: DeviceOps> Drop for GpuEngine<O> {

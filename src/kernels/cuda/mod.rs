@@ -81,35 +81,6 @@ pub struct Probe {
     pub cublas: bool,
 }
 
-impl Probe {
-    /// Everything a GPU engine needs loads (a device must still be found by the driver).
-    pub fn usable(&self) -> bool {
-        self.built && self.driver && self.nvrtc && self.cublas
-    }
-
-    /// Why the GPU cannot be used, in words, or `None` when [`Probe::usable`].
-    pub fn why_not(&self) -> Option<String> {
-        if !self.built {
-            return Some("built without the `cuda` cargo feature".into());
-        }
-        let missing: Vec<&str> = [
-            (self.driver, "libcuda (the NVIDIA driver)"),
-            (self.nvrtc, "libnvrtc"),
-            (self.cublas, "libcublas"),
-        ]
-        .into_iter()
-        .filter(|(ok, _)| !ok)
-        .map(|(_, name)| name)
-        .collect();
-        (!missing.is_empty()).then(|| {
-            format!(
-                "cannot load {} (searched by name through LD_LIBRARY_PATH)",
-                missing.join(", ")
-            )
-        })
-    }
-}
-
 /// Which CUDA libraries load in this process. Loading is attempted once per library and
 /// cached by `cudarc`.
 pub fn probe() -> Probe {
@@ -168,7 +139,9 @@ pub fn compile_ptx(arch: &str) -> Result<CompiledKernels, CompileError> {
         let p = probe();
         if !p.nvrtc {
             return Err(CompileError::Unavailable(
-                "cannot load libnvrtc (searched by name through LD_LIBRARY_PATH)".into(),
+                "cannot load libnvrtc (searched by name through LD_LIBRARY_PATH; in the \
+                 repository, LD_LIBRARY_PATH=$(scripts/fetch-nvrtc.sh) provides it)"
+                    .into(),
             ));
         }
         let opts = cudarc::nvrtc::CompileOptions {
@@ -235,48 +208,75 @@ fn leak_arch(arch: &str) -> &'static str {
 /// needs only the driver (which JIT-compiles PTX) and, for prefill GEMMs, cuBLAS.
 pub const PTX_DIR_ENV: &str = "FLOTILLA_CUDA_PTX_DIR";
 
-/// The kernels' PTX for `arch`: `$FLOTILLA_CUDA_PTX_DIR/flotilla-<arch>.ptx` when that file
-/// exists, else compiled with NVRTC.
-///
-/// # Errors
-/// As [`compile_ptx`]; [`CompileError::Unavailable`] when the file cannot be read or lacks a
-/// kernel.
-pub fn kernels_ptx(arch: &str) -> Result<String, CompileError> {
-    if let Some(dir) = std::env::var_os(PTX_DIR_ENV).filter(|d| !d.is_empty()) {
-        let path = std::path::Path::new(&dir).join(format!("flotilla-{arch}.ptx"));
-        if path.exists() {
-            let ptx = std::fs::read_to_string(&path).map_err(|e| {
-                CompileError::Unavailable(format!("reading {}: {e}", path.display()))
-            })?;
-            if let Some(k) = KERNELS
-                .iter()
-                .find(|k| !ptx.contains(&format!(".entry {k}(")))
-            {
-                return Err(CompileError::Unavailable(format!(
-                    "{} lacks kernel {k}",
-                    path.display()
-                )));
-            }
-            return Ok(ptx);
-        }
-    }
-    Ok(compile_ptx(arch)?.ptx)
-}
-
-/// Whether PTX for some architecture waits in `$FLOTILLA_CUDA_PTX_DIR` (NVRTC not needed).
-fn ptx_dir_has_kernels() -> bool {
+/// `$FLOTILLA_CUDA_PTX_DIR`, when set and not empty.
+fn ptx_dir() -> Option<std::path::PathBuf> {
     std::env::var_os(PTX_DIR_ENV)
         .filter(|d| !d.is_empty())
+        .map(Into::into)
+}
+
+/// The kernels' PTX for `arch` (e.g. `sm_86`): from `$FLOTILLA_CUDA_PTX_DIR` when it holds a
+/// `flotilla-sm_N.ptx` with `N` ≤ the architecture (the largest such: PTX for an older
+/// architecture is JIT-compiled by the driver for a newer one), else compiled with NVRTC.
+///
+/// # Errors
+/// As [`compile_ptx`] (naming the folder that had no fitting file); [`CompileError::Unavailable`]
+/// when the file cannot be read or lacks a kernel.
+pub fn kernels_ptx(arch: &str) -> Result<String, CompileError> {
+    kernels_ptx_in(ptx_dir().as_deref(), arch)
+}
+
+/// `N` of a `flotilla-sm_N.ptx` file name.
+fn ptx_file_sm(name: &str) -> Option<u32> {
+    name.strip_prefix("flotilla-sm_")?
+        .strip_suffix(".ptx")?
+        .parse()
+        .ok()
+}
+
+/// [`kernels_ptx`] with the PTX folder given.
+fn kernels_ptx_in(dir: Option<&std::path::Path>, arch: &str) -> Result<String, CompileError> {
+    let want = arch.strip_prefix("sm_").and_then(|n| n.parse::<u32>().ok());
+    let best = dir
         .and_then(|d| std::fs::read_dir(d).ok())
-        .is_some_and(|mut it| {
-            it.any(|e| {
-                e.ok().is_some_and(|e| {
-                    let n = e.file_name();
-                    let n = n.to_string_lossy();
-                    n.starts_with("flotilla-sm_") && n.ends_with(".ptx")
-                })
-            })
-        })
+        .into_iter()
+        .flatten()
+        .filter_map(|e| ptx_file_sm(&e.ok()?.file_name().to_string_lossy()))
+        .filter(|&n| want.is_some_and(|w| n <= w))
+        .max();
+    let (Some(dir), Some(n)) = (dir, best) else {
+        return compile_ptx(arch)
+            .map(|k| k.ptx)
+            .map_err(|e| match (e, dir) {
+                (CompileError::Unavailable(why), Some(d)) => CompileError::Unavailable(format!(
+                    "{why}, and {} holds no flotilla-sm_N.ptx with N <= {}",
+                    d.display(),
+                    arch.trim_start_matches("sm_")
+                )),
+                (e, _) => e,
+            });
+    };
+    let path = dir.join(format!("flotilla-sm_{n}.ptx"));
+    let ptx = std::fs::read_to_string(&path)
+        .map_err(|e| CompileError::Unavailable(format!("reading {}: {e}", path.display())))?;
+    match KERNELS
+        .iter()
+        .find(|k| !ptx.contains(&format!(".entry {k}(")))
+    {
+        Some(k) => Err(CompileError::Unavailable(format!(
+            "{} lacks kernel {k}",
+            path.display()
+        ))),
+        None => Ok(ptx),
+    }
+}
+
+/// Whether `dir` holds PTX for some architecture (then NVRTC is not needed).
+fn has_ptx_files(dir: Option<&std::path::Path>) -> bool {
+    dir.and_then(|d| std::fs::read_dir(d).ok())
+        .into_iter()
+        .flatten()
+        .any(|e| e.is_ok_and(|e| ptx_file_sm(&e.file_name().to_string_lossy()).is_some()))
 }
 
 /// GPUs the driver sees (0 when the driver does not load or has none).
@@ -299,8 +299,9 @@ pub fn device_count() -> usize {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BackendChoice {
-    /// CUDA when the driver, cuBLAS and a way to get the kernels (NVRTC, or PTX in
-    /// `$FLOTILLA_CUDA_PTX_DIR`) load and a GPU exists; else the CPU (the log says why).
+    /// CUDA when the driver and a way to get the kernels (NVRTC, or PTX in
+    /// `$FLOTILLA_CUDA_PTX_DIR`) load and a GPU exists, else the CPU (the log says why); a
+    /// GPU engine that then cannot start falls back to the CPU as well. cuBLAS is optional.
     #[default]
     Auto,
     Cpu,
@@ -325,8 +326,27 @@ impl std::str::FromStr for BackendChoice {
 pub struct Selection {
     /// Run on CUDA (else the CPU).
     pub cuda: bool,
+    /// GPUs the driver sees (asked only once the libraries load; 0 on the CPU).
+    pub gpus: usize,
+    /// `auto` chose: a GPU engine that cannot start falls back to the CPU.
+    pub cpu_fallback: bool,
     /// Why, in words (for the log line).
     pub reason: String,
+}
+
+impl Selection {
+    /// The engine device this selection means: GPU `ordinal` with `precision`, or the CPU.
+    pub fn device(&self, ordinal: usize, precision: GemmPrecision) -> crate::kernels::Device {
+        if self.cuda {
+            crate::kernels::Device::Cuda {
+                ordinal,
+                precision,
+                cpu_fallback: self.cpu_fallback,
+            }
+        } else {
+            crate::kernels::Device::Cpu
+        }
+    }
 }
 
 /// Resolves a [`BackendChoice`] against what loads here ([`probe`], [`device_count`]).
@@ -334,7 +354,12 @@ pub struct Selection {
 /// # Errors
 /// For [`BackendChoice::Cuda`] when CUDA cannot be used: the message names what is missing.
 pub fn select(choice: BackendChoice) -> Result<Selection, String> {
-    select_with(choice, &probe(), ptx_dir_has_kernels(), device_count)
+    select_with(
+        choice,
+        &probe(),
+        has_ptx_files(ptx_dir().as_deref()),
+        device_count,
+    )
 }
 
 /// [`select`] over given facts (`devices` is asked only once the libraries load).
@@ -350,9 +375,12 @@ pub fn select_with(
     if choice == BackendChoice::Cpu {
         return Ok(Selection {
             cuda: false,
+            gpus: 0,
+            cpu_fallback: false,
             reason: "worker.backend = cpu".into(),
         });
     }
+    let mut gpus = 0;
     let missing = if !p.built {
         Some("built without the `cuda` cargo feature".to_string())
     } else if !p.driver {
@@ -362,14 +390,14 @@ pub fn select_with(
             "cannot load libnvrtc and ${PTX_DIR_ENV} holds no flotilla-sm_*.ptx"
         ))
     } else {
-        match devices() {
-            0 => Some("the driver sees no GPU".to_string()),
-            _ => None,
-        }
+        gpus = devices();
+        (gpus == 0).then(|| "the driver sees no GPU".to_string())
     };
     match (missing, choice) {
         (None, _) => Ok(Selection {
             cuda: true,
+            gpus,
+            cpu_fallback: choice == BackendChoice::Auto,
             reason: if p.cublas {
                 "CUDA: driver, kernels and cuBLAS load, a GPU is present".into()
             } else {
@@ -379,6 +407,8 @@ pub fn select_with(
         (Some(why), BackendChoice::Cuda) => Err(format!("backend cuda asked for, but {why}")),
         (Some(why), _) => Ok(Selection {
             cuda: false,
+            gpus,
+            cpu_fallback: false,
             reason: format!("auto: CPU, because {why}"),
         }),
     }
@@ -461,18 +491,35 @@ mod tests {
     }
 
     #[test]
-    fn ptx_from_a_folder_is_checked() {
+    fn ptx_from_a_folder_is_checked_and_the_newest_fitting_one_taken() {
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(dir.path().join("flotilla-sm_99.ptx"), ".entry rms_norm(").expect("write");
-        // SAFETY (env): this test is the only one that sets this variable.
-        unsafe { std::env::set_var(PTX_DIR_ENV, dir.path()) };
-        assert!(ptx_dir_has_kernels());
-        let e = kernels_ptx("sm_99").expect_err("incomplete ptx");
+        let d = Some(dir.path());
+        assert!(!has_ptx_files(d));
+        let full = |tag: &str| -> String {
+            KERNELS
+                .iter()
+                .map(|k| format!(".entry {k}(\n// {tag}\n"))
+                .collect()
+        };
+        std::fs::write(dir.path().join("flotilla-sm_80.ptx"), full("80")).expect("write");
+        std::fs::write(dir.path().join("flotilla-sm_90.ptx"), full("90")).expect("write");
+        std::fs::write(dir.path().join("notes.txt"), "x").expect("write");
+        assert!(has_ptx_files(d));
+        // An sm_86 device takes sm_80's PTX, an sm_100 one sm_90's.
+        assert_eq!(kernels_ptx_in(d, "sm_86").expect("86"), full("80"));
+        assert_eq!(kernels_ptx_in(d, "sm_100").expect("100"), full("90"));
+        // Nothing fits an sm_75: NVRTC then, and without it the error names the folder.
+        if !probe().nvrtc {
+            let e = kernels_ptx_in(d, "sm_75").expect_err("no fitting file");
+            assert!(
+                e.to_string()
+                    .contains("holds no flotilla-sm_N.ptx with N <= 75"),
+                "{e}"
+            );
+        }
+        std::fs::write(dir.path().join("flotilla-sm_90.ptx"), ".entry rms_norm(").expect("write");
+        let e = kernels_ptx_in(d, "sm_90").expect_err("incomplete ptx");
         assert!(e.to_string().contains("lacks kernel rope"), "{e}");
-        let full: String = KERNELS.iter().map(|k| format!(".entry {k}(\n")).collect();
-        std::fs::write(dir.path().join("flotilla-sm_99.ptx"), &full).expect("write");
-        assert_eq!(kernels_ptx("sm_99").expect("ptx"), full);
-        unsafe { std::env::remove_var(PTX_DIR_ENV) };
     }
 
     #[test]
@@ -508,8 +555,11 @@ mod tests {
         let p = probe();
         if !p.nvrtc {
             let required = std::env::var_os("FLOTILLA_REQUIRE_NVRTC").is_some_and(|v| v == "1");
-            assert!(!required, "FLOTILLA_REQUIRE_NVRTC=1 but {:?}", p.why_not());
-            eprintln!("skipped: NVRTC not available ({:?})", p.why_not());
+            assert!(
+                !required,
+                "FLOTILLA_REQUIRE_NVRTC=1 but libnvrtc does not load: {p:?}"
+            );
+            eprintln!("skipped: libnvrtc does not load ({p:?})");
             return;
         }
         for arch in TEST_ARCHS {

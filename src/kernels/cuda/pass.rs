@@ -31,6 +31,17 @@ pub enum GemmPrecision {
     Bf16,
 }
 
+impl std::str::FromStr for GemmPrecision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "bf16" => Ok(Self::Bf16),
+            other => Err(format!("unknown precision {other:?} (f32 or bf16)")),
+        }
+    }
+}
+
 /// Where the K and V pools of one layer start (elements) in the engine's one KV buffer,
 /// laid out `[layer][K, V][block]` as [`crate::model::kv_cache::KvCache`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -426,7 +437,9 @@ pub struct HostOps;
 #[derive(Debug, Clone)]
 pub struct HostMat {
     pub w: WeightMatrix,
-    pub precision: GemmPrecision,
+    /// At [`GemmPrecision::Bf16`], the GEMM copy: the weights rounded to bf16 (made once at
+    /// upload, as the device makes its bf16 copy).
+    pub bf16: Option<WeightMatrix>,
 }
 
 /// [`HostOps`]' uploaded plan is the plan.
@@ -460,10 +473,12 @@ impl DeviceOps for HostOps {
     }
 
     fn upload_matrix(&self, w: &WeightMatrix, precision: GemmPrecision) -> Result<HostMat, Never> {
-        Ok(HostMat {
-            w: w.clone(),
-            precision,
-        })
+        let bf16 = (precision == GemmPrecision::Bf16).then(|| WeightMatrix {
+            rows: w.rows,
+            cols: w.cols,
+            data: MatrixData::F32(bf16_round(&w.to_f32())),
+        });
+        Ok(HostMat { w: w.clone(), bf16 })
     }
 
     fn upload_rope(&self, inv_freq: &[f64]) -> Result<Vec<f64>, Never> {
@@ -486,12 +501,12 @@ impl DeviceOps for HostOps {
         cols: usize,
         out: &mut Vec<f32>,
     ) -> Result<(), Never> {
+        let at = |i: usize| match &table.w.data {
+            MatrixData::F32(v) => v[i],
+            MatrixData::Q8_0(b) => twin::q8_0_at(b, i),
+            MatrixData::Q4_1(b) => twin::q4_1_at(b, i),
+        };
         for (row, &t) in out[..n * cols].chunks_exact_mut(cols).zip(&plan.0.tokens) {
-            let at = |i: usize| match &table.w.data {
-                MatrixData::F32(v) => v[i],
-                MatrixData::Q8_0(b) => twin::q8_0_at(b, i),
-                MatrixData::Q4_1(b) => twin::q4_1_at(b, i),
-            };
             for (c, o) in row.iter_mut().enumerate() {
                 *o = at(t as usize * cols + c);
             }
@@ -513,15 +528,11 @@ impl DeviceOps for HostOps {
 
     fn matmul(&self, x: &Vec<f32>, m: usize, w: &HostMat, y: &mut Vec<f32>) -> Result<(), Never> {
         let (x, y) = (&x[..m * w.w.cols], &mut y[..m * w.w.rows]);
-        if m > twin::GEMV_MAX_M && w.precision == GemmPrecision::Bf16 {
-            let wb = WeightMatrix {
-                rows: w.w.rows,
-                cols: w.w.cols,
-                data: MatrixData::F32(bf16_round(&w.w.to_f32())),
-            };
-            crate::kernels::cpu::matmul::matmul(&bf16_round(x), m, &wb, y);
-        } else {
-            crate::kernels::cpu::matmul::matmul(x, m, &w.w, y);
+        match &w.bf16 {
+            Some(wb) if m > twin::GEMV_MAX_M => {
+                crate::kernels::cpu::matmul::matmul(&bf16_round(x), m, wb, y);
+            }
+            _ => crate::kernels::cpu::matmul::matmul(x, m, &w.w, y),
         }
         Ok(())
     }

@@ -211,9 +211,14 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
             num_blocks: w.kv_blocks_with(ctx.sim_profile.as_ref()),
             block_size: w.block_size_tokens,
             device: match ctx.device {
-                crate::kernels::Device::Cuda { precision, .. } => crate::kernels::Device::Cuda {
+                crate::kernels::Device::Cuda {
+                    precision,
+                    cpu_fallback,
+                    ..
+                } => crate::kernels::Device::Cuda {
                     ordinal: k as usize % ctx.gpus.max(1),
                     precision,
+                    cpu_fallback,
                 },
                 other => other,
             },

@@ -81,12 +81,36 @@ enum Compute {
         rope: Rope,
         kv: KvCache,
     },
-    /// A GPU (or the GPU pass on CPU twins): pools on the device.
-    Device {
-        runner: Box<dyn DeviceRunner>,
-        num_blocks: usize,
-        block_size: usize,
-    },
+    Device(DeviceCompute),
+}
+
+/// The GPU runner of `config.device`, or `Err(config on the CPU)` for [`Device::Cpu`] and for
+/// a GPU that cannot start when its `cpu_fallback` is set (logged).
+///
+/// # Errors
+/// The GPU's, when it cannot start and may not fall back.
+fn device_runner_or_fallback(
+    weights: &Arc<ModelWeights>,
+    config: EngineConfig,
+) -> Result<Result<Box<dyn DeviceRunner>, EngineConfig>, EngineError> {
+    let cpu = EngineConfig {
+        device: Device::Cpu,
+        ..config
+    };
+    match (device_runner(weights, config), config.device) {
+        (_, Device::Cpu) => Ok(Err(cpu)),
+        (Ok(runner), _) => Ok(Ok(runner)),
+        (
+            Err(e),
+            Device::Cuda {
+                cpu_fallback: true, ..
+            },
+        ) => {
+            tracing::warn!(error = %e, "the GPU engine cannot start; running on the CPU (worker.backend = auto)");
+            Ok(Err(cpu))
+        }
+        (Err(e), _) => Err(e),
+    }
 }
 
 /// Builds the GPU runner of `device` (not [`Device::Cpu`]).
@@ -96,7 +120,7 @@ fn device_runner(
 ) -> Result<Box<dyn DeviceRunner>, EngineError> {
     use crate::kernels::cuda::engine::GpuEngine;
     let geometry = (config.num_blocks, config.block_size);
-    let cfg = |e: String| EngineError::Config(format!("{:?}: {e}", config.device));
+    let cfg = |e: String| EngineError::Config(format!("the GPU engine cannot start: {e}"));
     match config.device {
         Device::Cpu => Err(cfg("not a device".into())),
         Device::CudaTwin { precision } => Ok(Box::new(
@@ -110,7 +134,9 @@ fn device_runner(
             .map_err(cfg)?,
         )),
         #[cfg(feature = "cuda")]
-        Device::Cuda { ordinal, precision } => {
+        Device::Cuda {
+            ordinal, precision, ..
+        } => {
             let ops = crate::kernels::cuda::device::CudaOps::new(ordinal)
                 .map_err(|e| cfg(e.to_string()))?;
             tracing::info!(device = %ops.name, arch = %ops.arch, ?precision, "engine on CUDA");
@@ -131,21 +157,29 @@ impl Engine {
     /// not fit in a [`crate::runtime::ids::BlockId`].
     pub fn new(weights: Arc<ModelWeights>, config: EngineConfig) -> Result<Self, EngineError> {
         check(&config)?;
-        if config.device != Device::Cpu {
-            let runner = device_runner(&weights, config)?;
-            return Ok(Self {
-                weights,
-                compute: Compute::Device {
-                    runner,
-                    num_blocks: config.num_blocks,
-                    block_size: config.block_size,
-                },
-                rngs: HashMap::new(),
-            });
-        }
+        let config = match device_runner_or_fallback(&weights, config)? {
+            Ok(runner) => return Ok(Self::with_runner(weights, config, runner)),
+            Err(cpu) => cpu,
+        };
         let bytes = Self::layout(&weights, config).region_bytes() as usize;
         let memory = KvMemory::zeroed(bytes).map_err(|e| EngineError::Config(e.to_string()))?;
         Self::with_memory(weights, config, Arc::new(memory))
+    }
+
+    fn with_runner(
+        weights: Arc<ModelWeights>,
+        config: EngineConfig,
+        runner: Box<dyn DeviceRunner>,
+    ) -> Self {
+        Self {
+            weights,
+            compute: Compute::Device(DeviceCompute {
+                runner,
+                num_blocks: config.num_blocks,
+                block_size: config.block_size,
+            }),
+            rngs: HashMap::new(),
+        }
     }
 
     /// The KV layout an engine of this model and `config` has (what to allocate for
@@ -187,19 +221,10 @@ impl Engine {
             memory,
         )
         .map_err(|e| EngineError::Config(e.to_string()))?;
-        Self::with_cache(weights, config, kv)
-    }
-
-    fn with_cache(
-        weights: Arc<ModelWeights>,
-        config: EngineConfig,
-        kv: KvCache,
-    ) -> Result<Self, EngineError> {
-        let c = &weights.config;
         let rope = Rope::new(c.head_dim, c.rope_dim, c.rope_base, c.rope_layout);
         Ok(Self {
             compute: Compute::Cpu {
-                backend: config.device.backend(),
+                backend: Arc::new(crate::kernels::cpu::CpuBackend),
                 rope,
                 kv,
             },
@@ -217,7 +242,7 @@ impl Engine {
     pub fn kv_cache(&self) -> Option<&KvCache> {
         match &self.compute {
             Compute::Cpu { kv, .. } => Some(kv),
-            Compute::Device { .. } => None,
+            Compute::Device(_) => None,
         }
     }
 
@@ -231,11 +256,12 @@ impl Engine {
                 kv.block_size,
                 kv.total_bytes(),
             ),
-            Compute::Device {
-                runner,
-                num_blocks,
-                block_size,
-            } => (runner.name(), *num_blocks, *block_size, runner.kv_bytes()),
+            Compute::Device(d) => (
+                d.runner.name(),
+                d.num_blocks,
+                d.block_size,
+                d.runner.kv_bytes(),
+            ),
         };
         EngineInfo {
             device: device.to_owned(),
@@ -248,43 +274,25 @@ impl Engine {
         }
     }
 
-    /// Runs the batch on the device; its logits stay there. Returns the number of rows.
-    fn run_device(&mut self, batch: &StepBatch, all_logits: bool) -> Result<usize, EngineError> {
-        let Compute::Device {
-            runner,
-            num_blocks,
-            block_size,
-        } = &mut self.compute
-        else {
-            return Err(EngineError::Crashed("not a device engine".into()));
-        };
-        let seqs = forward_seqs(batch, all_logits);
-        validate_for(&self.weights, *num_blocks, *block_size, &seqs)?;
-        runner
-            .forward(&seqs)
-            .map_err(|e| EngineError::Crashed(format!("GPU step failed: {e}")))
-    }
-
     fn run(&mut self, batch: &StepBatch, all_logits: bool) -> Result<Vec<f32>, EngineError> {
-        if matches!(self.compute, Compute::Device { .. }) {
-            let rows = self.run_device(batch, all_logits)?;
-            let Compute::Device { runner, .. } = &self.compute else {
-                return Ok(Vec::new());
-            };
-            let mut out = Vec::new();
-            for i in 0..rows {
-                out.extend(runner.logits_row(i).map_err(device_lost)?);
-            }
-            return Ok(out);
-        }
         let seqs = forward_seqs(batch, all_logits);
-        let Compute::Cpu { backend, rope, kv } = &mut self.compute else {
-            return Ok(Vec::new());
-        };
-        let (w, be) = (&self.weights, backend.as_ref());
-        // Run the whole pass on a rayon worker: nested parallel ops then fork-join by work
-        // stealing instead of handing every op from this thread to the pool and back.
-        Ok(rayon::scope(|_| forward(w, be, rope, kv, &seqs))?)
+        match &mut self.compute {
+            Compute::Cpu { backend, rope, kv } => {
+                let (w, be) = (&self.weights, backend.as_ref());
+                // Run the whole pass on a rayon worker: nested parallel ops then fork-join by
+                // work stealing instead of handing every op from this thread to the pool and
+                // back.
+                Ok(rayon::scope(|_| forward(w, be, rope, kv, &seqs))?)
+            }
+            Compute::Device(d) => {
+                let rows = d.forward(&self.weights, &seqs)?;
+                let mut out = Vec::new();
+                for i in 0..rows {
+                    out.extend(d.runner.logits_row(i).map_err(device_lost)?);
+                }
+                Ok(out)
+            }
+        }
     }
 
     /// Runs one batched forward pass and samples one token for every sequence with
@@ -295,8 +303,8 @@ impl Engine {
     /// # Errors
     /// [`EngineError::InvalidBatch`] for a malformed batch (checked before any KV write).
     pub fn step(&mut self, batch: &StepBatch) -> Result<StepOutput, EngineError> {
-        if matches!(self.compute, Compute::Device { .. }) {
-            return self.step_device(batch);
+        if let Compute::Device(d) = &mut self.compute {
+            return d.step(&self.weights, &mut self.rngs, batch);
         }
         let logits = self.run(batch, false)?;
         let vocab = self.weights.lm_head().rows;
@@ -325,38 +333,6 @@ impl Engine {
         Ok(StepOutput { tokens })
     }
 
-    /// [`Engine::step`] on a device: greedy rows from the device's row statistics, the others'
-    /// logits copied to the host and drawn there (the CPU's sampler, the same draws).
-    fn step_device(&mut self, batch: &StepBatch) -> Result<StepOutput, EngineError> {
-        let rows = self.run_device(batch, false)?;
-        let Compute::Device { runner, .. } = &self.compute else {
-            return Err(EngineError::Crashed("not a device engine".into()));
-        };
-        let stats = runner.row_stats(rows).map_err(device_lost)?;
-        let mut tokens = Vec::with_capacity(rows);
-        for (i, s) in batch.seqs.iter().filter(|s| s.sample).enumerate() {
-            let sampler = self
-                .rngs
-                .entry(s.seq_id)
-                .or_insert_with(|| SeqSampler::new(s.sampling.seed, s.sampling.offset));
-            let (token, logprob) = if s.sampling.is_greedy() {
-                sampler.skip();
-                let (best, max, lse) = stats[i];
-                (best, max - lse)
-            } else {
-                let row = runner.logits_row(i).map_err(device_lost)?;
-                let t = sampler.choose(&row, &s.sampling);
-                (t, log_prob(&row, t))
-            };
-            tokens.push(SampledToken {
-                seq_id: s.seq_id,
-                token,
-                logprob,
-            });
-        }
-        Ok(StepOutput { tokens })
-    }
-
     /// Runs the batch (writing its K/V like [`Engine::step`]) and returns the last-position
     /// logits (`[vocab]` f32) of every sequence, in batch order; nothing is sampled.
     ///
@@ -371,6 +347,62 @@ impl Engine {
     /// Forgets a sequence's sampler state (its KV blocks are managed by the caller).
     pub fn release(&mut self, seq: SeqId) {
         self.rngs.remove(&seq);
+    }
+}
+
+/// A GPU (or the GPU pass on CPU twins) with its pool geometry; its pools live on the device.
+#[derive(Debug)]
+struct DeviceCompute {
+    runner: Box<dyn DeviceRunner>,
+    num_blocks: usize,
+    block_size: usize,
+}
+
+impl DeviceCompute {
+    /// Validates and runs the batch; its logits stay on the device. Returns their row count.
+    fn forward(
+        &mut self,
+        weights: &ModelWeights,
+        seqs: &[ForwardSeq<'_>],
+    ) -> Result<usize, EngineError> {
+        validate_for(weights, self.num_blocks, self.block_size, seqs)?;
+        self.runner
+            .forward(seqs)
+            .map_err(|e| EngineError::Crashed(format!("GPU step failed: {e}")))
+    }
+
+    /// [`Engine::step`] on the device: greedy rows from the device's row statistics (a greedy
+    /// pick still counts as a draw of the sequence's sampler), the others' logits copied to
+    /// the host and drawn there by the CPU's sampler, so the draws are the CPU's.
+    fn step(
+        &mut self,
+        weights: &ModelWeights,
+        rngs: &mut HashMap<SeqId, SeqSampler>,
+        batch: &StepBatch,
+    ) -> Result<StepOutput, EngineError> {
+        let rows = self.forward(weights, &forward_seqs(batch, false))?;
+        let stats = self.runner.row_stats(rows).map_err(device_lost)?;
+        let mut tokens = Vec::with_capacity(rows);
+        for (i, s) in batch.seqs.iter().filter(|s| s.sample).enumerate() {
+            let sampler = rngs
+                .entry(s.seq_id)
+                .or_insert_with(|| SeqSampler::new(s.sampling.seed, s.sampling.offset));
+            let (token, logprob) = if s.sampling.is_greedy() {
+                sampler.skip();
+                let (best, max, lse) = stats[i];
+                (best, max - lse)
+            } else {
+                let row = self.runner.logits_row(i).map_err(device_lost)?;
+                let t = sampler.choose(&row, &s.sampling);
+                (t, log_prob(&row, t))
+            };
+            tokens.push(SampledToken {
+                seq_id: s.seq_id,
+                token,
+                logprob,
+            });
+        }
+        Ok(StepOutput { tokens })
     }
 }
 
@@ -463,21 +495,32 @@ impl TransformerEngine {
 impl StepEngine for TransformerEngine {
     type Config = TransformerArgs;
 
-    async fn start(args: TransformerArgs) -> Result<Self, EngineError> {
+    async fn start(mut args: TransformerArgs) -> Result<Self, EngineError> {
+        check(&args.config)?;
         if args.config.device != Device::Cpu {
-            if let Some((_, owner)) = &args.transport {
-                tracing::warn!(
-                    worker = %owner,
-                    "KV pools on the GPU are not registered with the node's transport (device \
-                     memory kinds are not implemented yet): peers recompute this replica's blocks"
-                );
-            }
             // Compiling the kernels and uploading the weights take a while: off the runtime.
-            let (weights, config) = (args.weights, args.config);
-            let engine = tokio::task::spawn_blocking(move || Engine::new(weights, config))
-                .await
-                .map_err(|e| EngineError::Config(format!("GPU engine start panicked: {e}")))??;
-            return Ok(engine.into());
+            let (weights, config) = (args.weights.clone(), args.config);
+            let runner =
+                tokio::task::spawn_blocking(move || device_runner_or_fallback(&weights, config))
+                    .await
+                    .map_err(|e| {
+                        EngineError::Config(format!("GPU engine start panicked: {e}"))
+                    })??;
+            match runner {
+                Ok(runner) => {
+                    if let Some((_, owner)) = &args.transport {
+                        tracing::warn!(
+                            worker = %owner,
+                            "KV pools on the GPU are not registered with the node's transport \
+                             (device memory kinds are not implemented yet): peers recompute \
+                             this replica's blocks"
+                        );
+                    }
+                    return Ok(Engine::with_runner(args.weights, args.config, runner).into());
+                }
+                // Fell back: the CPU engine, its pools registered as usual.
+                Err(cpu) => args.config = cpu,
+            }
         }
         let Some((transport, owner)) = args.transport else {
             return Ok(Engine::new(args.weights, args.config)?.into());
