@@ -252,7 +252,14 @@ async fn main() -> std::process::ExitCode {
         })
         .await
         .map(|_| std::process::ExitCode::SUCCESS),
-        Cmd::Node(a) => run_node(a).await,
+        Cmd::Node(a) => match run_node(a).await {
+            // A taken cluster / transport port: `up` picked it and tries other ports.
+            Err(e) if flotilla::runtime::ports::is_port_taken(&e) => {
+                eprintln!("flotilla: error: {e:#}");
+                return std::process::ExitCode::from(flotilla::runtime::ports::PORT_TAKEN_EXIT);
+            }
+            r => r,
+        },
         Cmd::Cuda(a) => tokio::task::spawn_blocking(move || flotilla::cli::cuda::run(a))
             .await
             .map_err(anyhow::Error::from)

@@ -17,5 +17,6 @@ pub mod context;
 pub mod ids;
 pub mod metrics;
 pub mod node;
+pub mod ports;
 pub mod resilience;
 pub mod wire;

@@ -97,3 +97,35 @@ fn a_cuda_backend_without_cuda_fails_naming_what_is_missing() {
     );
     assert!(!stderr.contains("panicked"), "no panic happened:\n{stderr}");
 }
+
+/// A node whose KV transport port is taken exits with the "port taken" status, and `up`
+/// starts the cluster again on other ports: here the port is forced (`--set` wins over the
+/// picked one), so every start fails the same way and `up` gives up after its last start,
+/// saying so.
+#[test]
+fn a_taken_node_port_starts_the_cluster_again_then_gives_up() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let bind = format!("transport.tcp_bind={addr}");
+    let (status, stderr, took) = up(&["--nodes", "2", "--http", "127.0.0.1:0", "--set", &bind]);
+    assert!(!status.success(), "{status}\n{stderr}");
+    assert!(took < FAST * 3, "took {took:?}\n{stderr}");
+    assert!(
+        stderr.contains(&format!("tcp transport: cannot listen on {addr}")),
+        "the node names the port:\n{stderr}"
+    );
+    let again = flotilla::cli::up::PORT_ATTEMPTS - 1;
+    assert_eq!(
+        stderr
+            .matches("starting the cluster again on other ports")
+            .count(),
+        again,
+        "{again} more starts:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("in {} starts", flotilla::cli::up::PORT_ATTEMPTS)),
+        "up says it gave up:\n{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "no panic happened:\n{stderr}");
+    drop(taken);
+}

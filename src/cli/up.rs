@@ -2,7 +2,10 @@
 //!
 //! Node 0 runs the gateway and router roles; nodes 1.. run workers and join node 0 (with a
 //! single node, it runs every role). Every child gets a fresh random cookie, a free loopback
-//! cluster port, and `PR_SET_PDEATHSIG` so it dies with this process even on SIGKILL. Once the
+//! cluster port and KV transport port (outside the ephemeral range, see `runtime::ports`; a
+//! node that finds one taken all the same exits with `PORT_TAKEN_EXIT` and `up` starts the
+//! cluster again on other ports, [`PORT_ATTEMPTS`] starts in all), and `PR_SET_PDEATHSIG` so
+//! it dies with this process even on SIGKILL. Once the
 //! gateway reports every node up, the summary is printed (and a machine-readable
 //! `FLOTILLA_UP {"gateway": URL}` line). A node that exits before that (HTTP port in use,
 //! model missing, …) fails `up` at once: its own error is already on stderr, the other
@@ -28,6 +31,8 @@ use tokio::process::{Child, Command};
 pub const STOP_GRACE: Duration = Duration::from_secs(60);
 /// Time allowed for the cluster to form while every node is alive.
 pub const FORM_TIMEOUT: Duration = Duration::from_secs(90);
+/// Starts of the whole cluster when a node finds a picked port taken (see `runtime::ports`).
+pub const PORT_ATTEMPTS: usize = 3;
 /// Prefix of the machine-readable line printed once the cluster is up.
 pub const UP_PREFIX: &str = "FLOTILLA_UP ";
 
@@ -188,16 +193,8 @@ enum Startup {
     Failed(anyhow::Error),
     /// Ctrl-C or SIGTERM.
     Stopped,
-}
-
-/// `n` distinct free loopback ports (each held until all are picked).
-fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
-    let held = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<Vec<_>>>()?;
-    held.iter()
-        .map(|l| l.local_addr().map(|a| a.port()))
-        .collect()
+    /// This node exited because a port picked for it was taken ([`crate::runtime::ports`]).
+    PortTaken(String),
 }
 
 fn cookie() -> String {
@@ -241,20 +238,27 @@ fn preflight(opts: &UpOptions, cookie: &str) -> anyhow::Result<PathBuf> {
     )?)
 }
 
-/// Run a local cluster until Ctrl-C / SIGTERM.
-///
-/// # Errors
-/// A bad configuration or a missing model (before any node starts); a node that exits before
-/// the cluster has formed (its own error is on stderr; the others are stopped); the cluster not
-/// forming within [`FORM_TIMEOUT`].
-pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
-    anyhow::ensure!(opts.nodes >= 1, "--nodes must be at least 1");
+/// A cluster being started: its node processes and what restarting one needs.
+struct Started {
+    procs: Vec<NodeProc>,
+    launch: Launch,
+    /// Each node's cluster port.
+    ports: Vec<u16>,
+    ready_tx: tokio::sync::mpsc::UnboundedSender<ReadyLine>,
+}
+
+/// Start every node on freshly picked ports and wait for the cluster to form (or a node to
+/// exit, [`FORM_TIMEOUT`], or a signal).
+async fn start_cluster(
+    opts: &UpOptions,
+    cookie: &str,
+    sigterm: &mut tokio::signal::unix::Signal,
+) -> anyhow::Result<(Startup, Started)> {
     let exe = std::env::current_exe()?;
-    let cookie = cookie();
-    let model = preflight(&opts, &cookie)?;
     // Two ports per node (cluster, KV transport), all picked before any is released so that
-    // they differ; a node binds its own, so no node binds port 0 and takes another's.
-    let picked = free_ports(2 * opts.nodes)?;
+    // they differ, and outside the ephemeral range so that no `bind(:0)` takes one before its
+    // node binds it (see `runtime::ports`); a node binds its own, so no node binds port 0.
+    let picked = crate::runtime::ports::free_loopback_ports(2 * opts.nodes)?;
     let (ports, transport_ports): (Vec<u16>, Vec<u16>) =
         (picked[..opts.nodes].to_vec(), picked[opts.nodes..].to_vec());
     let seed = format!("127.0.0.1:{}", ports[0]);
@@ -263,7 +267,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     let launch = Launch {
         starts: ports.iter().map(|_| Default::default()).collect(),
         exe,
-        cookie,
+        cookie: cookie.to_owned(),
         ports: ports.clone(),
         transport_ports,
         opts: opts.clone(),
@@ -271,15 +275,19 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     for i in 0..ports.len() {
         let join = if i == 0 { vec![] } else { vec![seed.clone()] };
         let http = (i == 0).then(|| opts.http.to_string());
-        let child = launch.spawn(i, &join, http.as_deref(), &ready_tx)?;
-        procs.push(NodeProc {
-            name: node_name(i),
-            child,
-            restarts: Vec::new(),
-            stopped: false,
-        });
+        match launch.spawn(i, &join, http.as_deref(), &ready_tx) {
+            Ok(child) => procs.push(NodeProc {
+                name: node_name(i),
+                child,
+                restarts: Vec::new(),
+                stopped: false,
+            }),
+            Err(e) => {
+                stop_all(&mut procs).await;
+                return Err(e);
+            }
+        }
     }
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let formed = async {
         let mut gateway = None;
         while gateway.is_none() {
@@ -327,12 +335,62 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
                 FORM_TIMEOUT.as_secs()
             )),
         },
-        (name, status) = died => Startup::Failed(anyhow::anyhow!(
-            "{name} exited during start-up ({status}); its error is printed above"
-        )),
+        (name, status) = died => {
+            if status.code() == Some(i32::from(crate::runtime::ports::PORT_TAKEN_EXIT)) {
+                Startup::PortTaken(name)
+            } else {
+                Startup::Failed(anyhow::anyhow!(
+                    "{name} exited during start-up ({status}); its error is printed above"
+                ))
+            }
+        }
         _ = tokio::signal::ctrl_c() => Startup::Stopped,
         _ = sigterm.recv() => Startup::Stopped,
     };
+    Ok((
+        result,
+        Started {
+            procs,
+            launch,
+            ports,
+            ready_tx,
+        },
+    ))
+}
+
+/// Run a local cluster until Ctrl-C / SIGTERM.
+///
+/// # Errors
+/// A bad configuration or a missing model (before any node starts); a node that exits before
+/// the cluster has formed (its own error is on stderr; the others are stopped); the cluster not
+/// forming within [`FORM_TIMEOUT`].
+pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
+    anyhow::ensure!(opts.nodes >= 1, "--nodes must be at least 1");
+    let cookie = cookie();
+    let model = preflight(&opts, &cookie)?;
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    // A node whose picked port another process took meanwhile: start again on other ports.
+    let mut attempt = 1;
+    let (result, started) = loop {
+        let (result, mut started) = start_cluster(&opts, &cookie, &mut sigterm).await?;
+        match result {
+            Startup::PortTaken(name) if attempt < PORT_ATTEMPTS => {
+                eprintln!(
+                    "flotilla up: a port picked for {name} was taken meanwhile; \
+                     starting the cluster again on other ports"
+                );
+                stop_all(&mut started.procs).await;
+                attempt += 1;
+            }
+            r => break (r, started),
+        }
+    };
+    let Started {
+        mut procs,
+        launch,
+        ports,
+        ready_tx,
+    } = started;
     let gateway_addr = match result {
         Startup::Formed((gateway, fleet)) => {
             println!("Flotilla is up: {} node(s)", opts.nodes);
@@ -347,6 +405,13 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
         Startup::Failed(e) => {
             stop_all(&mut procs).await;
             return Err(e);
+        }
+        Startup::PortTaken(name) => {
+            stop_all(&mut procs).await;
+            anyhow::bail!(
+                "{name} could not bind its cluster or KV transport port in {PORT_ATTEMPTS} starts; \
+                 its error is printed above"
+            );
         }
         Startup::Stopped => {
             stop_all(&mut procs).await;

@@ -22,7 +22,8 @@ use tokio::sync::mpsc;
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
     /// The listen address cannot be bound.
-    #[error("cannot listen for cluster connections on {addr}: {source}")]
+    // The cause is the source, printed after this by `{:#}`: not in the message too.
+    #[error("cannot listen for cluster connections on {addr}")]
     Listen {
         /// Address.
         addr: SocketAddr,

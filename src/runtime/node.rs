@@ -31,7 +31,30 @@ pub enum NodeError {
     /// The KV transport could not start (`transport.backend = "ucx"` without UCX, a TCP
     /// address that cannot be bound).
     #[error("transport: {0}")]
-    Transport(#[from] crate::transport::TransportError),
+    Transport(crate::transport::TransportError),
+}
+
+// By hand, not `#[from]`: the message above already holds the transport's, which a source
+// would print a second time in `{:#}`.
+impl From<crate::transport::TransportError> for NodeError {
+    fn from(e: crate::transport::TransportError) -> Self {
+        Self::Transport(e)
+    }
+}
+
+impl NodeError {
+    /// A port this node was told to bind (cluster, KV transport) is taken.
+    #[must_use]
+    pub fn is_port_taken(&self) -> bool {
+        use std::io::ErrorKind::AddrInUse;
+        match self {
+            Self::Cluster(ClusterError::Listen { source, .. }) => source.kind() == AddrInUse,
+            Self::Transport(crate::transport::TransportError::Bind { kind, .. }) => {
+                *kind == AddrInUse
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Where this node's real engines run: `worker.backend` resolved against what loads here

@@ -85,6 +85,16 @@ pub enum TransportError {
     /// The backend failed.
     #[error("backend: {0}")]
     Backend(String),
+    /// The TCP server cannot listen on its address (`transport.tcp_bind`).
+    #[error("tcp transport: cannot listen on {addr}: {reason}")]
+    Bind {
+        /// Address asked for.
+        addr: String,
+        /// What the OS said.
+        reason: String,
+        /// Its kind (`AddrInUse`: the port is taken).
+        kind: std::io::ErrorKind,
+    },
 }
 
 /// Which backend moves the bytes.

@@ -61,7 +61,11 @@ impl TcpServer {
     pub async fn start(bind: &str, regions: ServedRegions) -> Result<Self, TransportError> {
         let listener = TcpListener::bind(bind)
             .await
-            .map_err(|e| TransportError::Backend(format!("tcp transport: bind {bind}: {e}")))?;
+            .map_err(|e| TransportError::Bind {
+                addr: bind.to_owned(),
+                reason: e.to_string(),
+                kind: e.kind(),
+            })?;
         let addr = listener
             .local_addr()
             .map_err(|e| TransportError::Backend(format!("tcp transport: {e}")))?;

@@ -21,14 +21,11 @@ where
     }
 }
 
-/// A free loopback port.
+/// A free loopback port, outside the ephemeral range so that no `bind(:0)` takes it before
+/// the node binds it (see `flotilla::runtime::ports`).
 #[allow(dead_code, reason = "used by the binaries that start nodes themselves")]
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    flotilla::runtime::ports::free_loopback_ports(1).unwrap()[0]
 }
 
 /// Log to the test's output when `FLOTILLA_LOG` is set (e.g. `FLOTILLA_LOG=debug`).
