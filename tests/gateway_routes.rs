@@ -17,6 +17,7 @@ fn shared(discovery_name: &str) -> Arc<GatewayShared> {
         chaos: None,
         stats: Default::default(),
         fleet: Default::default(),
+        prefill_queues: Default::default(),
         face: None,
     })
 }

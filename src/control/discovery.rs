@@ -185,6 +185,8 @@ pub struct DiscoveryState {
     session_sub: Option<(String, JoinHandle<()>)>,
     tick_no: u64,
     last_rejoin: Option<crate::runtime::clock::Instant>,
+    /// Each local worker's last answer to a stats call (see [`fill_worker_stats`]).
+    last_stats: std::collections::HashMap<String, crate::worker::scheduler::SchedulerStats>,
 }
 
 impl DiscoveryState {
@@ -196,7 +198,7 @@ impl DiscoveryState {
             .map(|g| g.clone())
             .unwrap_or_else(|p| p.into_inner().clone());
         let (actors, mut workers) = describe_tree(me, &self.args.worker_pool_name);
-        fill_worker_stats(&mut workers).await;
+        fill_worker_stats(&mut workers, &mut self.last_stats).await;
         self.args.endpoints.fill(&mut workers);
         let info = NodeInfo {
             id: self.args.node_id.clone(),
@@ -246,36 +248,50 @@ impl DiscoveryState {
     }
 }
 
-/// Fill each local worker's load from its scheduler (a quick local call; a scheduler that does
-/// not answer within 100 ms keeps zeros).
-async fn fill_worker_stats(workers: &mut [WorkerView]) {
+/// Fill each local worker's load from its scheduler (a quick local call). A scheduler that
+/// does not answer within 100 ms (busy in a long step on a loaded machine) keeps its last
+/// answer from `last`: zeros would tell admission and the router that a busy worker is idle.
+/// A worker without a scheduler (restarting) keeps zeros.
+async fn fill_worker_stats(
+    workers: &mut [WorkerView],
+    last: &mut std::collections::HashMap<String, crate::worker::scheduler::SchedulerStats>,
+) {
     use crate::worker::scheduler::{SCHEDULER_GROUP, SchedulerMsg};
     let locals = ractor::pg::get_local_members(&SCHEDULER_GROUP.to_owned());
+    last.retain(|id, _| workers.iter().any(|w| &w.id == id));
     for w in workers.iter_mut() {
         let name = format!("{}/scheduler", w.id);
         let Some(cell) = locals
             .iter()
             .find(|c| c.get_name().as_deref() == Some(name.as_str()))
         else {
+            last.remove(&w.id);
             continue;
         };
         let sched: ActorRef<SchedulerMsg> = cell.clone().into();
-        if let Ok(wire) = ractor::call_t!(sched, SchedulerMsg::Stats, 100)
-            && let Ok(st) = wire.decode()
-        {
-            w.running = st.running;
-            w.waiting = st.waiting;
-            w.in_flight = st.running + st.waiting;
-            w.kv_blocks_used = st.kv_blocks_used;
-            w.kv_blocks_total = st.kv_blocks_total;
-            w.health = st.health.to_string();
-            w.role = st.role.to_string();
-            w.kv_held = st.held;
-            w.kv_pulls_pending = st.pulls_pending;
-            w.kv_blocks_pulled = st.blocks_pulled;
-            w.kv_pull_fallbacks = st.pull_fallbacks;
-            w.prefill_wait_ms = st.prefill_wait_ms.map(|ms| ms.round() as u64);
-        }
+        let fresh = ractor::call_t!(sched, SchedulerMsg::Stats, 100)
+            .ok()
+            .and_then(|wire| wire.decode().ok());
+        let st = match fresh {
+            Some(st) => last.entry(w.id.clone()).insert_entry(st).into_mut(),
+            None => match last.get_mut(&w.id) {
+                Some(st) => st,
+                None => continue,
+            },
+        };
+        w.running = st.running;
+        w.waiting = st.waiting;
+        w.in_flight = st.running + st.waiting;
+        w.kv_blocks_used = st.kv_blocks_used;
+        w.kv_blocks_total = st.kv_blocks_total;
+        w.health = st.health.to_string();
+        w.role = st.role.to_string();
+        w.kv_held = st.held;
+        w.kv_pulls_pending = st.pulls_pending;
+        w.kv_blocks_pulled = st.blocks_pulled;
+        w.kv_pull_fallbacks = st.pull_fallbacks;
+        w.prefill_wait_ms = st.prefill_wait_ms.map(|ms| ms.round() as u64);
+        w.prefill_tokens_per_s = st.prefill_tokens_per_s.map(|r| r.round().max(1.0) as u64);
     }
 }
 
@@ -359,6 +375,7 @@ impl Actor for Discovery {
             tick_no: 0,
             // The node joins its seeds itself at start; re-dialling begins one interval later.
             last_rejoin: Some(state_clock_now),
+            last_stats: Default::default(),
         };
         // A first view at once (this node alone), before the actors started after this one.
         state.publish_view(state_clock_now);

@@ -167,6 +167,8 @@ pub struct RouterArgs {
     pub workers: Arc<dyn WorkerSource>,
     /// Conditional disaggregation.
     pub disagg: DisaggRouting,
+    /// Where the router publishes its workers' prefill queues (for admission on its node).
+    pub queues: load::PrefillQueueView,
 }
 
 impl RouterArgs {
@@ -177,6 +179,7 @@ impl RouterArgs {
             clock: crate::runtime::clock::system(),
             workers: Arc::new(ProcessGroups),
             disagg: DisaggRouting::default(),
+            queues: load::PrefillQueueView::default(),
         }
     }
 }
@@ -195,6 +198,7 @@ pub struct RouterState {
     epoch: Instant,
     workers: Arc<dyn WorkerSource>,
     disagg: DisaggRouting,
+    queues: load::PrefillQueueView,
 }
 
 /// Workers a router may choose: members of the routable schedulers' group (alive, healthy,
@@ -249,6 +253,7 @@ impl RouterState {
             clock: args.clock,
             workers: args.workers,
             disagg: args.disagg,
+            queues: args.queues,
         })
     }
 
@@ -486,6 +491,7 @@ impl Actor for Router {
                 for w in gone.iter().filter_map(worker_of_scheduler) {
                     state.purge(&w);
                 }
+                state.queues.publish(&state.load);
             }
             _ => {}
         }
@@ -499,6 +505,8 @@ impl Actor for Router {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         let now = state.now_ms();
+        // KV events and resyncs change the index, not the load.
+        let changes_load = !matches!(msg, RouterMsg::KvEvents(_) | RouterMsg::Resynced(_));
         match msg {
             RouterMsg::Route(wire, reply) => {
                 let pick = match wire.decode() {
@@ -531,6 +539,18 @@ impl Actor for Router {
             }
             RouterMsg::Tick(_) => state.tick(&myself, now),
         }
+        if changes_load {
+            state.queues.publish(&state.load);
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        state.queues.clear();
         Ok(())
     }
 }
@@ -630,6 +650,7 @@ mod tests {
             clock: Arc::new(clock.clone()),
             workers: workers.clone(),
             disagg: DisaggRouting::default(),
+            queues: Default::default(),
         })
         .unwrap();
         (state, clock, workers)

@@ -53,6 +53,8 @@ pub struct NodeContext {
     pub stats: Arc<NodeStats>,
     /// The fleet view this node's Discovery publishes (read by admission without a call).
     pub fleet: FleetView,
+    /// The prefill queues this node's router publishes (read by admission without a call).
+    pub prefill_queues: crate::request_plane::router::load::PrefillQueueView,
     /// This node's KV transport (worker nodes): engines allocate and register their pools
     /// through it; Discovery publishes its regions.
     pub transport: Option<Arc<crate::transport::Transport>>,

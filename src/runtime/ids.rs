@@ -49,6 +49,13 @@ macro_rules! str_id {
                 Self(s.to_owned())
             }
         }
+
+        // Hash and Eq are the inner string's, so maps keyed by the id can be read by `&str`.
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
     };
 }
 

@@ -207,6 +207,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         gpus,
         stats: Arc::new(NodeStats::from_env()),
         fleet: Default::default(),
+        prefill_queues: Default::default(),
         endpoints: Default::default(),
     };
     let spec = tree::node_tree(&ctx);

@@ -190,6 +190,10 @@ pub struct SchedulerStats {
     /// signal CoDel uses, Nichols & Jacobson 2012). `None` with no model and nobody waiting.
     #[serde(default)]
     pub prefill_wait_ms: Option<f64>,
+    /// Prefill rate at full steps (prompt tokens/s): `max_num_batched_tokens` over the fitted
+    /// model's time for such a step. `None` with no model.
+    #[serde(default)]
+    pub prefill_tokens_per_s: Option<f64>,
 }
 
 /// How a pull of remote KV ended (local message payload).
@@ -1033,6 +1037,11 @@ impl SchedulerState {
             blocks_pulled: self.blocks_pulled,
             pull_fallbacks: self.pull_fallbacks,
             prefill_wait_ms: self.prefill_wait_ms(),
+            prefill_tokens_per_s: self.step_model.cost().and_then(|c| {
+                let budget = self.core.config().max_num_batched_tokens;
+                let ms = c.drain_ms(budget, budget);
+                (ms > 0.0).then(|| budget as f64 / ms * 1e3)
+            }),
         }
     }
 }

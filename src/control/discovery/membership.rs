@@ -80,6 +80,11 @@ pub struct WorkerView {
     /// prompt tokens through the replica's fitted step-time model; `None` until it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_wait_ms: Option<u64>,
+    /// The replica's measured prefill rate (prompt tokens/s at full steps of
+    /// `worker.max_num_batched_tokens`, from the same step-time model); admission turns the
+    /// router's fresher prefill queue into a wait with it. `None` until it has a model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_tokens_per_s: Option<u64>,
     /// The replica's own OpenAI-compatible HTTP face (`worker.http`), if it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http_addr: Option<String>,

@@ -23,14 +23,20 @@
 //! `Retry-After` is the excess in seconds (rounded up, 1 to [`MAX_RETRY_AFTER_S`]). This is
 //! the rule of SLO-aware admission in SLOs-Serve (Chen et al., 2025) and of Dynamo's planner
 //! reduced to one gateway: refuse what would miss its TTFT anyway, so that what is admitted
-//! meets it, instead of queueing every request until all miss. The prediction is as old as the
-//! last heartbeat (≤ `cluster.heartbeat_interval_ms`); a burst between two heartbeats is judged
-//! on the queue before it. A waiting prompt counts whole (the part a prefix cache may still
-//! save once an earlier request computes it is not subtracted), so many waiting requests
-//! sharing one uncached prefix make it err high.
+//! meets it, instead of queueing every request until all miss. A heartbeat's prediction is as
+//! old as that heartbeat (≤ `cluster.heartbeat_interval_ms`), so where the router runs on the
+//! gateway's node its own load model counts too: the prompt tokens it has routed to each
+//! worker and not yet seen a first token for (`router/load.rs`, published after every routing
+//! message, read without a call), over the worker's measured `prefill_tokens_per_s`. A worker's
+//! prediction is the larger of the two, so a burst routed since the last heartbeat is judged
+//! on the queue it makes, not the one before it. A waiting prompt counts whole (the part a
+//! prefix cache may still save once an earlier request computes it is not subtracted), so
+//! many waiting requests sharing one uncached prefix make it err high.
 
 use crate::control::discovery::membership::{NodeState, NodeView, WorkerView};
 use crate::request_plane::error::{RETRY_AFTER_S, ShedReason};
+use crate::runtime::ids::WorkerId;
+use std::collections::HashMap;
 
 /// Most seconds a TTFT-target refusal asks the client to wait.
 pub const MAX_RETRY_AFTER_S: u64 = 60;
@@ -69,6 +75,18 @@ impl Admission {
     /// Decide on one request: `draining` is this node's flag, `in_flight` this gateway's
     /// requests (choices) in flight, `fleet` the published fleet view.
     pub fn decide(&self, draining: bool, in_flight: usize, fleet: Option<&[NodeView]>) -> Verdict {
+        self.decide_with(draining, in_flight, fleet, None)
+    }
+
+    /// [`Admission::decide`] with the prefill queues this node's router published, if one
+    /// runs here (worker id → prompt tokens routed there and not yet prefilled).
+    pub fn decide_with(
+        &self,
+        draining: bool,
+        in_flight: usize,
+        fleet: Option<&[NodeView]>,
+        queues: Option<&HashMap<WorkerId, u64>>,
+    ) -> Verdict {
         let shed = |reason| Verdict::Shed {
             reason,
             retry_after_s: RETRY_AFTER_S,
@@ -96,7 +114,7 @@ impl Admission {
                 .filter(|n| n.state == NodeState::Up)
                 .flat_map(|n| &n.workers)
                 .filter(|w| w.health.is_empty() || w.health == "ready")
-                .map(|w| w.prefill_wait_ms.unwrap_or(0))
+                .map(|w| predicted_wait_ms(w, queues))
                 .min();
             if let Some(least) = least
                 && least > target
@@ -120,6 +138,22 @@ impl Admission {
             || (w.kv_blocks_total > 0
                 && w.kv_blocks_used as f64 >= self.busy_kv_ratio * w.kv_blocks_total as f64)
     }
+}
+
+/// A worker's predicted wait before a new request's prefill starts (ms): the larger of its
+/// heartbeat's `prefill_wait_ms` and the router's queue for it (`queues`: what was routed
+/// there and not yet prefilled, a burst since the heartbeat included) at its measured
+/// `prefill_tokens_per_s`. 0 with neither (no prediction yet: counts as free).
+fn predicted_wait_ms(w: &WorkerView, queues: Option<&HashMap<WorkerId, u64>>) -> u64 {
+    let beat = w.prefill_wait_ms.unwrap_or(0);
+    let routed = match (
+        queues.and_then(|q| q.get(w.id.as_str())),
+        w.prefill_tokens_per_s,
+    ) {
+        (Some(&tokens), Some(rate)) if rate > 0 => tokens.saturating_mul(1000) / rate,
+        _ => 0,
+    };
+    beat.max(routed)
 }
 
 #[cfg(test)]
@@ -294,6 +328,84 @@ mod tests {
             Verdict::Shed { .. }
         ));
         assert_eq!(A.decide(false, 0, Some(&late)), Verdict::Admit);
+    }
+
+    /// A burst routed since the last heartbeat: the router's queue, at the worker's measured
+    /// rate, is the prediction when it is the larger; without a rate or a queue, the heartbeat.
+    #[test]
+    fn the_routers_queue_predicts_a_burst_the_heartbeat_has_not_seen() {
+        let a = Admission {
+            ttft_target_ms: Some(1_500),
+            ..A
+        };
+        let rated = |id: &str, ms: Option<u64>, rate: Option<u64>| WorkerView {
+            id: id.into(),
+            prefill_tokens_per_s: rate,
+            ..waiting(ms, "ready")
+        };
+        // 16 000 tokens routed to a worker that prefills 4 000 tokens/s: 4 s, past 1.5 s.
+        let queues: HashMap<WorkerId, u64> = [
+            (WorkerId::new("n/replica-0"), 16_000),
+            (WorkerId::new("n/replica-1"), 1_000),
+        ]
+        .into();
+        let one = [node(
+            NodeState::Up,
+            vec![rated("n/replica-0", Some(100), Some(4_000))],
+        )];
+        assert_eq!(
+            a.decide(false, 0, Some(&one)),
+            Verdict::Admit,
+            "heartbeat alone"
+        );
+        assert_eq!(
+            a.decide_with(false, 0, Some(&one), Some(&queues)),
+            Verdict::Shed {
+                reason: ShedReason::TtftTarget {
+                    predicted_ms: 4_000,
+                    target_ms: 1_500
+                },
+                retry_after_s: 3,
+            }
+        );
+        // A second worker with a short queue (250 ms) takes it.
+        let two = [node(
+            NodeState::Up,
+            vec![
+                rated("n/replica-0", Some(100), Some(4_000)),
+                rated("n/replica-1", Some(100), Some(4_000)),
+            ],
+        )];
+        assert_eq!(
+            a.decide_with(false, 0, Some(&two), Some(&queues)),
+            Verdict::Admit
+        );
+        // The heartbeat's wait still counts when it is the larger (a memory queue, say).
+        let beat = [node(
+            NodeState::Up,
+            vec![rated("n/replica-1", Some(2_000), Some(4_000))],
+        )];
+        assert!(matches!(
+            a.decide_with(false, 0, Some(&beat), Some(&queues)),
+            Verdict::Shed { .. }
+        ));
+        // No measured rate, or a worker the router has nothing queued on: the heartbeat.
+        let unrated = [node(
+            NodeState::Up,
+            vec![rated("n/replica-0", Some(100), None)],
+        )];
+        assert_eq!(
+            a.decide_with(false, 0, Some(&unrated), Some(&queues)),
+            Verdict::Admit
+        );
+        let unknown = [node(
+            NodeState::Up,
+            vec![rated("n/replica-9", Some(100), Some(1))],
+        )];
+        assert_eq!(
+            a.decide_with(false, 0, Some(&unknown), Some(&queues)),
+            Verdict::Admit
+        );
     }
 
     #[test]

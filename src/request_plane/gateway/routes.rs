@@ -38,6 +38,8 @@ pub struct GatewayShared {
     pub stats: Arc<NodeStats>,
     /// The fleet view this node's Discovery publishes (what admission control reads).
     pub fleet: FleetView,
+    /// The prefill queues this node's router publishes (what admission reads beside `fleet`).
+    pub prefill_queues: crate::request_plane::router::load::PrefillQueueView,
     /// `Some`: this is a worker's own face (`face.rs`), not the gateway.
     pub face: Option<Arc<super::face::FaceInfo>>,
 }

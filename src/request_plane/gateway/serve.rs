@@ -80,10 +80,12 @@ pub struct Serving {
     pub pin: Option<crate::runtime::ids::WorkerId>,
 }
 
-/// Admission control on this node's flag, this gateway's requests in flight and the fleet
-/// view Discovery last published: no call to any actor.
+/// Admission control on this node's flag, this gateway's requests in flight, the fleet view
+/// Discovery last published and the prefill queues this node's router published (when one
+/// runs here): no call to any actor.
 fn admit(s: &GatewayShared, serving: &Serving) -> Result<(), RequestError> {
     let fleet = s.fleet.latest();
+    let queues = s.prefill_queues.latest();
     // A worker's face queues at its engine like a single server: only draining and the
     // in-flight cap shed there.
     let fleet = if serving.pin.is_some() {
@@ -91,10 +93,12 @@ fn admit(s: &GatewayShared, serving: &Serving) -> Result<(), RequestError> {
     } else {
         fleet.as_deref()
     };
-    match serving
-        .admission
-        .decide(s.stats.draining(), serving.registry.len(), fleet)
-    {
+    match serving.admission.decide_with(
+        s.stats.draining(),
+        serving.registry.len(),
+        fleet,
+        queues.as_deref(),
+    ) {
         Verdict::Admit => Ok(()),
         Verdict::Shed {
             reason,

@@ -252,6 +252,11 @@ impl ActiveLoad {
         entry.map_or_else(WorkerLoad::default, |(_, load)| *load)
     }
 
+    /// Every worker with a slot and its load.
+    pub fn loads(&self) -> impl Iterator<Item = (&WorkerId, WorkerLoad)> {
+        self.workers.iter().flatten().map(|(w, l)| (w, *l))
+    }
+
     /// Changes whenever a worker gets a slot or is removed.
     pub fn workers_epoch(&self) -> u64 {
         self.epoch
@@ -346,6 +351,25 @@ mod tests {
 
     fn k(n: u64) -> RequestKey {
         RequestKey::new(NodeId::new("gw"), RequestId(n))
+    }
+
+    #[test]
+    fn the_published_queues_follow_the_load() {
+        let view = PrefillQueueView::default();
+        assert!(view.latest().is_none(), "nothing before a router publishes");
+        let mut m = ActiveLoad::new();
+        m.on_routed(k(1), &w("a"), 100, 10, 0);
+        m.on_routed(k(2), &w("b"), 7, 1, 0);
+        view.publish(&m);
+        let q = view.latest().unwrap();
+        assert_eq!((q.get("a"), q.get("b")), (Some(&100), Some(&7)));
+        m.on_first_token(&k(1), 1);
+        m.remove_worker(&w("b"));
+        view.publish(&m);
+        let q = view.latest().unwrap();
+        assert_eq!((q.get("a"), q.get("b")), (Some(&0), None));
+        view.clear();
+        assert!(view.latest().is_none());
     }
 
     #[test]
@@ -516,5 +540,46 @@ mod tests {
         assert!(!m.on_finished(&k(1)), "gone with its worker");
         assert!(m.on_finished(&k(2)));
         assert_eq!(m.remove_worker(&w("zz")), 0);
+    }
+}
+
+/// The prompt tokens waiting for prefill on each worker ([`WorkerLoad::prefill_tokens`]), as
+/// this node's router last saw them: published after every message that changes them, read by
+/// the gateway's admission on the same node without a call. Unlike a heartbeat it already
+/// counts what was routed a moment ago (a burst). `None` when no router runs on this node.
+#[derive(Clone, Debug)]
+pub struct PrefillQueueView {
+    tx: std::sync::Arc<tokio::sync::watch::Sender<Option<PrefillQueues>>>,
+}
+
+/// Worker → prompt tokens waiting for prefill there (tokens).
+pub type PrefillQueues = std::sync::Arc<std::collections::HashMap<WorkerId, u64>>;
+
+impl Default for PrefillQueueView {
+    fn default() -> Self {
+        Self {
+            tx: std::sync::Arc::new(tokio::sync::watch::channel(None).0),
+        }
+    }
+}
+
+impl PrefillQueueView {
+    /// Publish `load`'s queues.
+    pub fn publish(&self, load: &ActiveLoad) {
+        let queues = load
+            .loads()
+            .map(|(w, l)| (w.clone(), l.prefill_tokens))
+            .collect();
+        self.tx.send_replace(Some(std::sync::Arc::new(queues)));
+    }
+
+    /// Withdraw the view (the router stopped).
+    pub fn clear(&self) {
+        self.tx.send_replace(None);
+    }
+
+    /// The latest queues, if a router publishes here.
+    pub fn latest(&self) -> Option<PrefillQueues> {
+        self.tx.borrow().clone()
     }
 }

@@ -73,6 +73,7 @@ pub(super) fn router(ctx: &NodeContext) -> RouterArgs {
         seed: r.seed,
     });
     args.disagg = (&ctx.config.disagg).into();
+    args.queues = ctx.prefill_queues.clone();
     args
 }
 
@@ -132,6 +133,7 @@ pub(super) fn gateway(ctx: &NodeContext) -> GatewayParts {
         chaos,
         stats: ctx.stats.clone(),
         fleet: ctx.fleet.clone(),
+        prefill_queues: ctx.prefill_queues.clone(),
         face: None,
     });
     let faces = faces(ctx, &shared);
@@ -177,6 +179,7 @@ fn faces(ctx: &NodeContext, gateway: &Arc<GatewayShared>) -> Vec<(u32, GatewayAr
                 chaos: None,
                 stats: gateway.stats.clone(),
                 fleet: gateway.fleet.clone(),
+                prefill_queues: gateway.prefill_queues.clone(),
                 face: Some(Arc::new(FaceInfo {
                     worker,
                     block_size: w.block_size_tokens,
