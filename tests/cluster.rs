@@ -63,11 +63,18 @@ async fn two_nodes_form_a_cluster_and_see_each_others_roles() {
     )
     .await;
 
-    // Heartbeats make each node list the other as up, with its roles and workers.
+    // Heartbeats make each node list the other as up, with its roles and workers. (A
+    // heartbeat sent while beta's tree was still starting lists no replica yet: the view is
+    // eventually complete, so wait for one that lists the worker pool.)
     let fa = poll_until(Duration::from_secs(10), "alpha sees beta up", || async {
         let f = discovery::fleet(&discovery_of("alpha/")).await.ok()?;
         f.iter()
-            .any(|n| n.id.as_str() == "beta" && n.state == NodeState::Up)
+            .any(|n| {
+                n.id.as_str() == "beta"
+                    && n.state == NodeState::Up
+                    && n.actors.iter().any(|x| x.path == "node/worker_pool")
+                    && !n.workers.is_empty()
+            })
             .then_some(f)
     })
     .await;

@@ -78,6 +78,8 @@ pub struct VllmEventsConfig {
     pub block_size: u32,
     /// The bound address, shared with whoever reports it (the worker's HTTP face).
     pub bound: Arc<Mutex<Option<SocketAddr>>>,
+    /// How events are laid out (`worker.kv_events_layout`).
+    pub layout: super::vllm::EventLayout,
 }
 
 /// [`KvEventPublisher`]'s arguments.
@@ -95,6 +97,7 @@ pub struct KvPublisherArgs {
 struct VllmSide {
     socket: ZmqPublisher,
     block_size: u32,
+    layout: super::vllm::EventLayout,
     /// Tokens of the next `Stored` events, by event id.
     pending: HashMap<EventId, Vec<u32>>,
     /// Tokens of every registered block (for re-announcements, which come without).
@@ -159,11 +162,12 @@ impl VllmSide {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
             .unwrap_or_default();
-        self.socket.publish(&VllmBatch {
+        let batch = VllmBatch {
             ts,
             events: out,
             data_parallel_rank: Some(0),
-        });
+        };
+        self.socket.publish_as(&batch, self.layout);
     }
 }
 
@@ -239,6 +243,7 @@ impl Actor for KvEventPublisher {
                 Some(VllmSide {
                     socket,
                     block_size: c.block_size,
+                    layout: c.layout,
                     pending: HashMap::new(),
                     blocks: HashMap::new(),
                     cleared: HashMap::new(),

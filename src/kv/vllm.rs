@@ -19,7 +19,8 @@
 //! `array_like=True`, which `vllm-router` 0.1.17 requires) and as a map, and the events both
 //! as maps and as positional arrays whose first element is the tag; [`decode_batch`] reads all
 //! four, [`encode_batch`] writes the array batch with map events (what `vllm-router` and
-//! Dynamo's ZMQ relay both read).
+//! Dynamo's ZMQ relay both read), [`encode_batch_as`] either event layout
+//! (`worker.kv_events_layout = "array"`: vLLM's own).
 //!
 //! # Hashes
 //! A Flotilla worker publishes its sequence hashes (`kv/hash.rs`) as `block_hashes`: like
@@ -142,11 +143,67 @@ fn event_value(ev: &VllmEvent) -> Value {
     })
 }
 
+/// How events are laid out in a published batch (`worker.kv_events_layout`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventLayout {
+    /// Each event a map tagged by `"type"` (what `vllm-router` 0.1.17 and Dynamo's ZMQ
+    /// relay read; the default).
+    #[default]
+    Map,
+    /// Each event a positional array whose first element is the tag, as vLLM's own
+    /// publisher writes them (`msgspec.Struct(array_like=True, tag=True)` in
+    /// `vllm/distributed/kv_events.py`): `["BlockStored", block_hashes, parent_block_hash,
+    /// token_ids, block_size, lora_id, medium, lora_name]`, `["BlockRemoved", block_hashes,
+    /// medium]`, `["AllBlocksCleared"]`.
+    Array,
+}
+
+/// `ev` as a tagged positional array (see [`EventLayout::Array`]).
+fn event_array(ev: &VllmEvent) -> Value {
+    Value::Array(match ev {
+        VllmEvent::BlockStored {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+            block_size,
+            medium,
+        } => vec![
+            Value::from("BlockStored"),
+            u64s(block_hashes),
+            parent_block_hash.map_or(Value::Nil, Value::from),
+            Value::Array(token_ids.iter().map(|&t| Value::from(t)).collect()),
+            Value::from(*block_size),
+            Value::Nil,
+            opt_str(medium),
+            Value::Nil,
+        ],
+        VllmEvent::BlockRemoved {
+            block_hashes,
+            medium,
+        } => vec![
+            Value::from("BlockRemoved"),
+            u64s(block_hashes),
+            opt_str(medium),
+        ],
+        VllmEvent::AllBlocksCleared => vec![Value::from("AllBlocksCleared")],
+    })
+}
+
 /// The payload frame of one batch: `[ts, [event map, …], rank]`.
 pub fn encode_batch(batch: &VllmBatch) -> Vec<u8> {
+    encode_batch_as(batch, EventLayout::Map)
+}
+
+/// The payload frame of one batch, `[ts, [event, …], rank]`, with events in `layout`.
+pub fn encode_batch_as(batch: &VllmBatch, layout: EventLayout) -> Vec<u8> {
+    let event = match layout {
+        EventLayout::Map => event_value,
+        EventLayout::Array => event_array,
+    };
     let v = Value::Array(vec![
         Value::F64(batch.ts),
-        Value::Array(batch.events.iter().map(event_value).collect()),
+        Value::Array(batch.events.iter().map(event).collect()),
         batch.data_parallel_rank.map_or(Value::Nil, Value::from),
     ]);
     let mut out = Vec::new();
@@ -530,6 +587,52 @@ mod tests {
                 "lora_name"
             ]
         );
+    }
+
+    /// `worker.kv_events_layout = "array"`: vLLM's own layout, each event a positional array
+    /// led by its tag, in vLLM's field order; it decodes to the same batch.
+    #[test]
+    fn the_array_layout_is_vllms_positional_one_and_round_trips() {
+        let batch = VllmBatch {
+            ts: 3.0,
+            events: vec![
+                stored(&[11, 12], Some(10), vec![1, 2, 3, 4]),
+                VllmEvent::BlockRemoved {
+                    block_hashes: vec![12],
+                    medium: Some("GPU".into()),
+                },
+                VllmEvent::AllBlocksCleared,
+            ],
+            data_parallel_rank: Some(0),
+        };
+        let bytes = encode_batch_as(&batch, EventLayout::Array);
+        assert_eq!(decode_batch(&bytes), Ok(batch.clone()));
+        assert_ne!(bytes, encode_batch(&batch), "a different layout");
+        let v = rmpv::decode::read_value(&mut &bytes[..]).unwrap();
+        let events = v.as_array().unwrap()[1].as_array().unwrap().clone();
+        let st = events[0].as_array().unwrap();
+        assert_eq!(st.len(), 8);
+        assert_eq!(st[0].as_str(), Some("BlockStored"));
+        assert_eq!(
+            st[1],
+            Value::Array(vec![Value::from(11u64), Value::from(12u64)])
+        );
+        assert_eq!(st[2].as_u64(), Some(10), "parent_block_hash");
+        assert_eq!(st[3].as_array().unwrap().len(), 4, "token_ids");
+        assert_eq!(st[4].as_u64(), Some(2), "block_size");
+        assert!(st[5].is_nil(), "lora_id");
+        assert_eq!(st[6].as_str(), Some("GPU"), "medium");
+        assert!(st[7].is_nil(), "lora_name");
+        let rm = events[1].as_array().unwrap();
+        assert_eq!((rm[0].as_str(), rm.len()), (Some("BlockRemoved"), 3));
+        assert_eq!(
+            events[2],
+            Value::Array(vec![Value::from("AllBlocksCleared")])
+        );
+        // The setting's spelling.
+        let l: EventLayout = serde_json::from_str("\"array\"").unwrap();
+        assert_eq!(l, EventLayout::Array);
+        assert_eq!(EventLayout::default(), EventLayout::Map);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
-use super::vllm::{VllmBatch, WireError, decode_batch, encode_batch};
+use super::vllm::{VllmBatch, WireError, decode_batch, encode_batch_as};
 
 /// How long a re-bind of the same port is retried (the previous socket of a restarted replica
 /// may still be closing).
@@ -112,9 +112,14 @@ impl ZmqPublisher {
         format!("tcp://{}", self.addr)
     }
 
-    /// Queue one batch (sent in order; never blocks).
+    /// Queue one batch (sent in order; never blocks), events as maps.
     pub fn publish(&self, batch: &VllmBatch) {
-        let _ = self.tx.send(encode_batch(batch));
+        self.publish_as(batch, super::vllm::EventLayout::Map);
+    }
+
+    /// Queue one batch with events in `layout`.
+    pub fn publish_as(&self, batch: &VllmBatch, layout: super::vllm::EventLayout) {
+        let _ = self.tx.send(encode_batch_as(batch, layout));
     }
 }
 

@@ -454,6 +454,10 @@ pub struct WorkerConfig {
     /// offsets its `kv-events-config` endpoint by data-parallel rank (port 0: a free port
     /// each, listed in `/v1/fleet` as `kv_events_endpoint`). `None`: not published.
     pub kv_events_addr: Option<std::net::SocketAddr>,
+    /// Layout of those events: `map` (each a map tagged by `type`: what `vllm-router` 0.1.17
+    /// and Dynamo's ZMQ relay read) or `array` (each a positional array led by its tag, as
+    /// vLLM's own publisher writes them). See `kv/vllm.rs`.
+    pub kv_events_layout: crate::kv::vllm::EventLayout,
 }
 
 impl WorkerConfig {
@@ -519,6 +523,7 @@ impl Default for WorkerConfig {
             sim_kv_bytes_per_token: 131_072,
             http: None,
             kv_events_addr: None,
+            kv_events_layout: Default::default(),
         }
     }
 }

@@ -96,3 +96,20 @@ fn the_decode_stall_limit_defaults_on_and_zero_turns_it_off() {
         0
     );
 }
+
+#[test]
+fn the_kv_events_layout_is_map_unless_set_to_array() {
+    use crate::kv::vllm::EventLayout;
+    use figment::Figment;
+    use figment::providers::Serialized;
+    let cfg = Config::load(None, with_cookie()).unwrap();
+    assert_eq!(cfg.worker.kv_events_layout, EventLayout::Map);
+    let o = Figment::from(Serialized::default("node.cookie", "a"))
+        .merge(Serialized::default("worker.kv_events_layout", "array"));
+    let cfg = Config::load_with(None, o).unwrap();
+    assert_eq!(cfg.worker.kv_events_layout, EventLayout::Array);
+    let bad = Figment::from(Serialized::default("node.cookie", "a"))
+        .merge(Serialized::default("worker.kv_events_layout", "tuple"));
+    let err = Config::load_with(None, bad).unwrap_err();
+    assert!(err.to_string().contains("kv_events_layout"), "{err}");
+}

@@ -250,6 +250,7 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
         kv_events: w.kv_events_addr.map(|base| crate::kv::VllmEventsConfig {
             addr: crate::runtime::config::WorkerConfig::replica_addr(base, k),
             block_size: w.block_size_tokens as u32,
+            layout: w.kv_events_layout,
             bound: ctx
                 .endpoints
                 .entry(&ctx.name(&format!("replica-{k}")))
