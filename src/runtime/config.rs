@@ -420,10 +420,11 @@ pub struct WorkerConfig {
     /// start falls back to the CPU too; the node's log says which and why), `cpu`, or `cuda`
     /// (a GPU or an error at start naming what is missing). cuBLAS is optional (without it,
     /// prefill products run as GEMVs). Replica `k` of a node uses GPU `k mod devices`
-    /// (`kernels/cuda/`).
+    /// (`kernels/cuda/`). `cuda` with `engine = "sim"` is refused (it would do nothing).
     pub backend: crate::kernels::cuda::BackendChoice,
     /// GPU engine: precision of the prefill matrix products, `f32` (the CPU engine's numbers)
     /// or `bf16` (tensor cores). Decode GEMVs read the quantised weights in f32 either way.
+    /// `bf16` with `backend = "cpu"` is refused (it would do nothing).
     pub cuda_gemm: crate::kernels::cuda::GemmPrecision,
     /// Timing profile of the sim engine (JSON written by `flotilla profile`); `None`: the
     /// built-in H100 profile.
@@ -633,6 +634,25 @@ impl Config {
         }
         if !(self.worker.sim_transfer_gbps.is_finite() && self.worker.sim_transfer_gbps > 0.0) {
             return Err(invalid("worker.sim_transfer_gbps", "must be > 0"));
+        }
+        // Settings that would be accepted and then do nothing: refused, naming the other one.
+        {
+            use crate::kernels::cuda::{BackendChoice, GemmPrecision};
+            let w = &self.worker;
+            if w.engine == EngineKind::Sim && w.backend == BackendChoice::Cuda {
+                return Err(invalid(
+                    "worker.backend",
+                    "cuda has no effect with worker.engine = \"sim\" (the sim engine runs \
+                     no kernels); leave it auto or cpu",
+                ));
+            }
+            if w.backend == BackendChoice::Cpu && w.cuda_gemm != GemmPrecision::F32 {
+                return Err(invalid(
+                    "worker.cuda_gemm",
+                    "bf16 has no effect with worker.backend = \"cpu\"; set the backend to \
+                     auto or cuda",
+                ));
+            }
         }
         if self.disagg.transfer_timeout_ms == 0 {
             return Err(invalid("disagg.transfer_timeout_ms", "must be at least 1"));

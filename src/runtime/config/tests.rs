@@ -113,3 +113,30 @@ fn the_kv_events_layout_is_map_unless_set_to_array() {
     let err = Config::load_with(None, bad).unwrap_err();
     assert!(err.to_string().contains("kv_events_layout"), "{err}");
 }
+
+#[test]
+fn settings_that_would_do_nothing_are_refused_naming_the_other() {
+    use figment::Figment;
+    use figment::providers::Serialized;
+    let load = |pairs: &[(&str, &str)]| {
+        let mut o = Figment::from(Serialized::default("node.cookie", "a"));
+        for (k, v) in pairs {
+            o = o.merge(Serialized::default(k, v));
+        }
+        Config::load_with(None, o)
+    };
+    let err = load(&[("worker.engine", "sim"), ("worker.backend", "cuda")]).unwrap_err();
+    assert!(
+        err.to_string().contains("worker.backend") && err.to_string().contains("sim"),
+        "{err}"
+    );
+    let err = load(&[("worker.backend", "cpu"), ("worker.cuda_gemm", "bf16")]).unwrap_err();
+    assert!(
+        err.to_string().contains("worker.cuda_gemm") && err.to_string().contains("cpu"),
+        "{err}"
+    );
+    // What does act is accepted.
+    load(&[("worker.engine", "sim"), ("worker.backend", "cpu")]).unwrap();
+    load(&[("worker.backend", "auto"), ("worker.cuda_gemm", "bf16")]).unwrap();
+    load(&[("worker.backend", "cuda"), ("worker.cuda_gemm", "bf16")]).unwrap();
+}
