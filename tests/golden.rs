@@ -59,6 +59,23 @@ fn generate_json_matches_golden() {
     }
 }
 
+/// A flag pair that would do nothing is refused, naming both flags.
+#[test]
+fn generate_refuses_bf16_products_on_the_cpu() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["generate", "--backend", "cpu", "--cuda-gemm", "bf16"])
+        .args(["--prompt", "hi", "--max-tokens", "1"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run flotilla");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--cuda-gemm bf16 has no effect with --backend cpu"),
+        "{err}"
+    );
+}
+
 #[test]
 fn generate_chat_answers_paris() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))

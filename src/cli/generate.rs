@@ -54,11 +54,17 @@ pub struct GenerateArgs {
 /// The engine device `--backend` asks for, with the reason on stderr.
 ///
 /// # Errors
-/// `--backend cuda` where CUDA cannot be used.
+/// `--backend cuda` where CUDA cannot be used; `--cuda-gemm bf16` with `--backend cpu` (it
+/// would do nothing; the configuration refuses the same pair).
 pub fn device_for(
     backend: crate::kernels::cuda::BackendChoice,
     precision: crate::kernels::cuda::GemmPrecision,
 ) -> anyhow::Result<crate::kernels::Device> {
+    anyhow::ensure!(
+        !(backend == crate::kernels::cuda::BackendChoice::Cpu
+            && precision != crate::kernels::cuda::GemmPrecision::F32),
+        "--cuda-gemm bf16 has no effect with --backend cpu; use --backend auto or cuda"
+    );
     let sel = crate::kernels::cuda::select(backend).map_err(anyhow::Error::msg)?;
     eprintln!("engine backend: {}", sel.reason);
     Ok(sel.device(0, precision))
