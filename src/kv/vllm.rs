@@ -106,41 +106,64 @@ fn u64s(v: &[u64]) -> Value {
     Value::Array(v.iter().map(|&h| Value::from(h)).collect())
 }
 
-fn event_value(ev: &VllmEvent) -> Value {
-    let kv = |k: &str, v: Value| (Value::from(k), v);
-    Value::Map(match ev {
+/// `ev`'s tag and its fields in vLLM's order (`vllm/distributed/kv_events.py`), from which
+/// both layouts are written.
+fn event_fields(ev: &VllmEvent) -> (&'static str, Vec<(&'static str, Value)>) {
+    match ev {
         VllmEvent::BlockStored {
             block_hashes,
             parent_block_hash,
             token_ids,
             block_size,
             medium,
-        } => vec![
-            kv("type", Value::from("BlockStored")),
-            kv("block_hashes", u64s(block_hashes)),
-            kv(
-                "parent_block_hash",
-                parent_block_hash.map_or(Value::Nil, Value::from),
-            ),
-            kv(
-                "token_ids",
-                Value::Array(token_ids.iter().map(|&t| Value::from(t)).collect()),
-            ),
-            kv("block_size", Value::from(*block_size)),
-            kv("lora_id", Value::Nil),
-            kv("medium", opt_str(medium)),
-            kv("lora_name", Value::Nil),
-        ],
+        } => (
+            "BlockStored",
+            vec![
+                ("block_hashes", u64s(block_hashes)),
+                (
+                    "parent_block_hash",
+                    parent_block_hash.map_or(Value::Nil, Value::from),
+                ),
+                (
+                    "token_ids",
+                    Value::Array(token_ids.iter().map(|&t| Value::from(t)).collect()),
+                ),
+                ("block_size", Value::from(*block_size)),
+                ("lora_id", Value::Nil),
+                ("medium", opt_str(medium)),
+                ("lora_name", Value::Nil),
+            ],
+        ),
         VllmEvent::BlockRemoved {
             block_hashes,
             medium,
-        } => vec![
-            kv("type", Value::from("BlockRemoved")),
-            kv("block_hashes", u64s(block_hashes)),
-            kv("medium", opt_str(medium)),
-        ],
-        VllmEvent::AllBlocksCleared => vec![kv("type", Value::from("AllBlocksCleared"))],
-    })
+        } => (
+            "BlockRemoved",
+            vec![
+                ("block_hashes", u64s(block_hashes)),
+                ("medium", opt_str(medium)),
+            ],
+        ),
+        VllmEvent::AllBlocksCleared => ("AllBlocksCleared", vec![]),
+    }
+}
+
+/// `ev` in `layout`: a map led by `"type"`, or an array led by the tag.
+fn event_value(ev: &VllmEvent, layout: EventLayout) -> Value {
+    let (tag, fields) = event_fields(ev);
+    match layout {
+        EventLayout::Map => Value::Map(
+            std::iter::once(("type", Value::from(tag)))
+                .chain(fields)
+                .map(|(k, v)| (Value::from(k), v))
+                .collect(),
+        ),
+        EventLayout::Array => Value::Array(
+            std::iter::once(Value::from(tag))
+                .chain(fields.into_iter().map(|(_, v)| v))
+                .collect(),
+        ),
+    }
 }
 
 /// How events are laid out in a published batch (`worker.kv_events_layout`).
@@ -159,37 +182,6 @@ pub enum EventLayout {
     Array,
 }
 
-/// `ev` as a tagged positional array (see [`EventLayout::Array`]).
-fn event_array(ev: &VllmEvent) -> Value {
-    Value::Array(match ev {
-        VllmEvent::BlockStored {
-            block_hashes,
-            parent_block_hash,
-            token_ids,
-            block_size,
-            medium,
-        } => vec![
-            Value::from("BlockStored"),
-            u64s(block_hashes),
-            parent_block_hash.map_or(Value::Nil, Value::from),
-            Value::Array(token_ids.iter().map(|&t| Value::from(t)).collect()),
-            Value::from(*block_size),
-            Value::Nil,
-            opt_str(medium),
-            Value::Nil,
-        ],
-        VllmEvent::BlockRemoved {
-            block_hashes,
-            medium,
-        } => vec![
-            Value::from("BlockRemoved"),
-            u64s(block_hashes),
-            opt_str(medium),
-        ],
-        VllmEvent::AllBlocksCleared => vec![Value::from("AllBlocksCleared")],
-    })
-}
-
 /// The payload frame of one batch: `[ts, [event map, …], rank]`.
 pub fn encode_batch(batch: &VllmBatch) -> Vec<u8> {
     encode_batch_as(batch, EventLayout::Map)
@@ -197,13 +189,15 @@ pub fn encode_batch(batch: &VllmBatch) -> Vec<u8> {
 
 /// The payload frame of one batch, `[ts, [event, …], rank]`, with events in `layout`.
 pub fn encode_batch_as(batch: &VllmBatch, layout: EventLayout) -> Vec<u8> {
-    let event = match layout {
-        EventLayout::Map => event_value,
-        EventLayout::Array => event_array,
-    };
     let v = Value::Array(vec![
         Value::F64(batch.ts),
-        Value::Array(batch.events.iter().map(event).collect()),
+        Value::Array(
+            batch
+                .events
+                .iter()
+                .map(|e| event_value(e, layout))
+                .collect(),
+        ),
         batch.data_parallel_rank.map_or(Value::Nil, Value::from),
     ]);
     let mut out = Vec::new();

@@ -167,8 +167,9 @@ pub struct RouterArgs {
     pub workers: Arc<dyn WorkerSource>,
     /// Conditional disaggregation.
     pub disagg: DisaggRouting,
-    /// Where the router publishes its workers' prefill queues (for admission on its node).
-    pub queues: load::PrefillQueueView,
+    /// Where the router publishes its workers' prefill queues, when admission on its node
+    /// reads them (a gateway with `gateway.ttft_target_ms`); `None`: not published.
+    pub queues: Option<load::PrefillQueueView>,
 }
 
 impl RouterArgs {
@@ -179,7 +180,7 @@ impl RouterArgs {
             clock: crate::runtime::clock::system(),
             workers: Arc::new(ProcessGroups),
             disagg: DisaggRouting::default(),
-            queues: load::PrefillQueueView::default(),
+            queues: None,
         }
     }
 }
@@ -198,7 +199,7 @@ pub struct RouterState {
     epoch: Instant,
     workers: Arc<dyn WorkerSource>,
     disagg: DisaggRouting,
-    queues: load::PrefillQueueView,
+    queues: Option<load::PrefillQueueView>,
 }
 
 /// Workers a router may choose: members of the routable schedulers' group (alive, healthy,
@@ -430,6 +431,13 @@ impl RouterState {
         tracing::info!(%worker, held, "worker left; purged from the router");
     }
 
+    /// Publish the prefill queues, if admission here reads them.
+    fn publish_queues(&self) {
+        if let Some(q) = &self.queues {
+            q.publish(&self.load);
+        }
+    }
+
     fn tick(&mut self, myself: &ActorRef<RouterMsg>, now: u64) {
         for w in self.housekeeping(now) {
             self.ask_snapshot(w, myself, now);
@@ -491,7 +499,7 @@ impl Actor for Router {
                 for w in gone.iter().filter_map(worker_of_scheduler) {
                     state.purge(&w);
                 }
-                state.queues.publish(&state.load);
+                state.publish_queues();
             }
             _ => {}
         }
@@ -540,7 +548,7 @@ impl Actor for Router {
             RouterMsg::Tick(_) => state.tick(&myself, now),
         }
         if changes_load {
-            state.queues.publish(&state.load);
+            state.publish_queues();
         }
         Ok(())
     }
@@ -550,7 +558,9 @@ impl Actor for Router {
         _myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        state.queues.clear();
+        if let Some(q) = &state.queues {
+            q.clear();
+        }
         Ok(())
     }
 }
@@ -650,7 +660,7 @@ mod tests {
             clock: Arc::new(clock.clone()),
             workers: workers.clone(),
             disagg: DisaggRouting::default(),
-            queues: Default::default(),
+            queues: None,
         })
         .unwrap();
         (state, clock, workers)

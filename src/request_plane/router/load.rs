@@ -544,8 +544,9 @@ mod tests {
 }
 
 /// The prompt tokens waiting for prefill on each worker ([`WorkerLoad::prefill_tokens`]), as
-/// this node's router last saw them: published after every message that changes them, read by
-/// the gateway's admission on the same node without a call. Unlike a heartbeat it already
+/// this node's router last saw them: published after every message that changes them (only
+/// where a gateway with `gateway.ttft_target_ms` runs on the node), read by that gateway's
+/// admission without a call. Unlike a heartbeat it already
 /// counts what was routed a moment ago (a burst). `None` when no router runs on this node.
 #[derive(Clone, Debug)]
 pub struct PrefillQueueView {

@@ -73,7 +73,10 @@ pub(super) fn router(ctx: &NodeContext) -> RouterArgs {
         seed: r.seed,
     });
     args.disagg = (&ctx.config.disagg).into();
-    args.queues = ctx.prefill_queues.clone();
+    // Only a gateway on this node with a TTFT target reads them (admission.rs).
+    args.queues = (ctx.config.has_role(Role::Gateway)
+        && ctx.config.gateway.ttft_target_ms.is_some())
+    .then(|| ctx.prefill_queues.clone());
     args
 }
 
