@@ -496,3 +496,51 @@ async fn a_simulated_fleet_disaggregates_with_modelled_transfer_times() {
     assert_eq!(pulled(&f), p);
     c.stop().await;
 }
+
+/// A pick whose worker left a moment before the request reached it (the router still lists
+/// it: here its scheduler is taken out of the schedulers' group while it stays routable, the
+/// window a kill opens before the router's view catches up) is routed again at once,
+/// avoiding that worker: the client never sees "the chosen worker went away".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pick_whose_worker_is_gone_is_routed_again() {
+    let c = FleetOptions::new(2).start().await;
+    wait_routable(&c, 2).await;
+    let group = "flotilla.schedulers".to_owned();
+    let gone = format!("{NODE}/replica-0/scheduler");
+    let cell = ractor::pg::get_members(&group)
+        .into_iter()
+        .find(|a| a.get_name().as_deref() == Some(gone.as_str()))
+        .expect("replica-0's scheduler");
+    ractor::pg::leave(group, vec![cell]);
+    let retries_before = metric_sum(&c, "flotilla_route_retries_total").await;
+    for i in 0..6 {
+        let r = reqwest::Client::new()
+            .post(c.url("/v1/chat/completions"))
+            .header("x-flotilla-route-policy", "round_robin")
+            .json(&chat("hello", &format!("q{i}"), 2))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        assert_eq!(status, 200, "request {i}: {}", r.text().await.unwrap());
+    }
+    let retries = metric_sum(&c, "flotilla_route_retries_total").await - retries_before;
+    assert!(
+        retries >= 1,
+        "round_robin chose the departed worker at least once and routed again: {retries}"
+    );
+}
+
+/// The sum of a Prometheus counter's series on the gateway node's `/metrics`.
+async fn metric_sum(c: &impl Gateway, name: &str) -> u64 {
+    let text = reqwest::get(c.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
+        .sum()
+}

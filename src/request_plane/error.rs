@@ -8,6 +8,7 @@
 use super::protocol::TokenEventKind;
 use super::request::migration::GiveUp;
 use crate::openai::error::{ApiError, ErrorKind};
+use crate::runtime::ids::WorkerId;
 
 /// Seconds a client is asked to wait before retrying a 503.
 pub const RETRY_AFTER_S: u64 = 1;
@@ -96,8 +97,8 @@ pub enum RequestError {
     #[error("no worker is available")]
     NoWorkers,
     /// The worker chosen for the request left before it got the request.
-    #[error("the chosen worker went away")]
-    WorkerGone,
+    #[error("the chosen worker {0} went away")]
+    WorkerGone(WorkerId),
     /// The request was lost on its worker and was not (or could not be) resumed elsewhere.
     #[error("{0}")]
     Lost(String),

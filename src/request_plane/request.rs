@@ -21,9 +21,12 @@
 //! `gateway.migration_deadline_ms`; a worker that failed the request is avoided. A request
 //! given up gets a 503 (before the first byte) or an error record (mid-stream). A
 //! worker-side failure that is not a loss (`Failed`: bad request, engine fault) is passed on,
-//! not migrated.
+//! not migrated. A pick whose worker left before it got the request (the router's view a
+//! moment behind a kill) is routed again at once, avoiding that worker, up to
+//! [`migration::GONE_PICKS_MAX`] times: neither a migration nor a failed placement.
 //!
-//! Metrics: `flotilla_migrations_total`, `flotilla_migration_failures_total`, and
+//! Metrics: `flotilla_migrations_total`, `flotilla_migration_failures_total`,
+//! `flotilla_route_retries_total` (picks routed again because their worker was gone), and
 //! `flotilla_migration_resume_gap_seconds` (last token before the loss → first token after it,
 //! as the client sees it).
 //!
@@ -49,7 +52,7 @@ use crate::runtime::ids::{NodeId, RequestId, WorkerId};
 use crate::runtime::resilience::NodeStats;
 use crate::runtime::wire::Wire;
 use crate::worker::scheduler::{SCHEDULER_GROUP, SchedulerMsg};
-use migration::{Decision, GiveUp, Migration, MigrationPolicy};
+use migration::{Decision, GONE_PICKS_MAX, GiveUp, Migration, MigrationPolicy};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -284,7 +287,7 @@ impl RequestState {
         };
         let Some(scheduler) = scheduler_of(&worker) else {
             release();
-            return Err(RequestError::WorkerGone);
+            return Err(RequestError::WorkerGone(worker));
         };
         // Listen before submitting so that no event can be missed.
         let mut rx = self.args.registry.register(id);
@@ -311,7 +314,7 @@ impl RequestState {
             forwarder.abort();
             watchdog.abort();
             release();
-            return Err(RequestError::WorkerGone);
+            return Err(RequestError::WorkerGone(worker));
         }
         self.attempt = Some(Attempt {
             id,
@@ -330,8 +333,22 @@ impl RequestState {
     /// Place (first attempt or a migration); on failure, wait and retry or fail the request,
     /// as the migration rule says.
     async fn place_or_retry(&mut self, myself: &ActorRef<RequestMsg>) -> bool {
-        let Err(error) = self.place(myself).await else {
-            return true;
+        let mut gone_picks = 0;
+        let error = loop {
+            match self.place(myself).await {
+                Ok(()) => return true,
+                // The router chose a worker that left a moment ago: route again at once,
+                // avoiding it (a pinned request has no other worker to go to).
+                Err(RequestError::WorkerGone(worker))
+                    if self.args.pin.is_none() && gone_picks < GONE_PICKS_MAX =>
+                {
+                    gone_picks += 1;
+                    metrics::counter!("flotilla_route_retries_total").increment(1);
+                    tracing::debug!(request = %self.args.job.request, %worker, "the chosen worker went away; routing again");
+                    self.migration.avoid_worker(worker);
+                }
+                Err(error) => break error,
+            }
         };
         let now = self.args.clock.now();
         match self.migration.on_place_failed(now, error.is_retryable()) {

@@ -28,6 +28,10 @@
 //!   left ([`Migration::avoid`] is handed to the router as a preference, not a ban).
 //! - A first placement (not a migration) does not wait: no worker means 503 at once, which
 //!   is load shedding's answer.
+//! - A placement whose chosen worker is already gone when the request is handed to it (the
+//!   router's view of the fleet is a moment behind a kill) is no loss and no failure: the
+//!   request is routed again at once, avoiding that worker, up to
+//!   [`GONE_PICKS_MAX`] times in a row; only then does the placement count as failed.
 //!
 //! Bounds: a request without progress fails on its first loss after `deadline` of stall once
 //! it has more than `limit` losses in it (so a poison request, one that crashes every worker
@@ -43,6 +47,11 @@ use std::time::Duration;
 
 /// Workers remembered as having failed a request (the most recent ones).
 pub const AVOID_MAX: usize = 8;
+
+/// Picks in a row whose worker was gone before it got the request, routed again at once;
+/// one more fails the placement (a router that keeps choosing departed workers is not
+/// catching up, and the request then follows the rule for a failed placement).
+pub const GONE_PICKS_MAX: u32 = 3;
 
 /// Bounds of migration (from `gateway.migration_*`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -182,11 +191,7 @@ impl Migration {
         }
         self.delivered_at_loss = delivered;
         if let Some(w) = worker {
-            self.avoid.retain(|a| *a != w);
-            self.avoid.push(w);
-            if self.avoid.len() > AVOID_MAX {
-                self.avoid.remove(0);
-            }
+            self.avoid_worker(w);
         }
         let stalled_for = self.stall_start.map_or(Duration::ZERO, |s| now - s);
         if self.stalled > self.policy.limit && stalled_for >= self.policy.deadline {
@@ -244,6 +249,15 @@ impl Migration {
         let migrated = self.current.take().is_some() && !self.hand_off;
         self.hand_off = false;
         migrated
+    }
+
+    /// Avoid `worker` in this request's next placements (the most recent [`AVOID_MAX`]).
+    pub fn avoid_worker(&mut self, worker: WorkerId) {
+        self.avoid.retain(|a| *a != worker);
+        self.avoid.push(worker);
+        if self.avoid.len() > AVOID_MAX {
+            self.avoid.remove(0);
+        }
     }
 
     /// Workers that failed this request, oldest first: to avoid when placing it.

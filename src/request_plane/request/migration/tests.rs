@@ -273,3 +273,20 @@ fn a_hand_off_placement_waits_for_a_worker_without_counting_a_migration() {
         Decision::Fail(GiveUp::Deadline { .. })
     ));
 }
+
+#[test]
+fn an_avoided_worker_is_remembered_once_and_most_recent_last() {
+    let mut m = Migration::new(policy(), 1);
+    m.avoid_worker(WorkerId::new("a"));
+    m.avoid_worker(WorkerId::new("b"));
+    m.avoid_worker(WorkerId::new("a"));
+    assert_eq!(m.avoid(), &[WorkerId::new("b"), WorkerId::new("a")]);
+    for i in 0..AVOID_MAX + 2 {
+        m.avoid_worker(WorkerId::new(format!("w{i}")));
+    }
+    assert_eq!(m.avoid().len(), AVOID_MAX);
+    assert_eq!(
+        m.avoid().last(),
+        Some(&WorkerId::new(format!("w{}", AVOID_MAX + 1)))
+    );
+}
