@@ -8,6 +8,8 @@
 //!   (`engine/sim.rs`), and the chaos filter that wraps either (`engine/chaos.rs`).
 //! - `error.rs` — [`WorkerError`]: why a step produced no tokens.
 //! - `role.rs` — [`Role`]: aggregated, prefill or decode (disaggregated serving).
+//! - `external.rs` — an engine outside Flotilla (`router.external_workers`) seen as a
+//!   replica: a scheduler-shaped proxy over HTTP and its KV events over ZMQ.
 //!
 //! [`SchedulerCore`]: scheduler::SchedulerCore
 //! [`StepEngine`]: engine::StepEngine
@@ -15,6 +17,7 @@
 
 pub mod engine;
 mod error;
+pub mod external;
 pub mod role;
 pub mod scheduler;
 

@@ -119,6 +119,9 @@ pub struct DiscoveryArgs {
     pub clock: SharedClock,
     /// Name of the worker-pool supervisor whose children are this node's workers.
     pub worker_pool_name: String,
+    /// Registered name of the supervisor of this node's external engines
+    /// (`router.external_workers`): its children are workers too.
+    pub external_pool_name: String,
     /// This node's resilience counters (sent in every heartbeat).
     pub stats: Arc<crate::runtime::resilience::NodeStats>,
     /// Where the fleet view is published.
@@ -197,7 +200,11 @@ impl DiscoveryState {
             .lock()
             .map(|g| g.clone())
             .unwrap_or_else(|p| p.into_inner().clone());
-        let (actors, mut workers) = describe_tree(me, &self.args.worker_pool_name);
+        let pools = [
+            self.args.worker_pool_name.as_str(),
+            self.args.external_pool_name.as_str(),
+        ];
+        let (actors, mut workers) = describe_tree(me, &pools);
         fill_worker_stats(&mut workers, &mut self.last_stats).await;
         self.args.endpoints.fill(&mut workers);
         let info = NodeInfo {
@@ -296,14 +303,16 @@ async fn fill_worker_stats(
 }
 
 /// List the actors of this node's tree (from its root supervisor) and its workers.
-fn describe_tree(me: &ActorCell, worker_pool: &str) -> (Vec<ActorView>, Vec<WorkerView>) {
+/// `pools`: the supervisors whose children are workers (the replicas' and the external
+/// engines').
+fn describe_tree(me: &ActorCell, pools: &[&str]) -> (Vec<ActorView>, Vec<WorkerView>) {
     let mut actors = Vec::new();
     let mut workers = Vec::new();
     let root = me.try_get_supervisor().unwrap_or_else(|| me.clone());
     fn walk(
         cell: &ActorCell,
         prefix: &str,
-        worker_pool: &str,
+        pools: &[&str],
         actors: &mut Vec<ActorView>,
         workers: &mut Vec<WorkerView>,
     ) {
@@ -325,7 +334,7 @@ fn describe_tree(me: &ActorCell, worker_pool: &str) -> (Vec<ActorView>, Vec<Work
         let mut children = cell.get_children();
         children.sort_by_key(|c| c.get_id().pid());
         for child in children {
-            if full == worker_pool {
+            if pools.contains(&full.as_str()) {
                 // A replica supervisor's registered name is its worker id.
                 workers.push(WorkerView {
                     id: child.get_name().unwrap_or_default(),
@@ -333,10 +342,10 @@ fn describe_tree(me: &ActorCell, worker_pool: &str) -> (Vec<ActorView>, Vec<Work
                     ..WorkerView::default()
                 });
             }
-            walk(&child, &path, worker_pool, actors, workers);
+            walk(&child, &path, pools, actors, workers);
         }
     }
-    walk(&root, "", worker_pool, &mut actors, &mut workers);
+    walk(&root, "", pools, &mut actors, &mut workers);
     (actors, workers)
 }
 

@@ -32,6 +32,7 @@
 //! | `top_logprobs` (chat) | 0 only, requires `logprobs: true`; 1..=20 → 400 "not supported" (no alternatives are computed) | 0 |
 //! | `user` | string (an end-user id; not used) | none |
 //! | `ignore_eos` (extension) | boolean | false |
+//! | `return_token_ids` (extension, vLLM's) | boolean: each choice also carries its generated `token_ids` | false |
 //! | `response_format` | `{"type":"text"}`; `json_object` / `json_schema` → 400 "not supported" | text |
 //! | `tool_choice`, `function_call` (chat) | `"none"` or `"auto"` (a plain answer: there are no tools); `"required"` or a named function → 400 `param` = the field | none |
 //! | `modalities` (chat) | `["text"]` | text |
@@ -171,6 +172,8 @@ pub struct GenerationRequest {
     pub logprobs: Option<u32>,
     /// Extension: keep generating past end-of-sequence.
     pub ignore_eos: bool,
+    /// Extension (vLLM's): each choice carries the ids it generated.
+    pub return_token_ids: bool,
     /// End-user id, passed through.
     pub user: Option<String>,
 }
@@ -263,6 +266,7 @@ fn from_object(kind: RequestKind, obj: &Obj) -> Result<GenerationRequest, ApiErr
     let n = get_int(obj, "n", 1, i128::from(MAX_N))?.unwrap_or(1);
     let logprobs = parse_logprobs(kind, obj)?;
     let ignore_eos = get_bool(obj, "ignore_eos")?.unwrap_or(false);
+    let return_token_ids = get_bool(obj, "return_token_ids")?.unwrap_or(false);
     let user = get_str(obj, "user")?.map(str::to_owned);
     check_response_format(obj)?;
     fields::audit(kind, obj)?;
@@ -280,6 +284,7 @@ fn from_object(kind: RequestKind, obj: &Obj) -> Result<GenerationRequest, ApiErr
         n: u32::try_from(n).unwrap_or(1),
         logprobs,
         ignore_eos,
+        return_token_ids,
         user,
     })
 }

@@ -30,6 +30,11 @@
 //!   `"text": ""` for completions), as OpenAI's API does; all text goes out in content chunks
 //!   before it. A choice whose finish chunk is its first chunk gets
 //!   `{"role":"assistant","content":""}` there;
+//! - **`token_ids`** (vLLM's `return_token_ids` extension, asked per request): every choice
+//!   object, streamed or not, carries the ids of the tokens it generated (streamed: since the
+//!   previous chunk of that choice; the finish chunk's list is empty), the end-of-sequence or
+//!   stop token included; a token whose text is empty still gets its chunk. vLLM's
+//!   `prompt_token_ids` is not returned;
 //! - **usage key choice**: chunks other than the usage chunk carry **no `usage` key at all**;
 //!   with `include_usage`, one extra chunk `{"choices":[],"usage":{…}}` comes after every
 //!   choice has finished, and only then ([`StreamState::usage`] returns `None` before that).
@@ -100,6 +105,8 @@ pub struct ChoiceOutput {
     pub finish_reason: FinishReason,
     /// Per-token logprobs when the request asked for them.
     pub logprobs: Option<Vec<TokenLogprob>>,
+    /// The generated token ids, when the request asked for them (`return_token_ids`).
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// `chatcmpl-{unique}` for chat, `cmpl-{unique}` for completions.
@@ -175,19 +182,25 @@ pub fn completion_body(
     let choices: Vec<Value> = choices
         .iter()
         .enumerate()
-        .map(|(i, c)| match kind {
-            RequestKind::Chat => json!({
-                "index": i,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": c.logprobs.as_deref().map(chat_logprobs),
-                "finish_reason": c.finish_reason.as_str(),
-            }),
-            RequestKind::Completion => json!({
-                "index": i,
-                "text": c.text,
-                "logprobs": c.logprobs.as_deref().map(|t| completion_logprobs(t, 0)),
-                "finish_reason": c.finish_reason.as_str(),
-            }),
+        .map(|(i, c)| {
+            let mut choice = match kind {
+                RequestKind::Chat => json!({
+                    "index": i,
+                    "message": {"role": "assistant", "content": c.text},
+                    "logprobs": c.logprobs.as_deref().map(chat_logprobs),
+                    "finish_reason": c.finish_reason.as_str(),
+                }),
+                RequestKind::Completion => json!({
+                    "index": i,
+                    "text": c.text,
+                    "logprobs": c.logprobs.as_deref().map(|t| completion_logprobs(t, 0)),
+                    "finish_reason": c.finish_reason.as_str(),
+                }),
+            };
+            if let Some(ids) = &c.token_ids {
+                choice["token_ids"] = json!(ids);
+            }
+            choice
         })
         .collect();
     json!({
@@ -229,6 +242,8 @@ pub struct StreamState {
     include_usage: bool,
     choices: Vec<ChoiceStream>,
     usage_sent: bool,
+    /// Every choice object carries `token_ids` (`return_token_ids`).
+    token_ids: bool,
 }
 
 impl StreamState {
@@ -241,7 +256,15 @@ impl StreamState {
             include_usage,
             choices: vec![ChoiceStream::default(); n],
             usage_sent: false,
+            token_ids: false,
         }
+    }
+
+    /// Every content and finish chunk's choice carries `token_ids`: the ids generated since
+    /// the previous chunk of that choice (vLLM's `return_token_ids`).
+    pub fn with_token_ids(mut self) -> Self {
+        self.token_ids = true;
+        self
     }
 
     /// The id all chunks share.
@@ -298,15 +321,29 @@ impl StreamState {
         text: &str,
         logprobs: Option<&[TokenLogprob]>,
     ) -> Option<Value> {
+        self.delta_with_ids(index, text, logprobs, &[])
+    }
+
+    /// [`StreamState::delta`] that also carries `token_ids` (with
+    /// [`StreamState::with_token_ids`]): a chunk is sent for ids alone too (an end-of-sequence
+    /// token has no text).
+    pub fn delta_with_ids(
+        &mut self,
+        index: u32,
+        text: &str,
+        logprobs: Option<&[TokenLogprob]>,
+        token_ids: &[u32],
+    ) -> Option<Value> {
         let kind = self.kind;
+        let with_ids = self.token_ids;
         let logprobs = logprobs.filter(|l| !l.is_empty());
-        if text.is_empty() && logprobs.is_none() {
+        if text.is_empty() && logprobs.is_none() && (token_ids.is_empty() || !with_ids) {
             return None;
         }
         let c = self.open(index)?;
         let offset = c.chars_sent;
         c.chars_sent += text.chars().count();
-        let choice = match kind {
+        let mut choice = match kind {
             RequestKind::Chat => {
                 let delta = if c.role_sent {
                     json!({"content": text})
@@ -328,6 +365,9 @@ impl StreamState {
                 "finish_reason": null,
             }),
         };
+        if with_ids {
+            choice["token_ids"] = json!(token_ids);
+        }
         Some(self.chunk(choice))
     }
 
@@ -336,7 +376,7 @@ impl StreamState {
         let kind = self.kind;
         let c = self.open(index)?;
         c.finished = true;
-        let choice = match kind {
+        let mut choice = match kind {
             RequestKind::Chat => {
                 let delta = if c.role_sent {
                     json!({})
@@ -350,6 +390,9 @@ impl StreamState {
                 json!({"index": index, "text": "", "logprobs": null, "finish_reason": reason.as_str()})
             }
         };
+        if self.token_ids {
+            choice["token_ids"] = json!([]);
+        }
         Some(self.chunk(choice))
     }
 

@@ -163,6 +163,10 @@ pub struct RouterConfig {
     pub temperature: f64,
     /// Seed of the router's random choices (`random`, `temperature > 0`).
     pub seed: u64,
+    /// Engines outside Flotilla (vLLM-compatible servers, or another fleet's `worker.http`
+    /// faces) that this node's router places requests on, as workers `<node>/<name>`
+    /// (`worker::external`). Needs the gateway and router roles on this node.
+    pub external_workers: Vec<ExternalWorkerConfig>,
 }
 
 impl Default for RouterConfig {
@@ -173,8 +177,29 @@ impl Default for RouterConfig {
             dynamo_overlap_weight: 1.0,
             temperature: 0.0,
             seed: 0,
+            external_workers: Vec::new(),
         }
     }
+}
+
+/// One external engine (`[[router.external_workers]]`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalWorkerConfig {
+    /// Name, unique among this node's external workers: the worker id is `<node>/<name>`.
+    pub name: String,
+    /// The engine's OpenAI-compatible base URL, `http://` only, e.g. `http://10.0.0.7:8000`
+    /// (it must serve
+    /// `POST /v1/completions` with token-id prompts and vLLM's `return_token_ids`, and
+    /// `GET /health`).
+    pub url: String,
+    /// Its vLLM-format KV event socket (ZMQ PUB), e.g. `tcp://10.0.0.7:5557`; without one
+    /// the router places on this engine by load only.
+    #[serde(default)]
+    pub kv_events: Option<String>,
+    /// The model name to send; default: the first id of the engine's `GET /v1/models`.
+    #[serde(default)]
+    pub model: Option<String>,
 }
 
 /// The chaos API (fault injection), off by default.
@@ -595,6 +620,66 @@ impl Config {
         Ok(cfg)
     }
 
+    /// `router.external_workers`: roles, names, URLs.
+    fn validate_external_workers(&self) -> Result<(), ConfigError> {
+        let ext = &self.router.external_workers;
+        if ext.is_empty() {
+            return Ok(());
+        }
+        const F: &str = "router.external_workers";
+        if !(self.has_role(Role::Router) && self.has_role(Role::Gateway)) {
+            return Err(invalid(
+                F,
+                "needs the router and gateway roles on this node (the gateway's model gives \
+                 the block-hash salt and end-of-sequence tokens)",
+            ));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for e in ext {
+            let ok_name = !e.name.is_empty()
+                && e.name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+            if !ok_name {
+                return Err(invalid(
+                    F,
+                    format!("name {:?}: use letters, digits, '-' and '_'", e.name),
+                ));
+            }
+            if e.name.starts_with("replica-") {
+                return Err(invalid(
+                    F,
+                    format!(
+                        "name {:?}: replica-<k> names this node's own replicas",
+                        e.name
+                    ),
+                ));
+            }
+            if !names.insert(e.name.as_str()) {
+                return Err(invalid(F, format!("name {:?} appears twice", e.name)));
+            }
+            if !e.url.starts_with("http://") {
+                return Err(invalid(
+                    F,
+                    format!(
+                        "{}: url {:?} must start with http:// (the engine client speaks plain \
+                         HTTP; put a TLS proxy on the engine's side)",
+                        e.name, e.url
+                    ),
+                ));
+            }
+            if let Some(k) = &e.kv_events
+                && !k.starts_with("tcp://")
+            {
+                return Err(invalid(
+                    F,
+                    format!("{}: kv_events {k:?} must be a tcp:// endpoint", e.name),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Check ranges and consistency.
     ///
     /// # Errors
@@ -629,6 +714,7 @@ impl Config {
         if c.max_frame_bytes < 1024 * 1024 {
             return Err(invalid("cluster.max_frame_bytes", "must be at least 1 MiB"));
         }
+        self.validate_external_workers()?;
         if self.node.roles.is_empty() {
             return Err(invalid("node.roles", "at least one role is required"));
         }

@@ -7,6 +7,10 @@
 //! ├─ router_sup        (router)  one_for_all  10 in 60 s: the relay is useless without its router
 //! │  ├─ router         placement: KV-aware (prefix index + load)
 //! │  └─ kv_event_relay joins the KV-events group, hands every batch to the router
+//! ├─ external_workers  (router.external_workers) one_for_one  supervision.max_restarts in period_ms
+//! │  └─ <name>         one per external engine, one_for_all, 5 in 10 s (worker `<node>/<name>`)
+//! │     ├─ kv_manager  the engine's KV events (translated from vLLM's) out to the routers
+//! │     └─ scheduler   the engine seen as a scheduler: requests over HTTP, health polled
 //! ├─ gateway_sup       (gateway, or a worker with worker.http) one_for_one
 //! │  │                 supervision.max_restarts in period_ms
 //! │  ├─ token_sink     receives this node's requests' tokens, one message per step
@@ -77,6 +81,9 @@ pub fn node_tree(ctx: &NodeContext) -> SupervisorSpec {
     if ctx.config.has_role(Role::Router) {
         node = node.child(ChildSpec::supervisor(router_sup(ctx)));
     }
+    if let Some(pool) = external_workers(ctx) {
+        node = node.child(ChildSpec::supervisor(pool));
+    }
     let faces = ctx.config.has_role(Role::Worker) && ctx.config.worker.http.is_some();
     if ctx.config.has_role(Role::Gateway) || faces {
         node = node.child(ChildSpec::supervisor(gateway_sup(ctx)));
@@ -99,6 +106,49 @@ fn router_sup(ctx: &NodeContext) -> SupervisorSpec {
     .counting(ctx.stats.clone())
     .child(spawn::router(ctx))
     .child(spawn::kv_event_relay(ctx))
+}
+
+/// The external engines of `router.external_workers`, each as a worker of this node (`None`
+/// without any, or without the gateway's model to hash and stop with).
+fn external_workers(ctx: &NodeContext) -> Option<SupervisorSpec> {
+    let ext = &ctx.config.router.external_workers;
+    if ext.is_empty() {
+        return None;
+    }
+    let Some(frontend) = &ctx.frontend else {
+        tracing::error!(
+            "router.external_workers: no model on this node; external engines not started"
+        );
+        return None;
+    };
+    let pair_flags = flags(ctx, Strategy::OneForAll, REPLICA_BUDGET);
+    let engines = ext.iter().map(|e| {
+        let worker = crate::runtime::ids::WorkerId::new(format!("{}{}", ctx.prefix, e.name));
+        let args = crate::worker::external::ExternalArgs {
+            kv_publisher_name: format!("{worker}/kv_manager"),
+            worker: worker.clone(),
+            config: e.clone(),
+            block_size: ctx.config.worker.block_size_tokens as u32,
+            salt: frontend.salt,
+            eos_ids: frontend.tokenizer.eos_ids.clone(),
+        };
+        ChildSpec::supervisor(
+            SupervisorSpec::new(worker.to_string(), pair_flags)
+                .counting(ctx.stats.clone())
+                .children([
+                    spawn::external_kv_manager(ctx, &args),
+                    spawn::external_engine(ctx, &args),
+                ]),
+        )
+    });
+    Some(
+        SupervisorSpec::new(
+            ctx.name("external_workers"),
+            flags(ctx, Strategy::OneForOne, inner_budget(ctx)),
+        )
+        .counting(ctx.stats.clone())
+        .children(engines),
+    )
 }
 
 /// The request plane's doors: the gateway's listener and the replicas' own faces

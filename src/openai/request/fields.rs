@@ -39,6 +39,7 @@ const COMMON: &[&str] = &[
     "logprobs",
     "user",
     "ignore_eos",
+    "return_token_ids",
     "response_format",
     "logit_bias",
 ];

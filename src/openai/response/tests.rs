@@ -48,11 +48,13 @@ fn non_streaming_chat() {
             text: "Hi".into(),
             finish_reason: FinishReason::Stop,
             logprobs: Some(vec![lp]),
+            token_ids: None,
         },
         ChoiceOutput {
             text: "Hey".into(),
             finish_reason: FinishReason::Length,
             logprobs: None,
+            token_ids: None,
         },
     ];
     let body = chat_completion(&meta(RequestKind::Chat), &choices, &USAGE);
@@ -92,6 +94,7 @@ fn non_streaming_text_completion() {
         text: "éb".into(),
         finish_reason: FinishReason::Length,
         logprobs: Some(lps),
+        token_ids: None,
     }];
     let body = text_completion(&meta(RequestKind::Completion), &choices, &USAGE);
     assert_eq!(body["object"], "text_completion");
@@ -266,4 +269,40 @@ fn zero_choices_is_one() {
     let mut s = StreamState::new(RequestKind::Chat, meta(RequestKind::Chat), 0, false);
     assert!(s.finish(0, FinishReason::Stop).is_some());
     assert!(s.all_finished());
+}
+
+#[test]
+fn token_ids_ride_on_every_choice_when_asked() {
+    let choices = [ChoiceOutput {
+        text: "Hi".into(),
+        finish_reason: FinishReason::Stop,
+        logprobs: None,
+        token_ids: Some(vec![7, 2]),
+    }];
+    let body = text_completion(&meta(RequestKind::Completion), &choices, &USAGE);
+    assert_eq!(body["choices"][0]["token_ids"], json!([7, 2]));
+    let plain = StreamState::new(
+        RequestKind::Completion,
+        meta(RequestKind::Completion),
+        1,
+        false,
+    )
+    .delta_with_ids(0, "", None, &[2]);
+    assert!(plain.is_none(), "ids are not sent unless asked");
+    let mut s = StreamState::new(
+        RequestKind::Completion,
+        meta(RequestKind::Completion),
+        1,
+        false,
+    )
+    .with_token_ids();
+    let a = s.delta_with_ids(0, "Hi", None, &[7]).unwrap();
+    assert_eq!(a["choices"][0]["token_ids"], json!([7]));
+    // The end-of-sequence token has no text but still gets its chunk.
+    let eos = s.delta_with_ids(0, "", None, &[2]).unwrap();
+    assert_eq!(eos["choices"][0]["token_ids"], json!([2]));
+    assert_eq!(eos["choices"][0]["text"], "");
+    let fin = s.finish(0, FinishReason::Stop).unwrap();
+    assert_eq!(fin["choices"][0]["token_ids"], json!([]));
+    assert_eq!(fin["choices"][0]["finish_reason"], "stop");
 }

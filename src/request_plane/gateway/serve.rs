@@ -208,6 +208,8 @@ struct Choice {
     stop: StopMatcher,
     tokenizer: TokRef,
     want_logprobs: bool,
+    /// `return_token_ids`: the ids go out with the text.
+    want_ids: bool,
     completion_tokens: u32,
     cached_tokens: u32,
     finish: Option<FinishReason>,
@@ -223,6 +225,8 @@ struct Choice {
 struct Produced {
     text: String,
     logprobs: Vec<TokenLogprob>,
+    /// The event's token id (with `return_token_ids`).
+    token_ids: Vec<u32>,
 }
 
 impl Choice {
@@ -230,6 +234,7 @@ impl Choice {
         let mut out = Produced {
             text: String::new(),
             logprobs: Vec::new(),
+            token_ids: Vec::new(),
         };
         match ev {
             TokenEventKind::Admitted {
@@ -266,6 +271,9 @@ impl Choice {
                 }
                 self.last = Some(now);
                 self.completion_tokens += 1;
+                if self.want_ids {
+                    out.token_ids.push(id);
+                }
                 let mut piece = self.detok.step(id)?;
                 if finish.is_some() {
                     piece.push_str(&self.detok.finish()?);
@@ -412,6 +420,7 @@ async fn start(
             stop: StopMatcher::new(&req.stop),
             tokenizer: tok,
             want_logprobs: req.logprobs.is_some(),
+            want_ids: req.return_token_ids,
             completion_tokens: 0,
             cached_tokens: 0,
             finish: None,
@@ -482,6 +491,7 @@ async fn collect(mut st: Started) -> Result<Response, ApiError> {
     let n = st.choices.len();
     let mut texts = vec![String::new(); n];
     let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
+    let mut ids: Vec<Vec<u32>> = vec![Vec::new(); n];
     let mut queue = std::mem::take(&mut st.pending);
     let route = if st.kind == RequestKind::Chat {
         "chat"
@@ -509,6 +519,7 @@ async fn collect(mut st: Started) -> Result<Response, ApiError> {
         }
         texts[i as usize].push_str(&p.text);
         lps[i as usize].extend(p.logprobs);
+        ids[i as usize].extend(p.token_ids);
     }
     let outputs: Vec<ChoiceOutput> = st
         .choices
@@ -518,6 +529,7 @@ async fn collect(mut st: Started) -> Result<Response, ApiError> {
             text: std::mem::take(&mut texts[i]),
             finish_reason: c.finish.unwrap_or(FinishReason::Stop),
             logprobs: c.want_logprobs.then(|| std::mem::take(&mut lps[i])),
+            token_ids: c.want_ids.then(|| std::mem::take(&mut ids[i])),
         })
         .collect();
     let usage = usage_of(&st);
@@ -537,6 +549,9 @@ fn stream(st: Started, keep_alive: Duration) -> Response {
     let events = async_stream::stream! {
         let mut st = st;
         let mut state = StreamState::new(st.kind, st.meta.clone(), st.choices.len() as u32, st.include_usage);
+        if st.choices.first().is_some_and(|c| c.want_ids) {
+            state = state.with_token_ids();
+        }
         let mut queue = std::mem::take(&mut st.pending);
         loop {
             if st.choices.iter().all(|c| c.finish.is_some()) {
@@ -561,7 +576,7 @@ fn stream(st: Started, keep_alive: Duration) -> Response {
                 }
             };
             let lp = (!p.logprobs.is_empty()).then_some(p.logprobs.as_slice());
-            if let Some(chunk) = state.delta(i, &p.text, lp) {
+            if let Some(chunk) = state.delta_with_ids(i, &p.text, lp, &p.token_ids) {
                 yield Ok(sse::data(&chunk));
             }
             if let Some(reason) = st.choices[i as usize].finish {

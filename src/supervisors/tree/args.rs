@@ -54,6 +54,7 @@ pub(super) fn discovery(ctx: &NodeContext) -> DiscoveryArgs {
         events: ctx.membership.clone(),
         clock: ctx.clock.clone(),
         worker_pool_name: ctx.name("worker_pool"),
+        external_pool_name: ctx.name("external_workers"),
         stats: ctx.stats.clone(),
         fleet: ctx.fleet.clone(),
         transport: ctx.transport.clone(),

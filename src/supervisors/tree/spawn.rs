@@ -127,6 +127,40 @@ pub(super) fn kv_manager(p: &ReplicaParams) -> ChildSpec {
     .shutdown(p.shutdown)
 }
 
+/// An external engine's KV event publisher: a replica's, fed by the engine's translated
+/// vLLM-format events instead of a block pool.
+pub(super) fn external_kv_manager(
+    ctx: &NodeContext,
+    a: &crate::worker::external::ExternalArgs,
+) -> ChildSpec {
+    let worker = a.worker.clone();
+    let faults = ctx.faults.clone();
+    ChildSpec::actor("kv_manager", Some(a.kv_publisher_name.clone()), move || {
+        (
+            KvEventPublisher,
+            KvPublisherArgs {
+                worker: worker.clone(),
+                faults: faults.clone(),
+                vllm: None,
+            },
+        )
+    })
+    .shutdown(args::shutdown(ctx))
+}
+
+/// An external engine seen as a scheduler (`worker::external`).
+pub(super) fn external_engine(
+    ctx: &NodeContext,
+    a: &crate::worker::external::ExternalArgs,
+) -> ChildSpec {
+    let a = a.clone();
+    let name = format!("{}/scheduler", a.worker);
+    ChildSpec::actor("scheduler", Some(name), move || {
+        (crate::worker::external::ExternalEngine, a.clone())
+    })
+    .shutdown(args::shutdown(ctx))
+}
+
 /// A replica's engine: the real forward pass, or the timing model when `p.sim` is set.
 pub(super) fn engine(p: &ReplicaParams) -> ChildSpec {
     let name = Some(p.part_name("engine"));
