@@ -140,3 +140,54 @@ fn settings_that_would_do_nothing_are_refused_naming_the_other() {
     load(&[("worker.backend", "auto"), ("worker.cuda_gemm", "bf16")]).unwrap();
     load(&[("worker.backend", "cuda"), ("worker.cuda_gemm", "bf16")]).unwrap();
 }
+
+#[test]
+fn external_workers_are_read_from_a_file_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f.toml");
+    std::fs::write(
+        &path,
+        "[node]\ncookie = \"a\"\n[[router.external_workers]]\nname = \"vllm-a\"\n\
+         url = \"http://10.0.0.7:8000\"\nkv_events = \"tcp://10.0.0.7:5557\"\n",
+    )
+    .unwrap();
+    let c = Config::load(Some(&path), serde_json::json!({})).unwrap();
+    let e = &c.router.external_workers[0];
+    assert_eq!((e.name.as_str(), e.model.as_deref()), ("vllm-a", None));
+    assert_eq!(e.kv_events.as_deref(), Some("tcp://10.0.0.7:5557"));
+    let check = |ext: serde_json::Value, roles: serde_json::Value| {
+        let mut o = with_cookie();
+        o["router"] = serde_json::json!({"external_workers": ext});
+        o["node"]["roles"] = roles;
+        Config::load(None, o).map(|_| ()).map_err(|e| e.to_string())
+    };
+    let all = serde_json::json!(["gateway", "router", "worker"]);
+    let one = |name: &str, url: &str| serde_json::json!([{"name": name, "url": url}]);
+    check(one("a", "http://h:1"), all.clone()).unwrap();
+    for (ext, roles, says) in [
+        (
+            one("a", "http://h:1"),
+            serde_json::json!(["router"]),
+            "gateway roles",
+        ),
+        (one("a b", "http://h:1"), all.clone(), "letters"),
+        (one("replica-0", "http://h:1"), all.clone(), "own replicas"),
+        (one("a", "https://h:1"), all.clone(), "http://"),
+        (
+            serde_json::json!([{"name": "a", "url": "http://h:1"}, {"name": "a", "url": "http://h:2"}]),
+            all.clone(),
+            "twice",
+        ),
+        (
+            serde_json::json!([{"name": "a", "url": "http://h:1", "kv_events": "h:5557"}]),
+            all.clone(),
+            "tcp://",
+        ),
+    ] {
+        let err = check(ext, roles).unwrap_err();
+        assert!(
+            err.contains("router.external_workers") && err.contains(says),
+            "{err}"
+        );
+    }
+}
