@@ -13,7 +13,7 @@ mod poll;
 #[path = "common/process.rs"]
 mod process;
 
-use crate::http::{Gateway, MODEL, fleet, wait_routable};
+use crate::http::{MODEL, delta, fleet, metric_sum, placements, wait_routable};
 use crate::inproc::FleetOptions;
 use crate::poll::poll_until;
 use crate::process::{Cluster, node_pid, signal};
@@ -47,54 +47,6 @@ async fn engine_endpoints(engines: &Cluster) -> BTreeMap<String, (String, String
         },
     )
     .await
-}
-
-/// Router placements per worker, from the routing node's `/metrics`.
-async fn placements(c: &impl Gateway) -> BTreeMap<String, u64> {
-    let text = reqwest::get(c.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("flotilla_router_placements_total{") else {
-            continue;
-        };
-        let worker = rest
-            .split("worker=\"")
-            .nth(1)
-            .unwrap()
-            .split('"')
-            .next()
-            .unwrap();
-        let n: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
-        *out.entry(worker.to_owned()).or_default() += n as u64;
-    }
-    out
-}
-
-fn delta(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
-    after
-        .iter()
-        .map(|(w, n)| (w.clone(), n - before.get(w).copied().unwrap_or(0)))
-        .filter(|(_, n)| *n > 0)
-        .collect()
-}
-
-/// A Prometheus counter's value (summed over its series) on the routing node's `/metrics`.
-async fn counter(c: &impl Gateway, name: &str) -> u64 {
-    let text = reqwest::get(c.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
-        .sum()
 }
 
 fn chat(system: &str, user: &str, max_tokens: u32) -> Value {
@@ -193,7 +145,7 @@ async fn the_router_serves_from_external_engines_by_their_kv_events_and_survives
     )
     .await;
     let before = placements(&c).await;
-    let overlap_before = counter(&c, "flotilla_router_overlap_blocks_total").await;
+    let overlap_before = metric_sum(&c, "flotilla_router_overlap_blocks_total").await;
     for i in 1..5 {
         send(
             &c.url("/v1/chat/completions"),
@@ -209,7 +161,7 @@ async fn the_router_serves_from_external_engines_by_their_kv_events_and_survives
     );
     // …because the router saw the prefix's blocks there (the 300-word system prompt is
     // more than 16 blocks of 16 tokens), not by a tie.
-    let overlap = counter(&c, "flotilla_router_overlap_blocks_total").await - overlap_before;
+    let overlap = metric_sum(&c, "flotilla_router_overlap_blocks_total").await - overlap_before;
     assert!(
         overlap >= 4 * 16,
         "prefix blocks the router found cached: {overlap}"

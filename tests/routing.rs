@@ -16,48 +16,13 @@ mod poll;
 mod process;
 
 use crate::{
-    http::{Gateway, MODEL, wait_routable},
+    http::{Gateway, MODEL, delta, metric_sum, placements, wait_routable},
     inproc::{FleetOptions, NODE},
     process::{Cluster, node_pid, signal},
 };
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
 use std::time::Duration;
-
-/// Router placements per worker, from the gateway node's `/metrics`.
-async fn placements(c: &impl Gateway) -> BTreeMap<String, u64> {
-    let text = reqwest::get(c.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("flotilla_router_placements_total{") else {
-            continue;
-        };
-        let worker = rest
-            .split("worker=\"")
-            .nth(1)
-            .unwrap()
-            .split('"')
-            .next()
-            .unwrap();
-        let n: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
-        *out.entry(worker.to_owned()).or_default() += n as u64;
-    }
-    out
-}
-
-fn delta(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
-    after
-        .iter()
-        .map(|(w, n)| (w.clone(), n - before.get(w).copied().unwrap_or(0)))
-        .filter(|(_, n)| *n > 0)
-        .collect()
-}
 
 fn prefix(tag: &str, words: usize) -> String {
     (0..words).map(|i| format!("{tag}{} ", i % 97)).collect()
@@ -529,18 +494,4 @@ async fn a_pick_whose_worker_is_gone_is_routed_again() {
         retries >= 1,
         "round_robin chose the departed worker at least once and routed again: {retries}"
     );
-}
-
-/// The sum of a Prometheus counter's series on the gateway node's `/metrics`.
-async fn metric_sum(c: &impl Gateway, name: &str) -> u64 {
-    let text = reqwest::get(c.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
-        .sum()
 }

@@ -288,3 +288,17 @@ pub enum TokenSinkMsg {
 pub fn find_sink(owner: &Owner) -> Option<ActorRef<TokenSinkMsg>> {
     crate::runtime::cluster::member_named(TOKEN_SINK_GROUP, &sink_name(owner)).map(Into::into)
 }
+
+/// Send `events` to `owner`'s sink as one [`TokenSinkMsg::Deliver`]; gives them back when
+/// the sink cannot be found or reached (restarting, or the owner gone).
+pub fn deliver(owner: &Owner, events: Vec<TokenEvent>) -> Result<(), Vec<TokenEvent>> {
+    let delivery = Delivery {
+        incarnation: owner.incarnation,
+        events,
+    };
+    let sent = find_sink(owner).is_some_and(|s| {
+        s.cast(TokenSinkMsg::Deliver(Wire::encode(&delivery)))
+            .is_ok()
+    });
+    if sent { Ok(()) } else { Err(delivery.events) }
+}

@@ -36,6 +36,10 @@
 //!   answer. A `Cancel` (client gone) drops the HTTP stream, which an engine reads as an
 //!   abort.
 //!
+//! Load: `Stats` (so `/v1/fleet` and admission) report the engine's own
+//! `vllm:num_requests_running` / `…_waiting` and its KV use as per-mille of
+//! [`KV_USAGE_SCALE`] "blocks", read with each health poll.
+//!
 //! Not carried over: a seeded sequence that migrates to or from an external engine does not
 //! resume its draws at the same index (`SamplingParams::offset` has no OpenAI field); greedy
 //! sequences are unaffected. `cached_tokens` in the response is 0 (an engine reports its
@@ -55,7 +59,7 @@ use crate::kv::KvPublisherMsg;
 use crate::kv::vllm::{Translator, VllmEvent};
 use crate::kv::zmq::ZmqSubscriber;
 use crate::request_plane::protocol::{
-    Delivery, FinishReason, Owner, SubmitRequest, TokenEvent, TokenEventKind, find_sink,
+    self, FinishReason, Owner, SubmitRequest, TokenEvent, TokenEventKind,
 };
 use crate::runtime::config::ExternalWorkerConfig;
 use crate::runtime::ids::{NodeId, RequestId, WorkerId};
@@ -76,6 +80,10 @@ pub const HEALTH_INTERVAL: Duration = Duration::from_millis(500);
 pub const HEALTH_TIMEOUT: Duration = Duration::from_millis(1_000);
 /// Failed health reads in a row that take the worker out of routing.
 pub const UNHEALTHY_AFTER: u32 = 2;
+/// An engine publishes its KV use as a fraction (`vllm:kv_cache_usage_perc`), not its pool
+/// size: `/v1/fleet` and admission see it as `kv_blocks_used` out of this many
+/// `kv_blocks_total` (so `gateway.busy_kv_ratio` applies to it as to a replica).
+pub const KV_USAGE_SCALE: usize = 1_000;
 /// How long connecting to the engine may take before a request is handed back.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -353,8 +361,7 @@ impl ExternalState {
         } else {
             Health::Unhealthy
         };
-        // The engine's pool size is not published; usage is reported per thousand blocks.
-        let total = 1_000;
+        let total = KV_USAGE_SCALE;
         SchedulerStats {
             worker: self.args.worker.clone(),
             waiting: self.load.waiting,
@@ -367,25 +374,18 @@ impl ExternalState {
     }
 }
 
-/// Send `events` for `request` to its owner's token sink; false when the owner is gone.
+/// Send `events` for `request` to its owner's token sink; false when it cannot be reached
+/// (the request's task then ends: a Request that hears nothing asks `Has` and resumes).
 fn deliver(owner: &Owner, request: RequestId, events: Vec<TokenEventKind>) -> bool {
-    if events.is_empty() {
-        return true;
-    }
-    let Some(sink) = find_sink(owner) else {
-        return false;
-    };
-    let delivery = Delivery {
-        incarnation: owner.incarnation,
-        events: events
-            .into_iter()
-            .map(|kind| TokenEvent { request, kind })
-            .collect(),
-    };
-    sink.cast(crate::request_plane::protocol::TokenSinkMsg::Deliver(
-        Wire::encode(&delivery),
-    ))
-    .is_ok()
+    events.is_empty()
+        || protocol::deliver(
+            owner,
+            events
+                .into_iter()
+                .map(|kind| TokenEvent { request, kind })
+                .collect(),
+        )
+        .is_ok()
 }
 
 /// One request's HTTP exchange with the engine.

@@ -105,7 +105,7 @@ pub use crate::kv::BlockPool;
 
 use crate::kv::KvEvent;
 use crate::request_plane::protocol::{
-    self, Delivery, Owner, RemoteKv, SubmitRequest, TokenEvent, TokenEventKind,
+    self, Owner, RemoteKv, SubmitRequest, TokenEvent, TokenEventKind,
 };
 use crate::runtime::ids::{NodeId, RequestId, SeqId, WorkerId};
 use crate::runtime::wire::Wire;
@@ -440,20 +440,7 @@ impl SchedulerState {
     /// be found are kept and retried (a sink restarting) until the outbox finds the owner gone;
     /// then its sequences are aborted.
     fn flush(&mut self) {
-        let gone = self.outbox.flush(
-            |owner, events| {
-                let delivery = Delivery {
-                    incarnation: owner.incarnation,
-                    events,
-                };
-                let sent = protocol::find_sink(owner).is_some_and(|s| {
-                    s.cast(protocol::TokenSinkMsg::Deliver(Wire::encode(&delivery)))
-                        .is_ok()
-                });
-                if sent { Ok(()) } else { Err(delivery.events) }
-            },
-            protocol::owner_status,
-        );
+        let gone = self.outbox.flush(protocol::deliver, protocol::owner_status);
         for owner in gone {
             self.abort_owner(&owner);
         }

@@ -1,9 +1,11 @@
-//! Talking to a gateway over HTTP: JSON posts, `/health`, the fleet view and its counters.
+//! Talking to a gateway over HTTP: JSON posts, `/health`, the fleet view and its counters,
+//! `/metrics` counters and router placements.
 //! Works with any cluster that has a gateway ([`Gateway`]: node processes or in-process).
 //! Needs `poll`.
 #![allow(dead_code, reason = "each binary that talks HTTP uses a subset")]
 
 use super::poll::poll_until;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// The served model's name (the default model file's stem).
@@ -55,6 +57,59 @@ pub async fn counter_sum(c: &impl Gateway, name: &str) -> u64 {
         .iter()
         .map(|n| n["counters"][name].as_u64().unwrap_or(0))
         .sum()
+}
+
+/// The sum of a Prometheus counter's series on the gateway node's `/metrics`.
+pub async fn metric_sum(c: &impl Gateway, name: &str) -> u64 {
+    let text = reqwest::get(c.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
+        .sum()
+}
+
+/// Router placements per worker (`flotilla_router_placements_total`, summed over policies),
+/// from the gateway node's `/metrics`.
+pub async fn placements(c: &impl Gateway) -> BTreeMap<String, u64> {
+    let text = reqwest::get(c.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("flotilla_router_placements_total{") else {
+            continue;
+        };
+        let worker = rest
+            .split("worker=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        let n: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        *out.entry(worker.to_owned()).or_default() += n as u64;
+    }
+    out
+}
+
+/// What grew between two [`placements`] reads, per worker (workers that got none left out).
+pub fn delta(
+    after: &BTreeMap<String, u64>,
+    before: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(w, n)| (w.clone(), n - before.get(w).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
 }
 
 /// `/health` status and body.
