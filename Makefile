@@ -20,7 +20,7 @@ build: deps model
 	$(CARGO) build --release
 
 run: build
-	./target/release/flotilla up --chaos --nodes $(NODES) --http $(HTTP) --model $(MODEL)
+	$${CARGO_TARGET_DIR:-target}/release/flotilla up --chaos --nodes $(NODES) --http $(HTTP) --model $(MODEL)
 
 # The official OpenAI Python client, for the client-compatibility tests.
 OPENAI_VERSION := 3.57.0

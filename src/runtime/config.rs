@@ -165,7 +165,8 @@ pub struct RouterConfig {
     pub seed: u64,
     /// Engines outside Flotilla (vLLM-compatible servers, or another fleet's `worker.http`
     /// faces) that this node's router places requests on, as workers `<node>/<name>`
-    /// (`worker::external`). Needs the gateway and router roles on this node.
+    /// (`worker::external`). Read by router nodes, which need the gateway role too; other
+    /// nodes ignore it.
     pub external_workers: Vec<ExternalWorkerConfig>,
 }
 
@@ -627,11 +628,13 @@ impl Config {
             return Ok(());
         }
         const F: &str = "router.external_workers";
-        if !(self.has_role(Role::Router) && self.has_role(Role::Gateway)) {
+        // Read by router nodes only, like the rest of `router.*` (so one `--set` can go to
+        // every node of `flotilla up`); a router node needs the gateway's model too.
+        if self.has_role(Role::Router) && !self.has_role(Role::Gateway) {
             return Err(invalid(
                 F,
-                "needs the router and gateway roles on this node (the gateway's model gives \
-                 the block-hash salt and end-of-sequence tokens)",
+                "a router node that starts external workers needs the gateway role too (the \
+                 gateway's model gives the block-hash salt and end-of-sequence tokens)",
             ));
         }
         let mut names = std::collections::BTreeSet::new();

@@ -112,7 +112,7 @@ fn router_sup(ctx: &NodeContext) -> SupervisorSpec {
 /// without any, or without the gateway's model to hash and stop with).
 fn external_workers(ctx: &NodeContext) -> Option<SupervisorSpec> {
     let ext = &ctx.config.router.external_workers;
-    if ext.is_empty() {
+    if ext.is_empty() || !ctx.config.has_role(Role::Router) {
         return None;
     }
     let Some(frontend) = &ctx.frontend else {

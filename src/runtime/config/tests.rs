@@ -164,11 +164,13 @@ fn external_workers_are_read_from_a_file_and_checked() {
     let all = serde_json::json!(["gateway", "router", "worker"]);
     let one = |name: &str, url: &str| serde_json::json!([{"name": name, "url": url}]);
     check(one("a", "http://h:1"), all.clone()).unwrap();
+    // A node that is no router does not read it (one `--set` for every node of `up`).
+    check(one("a", "http://h:1"), serde_json::json!(["worker"])).unwrap();
     for (ext, roles, says) in [
         (
             one("a", "http://h:1"),
             serde_json::json!(["router"]),
-            "gateway roles",
+            "gateway role",
         ),
         (one("a b", "http://h:1"), all.clone(), "letters"),
         (one("replica-0", "http://h:1"), all.clone(), "own replicas"),
