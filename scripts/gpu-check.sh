@@ -18,7 +18,9 @@
 #
 # `run` prints (and writes to $OUT/gpu-check.txt): which libraries load, the golden cases on
 # the GPU (greedy ids exact and top-5 logits within 2e-2 with f32 products; the bf16 error),
-# a 64-sequence batch against solo runs, and the throughput table (device-to-device copy
+# a 64-sequence batch against solo runs, a KV handoff through the transport (the GPU pool
+# staged through host memory: GPU → GPU and GPU → CPU, greedy tokens equal), and the
+# throughput table (device-to-device copy
 # bandwidth, prefill 512 tokens/s, decode tokens/s at batch 1, 8, 32, 128, GPU and CPU
 # engines in the same run). It exits non-zero when a check fails.
 set -euo pipefail

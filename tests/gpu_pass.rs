@@ -211,3 +211,38 @@ fn a_gpu_that_cannot_start_falls_back_only_when_allowed() {
     .expect_err("no fallback");
     assert!(err.to_string().contains("libcuda"), "{err}");
 }
+
+/// The GPU pass's KV pools go through the node transport (issue 14, item 4): a prompt
+/// prefilled here, its blocks pulled over TCP (the pools staged through host copies) into
+/// another engine of the same device and into a CPU engine at other block ids, decodes there
+/// to the source's own greedy tokens; once the source engine is dropped its region refuses
+/// pulls instead of being read (the device check runs the same on GPU 0).
+#[test]
+fn kv_blocks_hand_off_through_the_transport_from_device_pools() {
+    use flotilla::transport::MemoryKind;
+    let m = model();
+    let dev = device(GemmPrecision::F32);
+    let prompt = &golden()[0].prompt_ids;
+    let hs =
+        flotilla::cli::cuda::kv_handoff(m, dev, &[dev, Device::Cpu], prompt, 8).expect("handoff");
+    assert_eq!(hs.len(), 2);
+    let kind = match dev {
+        Device::Cuda { .. } => MemoryKind::Cuda { device: 0 },
+        _ => MemoryKind::Host,
+    };
+    for h in &hs {
+        assert_eq!(h.equal, h.n, "{h}");
+        assert_eq!(h.src_memory, kind, "{h}");
+        let blocks = prompt.len().div_ceil(16) as u64;
+        let c = &m.weights.config;
+        assert_eq!(
+            h.bytes,
+            blocks * 2 * c.n_layers as u64 * 16 * (c.n_kv_heads * c.head_dim) as u64 * 4
+        );
+    }
+    assert_eq!(
+        (hs[0].dst_memory, hs[1].dst_memory),
+        (kind, MemoryKind::Host)
+    );
+    assert!(hs[1].dst.starts_with("cpu"), "{}", hs[1]);
+}

@@ -9,7 +9,9 @@
 //!
 //! `--check` (needs a GPU): the golden cases on the GPU engine (greedy ids exact, step 0's
 //! top-5 logits within 2e-2, f32 products; the bf16 error is reported), and a 64-sequence
-//! batch whose every sequence gets the tokens it gets alone. `--bench`: device-to-device copy
+//! batch whose every sequence gets the tokens it gets alone, and a KV handoff through the
+//! transport ([`kv_handoff`]: device pools staged through host memory, GPU → GPU and GPU →
+//! CPU, greedy continuations equal). `--bench`: device-to-device copy
 //! bandwidth, prefill of 512 tokens and decode at batch 1, 8, 32 and 128 (tokens/s), on the GPU
 //! (f32 and bf16 products) and on this machine's CPU engine, in the same run.
 //! `scripts/gpu-check.sh` runs all of it.
@@ -252,7 +254,167 @@ fn check(model: &LoadedModel, golden: &Path) -> anyhow::Result<usize> {
         "{} batch of 64 (prompts of 8-30 tokens, {steps} tokens each): {equal}/64 equal to solo runs",
         if ok { "PASS" } else { "FAIL" }
     );
+    // KV pools in device memory through the transport: GPU → GPU and GPU → CPU.
+    let dsts = [gpu(GemmPrecision::F32), Device::Cpu];
+    match kv_handoff(model, gpu(GemmPrecision::F32), &dsts, &base, 16) {
+        Ok(handoffs) => {
+            for h in handoffs {
+                let ok = h.equal == h.n;
+                failed += usize::from(!ok);
+                println!("{} kv handoff {h}", if ok { "PASS" } else { "FAIL" });
+            }
+        }
+        Err(e) => {
+            failed += 1;
+            println!("FAIL kv handoff: {e:#}");
+        }
+    }
     Ok(failed)
+}
+
+/// What [`kv_handoff`] saw for one destination.
+#[derive(Debug, Clone)]
+pub struct Handoff {
+    /// The source and destination engines (`EngineInfo::device`).
+    pub src: String,
+    pub dst: String,
+    /// Where each pool lives, as the transport described it.
+    pub src_memory: crate::transport::MemoryKind,
+    pub dst_memory: crate::transport::MemoryKind,
+    /// Whether UCX registered the source region (else it is served over TCP).
+    pub src_ucx: bool,
+    /// Bytes the pull moved.
+    pub bytes: u64,
+    /// Greedy tokens decoded at the destination equal to the source's own, of `n`.
+    pub equal: usize,
+    pub n: usize,
+}
+
+impl std::fmt::Display for Handoff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({}{}) -> {} ({}): {} bytes over tcp, {}/{} greedy tokens equal",
+            self.src,
+            self.src_memory,
+            if self.src_ucx { ", ucx-registered" } else { "" },
+            self.dst,
+            self.dst_memory,
+            self.bytes,
+            self.equal,
+            self.n
+        )
+    }
+}
+
+/// KV blocks handed between engines through the node transport: prefills `prompt` on an engine
+/// on `src`, pulls its blocks (to other block ids) over the TCP backend into an engine on each
+/// of `dsts` (device pools are staged through host memory: `transport/region.rs`, "Memory
+/// kinds"), then decodes `n` greedy tokens there from the pulled KV alone and compares them
+/// with the source's own continuation. Finally drops the source engine and checks that a pull
+/// from its still-registered region fails instead of reading freed memory.
+///
+/// # Errors
+/// An engine or the transport fails, or the pull from the dropped engine succeeds.
+pub fn kv_handoff(
+    model: &LoadedModel,
+    src: Device,
+    dsts: &[Device],
+    prompt: &[u32],
+    n: usize,
+) -> anyhow::Result<Vec<Handoff>> {
+    use crate::transport::{
+        BackendChoice, PullRequest, TransferFaults, Transport, TransportConfig,
+    };
+    anyhow::ensure!(
+        !prompt.is_empty() && n > 0 && !dsts.is_empty(),
+        "an empty prompt, no tokens or no destination"
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let config = TransportConfig {
+        backend: BackendChoice::Tcp,
+        ..TransportConfig::default()
+    };
+    let transport = rt.block_on(Transport::start("check", config, TransferFaults::default()))?;
+    let bs = crate::model::kv_cache::DEFAULT_BLOCK_SIZE;
+    let per = (prompt.len() + n).div_ceil(bs);
+    let config = |device| EngineConfig {
+        num_blocks: 2 * per,
+        device,
+        ..EngineConfig::default()
+    };
+    let register = |e: &Engine, owner: &str| {
+        let memory = e
+            .kv_memory()
+            .ok_or_else(|| anyhow::anyhow!("{} offers no KV memory", e.info().device))?;
+        let layout = Engine::layout(e.weights(), config(Device::Cpu));
+        anyhow::Ok(rt.block_on(transport.register(owner, layout, memory))?)
+    };
+    let table =
+        |from: usize| -> Vec<BlockId> { (from..from + per).map(|b| BlockId(b as u32)).collect() };
+    let decode = |e: &mut Engine, first: u32, table: &[BlockId]| -> anyhow::Result<Vec<u32>> {
+        let mut ids = vec![first];
+        while ids.len() < n {
+            let pos = prompt.len() + ids.len() - 1;
+            let last = ids[ids.len() - 1];
+            let o = e.step(&StepBatch {
+                seqs: vec![seq(1, vec![last], pos, table)],
+            })?;
+            ids.push(o.tokens.first().map_or(0, |t| t.token));
+        }
+        Ok(ids)
+    };
+    let mut source = Engine::new(Arc::clone(&model.weights), config(src))?;
+    let logits = source
+        .logits(&StepBatch {
+            seqs: vec![seq(1, prompt.to_vec(), 0, &table(0))],
+        })?
+        .remove(0);
+    let first = crate::kernels::sample::argmax(&logits);
+    let from = register(&source, "check/src")?;
+    let prompt_blocks = prompt.len().div_ceil(bs) as u32;
+    let pairs: Vec<(u32, u32)> = (0..prompt_blocks).map(|b| (b, per as u32 + b)).collect();
+    let pull = |into: &str, from: &crate::transport::RegionDescriptor| {
+        rt.block_on(transport.pull(PullRequest {
+            from: from.clone(),
+            into: into.to_owned(),
+            blocks: pairs.clone(),
+            deadline: Instant::now() + std::time::Duration::from_secs(30),
+        }))
+    };
+    let mut dst_engines = Vec::new();
+    let mut out = Vec::new();
+    for (i, &device) in dsts.iter().enumerate() {
+        let owner = format!("check/dst-{i}");
+        let e = Engine::new(Arc::clone(&model.weights), config(device))?;
+        let d = register(&e, &owner)?;
+        let stats = pull(&owner, &from)?;
+        out.push(Handoff {
+            src: source.info().device.to_string(),
+            dst: e.info().device.to_string(),
+            src_memory: from.memory,
+            dst_memory: d.memory,
+            src_ucx: from.ucx.is_some(),
+            bytes: stats.bytes,
+            equal: 0,
+            n,
+        });
+        dst_engines.push(e);
+    }
+    // The source's own continuation, after the pulls (decoding writes its blocks).
+    let want = decode(&mut source, first, &table(0))?;
+    for (h, e) in out.iter_mut().zip(&mut dst_engines) {
+        let got = decode(e, first, &table(per))?;
+        h.equal = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+    }
+    drop(source);
+    anyhow::ensure!(
+        pull("check/dst-0", &from).is_err(),
+        "a pull from a dropped engine's region succeeded"
+    );
+    Ok(out)
 }
 
 /// Prefill of `prompt` in one step, tokens/s.

@@ -249,6 +249,7 @@ impl Peer {
                 layout: args.layout(),
                 tcp: String::new(),
                 ucx: None,
+                memory: Default::default(),
             },
         };
         p.descriptor = p.read_descriptor()?;

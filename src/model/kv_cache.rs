@@ -73,7 +73,8 @@ impl KvCache {
     /// geometry's bytes and be 4-byte aligned.
     ///
     /// # Errors
-    /// [`KvCacheError`] when `memory` is too small or misaligned.
+    /// [`KvCacheError`] when `memory` is too small or misaligned, or reached only through
+    /// copies ([`KvMemory::is_staged`]: a device's).
     pub fn with_memory(
         n_layers: usize,
         n_kv_heads: usize,
@@ -83,6 +84,12 @@ impl KvCache {
         memory: Arc<KvMemory>,
     ) -> Result<Self, KvCacheError> {
         let need = 2 * n_layers * num_blocks * block_size * n_kv_heads * head_dim * 4;
+        if memory.is_staged() {
+            return Err(KvCacheError(format!(
+                "{} memory is reached through copies, not host pools",
+                memory.kind()
+            )));
+        }
         if memory.len() < need
             || !(memory.as_ptr() as usize).is_multiple_of(std::mem::align_of::<f32>())
         {

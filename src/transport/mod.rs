@@ -43,7 +43,10 @@ use serde::{Deserialize, Serialize};
 
 pub use actor::{TransportActor, TransportMsg, local};
 pub use faults::{TransferFaults, TransferVerdict};
-pub use region::{KvLayout, KvMemory, Preregistered, RegionId, Segment, next_epoch};
+pub use region::{
+    DeviceAccess, KvLayout, KvMemory, MemoryKind, MemoryLease, Preregistered, RegionId, Segment,
+    next_epoch,
+};
 
 /// Why a transfer did not happen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -186,8 +189,11 @@ pub struct RegionDescriptor {
     pub layout: KvLayout,
     /// The owner node's TCP transport address.
     pub tcp: String,
-    /// UCX access, when the owner node runs UCX.
+    /// UCX access, when the owner node runs UCX and UCX registered the memory.
     pub ucx: Option<UcxRemote>,
+    /// Where the region's bytes live (informational: pulls work whatever the kinds).
+    #[serde(default)]
+    pub memory: MemoryKind,
 }
 
 /// One pull: these blocks of `from` into these blocks of the local region `into`.
@@ -399,6 +405,20 @@ impl Transport {
                 },
                 false,
             )),
+            // Staged host memory (the GPU pass's CPU twins) is reached through copies only.
+            (Some(_), None) if memory.is_staged() && memory.kind() == MemoryKind::Host => None,
+            // Device memory that this UCX cannot map is served over TCP, staged through host
+            // buffers (see `region.rs`, "Memory kinds").
+            (Some(u), None) if memory.is_staged() => match u.register(memory.clone()).await {
+                Ok(r) => Some((r, true)),
+                Err(e) => {
+                    tracing::info!(
+                        owner, kind = %memory.kind(), error = %e,
+                        "transport: UCX cannot read this region in place; peers read it over TCP, staged through host memory"
+                    );
+                    None
+                }
+            },
             (Some(u), _) => Some((u.register(memory.clone()).await?, true)),
             (None, _) => None,
         };
@@ -471,6 +491,7 @@ impl Transport {
                 }),
                 _ => None,
             },
+            memory: r.memory.kind(),
         }
     }
 
@@ -546,12 +567,12 @@ impl Transport {
         let start = Instant::now();
         self.check_fresh(&req.from.id)?;
         self.note_epoch(&req.from.id);
-        let (local_layout, local) = {
+        let (local_layout, local, local_ucx) = {
             let regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
             let r = regions
                 .get(&req.into)
                 .ok_or_else(|| TransportError::UnknownLocal(req.into.clone()))?;
-            (r.layout, r.memory.clone())
+            (r.layout, r.memory.clone(), r.ucx.is_some())
         };
         let segments = req.from.layout.segments(&local_layout, &req.blocks)?;
         let bytes: u64 = segments.iter().map(|s| s.len).sum();
@@ -567,8 +588,10 @@ impl Transport {
             }
             TransferVerdict::Drop(why) => return Err(TransportError::Injected(why)),
         }
+        // UCX writes into staged memory only where it mapped it (as CUDA memory) itself.
+        let ucx_local = !local.is_staged() || local_ucx;
         let backend = match (&self.ucx, &req.from.ucx) {
-            (Some(u), Some(remote)) => {
+            (Some(u), Some(remote)) if ucx_local => {
                 u.get(
                     remote,
                     remote.host == host_id(),

@@ -15,6 +15,19 @@
 //! is not scheduled until its transfer ends (write side). So no byte is written by one party
 //! while another accesses it: the contract of DMA, which this is.
 //!
+//! # Memory kinds
+//! A region is host memory ([`MemoryKind::Host`]: the heap, or memory UCX allocated), read and
+//! written by plain copies at its address, or memory reached only through copies
+//! ([`KvMemory::staged`]): a GPU engine's KV pool ([`MemoryKind::Cuda`]), or the host pool of
+//! the GPU pass on its CPU twins, which stands in for one. Staged memory is read and written
+//! through the [`DeviceAccess`] its owner gave (synchronous device↔host copies:
+//! `cuMemcpyDtoH` / `cuMemcpyHtoD`). The TCP backend **stages** every run through a host
+//! buffer that way; UCX reads CUDA memory in place only when it registers it as CUDA memory
+//! itself (a UCX built with `cuda_copy` / `cuda_ipc` / `gdr_copy`), and otherwise the region
+//! is served over TCP. Staged memory is not owned by its [`KvMemory`]: the owner frees it after
+//! [`MemoryLease::revoke`], and copies after that fail with [`super::TransportError::Backend`]
+//! instead of touching freed memory.
+//!
 //! # Epochs
 //! Each registration gets a fresh [`RegionId::epoch`] (a process-wide counter seeded by the wall
 //! clock, so it also grows across restarts). A replica that restarts registers new memory under
@@ -24,6 +37,7 @@
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{RwLock, RwLockReadGuard};
 
 use serde::{Deserialize, Serialize};
 
@@ -32,18 +46,155 @@ use super::TransportError;
 /// Alignment of a [`KvMemory`] allocation: a page, as RDMA registration prefers.
 const ALIGN: usize = 4096;
 
+/// Where a region's bytes live.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum MemoryKind {
+    /// Host memory, addressable by this process.
+    #[default]
+    Host,
+    /// Memory of CUDA device `device` (an ordinal of the owner's process).
+    Cuda {
+        /// The device's ordinal.
+        device: u32,
+    },
+}
+
+impl std::fmt::Display for MemoryKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MemoryKind::Host => f.write_str("host"),
+            MemoryKind::Cuda { device } => write!(f, "cuda:{device}"),
+        }
+    }
+}
+
+/// Copies between host buffers and memory the host cannot address (a device's): how the
+/// transport reaches a [`KvMemory::staged`] region. Both copies are synchronous: the bytes have
+/// landed when they return. Offsets are bytes from the region's start, bounds-checked by
+/// [`KvMemory`] before the call.
+pub trait DeviceAccess: Send + Sync {
+    /// Copies `out.len()` bytes at `offset` of the device memory into `out`.
+    ///
+    /// # Errors
+    /// The device's, in words (a revoked lease included).
+    fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), String>;
+    /// Copies `data` into the device memory at `offset`.
+    ///
+    /// # Errors
+    /// As [`DeviceAccess::read`].
+    fn write(&self, offset: usize, data: &[u8]) -> Result<(), String>;
+}
+
+/// The owner's promise that device memory still exists: each copy holds the lease shared while
+/// it runs, and the owner [`revoke`](MemoryLease::revoke)s it (waiting for copies in progress)
+/// before freeing the memory; copies after that fail.
+#[derive(Debug)]
+pub struct MemoryLease(RwLock<bool>);
+
+impl Default for MemoryLease {
+    fn default() -> Self {
+        Self(RwLock::new(true))
+    }
+}
+
+impl MemoryLease {
+    /// A live lease.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Holds the lease for one copy; `Err` once revoked.
+    ///
+    /// # Errors
+    /// The memory is gone, in words.
+    pub fn hold(&self) -> Result<RwLockReadGuard<'_, bool>, String> {
+        let g = self.0.read().unwrap_or_else(|p| p.into_inner());
+        if *g {
+            Ok(g)
+        } else {
+            Err("the device memory was freed (its engine stopped)".into())
+        }
+    }
+
+    /// Ends the lease, after every copy holding it has returned.
+    pub fn revoke(&self) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = false;
+    }
+}
+
+/// [`DeviceAccess`] to host memory someone else owns and frees (the pool of the GPU pass on
+/// its CPU twins): plain copies at `ptr`, each under the owner's lease.
+pub struct LeasedHost {
+    ptr: NonNull<u8>,
+    lease: std::sync::Arc<MemoryLease>,
+}
+
+// SAFETY: a base pointer used only under the lease, by the pinning contract (module docs).
+unsafe impl Send for LeasedHost {}
+// SAFETY: as above.
+unsafe impl Sync for LeasedHost {}
+
+impl LeasedHost {
+    /// Copies at `ptr` while `lease` is live.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` of the [`KvMemory::staged`] made with this must be valid for reads and
+    /// writes until `lease` is revoked, and accessed by others only under the pinning contract.
+    pub unsafe fn new(ptr: NonNull<u8>, lease: std::sync::Arc<MemoryLease>) -> Self {
+        Self { ptr, lease }
+    }
+}
+
+impl DeviceAccess for LeasedHost {
+    fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), String> {
+        let _held = self.lease.hold()?;
+        // SAFETY: in bounds (checked by `KvMemory`); valid while the lease is held (`new`).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
+        Ok(())
+    }
+
+    fn write(&self, offset: usize, data: &[u8]) -> Result<(), String> {
+        let _held = self.lease.hold()?;
+        // SAFETY: as in `read`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
+        };
+        Ok(())
+    }
+}
+
+/// How a [`KvMemory`]'s bytes are reached and freed.
+enum Backing {
+    /// A heap allocation, freed here.
+    Heap,
+    /// Host memory someone else allocated; their release runs once, on drop.
+    External(Box<dyn FnOnce() + Send + Sync>),
+    /// Memory reached only through copies (a device's); its owner frees it.
+    Staged {
+        kind: MemoryKind,
+        access: Box<dyn DeviceAccess>,
+    },
+}
+
 /// A KV pool's bytes: one allocation that never moves.
 ///
-/// Either a zeroed, page-aligned heap allocation ([`KvMemory::zeroed`]) or memory a transport
+/// A zeroed, page-aligned heap allocation ([`KvMemory::zeroed`]), memory a transport
 /// allocated and registered itself ([`KvMemory::external`]: UCX allocates shared memory that
-/// peers on the same machine map directly). Shared (`Arc`) between the engine that computes in
-/// it and the transport that registered it, so that the memory outlives every registration of
-/// it. See the module docs for who may access which bytes when.
+/// peers on the same machine map directly), or memory reached only through copies
+/// ([`KvMemory::staged`]: a GPU engine's pool, see "Memory kinds" in the module docs). Shared (`Arc`) between the engine
+/// that computes in it and the transport that registered it, so that host memory outlives
+/// every registration of it. See the module docs for who may access which bytes when.
 pub struct KvMemory {
     ptr: NonNull<u8>,
     len: usize,
-    /// `None`: a heap allocation (freed here); `Some`: the owner's release.
-    release: Option<Box<dyn FnOnce() + Send + Sync>>,
+    backing: Backing,
     registered: Option<Preregistered>,
 }
 
@@ -61,7 +212,8 @@ impl std::fmt::Debug for KvMemory {
         f.debug_struct("KvMemory")
             .field("ptr", &self.ptr)
             .field("len", &self.len)
-            .field("external", &self.release.is_some())
+            .field("kind", &self.kind())
+            .field("external", &!matches!(self.backing, Backing::Heap))
             .finish()
     }
 }
@@ -91,7 +243,7 @@ impl KvMemory {
         Ok(Self {
             ptr,
             len,
-            release: None,
+            backing: Backing::Heap,
             registered: None,
         })
     }
@@ -110,8 +262,48 @@ impl KvMemory {
         Self {
             ptr,
             len,
-            release: Some(release),
+            backing: Backing::External(release),
             registered,
+        }
+    }
+
+    /// Memory reached only through `access`: `len` bytes at address `addr` of a device's
+    /// memory (`kind` [`MemoryKind::Cuda`]; UCX may register it as device memory), or of host
+    /// memory that stands in for one (`kind` [`MemoryKind::Host`]: the GPU pass on its CPU
+    /// twins; never registered with UCX). This process never dereferences `addr`. Dropping
+    /// this frees nothing: the owner frees the memory, after revoking the [`MemoryLease`] its
+    /// `access` holds.
+    ///
+    /// # Errors
+    /// [`TransportError::Layout`] for an empty region.
+    pub fn staged(
+        addr: NonNull<u8>,
+        len: usize,
+        kind: MemoryKind,
+        access: Box<dyn DeviceAccess>,
+    ) -> Result<Self, TransportError> {
+        if len == 0 {
+            return Err(TransportError::Layout("an empty region".into()));
+        }
+        Ok(Self {
+            ptr: addr,
+            len,
+            backing: Backing::Staged { kind, access },
+            registered: None,
+        })
+    }
+
+    /// Whether the bytes are reached only through copies ([`KvMemory::staged`]), never at
+    /// [`KvMemory::as_ptr`].
+    pub fn is_staged(&self) -> bool {
+        matches!(self.backing, Backing::Staged { .. })
+    }
+
+    /// Where the bytes live.
+    pub fn kind(&self) -> MemoryKind {
+        match &self.backing {
+            Backing::Staged { kind, .. } => *kind,
+            Backing::Heap | Backing::External(_) => MemoryKind::Host,
         }
     }
 
@@ -120,7 +312,8 @@ impl KvMemory {
         self.registered.as_ref()
     }
 
-    /// Base address.
+    /// Base address (for staged memory a device's address: never dereference it then, see
+    /// [`KvMemory::is_staged`]).
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
@@ -144,6 +337,11 @@ impl KvMemory {
     /// [`TransportError::OutOfRange`] when the range leaves the region.
     pub unsafe fn read_into(&self, offset: usize, out: &mut [u8]) -> Result<(), TransportError> {
         self.check(offset, out.len())?;
+        if let Backing::Staged { kind, access } = &self.backing {
+            return access
+                .read(offset, out)
+                .map_err(|e| TransportError::Backend(format!("{kind} read: {e}")));
+        }
         // SAFETY: in bounds (checked); the caller guarantees no concurrent writer; `out` is a
         // distinct Rust buffer, so the ranges do not overlap.
         unsafe {
@@ -165,6 +363,11 @@ impl KvMemory {
     /// [`TransportError::OutOfRange`] when the range leaves the region.
     pub unsafe fn write_from(&self, offset: usize, data: &[u8]) -> Result<(), TransportError> {
         self.check(offset, data.len())?;
+        if let Backing::Staged { kind, access } = &self.backing {
+            return access
+                .write(offset, data)
+                .map_err(|e| TransportError::Backend(format!("{kind} write: {e}")));
+        }
         // SAFETY: in bounds (checked); the caller guarantees exclusive access to the range.
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
@@ -186,10 +389,12 @@ impl KvMemory {
 
 impl Drop for KvMemory {
     fn drop(&mut self) {
-        match self.release.take() {
-            Some(release) => release(),
+        match std::mem::replace(&mut self.backing, Backing::Heap) {
+            Backing::External(release) => release(),
+            // The owner frees device memory.
+            Backing::Staged { .. } => {}
             // SAFETY: allocated in `zeroed` with this size and alignment (checked there).
-            None => unsafe {
+            Backing::Heap => unsafe {
                 dealloc(
                     self.ptr.as_ptr(),
                     Layout::from_size_align_unchecked(self.len, ALIGN),
@@ -393,6 +598,97 @@ mod tests {
             assert!(m.read_into(usize::MAX, &mut out).is_err());
         }
         assert!(KvMemory::zeroed(0).is_err());
+    }
+
+    #[test]
+    fn staged_memory_is_reached_through_its_access_until_the_lease_ends() {
+        let mut backing = vec![0u8; 256];
+        let lease = std::sync::Arc::new(MemoryLease::new());
+        let ptr = NonNull::new(backing.as_mut_ptr()).expect("non-null");
+        // SAFETY: `backing` outlives every copy: the lease is revoked before it drops.
+        let access = unsafe { LeasedHost::new(ptr, lease.clone()) };
+        let m = KvMemory::staged(ptr, 256, MemoryKind::Host, Box::new(access)).expect("staged");
+        assert!(m.is_staged());
+        assert_eq!(m.kind(), MemoryKind::Host);
+        // SAFETY: no one else uses these bytes meanwhile.
+        unsafe {
+            m.write_from(250, &[9; 6]).expect("in range");
+            assert!(matches!(
+                m.write_from(251, &[9; 6]),
+                Err(TransportError::OutOfRange { .. })
+            ));
+            let mut out = [0u8; 8];
+            m.read_into(248, &mut out).expect("in range");
+            assert_eq!(out, [0, 0, 9, 9, 9, 9, 9, 9]);
+        }
+        lease.revoke();
+        // SAFETY: as above; the copies must now fail without touching the bytes.
+        let err = unsafe { m.read_into(0, &mut [0u8; 4]) }.expect_err("revoked");
+        assert!(err.to_string().contains("freed"), "{err}");
+        assert!(unsafe { m.write_from(0, &[1; 4]) }.is_err());
+        drop(m); // frees nothing: `backing` is still ours
+        assert_eq!(backing[250], 9);
+        assert!(KvMemory::staged(ptr, 0, MemoryKind::Host, Box::new(Dev::default())).is_err());
+    }
+
+    /// A device stand-in that owns its bytes and counts copies.
+    #[derive(Default)]
+    struct Dev {
+        bytes: std::sync::Mutex<Vec<u8>>,
+        copies: AtomicU64,
+    }
+
+    impl DeviceAccess for std::sync::Arc<Dev> {
+        fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), String> {
+            self.copies.fetch_add(1, Ordering::Relaxed);
+            let b = self.bytes.lock().expect("lock");
+            out.copy_from_slice(&b[offset..offset + out.len()]);
+            Ok(())
+        }
+        fn write(&self, offset: usize, data: &[u8]) -> Result<(), String> {
+            self.copies.fetch_add(1, Ordering::Relaxed);
+            let mut b = self.bytes.lock().expect("lock");
+            b[offset..offset + data.len()].copy_from_slice(data);
+            Ok(())
+        }
+    }
+
+    impl DeviceAccess for Dev {
+        fn read(&self, _: usize, _: &mut [u8]) -> Result<(), String> {
+            Err("no device".into())
+        }
+        fn write(&self, _: usize, _: &[u8]) -> Result<(), String> {
+            Err("no device".into())
+        }
+    }
+
+    #[test]
+    fn device_memory_is_never_dereferenced_and_names_its_kind_in_errors() {
+        let dev = std::sync::Arc::new(Dev {
+            bytes: std::sync::Mutex::new(vec![0; 64]),
+            ..Dev::default()
+        });
+        // An address nothing maps: a dereference would crash the test.
+        let addr = NonNull::new(0x10 as *mut u8).expect("non-null");
+        let kind = MemoryKind::Cuda { device: 3 };
+        let m = KvMemory::staged(addr, 64, kind, Box::new(dev.clone())).expect("staged");
+        assert_eq!((m.kind(), m.as_ptr() as usize), (kind, 0x10));
+        // SAFETY: the stand-in owns its bytes.
+        unsafe {
+            m.write_from(8, &[5; 8]).expect("write");
+            let mut out = [0u8; 16];
+            m.read_into(0, &mut out).expect("read");
+            assert_eq!(&out[8..], &[5; 8]);
+        }
+        assert_eq!(dev.copies.load(Ordering::Relaxed), 2);
+        let failing = KvMemory::staged(addr, 64, kind, Box::new(Dev::default())).expect("staged");
+        // SAFETY: as above.
+        let e = unsafe { failing.read_into(0, &mut [0u8; 4]) }.expect_err("fails");
+        assert_eq!(e.to_string(), "backend: cuda:3 read: no device");
+        assert_eq!(
+            serde_json::to_string(&kind).expect("json"),
+            r#"{"kind":"cuda","device":3}"#
+        );
     }
 
     #[test]

@@ -24,6 +24,37 @@ use super::plan::StepPlan;
 use super::twin;
 use crate::kernels::quant::{MatrixData, WeightMatrix};
 use crate::kernels::{AttnGeometry, RopeLayout};
+use crate::transport::{DeviceAccess, MemoryKind, MemoryLease};
+
+/// A KV pool on the device as the transport reaches it: synchronous `cuMemcpyDtoH` /
+/// `cuMemcpyHtoD` on the engine's context (made current on the calling thread), each under the
+/// engine's lease. They do not wait for the engine's stream: by the pinning contract
+/// (`transport/region.rs`) the blocks moved were written by steps that have finished (every
+/// step ends by reading its logits back) and no kernel touches them meanwhile.
+struct CudaAccess {
+    ctx: Arc<CudaContext>,
+    base: cudarc::driver::sys::CUdeviceptr,
+    lease: Arc<MemoryLease>,
+}
+
+impl DeviceAccess for CudaAccess {
+    fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), String> {
+        let _held = self.lease.hold()?;
+        self.ctx.bind_to_thread().map_err(|e| e.to_string())?;
+        // SAFETY: `base + offset .. + out.len()` lies in the pool (bounds checked by
+        // `KvMemory`), which lives while the lease is held.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(out, self.base + offset as u64) }
+            .map_err(|e| e.to_string())
+    }
+
+    fn write(&self, offset: usize, data: &[u8]) -> Result<(), String> {
+        let _held = self.lease.hold()?;
+        self.ctx.bind_to_thread().map_err(|e| e.to_string())?;
+        // SAFETY: as in `read`.
+        unsafe { cudarc::driver::result::memcpy_htod_sync(self.base + offset as u64, data) }
+            .map_err(|e| e.to_string())
+    }
+}
 
 /// What went wrong on the device. The causes are part of the message, not error sources,
 /// so a chain printed with `{:#}` says each once.
@@ -418,6 +449,24 @@ impl DeviceOps for CudaOps {
 
     fn zeros(&self, n: usize) -> Result<CudaSlice<f32>, CudaError> {
         Ok(self.stream.alloc_zeros(n.max(1))?)
+    }
+
+    fn transport_access(
+        &self,
+        pools: &CudaSlice<f32>,
+        lease: &Arc<MemoryLease>,
+    ) -> Option<(std::ptr::NonNull<u8>, MemoryKind, Box<dyn DeviceAccess>)> {
+        let (base, _sync) = pools.device_ptr(&self.stream);
+        let addr = std::ptr::NonNull::new(base as usize as *mut u8)?;
+        let kind = MemoryKind::Cuda {
+            device: self.ctx.ordinal() as u32,
+        };
+        let access = CudaAccess {
+            ctx: self.ctx.clone(),
+            base,
+            lease: lease.clone(),
+        };
+        Some((addr, kind, Box::new(access)))
     }
 
     fn upload(&self, v: &[f32]) -> Result<CudaSlice<f32>, CudaError> {

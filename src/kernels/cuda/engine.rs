@@ -5,7 +5,9 @@
 //! KV pools: one device buffer of `2 · n_layers · num_blocks · block_size · n_kv_heads ·
 //! head_dim` f32 laid out `[layer][K, V][block]`, the host cache's layout (`kv_cache.rs`), so a
 //! block is `2 · n_layers` runs at the same offsets on either side (tiers and the transport
-//! move it with `copy_runs`). Plain device allocations, no managed memory.
+//! move it with `copy_runs`). Plain device allocations, no managed memory. The pools are
+//! offered to the node's transport as staged memory ([`DeviceRunner::kv_memory`],
+//! `transport/region.rs` "Memory kinds"), under a lease the engine revokes before freeing them.
 
 use std::sync::Arc;
 
@@ -15,6 +17,7 @@ use super::twin;
 use crate::kernels::Rope;
 use crate::model::forward::ForwardSeq;
 use crate::model::weights::ModelWeights;
+use crate::transport::{KvMemory, MemoryLease};
 
 /// What a replica's engine needs of a device: run a batch, then read its logits.
 pub trait DeviceRunner: Send + std::fmt::Debug {
@@ -38,6 +41,10 @@ pub trait DeviceRunner: Send + std::fmt::Debug {
     fn logits_row(&self, i: usize) -> Result<Vec<f32>, String>;
     /// Bytes of the KV pools on the device.
     fn kv_bytes(&self) -> usize;
+    /// The KV pools as transport memory (laid out as the host cache), to register with the
+    /// node's transport; `None` when the device offers no copies. Copies through it fail once
+    /// the engine is dropped.
+    fn kv_memory(&self) -> Option<Arc<KvMemory>>;
 }
 
 /// Why a model cannot run on the GPU kernels.
@@ -70,6 +77,9 @@ pub struct GpuEngine<O: DeviceOps> {
     block_size: usize,
     kv_row: usize,
     ws: Workspace<O>,
+    /// Revoked (waiting for copies in progress) before `pools` is freed.
+    lease: Arc<MemoryLease>,
+    memory: Option<Arc<KvMemory>>,
 }
 
 impl<O: DeviceOps> GpuEngine<O>
@@ -103,6 +113,14 @@ where
         let pool_elems = num_blocks * block_size * kv_row;
         let pools = ops.zeros(2 * c.n_layers * pool_elems).map_err(err)?;
         let ws = Workspace::new(&ops, c, model.vocab, (1, 1)).map_err(err)?;
+        let lease = Arc::new(MemoryLease::new());
+        let bytes = 2 * c.n_layers * pool_elems * 4;
+        let memory = ops
+            .transport_access(&pools, &lease)
+            .map(|(addr, kind, access)| KvMemory::staged(addr, bytes, kind, access))
+            .transpose()
+            .map_err(|e| e.to_string())?
+            .map(Arc::new);
         Ok(Self {
             name,
             ops,
@@ -112,6 +130,8 @@ where
             block_size,
             kv_row,
             ws,
+            lease,
+            memory,
         })
     }
 }
@@ -120,6 +140,8 @@ impl<O: DeviceOps> Drop for GpuEngine<O> {
     /// Buffers are freed on the device's own context: make it current on the dropping
     /// thread first (an engine is dropped wherever its last step ran).
     fn drop(&mut self) {
+        // No transport copy may run on the pools once they are freed (right after this).
+        self.lease.revoke();
         let _ = self.ops.bind();
     }
 }
@@ -166,5 +188,9 @@ where
 
     fn kv_bytes(&self) -> usize {
         2 * self.model.config.n_layers * self.pool_elems * 4
+    }
+
+    fn kv_memory(&self) -> Option<Arc<KvMemory>> {
+        self.memory.clone()
     }
 }

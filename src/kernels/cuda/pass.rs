@@ -10,12 +10,17 @@
 //! output projection for the rows whose logits are wanted. Activations stay on the device for
 //! the whole step; only the plan goes up and the logits' statistics (or wanted rows) come down.
 
+use std::ptr::NonNull;
+use std::sync::Arc;
+
 use super::plan::StepPlan;
 use super::twin;
 use crate::kernels::quant::{MatrixData, WeightMatrix};
 use crate::kernels::{AttnGeometry, Rope, RopeLayout};
 use crate::model::config::ModelConfig;
 use crate::model::weights::ModelWeights;
+use crate::transport::region::LeasedHost;
+use crate::transport::{DeviceAccess, MemoryKind, MemoryLease};
 
 /// How prefill matrix products (more rows than one decode GEMV takes) are computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -80,6 +85,18 @@ pub trait DeviceOps {
     }
     /// A zeroed buffer of `n` f32.
     fn zeros(&self, n: usize) -> Result<Self::Buf, Self::Error>;
+    /// How a transport reaches `pools` (a buffer from [`DeviceOps::zeros`], `bytes` long): its
+    /// address, its memory kind and synchronous copies to and from host buffers, each made
+    /// under `lease` (which the owner revokes before freeing `pools`). `None`: no transport
+    /// can reach it (the default).
+    fn transport_access(
+        &self,
+        pools: &Self::Buf,
+        lease: &Arc<MemoryLease>,
+    ) -> Option<(NonNull<u8>, MemoryKind, Box<dyn DeviceAccess>)> {
+        let _ = (pools, lease);
+        None
+    }
     /// Uploads host values.
     fn upload(&self, v: &[f32]) -> Result<Self::Buf, Self::Error>;
     /// Uploads a weight matrix for both the GEMV (quantised) and the GEMM (`precision`) path.
@@ -466,6 +483,19 @@ impl DeviceOps for HostOps {
 
     fn zeros(&self, n: usize) -> Result<Vec<f32>, Never> {
         Ok(vec![0.0; n])
+    }
+
+    /// The twin's pools stand in for device memory: host bytes, reached through copies only.
+    fn transport_access(
+        &self,
+        pools: &Vec<f32>,
+        lease: &Arc<MemoryLease>,
+    ) -> Option<(NonNull<u8>, MemoryKind, Box<dyn DeviceAccess>)> {
+        let ptr = NonNull::new(pools.as_ptr() as *mut u8)?;
+        // SAFETY: the pools never grow or move, and their engine revokes `lease` before it
+        // frees them; KV bytes are accessed under the pinning contract (`transport/region.rs`).
+        let access = unsafe { LeasedHost::new(ptr, lease.clone()) };
+        Some((ptr, MemoryKind::Host, Box::new(access)))
     }
 
     fn upload(&self, v: &[f32]) -> Result<Vec<f32>, Never> {

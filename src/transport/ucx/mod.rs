@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use tokio::sync::oneshot;
 
-use super::region::{KvMemory, Preregistered, Segment};
+use super::region::{KvMemory, MemoryKind, Preregistered, Segment};
 use super::{TransportError, UcxRemote};
 use sys::*;
 
@@ -664,22 +664,58 @@ impl Engine {
     }
 
     fn register(&mut self, memory: Arc<KvMemory>) -> Result<Registration, TransportError> {
-        let params = ucp_mem_map_params_t {
+        let cuda = match (memory.kind(), memory.is_staged()) {
+            (MemoryKind::Host, false) => false,
+            (MemoryKind::Cuda { .. }, true) => true,
+            (kind, _) => {
+                return Err(TransportError::Backend(format!(
+                    "UCX registers host memory and CUDA device memory, not staged {kind} memory"
+                )));
+            }
+        };
+        let mut params = ucp_mem_map_params_t {
             field_mask: (UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH) as u64,
             address: memory.as_ptr() as *mut c_void,
             length: memory.len(),
             ..Default::default()
         };
+        if cuda {
+            params.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE as u64;
+            params.memory_type = UCS_MEMORY_TYPE_CUDA;
+        }
         let mut memh: ucp_mem_h = std::ptr::null_mut();
         // SAFETY: the range is one live allocation, kept alive by `memory` (stored with the
-        // handle) until it is unmapped.
+        // handle) until it is unmapped (device memory: its owner unregisters the region before
+        // freeing it); UCX reads device memory only through its CUDA transports.
         let status = unsafe { self.lib.ucp_mem_map(self.context, &params, &mut memh) };
         if status != UCS_OK {
             return Err(TransportError::Backend(format!(
-                "ucp_mem_map of {} bytes: {}",
+                "ucp_mem_map of {} bytes of {} memory: {}",
                 memory.len(),
+                memory.kind(),
                 status_str(self.lib, status)
             )));
+        }
+        if cuda {
+            // A UCX without CUDA support may map the range as host memory: refuse that, or
+            // its transports would dereference a device address.
+            let mut attr = ucp_mem_attr_t {
+                field_mask: UCP_MEM_ATTR_FIELD_MEM_TYPE as u64,
+                address: std::ptr::null_mut(),
+                length: 0,
+                mem_type: 0,
+            };
+            // SAFETY: live memory handle; `attr` is an out parameter.
+            let status = unsafe { self.lib.ucp_mem_query(memh, &mut attr) };
+            if status != UCS_OK || attr.mem_type != UCS_MEMORY_TYPE_CUDA {
+                // SAFETY: unmapping the handle mapped above, once.
+                unsafe { self.lib.ucp_mem_unmap(self.context, memh) };
+                return Err(TransportError::Backend(format!(
+                    "this UCX does not map CUDA memory (memory type {}, status {})",
+                    attr.mem_type,
+                    status_str(self.lib, status)
+                )));
+            }
         }
         self.pack(memh, Some(memory))
     }
@@ -810,10 +846,14 @@ impl Engine {
             while p.inflight.len() < WINDOW && p.next < p.segments.len() {
                 let s = p.segments[p.next];
                 p.next += 1;
-                let param = ucp_request_param_t {
+                let mut param = ucp_request_param_t {
                     op_attr_mask: 0,
                     ..unsafe_zeroed_param()
                 };
+                if matches!(p.local.kind(), MemoryKind::Cuda { .. }) {
+                    param.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+                    param.memory_type = UCS_MEMORY_TYPE_CUDA;
+                }
                 // SAFETY: the local range was bounds-checked in `Ucx::get` and `p.local` keeps
                 // it alive until the request completes (the pull is replied only when nothing
                 // is in flight); the remote range belongs to the peer's registered region

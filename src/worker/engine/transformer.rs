@@ -238,6 +238,16 @@ impl Engine {
         &self.weights
     }
 
+    /// The KV pools as transport memory (to register with the node's transport): the host
+    /// cache's, or the device's staged memory ([`DeviceRunner::kv_memory`]); `None` when the
+    /// device offers none.
+    pub fn kv_memory(&self) -> Option<Arc<KvMemory>> {
+        match &self.compute {
+            Compute::Cpu { kv, .. } => Some(kv.memory().clone()),
+            Compute::Device(d) => d.runner.kv_memory(),
+        }
+    }
+
     /// The host KV pools (e.g. to register them with a transport); `None` on a GPU.
     pub fn kv_cache(&self) -> Option<&KvCache> {
         match &self.compute {
@@ -508,15 +518,32 @@ impl StepEngine for TransformerEngine {
                     })??;
             match runner {
                 Ok(runner) => {
-                    if let Some((_, owner)) = &args.transport {
+                    let engine = Engine::with_runner(args.weights, args.config, runner);
+                    let Some((transport, owner)) = args.transport else {
+                        return Ok(engine.into());
+                    };
+                    let Some(memory) = engine.kv_memory() else {
                         tracing::warn!(
                             worker = %owner,
-                            "KV pools on the GPU are not registered with the node's transport \
-                             (device memory kinds are not implemented yet): peers recompute \
+                            "this device offers no copies of its KV pools: peers recompute \
                              this replica's blocks"
                         );
-                    }
-                    return Ok(Engine::with_runner(args.weights, args.config, runner).into());
+                        return Ok(engine.into());
+                    };
+                    let layout = Engine::layout(engine.weights(), args.config);
+                    let d = transport
+                        .register(&owner, layout, memory)
+                        .await
+                        .map_err(|e| {
+                            EngineError::Config(format!("KV memory through the transport: {e}"))
+                        })?;
+                    tracing::info!(worker = %owner, memory = %d.memory, ucx = d.ucx.is_some(), "KV pools on the device registered with the node's transport");
+                    let mut e: Self = engine.into();
+                    e.region = Some(RegionGuard {
+                        transport,
+                        id: d.id,
+                    });
+                    return Ok(e);
                 }
                 // Fell back: the CPU engine, its pools registered as usual.
                 Err(cpu) => args.config = cpu,
