@@ -464,11 +464,12 @@ impl Drop for RegionGuard {
 /// [`Engine`] as a [`StepEngine`]: steps run on tokio's blocking pool.
 #[derive(Debug)]
 pub struct TransformerEngine {
+    /// Keeps the KV region registered while this engine lives. Declared first so that it is
+    /// dropped first: a device pool is unregistered before the engine frees it.
+    region: Option<RegionGuard>,
     /// Absent while a step runs on the blocking pool, and for good once a step panicked.
     engine: Option<Engine>,
     info: EngineInfo,
-    /// Keeps the KV region registered while this engine lives.
-    region: Option<RegionGuard>,
 }
 
 impl From<Engine> for TransformerEngine {
