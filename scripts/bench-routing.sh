@@ -19,7 +19,8 @@
 # (mooncake-conversation), STALL_MS (0: Flotilla's stall-free cap off, as vLLM and Dynamo's
 # mocker have none), SALT (prompts; the same for every run), POLICIES (Flotilla's, default
 # round_robin,kv,dynamo_kv), PEERS (1: also run Dynamo), ROUTERS (peer routers over Flotilla
-# workers, default sglang:cache_aware,vllm:kv_aware; empty: none).
+# workers, default sglang:cache_aware,vllm:kv_aware; empty: none), SETS (extra Flotilla
+# settings for every Flotilla fleet, space-separated KEY=VALUE, e.g. "router.queue_weight=4").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${FLOTILLA:-target/release/flotilla}
@@ -29,6 +30,7 @@ TRACE_SPEEDUP=${TRACE_SPEEDUP:-5}; REQUESTS=${REQUESTS:-600}
 DATASET=${DATASET:-mooncake-conversation}; STALL_MS=${STALL_MS:-0}; SALT=${SALT:-1647954570651526062}
 PEERS=${PEERS:-1}; POLICIES=${POLICIES:-round_robin,kv,dynamo_kv}
 ROUTERS=${ROUTERS-sglang:cache_aware,vllm:kv_aware}
+EXTRA=(); for kv in ${SETS:-}; do EXTRA+=(--set "$kv"); done
 FGW=127.0.0.1:18080; DGW=127.0.0.1:18090; RGW=127.0.0.1:18100
 mkdir -p "$OUT"
 BENCH=(--dataset "$DATASET" --max-requests "$REQUESTS" --speedup "$TRACE_SPEEDUP"
@@ -41,7 +43,7 @@ start_fleet() {
     --set worker.kv_blocks="$KV_BLOCKS" --set worker.max_num_batched_tokens=8192 \
     --set worker.max_num_seqs=256 --set worker.sim_speedup="$SIM_SPEEDUP" \
     --set scheduler.max_decode_stall_ms="$STALL_MS" \
-    --set gateway.busy_kv_ratio=1.0 --set gateway.busy_waiting=1000000 "$@" \
+    --set gateway.busy_kv_ratio=1.0 --set gateway.busy_waiting=1000000 "${EXTRA[@]}" "$@" \
     > "$OUT/flotilla.up.log" 2>&1 &
   UP=$!
   for _ in $(seq 1 120); do

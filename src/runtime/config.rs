@@ -156,6 +156,13 @@ pub struct RouterConfig {
     pub policy: crate::request_plane::router::policy::Policy,
     /// `kv`: weight of the prompt tokens the cache saves against load (default 4).
     pub overlap_weight: f64,
+    /// `kv`: weight of a decode block against a block of prefill (default 0.125).
+    pub decode_weight: f64,
+    /// `kv`'s imbalance guard: a worker with more requests in flight than `balance_ratio ×`
+    /// the mean `+ balance_requests` is not picked while others are below (1.5 and 4; 0: off).
+    pub balance_ratio: f64,
+    /// See `balance_ratio`.
+    pub balance_requests: u32,
     /// `dynamo_kv`: weight of the prefill term (Dynamo's `--kv-overlap-score-weight`,
     /// default 1).
     pub dynamo_overlap_weight: f64,
@@ -175,6 +182,9 @@ impl Default for RouterConfig {
         Self {
             policy: Default::default(),
             overlap_weight: crate::request_plane::router::policy::DEFAULT_OVERLAP_WEIGHT,
+            decode_weight: crate::request_plane::router::policy::DEFAULT_DECODE_WEIGHT,
+            balance_ratio: crate::request_plane::router::policy::DEFAULT_BALANCE_RATIO,
+            balance_requests: crate::request_plane::router::policy::DEFAULT_BALANCE_REQUESTS,
             dynamo_overlap_weight: 1.0,
             temperature: 0.0,
             seed: 0,

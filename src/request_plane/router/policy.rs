@@ -12,7 +12,7 @@
 //! prefill_blocks(w) = (queued(w) + overlap_weight × uncached(w)) / B   (f64, not rounded) blocks
 //! request_blocks    = ceil(P / B)                                                          blocks
 //! decode_blocks(w)  = active_decode_blocks(w) + request_blocks                             blocks
-//! cost(w)           = prefill_blocks(w) + decode_blocks(w)                                 blocks
+//! cost(w)           = prefill_blocks(w) + decode_weight × decode_blocks(w)                 blocks
 //! ```
 //!
 //! The weight multiplies **only what the cache saves** (the request's own uncached tokens),
@@ -34,6 +34,24 @@
 //! `active_decode_blocks` counts every in-flight request's blocks, shared or not (a decode
 //! step reads each sequence's whole KV), so a hot prefix still spreads once its holder's
 //! decode load outweighs the saving (case B13).
+//!
+//! With `decode_weight` below 1 the decode term alone no longer spreads a hot prefix, so `kv`
+//! has an **imbalance guard**: a worker whose requests in flight exceed `balance_ratio ×` the
+//! live workers' mean `+ balance_requests` (1.5 × and 4 by default) is left out of the choice
+//! while others are below it (SGLang's `cache_aware` router has the same guard against the
+//! least loaded worker, 1.5 × and 64; case B13).
+//!
+//! `decode_weight` (default 1/8) is what a block of decode load costs against a block of
+//! prefill. The two are not the same unit of time: a prompt token queued ahead delays this
+//! request's first token by what prefilling it takes (0.015 ms per token on the simulated
+//! H100, `prefill_ms = 4.21e-7·T² + 0.01518·T + 16.5`, i.e. ~0.24 ms a block), once; a decode
+//! block lengthens every step of the worker while the request runs, by
+//! `d decode_ms / du ÷ pool blocks` (`decode_ms = −25.74·u² + 54.01·u + 5.74` over 8 192–28 672
+//! blocks: 0.001–0.007 ms a step). Weighting them alike (1) balanced decode blocks and let
+//! prefill queues grow where TTFT is made: on the Mooncake conversation trace (600 and 2 000
+//! requests) and its synthetic trace, 1/8 cut `kv`'s TTFT p99 by 12–15 % and raised its prefix
+//! hits, with TPOT unchanged; 1/16 began to cost TPOT (measured, `docs/benchmarks.md`,
+//! "KV-aware routing", the weight sweep).
 //!
 //! # `dynamo_kv`: NVIDIA Dynamo's KV router cost, for comparison
 //!
@@ -90,8 +108,8 @@
 //! Every policy only ever picks from `live` (duplicates are harmless), and every
 //! [`Decision`] carries the chosen worker's overlap and cost (`dynamo_kv`'s form under that
 //! policy, `kv`'s under every other) so the caller can measure
-//! prefix hits whatever the policy. There is no separate imbalance guard: the decode term is
-//! the load balancer, and `overlap_weight` sets how much prefix reuse may outweigh it.
+//! prefix hits whatever the policy. Under `kv` the decode term balances load and
+//! `overlap_weight` sets how much prefix reuse may outweigh it, within the imbalance guard.
 
 use std::fmt;
 use std::str::FromStr;
@@ -112,6 +130,16 @@ pub const DEFAULT_BLOCK_SIZE: u32 = 16;
 /// `kv`'s weight on the tokens the cache saves unless configured (measured:
 /// `docs/benchmarks.md`, "KV-aware routing").
 pub const DEFAULT_OVERLAP_WEIGHT: f64 = 4.0;
+/// `kv`'s weight on decode blocks against prefill blocks unless configured (measured: the
+/// module docs and `docs/benchmarks.md`, "KV-aware routing").
+pub const DEFAULT_DECODE_WEIGHT: f64 = 0.125;
+/// `kv`'s imbalance guard unless configured: no worker takes more than 1.5 × the mean
+/// requests in flight + 4 (SGLang's `cache_aware` uses the same shape, 1.5 × and 64 requests
+/// against the least loaded; case B13 asks for at most 40–50 % of a hot prefix's requests on
+/// its holder).
+pub const DEFAULT_BALANCE_RATIO: f64 = 1.5;
+/// See [`DEFAULT_BALANCE_RATIO`].
+pub const DEFAULT_BALANCE_REQUESTS: u32 = 4;
 
 /// How the router picks a worker.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -186,6 +214,13 @@ pub struct SelectorConfig {
     pub block_size: u32,
     /// `kv`: weight of the request's uncached prompt tokens against load, finite and ≥ 0.
     pub overlap_weight: f64,
+    /// `kv`: weight of a decode block against a block of prefill, finite and ≥ 0.
+    pub decode_weight: f64,
+    /// `kv`'s imbalance guard: a worker with more requests in flight than `balance_ratio ×`
+    /// the live workers' mean `+ balance_requests` is not picked (0: off), finite and ≥ 0.
+    pub balance_ratio: f64,
+    /// See `balance_ratio`.
+    pub balance_requests: u32,
     /// `dynamo_kv`: weight of the prefill term (Dynamo's `--kv-overlap-score-weight`), finite
     /// and ≥ 0.
     pub dynamo_overlap_weight: f64,
@@ -201,6 +236,9 @@ impl Default for SelectorConfig {
             policy: Policy::Kv,
             block_size: DEFAULT_BLOCK_SIZE,
             overlap_weight: DEFAULT_OVERLAP_WEIGHT,
+            decode_weight: DEFAULT_DECODE_WEIGHT,
+            balance_ratio: DEFAULT_BALANCE_RATIO,
+            balance_requests: DEFAULT_BALANCE_REQUESTS,
             dynamo_overlap_weight: 1.0,
             temperature: 0.0,
             seed: 0,
@@ -213,7 +251,9 @@ impl Default for SelectorConfig {
 pub enum ConfigError {
     #[error("block_size must be > 0")]
     ZeroBlockSize,
-    #[error("overlap_weight must be finite and >= 0, got {0}")]
+    #[error(
+        "overlap_weight, decode_weight, dynamo_overlap_weight and balance_ratio must be finite and >= 0, got {0}"
+    )]
     OverlapWeight(f64),
     #[error("temperature must be finite and >= 0, got {0}")]
     Temperature(f64),
@@ -228,7 +268,12 @@ impl SelectorConfig {
         if self.block_size == 0 {
             return Err(ConfigError::ZeroBlockSize);
         }
-        for w in [self.overlap_weight, self.dynamo_overlap_weight] {
+        for w in [
+            self.overlap_weight,
+            self.decode_weight,
+            self.dynamo_overlap_weight,
+            self.balance_ratio,
+        ] {
             if !(w.is_finite() && w >= 0.0) {
                 return Err(ConfigError::OverlapWeight(w));
             }
@@ -250,7 +295,7 @@ pub struct Cost {
     pub uncached_tokens: u32,
     /// The prefill term (see the module docs for each policy's form).
     pub prefill_blocks: f64,
-    /// The decode term.
+    /// The decode term (blocks, before `kv`'s `decode_weight`).
     pub decode_blocks: f64,
     /// The sum the policy ranks workers by.
     pub cost: f64,
@@ -319,7 +364,7 @@ pub fn cost_of(
         CostForm::Flotilla => {
             let prefill = (queued + config.overlap_weight * f64::from(uncached)) / f64::from(bs);
             let decode = (load.decode_blocks + request) as f64;
-            (prefill, decode, prefill + decode)
+            (prefill, decode, prefill + config.decode_weight * decode)
         }
         CostForm::Dynamo => {
             let prefill = (queued + f64::from(uncached)) / f64::from(bs);
@@ -488,11 +533,15 @@ impl Selector {
 
     /// Index into `live` of the worker the policy picks.
     fn pick(&mut self, live: &[WorkerId], costs: &[Cost], load: &ActiveLoad) -> usize {
+        let allowed = match self.config.policy {
+            Policy::Kv => self.balanced(live.len(), load),
+            _ => (0..live.len()).collect(),
+        };
         match self.config.policy {
             Policy::Kv | Policy::DynamoKv if self.config.temperature > 0.0 => {
-                self.sample(live, costs)
+                self.sample(live, costs, allowed)
             }
-            Policy::Kv | Policy::DynamoKv => self.lowest_cost(live, costs),
+            Policy::Kv | Policy::DynamoKv => self.lowest_cost(live, costs, allowed),
             Policy::LeastLoaded => {
                 let loads = (0..live.len()).map(|i| self.cache.load(i, load)).collect();
                 self.least_loaded(live, loads)
@@ -502,11 +551,33 @@ impl Selector {
         }
     }
 
-    /// Lowest cost; ties take turns.
-    fn lowest_cost(&mut self, live: &[WorkerId], costs: &[Cost]) -> usize {
-        let min = costs.iter().map(|c| c.cost).fold(f64::INFINITY, f64::min);
+    /// `kv`'s imbalance guard: the live workers (indices) whose requests in flight are at
+    /// most `balance_ratio × mean + balance_requests` (the mean over `live`); all of them when
+    /// the guard is off (`balance_ratio` 0) or would leave none.
+    fn balanced(&self, n: usize, load: &ActiveLoad) -> Vec<usize> {
+        let all: Vec<usize> = (0..n).collect();
+        let ratio = self.config.balance_ratio;
+        if ratio <= 0.0 || n < 2 {
+            return all;
+        }
+        let flights: Vec<f64> = all
+            .iter()
+            .map(|&i| f64::from(self.cache.load(i, load).in_flight))
+            .collect();
+        let mean = flights.iter().sum::<f64>() / n as f64;
+        let cap = ratio * mean + f64::from(self.config.balance_requests);
+        let ok: Vec<usize> = all.iter().copied().filter(|&i| flights[i] <= cap).collect();
+        if ok.is_empty() { all } else { ok }
+    }
+
+    /// Lowest cost among `allowed` (indices into `live`, not empty); ties take turns.
+    fn lowest_cost(&mut self, live: &[WorkerId], costs: &[Cost], allowed: Vec<usize>) -> usize {
+        let min = allowed
+            .iter()
+            .map(|&i| costs[i].cost)
+            .fold(f64::INFINITY, f64::min);
         let eps = 1e-9 * min.abs().max(1.0);
-        let ties = (0..live.len()).filter(|i| costs[*i].cost <= min + eps);
+        let ties = allowed.into_iter().filter(|i| costs[*i].cost <= min + eps);
         self.take_turn(live, ties.collect())
     }
 
@@ -534,8 +605,8 @@ impl Selector {
     }
 
     /// Softmax over normalised negative costs (see the module docs).
-    fn sample(&mut self, live: &[WorkerId], costs: &[Cost]) -> usize {
-        let sorted = sorted_unique(live, (0..live.len()).collect());
+    fn sample(&mut self, live: &[WorkerId], costs: &[Cost], allowed: Vec<usize>) -> usize {
+        let sorted = sorted_unique(live, allowed);
         let weights = softmax_weights(&sorted, costs, self.config.temperature);
         // Every weight is in (0, 1] and the lowest cost's is 1, so the index is well formed.
         let pick = WeightedIndex::new(&weights).expect("softmax weights are positive and finite");

@@ -91,6 +91,14 @@ fn config_is_validated() {
         ConfigError::OverlapWeight(_)
     ));
     assert!(matches!(
+        bad(|c| c.decode_weight = f64::NAN),
+        ConfigError::OverlapWeight(_)
+    ));
+    assert!(matches!(
+        bad(|c| c.balance_ratio = -0.5),
+        ConfigError::OverlapWeight(_)
+    ));
+    assert!(matches!(
         bad(|c| c.temperature = f64::NAN),
         ConfigError::Temperature(_)
     ));
@@ -115,6 +123,7 @@ fn cost_formula_by_hand() {
     // prefill = (32 + 2 × 36) / 16 = 6.5, decode = 10 + 7 = 17, cost = 6.5 + 17 = 23.5.
     let config = SelectorConfig {
         overlap_weight: 2.0,
+        decode_weight: 1.0,
         ..SelectorConfig::default()
     };
     let load = WorkerLoad {
@@ -128,6 +137,17 @@ fn cost_formula_by_hand() {
     assert_eq!(c.prefill_blocks, 6.5);
     assert_eq!(c.decode_blocks, 17.0);
     assert_eq!(c.cost, 23.5);
+    // The default decode weight, 1/8: 6.5 + 17 / 8 = 8.625.
+    let c = kv_cost(
+        &SelectorConfig {
+            decode_weight: DEFAULT_DECODE_WEIGHT,
+            ..config.clone()
+        },
+        100,
+        4,
+        load,
+    );
+    assert_eq!((c.decode_blocks, c.cost), (17.0, 8.625));
     // Dynamo's form, weight 2, 3 of the prompt's blocks held by requests in flight:
     // prefill = (32 + 36) / 16 = 4.25, decode = 8 unique + (7 − 3) new = 12,
     // cost = 2 × 4.25 + 12 = 20.5.
@@ -155,6 +175,7 @@ fn decision_reports_the_formula_terms() {
     load.on_routed(key(1), &w("a"), 32, 10, 0);
     let mut s = Selector::new(SelectorConfig {
         overlap_weight: 2.0,
+        decode_weight: 1.0,
         ..SelectorConfig::default()
     })
     .unwrap();
@@ -197,8 +218,9 @@ fn load_wins_when_the_holder_is_much_busier() {
     let mut index = PrefixIndex::new();
     hold(&mut index, "a", &hashes, 32);
     let mut load = ActiveLoad::new();
-    // a saves 32 prefill blocks but carries 1000 decode blocks more than b.
-    load.on_routed(key(1), &w("a"), 0, 1000, 0);
+    // a saves 4 × 32 prefill blocks but carries 2000 decode blocks more than b:
+    // a = (2000 + 32) / 8 = 254, b = 4 × 32 + 32 / 8 = 132.
+    load.on_routed(key(1), &w("a"), 0, 2000, 0);
     let mut s = selector(Policy::Kv);
     let d = s
         .select(&[w("a"), w("b")], &hashes, 32 * 16, &index, &load)
@@ -214,7 +236,11 @@ fn load_wins_when_the_holder_is_much_busier() {
     let d = s
         .select(&[w("a"), w("b")], &hashes, 32 * 16, &index, &load)
         .unwrap();
-    assert_eq!(d.worker, w("a"), "cost a = 0 + 20 + 32, b = 4 × 32 + 32");
+    assert_eq!(
+        d.worker,
+        w("a"),
+        "cost a = (20 + 32) / 8, b = 4 × 32 + 32 / 8"
+    );
     // A larger overlap weight makes the prefix worth more than the same load gap.
     let mut heavy = Selector::new(SelectorConfig {
         overlap_weight: 40.0,
@@ -222,11 +248,11 @@ fn load_wins_when_the_holder_is_much_busier() {
     })
     .unwrap();
     load.on_finished(&key(2));
-    load.on_routed(key(3), &w("a"), 0, 1000, 0);
+    load.on_routed(key(3), &w("a"), 0, 2000, 0);
     let d = heavy
         .select(&[w("a"), w("b")], &hashes, 32 * 16, &index, &load)
         .unwrap();
-    assert_eq!(d.worker, w("a"), "a = 1032 + 0, b = 32 + 40 × 32");
+    assert_eq!(d.worker, w("a"), "a = 2032 / 8, b = 40 × 32 + 32 / 8");
 }
 
 #[test]
@@ -535,11 +561,12 @@ fn busy_holder() -> (Vec<SequenceHash>, PrefixIndex, ActiveLoad) {
 fn a_holder_busy_with_a_long_prefill_still_wins_when_the_saving_is_larger() {
     let (hashes, index, load) = busy_holder();
     let live = [w("a"), w("b")];
-    // kv, weight 4: a = (2000 + 4 × 440) / 16 + 125 + 188 = 548; b = 4 × 3000 / 16 + 188 = 938.
+    // kv, weight 4, decode weight 1/8: a = (2000 + 4 × 440) / 16 + (125 + 188) / 8 = 274.125;
+    // b = 4 × 3000 / 16 + 188 / 8 = 773.5.
     let d = selector(Policy::Kv)
         .select(&live, &hashes, 3000, &index, &load)
         .unwrap();
-    assert_eq!((d.worker.clone(), d.cost), (w("a"), 548.0));
+    assert_eq!((d.worker.clone(), d.cost), (w("a"), 274.125));
     // Dynamo's form weighs the queue like the saving: a = (2000 + 440) / 16 + 125 + 188 =
     // 465.5 > b = 3000 / 16 + 188 = 375.5, so the 2 560 cached tokens are recomputed on b.
     let d = selector(Policy::DynamoKv)
@@ -552,7 +579,7 @@ fn a_holder_busy_with_a_long_prefill_still_wins_when_the_saving_is_larger() {
     let d = selector(Policy::Kv)
         .select(&live, &hashes, 3000, &index, &load)
         .unwrap();
-    assert_eq!(d.worker, w("b"), "a = 1173, b = 938");
+    assert_eq!(d.worker, w("b"), "a = 899.125, b = 773.5");
 }
 
 #[test]
@@ -578,22 +605,26 @@ fn dynamo_kv_counts_blocks_held_by_requests_in_flight_once() {
     let d = selector(Policy::Kv)
         .select(&live, &turn2, 48 * 16, &index, &load)
         .unwrap();
-    // a: 4 × 8 + 41 + 48 = 121; b: 4 × 48 + 30 + 48 = 270.
+    // a: 4 × 8 + (41 + 48) / 8 = 43.125; b: 4 × 48 + (30 + 48) / 8 = 201.75.
     assert_eq!(
         (d.worker.clone(), d.decode_blocks, d.cost),
-        (w("a"), 89.0, 121.0)
+        (w("a"), 89.0, 43.125)
     );
 }
 
 /// Routes `n` requests that share a 63-block prefix held by `a` (each with 2 blocks of its
 /// own, none finishing) and returns how many each worker got.
 fn route_hot_prefix(policy: Policy, n: u64) -> HashMap<WorkerId, u64> {
+    route_hot_prefix_with(selector(policy), n)
+}
+
+/// [`route_hot_prefix`] through the selector `s`.
+fn route_hot_prefix_with(mut s: Selector, n: u64) -> HashMap<WorkerId, u64> {
     let prefix = prompt(63, 14);
     let mut index = PrefixIndex::new();
     hold(&mut index, "a", &prefix, 63);
     let mut load = ActiveLoad::new();
     let live = [w("a"), w("b"), w("c"), w("d")];
-    let mut s = selector(policy);
     let mut got = HashMap::new();
     for i in 0..n {
         let mut hashes = prefix.clone();
@@ -614,13 +645,23 @@ fn route_hot_prefix(policy: Policy, n: u64) -> HashMap<WorkerId, u64> {
 
 #[test]
 fn a_hot_prefix_still_spreads_under_kv() {
-    // Case B13: 48 concurrent requests on one hot prefix, none done. Every in-flight
-    // request's blocks are decode load (and the others' prefill queues grow), so the holder
-    // takes less than half (a = 67·n + 73 against 130·n + 325 elsewhere).
+    // Case B13: 48 concurrent requests on one hot prefix, none done. At decode weight 1/8 the
+    // holder stays cheapest (a = 10.1·n + 16 against 73.1·m + 268 elsewhere), so the
+    // imbalance guard spreads them: the holder takes at most 1.5 × the mean + 4 in flight.
     let got = route_hot_prefix(Policy::Kv, 48);
     let max = *got.values().max().unwrap();
     assert!(max * 2 <= 48, "{got:?}");
+    assert_eq!(
+        got.get(&w("a")),
+        Some(&max),
+        "the holder takes the most: {got:?}"
+    );
     assert_eq!(got.len(), 4, "{got:?}");
+    // Without the guard the holder would keep almost all of them.
+    let mut s = selector(Policy::Kv);
+    s.config.balance_ratio = 0.0;
+    let got = route_hot_prefix_with(s, 48);
+    assert!(got[&w("a")] > 24, "{got:?}");
     // Dynamo's form counts the shared prefix once: the holder keeps the first 16 alone.
     let got = route_hot_prefix(Policy::DynamoKv, 16);
     assert_eq!(got.get(&w("a")), Some(&16), "{got:?}");
