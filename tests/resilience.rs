@@ -323,7 +323,14 @@ async fn b16_sigterm_drains_a_worker_node() {
         .map(|_| {
             let url = url.clone();
             tokio::spawn(
-                async move { stream_with(&url, story(120), &[], |_| Box::pin(async {})).await },
+                // Round-robin: the test is about draining, so both workers must have streams
+                // (kv would keep these identical prompts on the worker that holds them).
+                async move {
+                    stream_routed(&url, story(120), Some("round_robin"), &[], |_| {
+                        Box::pin(async {})
+                    })
+                    .await
+                },
             )
         })
         .collect();
@@ -375,7 +382,14 @@ async fn b16_a_short_grace_migrates_the_rest() {
         .map(|_| {
             let url = url.clone();
             tokio::spawn(
-                async move { stream_with(&url, story(200), &[], |_| Box::pin(async {})).await },
+                // Round-robin: the test is about draining, so both workers must have streams
+                // (kv would keep these identical prompts on the worker that holds them).
+                async move {
+                    stream_routed(&url, story(200), Some("round_robin"), &[], |_| {
+                        Box::pin(async {})
+                    })
+                    .await
+                },
             )
         })
         .collect();
