@@ -333,11 +333,15 @@ pub fn kv_handoff(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let config = TransportConfig {
+    let tcp_only = TransportConfig {
         backend: BackendChoice::Tcp,
         ..TransportConfig::default()
     };
-    let transport = rt.block_on(Transport::start("check", config, TransferFaults::default()))?;
+    let transport = rt.block_on(Transport::start(
+        "check",
+        tcp_only,
+        TransferFaults::default(),
+    ))?;
     let bs = crate::model::kv_cache::DEFAULT_BLOCK_SIZE;
     let per = (prompt.len() + n).div_ceil(bs);
     let config = |device| EngineConfig {

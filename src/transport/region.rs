@@ -150,24 +150,34 @@ impl DeviceAccess for LeasedHost {
     fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), String> {
         let _held = self.lease.hold()?;
         // SAFETY: in bounds (checked by `KvMemory`); valid while the lease is held (`new`).
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.ptr.as_ptr().add(offset),
-                out.as_mut_ptr(),
-                out.len(),
-            )
-        };
+        unsafe { copy_out(self.ptr, offset, out) };
         Ok(())
     }
 
     fn write(&self, offset: usize, data: &[u8]) -> Result<(), String> {
         let _held = self.lease.hold()?;
         // SAFETY: as in `read`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
-        };
+        unsafe { copy_in(self.ptr, offset, data) };
         Ok(())
     }
+}
+
+/// Copies `out.len()` bytes at `base + offset` into `out`.
+///
+/// # Safety
+/// The range must be valid for reads and not written meanwhile; `out` is a distinct buffer.
+unsafe fn copy_out(base: NonNull<u8>, offset: usize, out: &mut [u8]) {
+    // SAFETY: the caller's contract; `out` cannot overlap memory only reached by pointer.
+    unsafe { std::ptr::copy_nonoverlapping(base.as_ptr().add(offset), out.as_mut_ptr(), out.len()) }
+}
+
+/// Copies `data` to `base + offset`.
+///
+/// # Safety
+/// The range must be valid for writes and accessed by no one else meanwhile.
+unsafe fn copy_in(base: NonNull<u8>, offset: usize, data: &[u8]) {
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), base.as_ptr().add(offset), data.len()) }
 }
 
 /// How a [`KvMemory`]'s bytes are reached and freed.
@@ -342,15 +352,8 @@ impl KvMemory {
                 .read(offset, out)
                 .map_err(|e| TransportError::Backend(format!("{kind} read: {e}")));
         }
-        // SAFETY: in bounds (checked); the caller guarantees no concurrent writer; `out` is a
-        // distinct Rust buffer, so the ranges do not overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.ptr.as_ptr().add(offset),
-                out.as_mut_ptr(),
-                out.len(),
-            )
-        };
+        // SAFETY: in bounds (checked); the caller guarantees no concurrent writer.
+        unsafe { copy_out(self.ptr, offset, out) };
         Ok(())
     }
 
@@ -369,9 +372,7 @@ impl KvMemory {
                 .map_err(|e| TransportError::Backend(format!("{kind} write: {e}")));
         }
         // SAFETY: in bounds (checked); the caller guarantees exclusive access to the range.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
-        };
+        unsafe { copy_in(self.ptr, offset, data) };
         Ok(())
     }
 
