@@ -11,7 +11,7 @@
 # node on CPU 1 (taskset), so that the pools stop sharing cores. Reports go to
 # ${OUT:-/tmp/bench-disagg}/NAME-{short,long}/report.json; a summary line each is printed.
 set -euo pipefail
-BIN=${FLOTILLA:-target/release/flotilla}
+BIN=${FLOTILLA:-${CARGO_TARGET_DIR:-target}/release/flotilla}
 OUT=${OUT:-/tmp/bench-disagg}
 GW=${GW:-127.0.0.1:18300}
 name=$1; shift

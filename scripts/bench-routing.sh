@@ -13,7 +13,7 @@
 #   scripts/bench-routing.sh [BENCH_FLAGS…]        default: the first 600 Mooncake conversation requests
 #   REQUESTS=2000 DATASET=mooncake-synthetic scripts/bench-routing.sh
 #
-# Environment: FLOTILLA (binary, default target/release/flotilla), OUT (default
+# Environment: FLOTILLA (binary, default $CARGO_TARGET_DIR/release/flotilla, else target/…), OUT (default
 # /tmp/bench-routing), WORKERS (16), KV_BLOCKS (8192), SIM_SPEEDUP (0.25: engine time ×4, so that
 # 2 cores carry the fleet near saturation), TRACE_SPEEDUP (5), REQUESTS (600), DATASET
 # (mooncake-conversation), STALL_MS (0: Flotilla's stall-free cap off, as vLLM and Dynamo's
@@ -23,7 +23,7 @@
 # settings for every Flotilla fleet, space-separated KEY=VALUE, e.g. "router.queue_weight=4").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=${FLOTILLA:-target/release/flotilla}
+BIN=${FLOTILLA:-${CARGO_TARGET_DIR:-target}/release/flotilla}
 OUT=${OUT:-/tmp/bench-routing}
 WORKERS=${WORKERS:-16}; KV_BLOCKS=${KV_BLOCKS:-8192}; SIM_SPEEDUP=${SIM_SPEEDUP:-0.25}
 TRACE_SPEEDUP=${TRACE_SPEEDUP:-5}; REQUESTS=${REQUESTS:-600}
@@ -48,7 +48,7 @@ start_fleet() {
   UP=$!
   for _ in $(seq 1 120); do
     n=$(curl -sf "http://$FGW/v1/fleet" 2>/dev/null | python3 -c 'import json,sys; print(sum(len(n["workers"]) for n in json.load(sys.stdin)["nodes"] if n["state"] == "up"))' 2>/dev/null || echo 0)
-    [ "$n" = "$WORKERS" ] && break; sleep 1
+    [ "$n" = "$WORKERS" ] && break; kill -0 $UP 2>/dev/null || break; sleep 1
   done
   if [ "$n" != "$WORKERS" ] || ! kill -0 $UP 2>/dev/null; then
     echo "the Flotilla fleet did not come up ($n of $WORKERS workers); see $OUT/flotilla.up.log" >&2
