@@ -864,7 +864,28 @@ impl Config {
         if w.max_model_len_tokens < 2 {
             return Err(invalid("worker.max_model_len_tokens", "must be at least 2"));
         }
+        // The router's weights, checked here (before a node loads its model) with the same
+        // rules the router applies when it starts.
+        self.selector_config()
+            .validate()
+            .map_err(|e| invalid("router", e.to_string()))?;
         Ok(())
+    }
+
+    /// The router's placement settings (`router.*` with the workers' block size).
+    pub fn selector_config(&self) -> crate::request_plane::router::policy::SelectorConfig {
+        let r = &self.router;
+        crate::request_plane::router::policy::SelectorConfig {
+            policy: r.policy,
+            block_size: u32::try_from(self.worker.block_size_tokens).unwrap_or(u32::MAX),
+            overlap_weight: r.overlap_weight,
+            decode_weight: r.decode_weight,
+            balance_ratio: r.balance_ratio,
+            balance_requests: r.balance_requests,
+            dynamo_overlap_weight: r.dynamo_overlap_weight,
+            temperature: r.temperature,
+            seed: r.seed,
+        }
     }
 
     /// Whether this node runs `role`.

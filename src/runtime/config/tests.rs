@@ -193,3 +193,19 @@ fn external_workers_are_read_from_a_file_and_checked() {
         );
     }
 }
+
+#[test]
+fn router_weights_are_checked_when_the_configuration_loads() {
+    for (key, value) in [
+        ("decode_weight", serde_json::json!(-1.0)),
+        ("overlap_weight", serde_json::json!(-0.5)),
+        ("balance_ratio", serde_json::json!(-2.0)),
+    ] {
+        let mut o = with_cookie();
+        o["router"] = serde_json::json!({ key: value });
+        let err = Config::load(None, o).unwrap_err().to_string();
+        assert!(err.contains("router") && err.contains(key), "{key}: {err}");
+    }
+    let cfg = Config::load(None, with_cookie()).unwrap();
+    assert_eq!(cfg.selector_config().block_size, 16);
+}

@@ -14,7 +14,6 @@ use crate::request_plane::gateway::routes::GatewayShared;
 use crate::request_plane::gateway::serve::Serving;
 use crate::request_plane::request::migration::MigrationPolicy;
 use crate::request_plane::router::RouterArgs;
-use crate::request_plane::router::policy::SelectorConfig;
 use crate::request_plane::token_sink::SinkRegistry;
 use crate::runtime::config::Role;
 use crate::runtime::context::NodeContext;
@@ -64,18 +63,7 @@ pub(super) fn discovery(ctx: &NodeContext) -> DiscoveryArgs {
 
 /// The router's placement policy (on the system clock and the live schedulers' group).
 pub(super) fn router(ctx: &NodeContext) -> RouterArgs {
-    let r = &ctx.config.router;
-    let mut args = RouterArgs::new(SelectorConfig {
-        policy: r.policy,
-        block_size: ctx.config.worker.block_size_tokens as u32,
-        overlap_weight: r.overlap_weight,
-        decode_weight: r.decode_weight,
-        balance_ratio: r.balance_ratio,
-        balance_requests: r.balance_requests,
-        dynamo_overlap_weight: r.dynamo_overlap_weight,
-        temperature: r.temperature,
-        seed: r.seed,
-    });
+    let mut args = RouterArgs::new(ctx.config.selector_config());
     args.disagg = (&ctx.config.disagg).into();
     // Only a gateway on this node with a TTFT target reads them (admission.rs).
     args.queues = (ctx.config.has_role(Role::Gateway)
