@@ -36,6 +36,7 @@ mkdir -p "$OUT"
 BENCH=(--dataset "$DATASET" --max-requests "$REQUESTS" --speedup "$TRACE_SPEEDUP"
        --trace-jitter-ms 3000 --fresh-connections --salt "$SALT" "$@")
 
+. scripts/lib/fleet.sh
 UP=
 # A fresh Flotilla fleet of $WORKERS sim workers on 2 worker nodes (extra `--set`s appended).
 start_fleet() {
@@ -46,16 +47,8 @@ start_fleet() {
     --set gateway.busy_kv_ratio=1.0 --set gateway.busy_waiting=1000000 "${EXTRA[@]}" "$@" \
     > "$OUT/flotilla.up.log" 2>&1 &
   UP=$!
-  for _ in $(seq 1 120); do
-    n=$(curl -sf "http://$FGW/v1/fleet" 2>/dev/null | python3 -c 'import json,sys; print(sum(len(n["workers"]) for n in json.load(sys.stdin)["nodes"] if n["state"] == "up"))' 2>/dev/null || echo 0)
-    [ "$n" = "$WORKERS" ] && break; kill -0 $UP 2>/dev/null || break; sleep 1
-  done
-  if [ "$n" != "$WORKERS" ] || ! kill -0 $UP 2>/dev/null; then
-    echo "the Flotilla fleet did not come up ($n of $WORKERS workers); see $OUT/flotilla.up.log" >&2
-    exit 1
-  fi
+  wait_fleet "$FGW" "$WORKERS" "$OUT/flotilla.up.log" 120
 }
-stop_fleet() { [ -n "$UP" ] && { kill -TERM $UP 2>/dev/null || true; wait $UP 2>/dev/null || true; }; UP=; }
 trap 'stop_fleet; scripts/peers/dynamo.sh stop 2>/dev/null || true; scripts/peers/routers.sh stop 2>/dev/null || true' EXIT
 
 start_fleet
@@ -87,11 +80,7 @@ for spec in ${ROUTERS//,/ }; do
     scripts/peers/routers.sh setup
   # Every replica with its own face and vLLM-format KV event socket (free ports).
   start_fleet --set worker.http=127.0.0.1:0 --set worker.kv_events_addr=127.0.0.1:0
-  mapfile -t workers < <(curl -sf "http://$FGW/v1/fleet" | python3 -c '
-import json, sys
-for n in json.load(sys.stdin)["nodes"]:
-    for w in n["workers"]:
-        print("http://%s=%s" % (w["http_addr"], w["kv_events_endpoint"]))')
+  mapfile -t workers < <(fleet_faces "$FGW")
   MODEL_NAME=$MODEL_ID scripts/peers/routers.sh start "$which" "${RGW#*:}" "$policy" "${workers[@]}"
   # The routers take only text on /v1/completions: one single-token word per trace token id
   # (same lengths, same shared prefixes; `flotilla bench --text-prompts`).

@@ -31,22 +31,15 @@ scripts/fetch-sharegpt.sh
 BENCH=(--dataset sharegpt --max-requests "$REQUESTS" --arrival poisson --rate "$RATE"
        --max-input-tokens "$MAX_INPUT" --max-output-tokens "$MAX_OUTPUT" --salt "$SALT" "$@")
 
+. scripts/lib/fleet.sh
 UP=
 start_fleet() {
   "$BIN" up --nodes $((WORKERS + 1)) --http "$FGW" \
     --set worker.http=127.0.0.1:0 --set worker.kv_events_addr=127.0.0.1:0 "${EXTRA[@]}" "$@" \
     > "$OUT/flotilla.up.log" 2>&1 &
   UP=$!
-  for _ in $(seq 1 180); do
-    n=$(curl -sf "http://$FGW/v1/fleet" 2>/dev/null | python3 -c 'import json,sys; print(sum(len(n["workers"]) for n in json.load(sys.stdin)["nodes"] if n["state"] == "up"))' 2>/dev/null || echo 0)
-    [ "$n" = "$WORKERS" ] && break; kill -0 $UP 2>/dev/null || break; sleep 1
-  done
-  if [ "$n" != "$WORKERS" ] || ! kill -0 $UP 2>/dev/null; then
-    echo "the Flotilla fleet did not come up ($n of $WORKERS workers); see $OUT/flotilla.up.log" >&2
-    exit 1
-  fi
+  wait_fleet "$FGW" "$WORKERS" "$OUT/flotilla.up.log" 180
 }
-stop_fleet() { [ -n "$UP" ] && { kill -TERM $UP 2>/dev/null || true; wait $UP 2>/dev/null || true; }; UP=; }
 trap 'stop_fleet; scripts/peers/routers.sh stop 2>/dev/null || true' EXIT
 
 MODEL_ID=$(basename "${FLOTILLA_MODEL:-models/smollm2-135m-instruct-q4_1.gguf}" .gguf)
@@ -65,11 +58,7 @@ for rep in $(seq 1 "$REPEAT"); do
     [ -x "$d/sglang/venv/bin/python" ] && [ -x "$d/vllm-router/venv/bin/vllm-router" ] ||
       scripts/peers/routers.sh setup
     start_fleet
-    mapfile -t workers < <(curl -sf "http://$FGW/v1/fleet" | python3 -c '
-import json, sys
-for n in json.load(sys.stdin)["nodes"]:
-    for w in n["workers"]:
-        print("http://%s=%s" % (w["http_addr"], w["kv_events_endpoint"]))')
+    mapfile -t workers < <(fleet_faces "$FGW")
     MODEL_NAME=$MODEL_ID scripts/peers/routers.sh start "$which" "${RGW#*:}" "$policy" "${workers[@]}"
     "$BIN" bench --gateway "$RGW" --model "$MODEL_ID" "${BENCH[@]}" \
       --out "$OUT/r$rep-router-$which-$policy" > "$OUT/r$rep-router-$which-$policy.log" 2>&1
