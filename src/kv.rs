@@ -1,5 +1,6 @@
-//! KV cache bookkeeping of one replica: the pure block pool over its KV memory, and the actor
-//! that publishes the pool's events to the cluster.
+//! KV cache bookkeeping of one replica: the pure block pool over its KV memory, its events
+//! and their wire formats. The actor that publishes the events to the cluster is
+//! [`crate::actors::kv_publisher`].
 //!
 //! Files:
 //! - `hash.rs` — block hash / sequence hash recipe (XXH3-64) and [`block_hashes`].
@@ -7,9 +8,6 @@
 //! - `eviction.rs` — [`EvictionPolicy`]: LRU with a frequency bias.
 //! - `lease.rs` — [`SeqLease`]: the value that stands for a sequence's blocks; drop-safe.
 //! - `events.rs` — [`KvEvent`] and friends (serde), [`EventReplay`] (reference consumer).
-//! - `publisher.rs` — [`KvEventPublisher`]: the actor that mirrors the pool's events, publishes
-//!   them to the routers ([`KV_EVENTS_GROUP`]) and serves snapshots. The pool itself belongs
-//!   to the replica's scheduler, which forwards the events after every step.
 //! - `vllm.rs` — vLLM's KV event wire format (MessagePack) and [`vllm::Translator`], which
 //!   turns an external engine's events into Flotilla's.
 //! - `zmq.rs` — the ZMQ PUB socket that publishes a replica's events in vLLM's format.
@@ -68,7 +66,6 @@ pub mod eviction;
 pub mod hash;
 mod lease;
 pub mod pool;
-mod publisher;
 pub mod vllm;
 pub mod zmq;
 
@@ -82,7 +79,3 @@ pub use eviction::EvictionPolicy;
 pub use hash::{ROOT_PARENT_SEQ_HASH, block_hash, block_hashes, sequence_hash};
 pub use lease::SeqLease;
 pub use pool::{Allocation, BlockPool, PoolError, PoolUsage};
-pub use publisher::{
-    KV_EVENTS_GROUP, KV_PUBLISHER_GROUP, KvEventPublisher, KvEventsMsg, KvPublisherArgs,
-    KvPublisherMsg, KvPublisherState, KvSnapshot, VllmEventsConfig,
-};

@@ -1,19 +1,30 @@
 //! Flotilla: serve one LLM from a fleet of replicas.
 //!
-//! Layout, in the order of the design's planes (`docs/architecture.md` gives the whole picture):
-//! - `runtime/` — the node process, cluster, config, ids, clock, wire payloads, metrics.
+//! Layout (`docs/architecture.md` gives the whole picture): the design card's folders first,
+//! then the planes whose pure logic the actors drive.
+//! - `actors/` — every actor of a node, one file each (gateway, request, router, token sink,
+//!   scheduler, engine worker, KV event publisher, external engine, discovery, chaos): thin
+//!   drivers — mailbox, messages, timers, I/O — over the planes below.
 //! - `supervisors/` — OTP-style supervision: specs, the generic supervisor, the node's tree.
-//! - `control/` — control plane: discovery (membership, liveness), chaos (fault injection).
-//! - `request_plane/` — gateway, one actor per request, KV-aware router, token sinks.
-//! - `worker/` — a replica: the continuous-batching scheduler and the engine worker.
-//! - `kv/` — storage plane: the paged block pool, block / sequence hashes, KV events.
-//! - `transport/` — KV blocks between nodes: registered memory, one-sided reads (UCX, TCP).
+//! - `transport/` — KV blocks between nodes: registered memory, one-sided reads (UCX, TCP),
+//!   and its actor.
+//! - `kernels/` — compute kernels behind a device boundary (CPU, CUDA through `cudarc` behind
+//!   the `cuda` feature), sampling.
+//! - `request_plane/` — what the request path speaks and decides: protocol, errors, admission,
+//!   the model's frontend, migration, the prefix index, load and routing policy.
+//! - `worker/` — a replica's pure parts: the batch former, watchdog, outbox, step-time model;
+//!   the engines (transformer, sim, chaos filter); the external engine's stream decoder.
+//! - `kv/` — storage plane: the paged block pool, block / sequence hashes, KV events and
+//!   their wire formats.
+//! - `control/` — control plane: membership and the fleet view, the chaos fault book.
 //! - `openai/` — the OpenAI wire protocol, pure: request parsing, responses, SSE, stop strings,
 //!   detokenizer, the error shape.
 //! - `model/` — GGUF / Hugging Face loading, tokenizer, chat template, forward pass.
-//! - `kernels/` — compute kernels behind a device boundary (CPU; CUDA later), sampling.
-//! - `cli/` — the `flotilla` subcommands: up, status, generate, chaos, bench, profile, soak.
+//! - `runtime/` — the node process, cluster, config, ids, clock, wire payloads, metrics.
+//! - `cli/` — the `flotilla` subcommands: up, node, status, generate, chaos, bench, profile,
+//!   soak, transport, cuda.
 
+pub mod actors;
 pub mod cli;
 pub mod control;
 pub mod kernels;

@@ -1,11 +1,13 @@
 //! A worker replica: the scheduler that forms batches and the engine that runs them.
-//! - `scheduler.rs` — the Scheduler actor: continuous batching, chunked prefill, paged KV.
-//!   Its decisions are pure types under `scheduler/`: the batch former ([`SchedulerCore`],
-//!   `batch.rs`), the step watchdog (`watchdog.rs`), the per-owner outbox of token events
-//!   (`outbox.rs`) and the chaos `fill_kv` holder of blocks (`fill.rs`).
-//! - `engine.rs` — the [`StepEngine`] trait and the one actor that runs any engine
-//!   ([`EngineWorker`]): the real transformer (`engine/transformer.rs`), the simulated engine
-//!   (`engine/sim.rs`), and the chaos filter that wraps either (`engine/chaos.rs`).
+//! The actors that drive a replica (scheduler, engine worker, external engine) are in
+//! [`crate::actors`]; this module holds their pure parts.
+//! - `scheduler.rs` — continuous batching, chunked prefill, paged KV: the batch former
+//!   ([`SchedulerCore`], `batch.rs`), the step watchdog (`watchdog.rs`), the per-owner outbox
+//!   of token events (`outbox.rs`), the step-time model (`step_model.rs`) and the chaos
+//!   `fill_kv` holder of blocks (`fill.rs`).
+//! - `engine.rs` — the [`StepEngine`] trait: the real transformer (`engine/transformer.rs`),
+//!   the simulated engine (`engine/sim.rs`), and the chaos filter that wraps either
+//!   (`engine/chaos.rs`).
 //! - `error.rs` — [`WorkerError`]: why a step produced no tokens.
 //! - `role.rs` — [`Role`]: aggregated, prefill or decode (disaggregated serving).
 //! - `external.rs` — an engine outside Flotilla (`router.external_workers`) seen as a
@@ -13,7 +15,6 @@
 //!
 //! [`SchedulerCore`]: scheduler::SchedulerCore
 //! [`StepEngine`]: engine::StepEngine
-//! [`EngineWorker`]: engine::EngineWorker
 
 pub mod engine;
 mod error;

@@ -5,8 +5,9 @@
 mod poll;
 
 use crate::poll::{free_port, poll_until};
+use flotilla::actors::discovery::{self, DiscoveryMsg};
 use flotilla::control::discovery::membership::NodeState;
-use flotilla::control::discovery::{self, DiscoveryMsg, role_group};
+use flotilla::control::discovery::role_group;
 use flotilla::runtime::cluster::ClusterError;
 use flotilla::runtime::config::{Config, Role};
 use flotilla::runtime::node::{self, NodeError};

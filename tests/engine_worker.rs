@@ -6,10 +6,10 @@ mod model;
 use std::sync::Arc;
 
 use crate::model::{blocks, golden, model, seq};
+use flotilla::actors::engine_worker::{EngineWorker, EngineWorkerMsg};
 use flotilla::runtime::ids::SeqId;
 use flotilla::worker::engine::{
-    EngineConfig, EngineError, EngineWorker, EngineWorkerMsg, StepBatch, TransformerArgs,
-    TransformerEngine,
+    EngineConfig, EngineError, StepBatch, TransformerArgs, TransformerEngine,
 };
 use ractor::{Actor, call_t};
 

@@ -2,7 +2,7 @@
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use flotilla::request_plane::gateway::routes::{GatewayShared, app};
+use flotilla::actors::gateway::routes::{GatewayShared, app};
 use std::sync::Arc;
 use tower::ServiceExt;
 

@@ -132,6 +132,53 @@ fn hf_directory_reproduces_golden_greedy() {
     assert!(chat.ends_with("<|im_start|>assistant\n"), "{chat}");
 }
 
+/// A gateway reads a Hugging Face directory's configuration and tokenizer files, never its
+/// weights: a directory whose safetensors shard is not even valid still gives a frontend, with
+/// the same block-hash salt, context length and tokenization as the GGUF the files came from.
+#[test]
+fn a_gateway_loads_a_hugging_face_directory_without_its_weights() {
+    let m = model();
+    let cfg = &m.weights.config;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("config.json"), cfg.to_hf_json().to_string()).expect("config");
+    m.tokenizer
+        .inner()
+        .save(dir.path().join("tokenizer.json"), false)
+        .expect("tokenizer.json");
+    let tc = serde_json::json!({
+        "bos_token": "<|im_start|>",
+        "eos_token": "<|im_end|>",
+        "chat_template": m.chat_template.as_ref().expect("template").source,
+    });
+    std::fs::write(dir.path().join("tokenizer_config.json"), tc.to_string()).expect("tc");
+    std::fs::write(dir.path().join("model.safetensors"), b"not safetensors").expect("shard");
+
+    assert!(
+        load_model(dir.path()).is_err(),
+        "an engine needs the weights, which are broken"
+    );
+    let gguf = flotilla::request_plane::frontend::Frontend::load(
+        &flotilla::model::resolve_model_path(None).expect("model"),
+        1 << 20,
+    )
+    .expect("GGUF frontend");
+    let hf = flotilla::request_plane::frontend::Frontend::load(dir.path(), 1 << 20)
+        .expect("the frontend reads no weights");
+    // The salt is that of the directory's own configuration (half-split RoPE).
+    let hf_cfg = flotilla::model::config::ModelConfig::from_hf_json(&cfg.to_hf_json())
+        .expect("config round-trips");
+    assert_eq!(hf.salt, hf_cfg.block_hash_salt());
+    assert_eq!(gguf.salt, cfg.block_hash_salt());
+    assert_eq!(hf.context_len, gguf.context_len);
+    assert_eq!(hf.vocab_size, gguf.vocab_size);
+    for c in golden() {
+        assert_eq!(
+            hf.tokenizer.encode(&c.prompt).expect("encode"),
+            c.prompt_ids
+        );
+    }
+}
+
 fn write_tmp(bytes: &[u8]) -> tempfile::NamedTempFile {
     let mut f = tempfile::NamedTempFile::new().expect("tmp");
     f.write_all(bytes).expect("write");

@@ -99,7 +99,7 @@ async fn refusals_and_request_ids() {
         &["worker.kv_blocks=128", "chaos.enabled=true"],
         &[(
             "FLOTILLA_LOG",
-            "info,flotilla::request_plane::gateway=debug,flotilla::worker::scheduler=debug,ractor_cluster=error,ractor=warn",
+            "info,flotilla::actors::gateway=debug,flotilla::worker::scheduler=debug,ractor_cluster=error,ractor=warn",
         )],
     );
     let chat_url = c.url("/v1/chat/completions");
@@ -309,7 +309,7 @@ async fn refusals_and_request_ids() {
         let gateway: Vec<_> = logs
             .matching(&format!("request_id={id}"))
             .into_iter()
-            .filter(|l| l.contains("flotilla::request_plane::gateway"))
+            .filter(|l| l.contains("flotilla::actors::gateway"))
             .collect();
         assert!(!gateway.is_empty(), "no gateway line with {id}");
         let worker = worker_lines(&logs, id);

@@ -8,12 +8,14 @@ mod model;
 mod poll;
 
 use crate::poll::poll_until;
-use flotilla::kv::KvPublisherMsg;
+use flotilla::actors::kv_publisher::KvPublisherMsg;
+use flotilla::actors::scheduler::SchedulerMsg;
+use flotilla::actors::token_sink::TokenSink;
 use flotilla::model::{LoadedModel, load_model, resolve_model_path};
 use flotilla::request_plane::protocol::{
     FinishReason, Owner, RemoteKv, SubmitRequest, TokenEventKind, TokenSinkMsg, sink_name,
 };
-use flotilla::request_plane::token_sink::{SinkRegistry, TokenSink};
+use flotilla::request_plane::token_sink::SinkRegistry;
 use flotilla::runtime::ids::{NodeId, RequestId, WorkerId};
 use flotilla::runtime::wire::Wire;
 use flotilla::supervisors::tree::{ReplicaParams, replica};
@@ -21,7 +23,7 @@ use flotilla::supervisors::{Shutdown, Strategy, Supervisor, SupervisorFlags};
 use flotilla::transport::{Transport, TransportActor, TransportConfig};
 use flotilla::worker::Role;
 use flotilla::worker::engine::{EngineConfig, SamplingParams};
-use flotilla::worker::scheduler::{SchedulerConfig, SchedulerMsg, SchedulerStats};
+use flotilla::worker::scheduler::{SchedulerConfig, SchedulerStats};
 use ractor::{Actor, ActorRef};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -211,7 +213,7 @@ impl Harness {
 /// A KV event subscriber: joins the group and records what it is published.
 struct Subscriber;
 impl Actor for Subscriber {
-    type Msg = flotilla::kv::KvEventsMsg;
+    type Msg = flotilla::actors::kv_publisher::KvEventsMsg;
     type State = Arc<std::sync::Mutex<Vec<flotilla::kv::KvEvent>>>;
     type Arguments = Self::State;
     async fn pre_start(
@@ -220,7 +222,7 @@ impl Actor for Subscriber {
         s: Self::State,
     ) -> Result<Self::State, ractor::ActorProcessingErr> {
         ractor::pg::join(
-            flotilla::kv::KV_EVENTS_GROUP.to_owned(),
+            flotilla::actors::kv_publisher::KV_EVENTS_GROUP.to_owned(),
             vec![me.get_cell()],
         );
         Ok(s)
@@ -231,7 +233,7 @@ impl Actor for Subscriber {
         msg: Self::Msg,
         s: &mut Self::State,
     ) -> Result<(), ractor::ActorProcessingErr> {
-        let flotilla::kv::KvEventsMsg::Publish(w) = msg;
+        let flotilla::actors::kv_publisher::KvEventsMsg::Publish(w) = msg;
         s.lock().unwrap().extend(w.decode().unwrap());
         Ok(())
     }
@@ -301,7 +303,7 @@ async fn a_replica_serves_the_golden_cases_alone_and_batched() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancel_frees_the_blocks_and_events_reach_the_kv_manager() {
+async fn cancel_frees_the_blocks_and_events_reach_the_kv_publisher() {
     let sub_events: Arc<std::sync::Mutex<Vec<flotilla::kv::KvEvent>>> = Default::default();
     let (_sub, _) = Actor::spawn(None, Subscriber, sub_events.clone())
         .await
@@ -344,7 +346,7 @@ async fn cancel_frees_the_blocks_and_events_reach_the_kv_manager() {
     }
     // The prompt's full blocks were registered and mirrored by the KV event publisher.
     let kvm: ActorRef<KvPublisherMsg> =
-        ractor::registry::where_is(format!("{}/kv_manager", h.worker))
+        ractor::registry::where_is(format!("{}/kv_publisher", h.worker))
             .unwrap()
             .into();
     let snap = ractor::call!(kvm, KvPublisherMsg::Snapshot)

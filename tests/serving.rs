@@ -96,7 +96,7 @@ async fn golden_answers_and_models() {
     // B07: one BOS and the system prompt once — the chat route's prompt_tokens equals an
     // offline count (template + tokenizer, no extra special tokens), and the same text sent
     // to /v1/completions counts the same.
-    let fe = flotilla::request_plane::gateway::frontend::Frontend::load(
+    let fe = flotilla::request_plane::frontend::Frontend::load(
         &flotilla::model::resolve_model_path(None).unwrap(),
         8192,
     )

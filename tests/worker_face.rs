@@ -144,7 +144,7 @@ async fn a_replica_serves_openai_and_publishes_vllm_kv_events() {
     let full = ids.len() / 16;
     let (tokens, hashes, events) = stored(&mut sub1, full).await;
     assert_eq!(tokens[..full * 16], ids[..full * 16]);
-    let salt = flotilla::request_plane::gateway::frontend::Frontend::load(
+    let salt = flotilla::request_plane::frontend::Frontend::load(
         &flotilla::model::resolve_model_path(None).unwrap(),
         8192,
     )

@@ -50,7 +50,7 @@ pub enum ChaosCmd {
         #[arg(long)]
         duration_ms: Option<u64>,
     },
-    /// Kill an actor of the target (`--actor replica|scheduler|engine|kv_manager|router|
+    /// Kill an actor of the target (`--actor replica|scheduler|engine|kv_publisher|router|
     /// http_gateway|token_sink|discovery`); its supervisor reacts.
     Kill {
         /// `any_busy`, `node:NAME` or a worker id.

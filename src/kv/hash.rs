@@ -13,6 +13,18 @@
 //! ROOT_PARENT_SEQ_HASH = 0
 //! ```
 //!
+//! The model salt ([`crate::model::config::ModelConfig::block_hash_salt`]) is XXH3-64 (seed 0)
+//! of an explicit field list, so every build of every version that keeps the recipe agrees:
+//!
+//! ```text
+//! salt = xxh3_64("flotilla.salt.v1" ++ arch ++ u64(n_layers) ++ u64(hidden_size) ++ u64(n_heads)
+//!                ++ u64(n_kv_heads) ++ u64(head_dim) ++ u64(intermediate_size) ++ u64(vocab_size)
+//!                ++ u32(rms_eps as f32 bits) ++ u64(rope_base as f64 bits) ++ u64(rope_dim)
+//!                ++ rope_layout ++ u64(max_context) ++ u8(tie_embeddings) ++ u8(attn_bias))
+//!        u64/u32 little-endian; arch = "llama" | "qwen2" and rope_layout = "interleaved" |
+//!        "half_split" as UTF-8, each preceded by its length as one byte
+//! ```
+//!
 //! Only *full* blocks are hashed: a trailing partial block has no hash. Equal sequence
 //! hashes mean equal prefixes (all tokens from position 0 to the block's end), which is what
 //! prefix reuse needs (vLLM automatic prefix caching; SGLang RadixAttention keys the same

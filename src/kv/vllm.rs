@@ -423,7 +423,7 @@ pub struct Translator {
 
 impl Translator {
     /// A translator for `worker`, whose blocks hold `block_size` tokens, hashing with `salt`
-    /// (the model's, `supervisors::tree::model_salt`).
+    /// (the model's, `ModelConfig::block_hash_salt`).
     pub fn new(worker: WorkerId, block_size: u32, salt: u64) -> Self {
         Self {
             worker,

@@ -52,7 +52,55 @@ pub struct ModelConfig {
     pub attn_bias: bool,
 }
 
+/// Tag of the salt recipe; change it (and the pinned test value) only on purpose: a fleet whose
+/// nodes disagree on the salt sees no prefix hits across them.
+pub const SALT_RECIPE: &str = "flotilla.salt.v1";
+
 impl ModelConfig {
+    /// The model identity salted into every block hash, so that blocks of different models
+    /// never match. The recipe is an explicit field list (`kv/hash.rs` writes it out); it does
+    /// not depend on how the struct is printed or laid out, so two builds always agree.
+    pub fn block_hash_salt(&self) -> u64 {
+        let mut b: Vec<u8> = Vec::with_capacity(128);
+        fn text(b: &mut Vec<u8>, s: &str) {
+            b.push(s.len() as u8);
+            b.extend_from_slice(s.as_bytes());
+        }
+        b.extend_from_slice(SALT_RECIPE.as_bytes());
+        text(
+            &mut b,
+            match self.arch {
+                Architecture::Llama => "llama",
+                Architecture::Qwen2 => "qwen2",
+            },
+        );
+        for n in [
+            self.n_layers,
+            self.hidden_size,
+            self.n_heads,
+            self.n_kv_heads,
+            self.head_dim,
+            self.intermediate_size,
+            self.vocab_size,
+        ] {
+            b.extend_from_slice(&(n as u64).to_le_bytes());
+        }
+        b.extend_from_slice(&self.rms_eps.to_bits().to_le_bytes());
+        b.extend_from_slice(&self.rope_base.to_bits().to_le_bytes());
+        b.extend_from_slice(&(self.rope_dim as u64).to_le_bytes());
+        text(
+            &mut b,
+            match self.rope_layout {
+                RopeLayout::Interleaved => "interleaved",
+                RopeLayout::HalfSplit => "half_split",
+            },
+        );
+        b.extend_from_slice(&(self.max_context as u64).to_le_bytes());
+        b.push(u8::from(self.tie_embeddings));
+        b.push(u8::from(self.attn_bias));
+        xxhash_rust::xxh3::xxh3_64(&b)
+    }
+
     /// Checks the invariants the kernels rely on.
     ///
     /// # Errors
@@ -207,5 +255,65 @@ impl ModelConfig {
             "max_position_embeddings": self.max_context,
             "tie_word_embeddings": self.tie_embeddings,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SmolLM2-135M's shapes (the embedded default model).
+    fn smollm2() -> ModelConfig {
+        ModelConfig {
+            arch: Architecture::Llama,
+            n_layers: 30,
+            hidden_size: 576,
+            n_heads: 9,
+            n_kv_heads: 3,
+            head_dim: 64,
+            intermediate_size: 1536,
+            vocab_size: 49152,
+            rms_eps: 1e-5,
+            rope_base: 100_000.0,
+            rope_dim: 64,
+            rope_layout: RopeLayout::Interleaved,
+            max_context: 8192,
+            tie_embeddings: true,
+            attn_bias: false,
+        }
+    }
+
+    /// The salt recipe is pinned: a change to it (or to a field's encoding) changes every block
+    /// hash, and a fleet of mixed versions would then see no prefix hits across its nodes.
+    #[test]
+    fn the_block_hash_salt_recipe_is_pinned() {
+        assert_eq!(smollm2().block_hash_salt(), 0x99bb_54f7_e72c_0a06);
+    }
+
+    #[test]
+    fn every_field_is_in_the_salt() {
+        let base = smollm2().block_hash_salt();
+        let changes: [fn(&mut ModelConfig); 15] = [
+            |c| c.arch = Architecture::Qwen2,
+            |c| c.n_layers += 1,
+            |c| c.hidden_size += 1,
+            |c| c.n_heads += 1,
+            |c| c.n_kv_heads += 1,
+            |c| c.head_dim += 1,
+            |c| c.intermediate_size += 1,
+            |c| c.vocab_size += 1,
+            |c| c.rms_eps = 1e-6,
+            |c| c.rope_base = 10_000.0,
+            |c| c.rope_dim = 32,
+            |c| c.rope_layout = RopeLayout::HalfSplit,
+            |c| c.max_context += 1,
+            |c| c.tie_embeddings = false,
+            |c| c.attn_bias = true,
+        ];
+        for (i, change) in changes.iter().enumerate() {
+            let mut c = smollm2();
+            change(&mut c);
+            assert_ne!(c.block_hash_salt(), base, "field change {i}");
+        }
     }
 }

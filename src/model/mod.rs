@@ -121,27 +121,66 @@ impl LoadedModel {
     }
 }
 
-/// Loads a GGUF file, or a Hugging Face directory (`config.json`, `*.safetensors`,
-/// `tokenizer.json`, `tokenizer_config.json`).
+/// What a model says about itself without its weights: configuration, tokenizer and chat
+/// template. A gateway needs only this ([`load_face`]); an engine loads the weights too
+/// ([`load_model`]).
+#[derive(Debug)]
+pub struct ModelFace {
+    pub config: ModelConfig,
+    pub tokenizer: Tokenizer,
+    /// `None` when the model ships no template.
+    pub chat_template: Option<ChatTemplate>,
+}
+
+/// Reads a model's [`ModelFace`] without touching its weights: a GGUF file's metadata, or a
+/// Hugging Face directory's `config.json`, `tokenizer.json` and `tokenizer_config.json` (no
+/// `*.safetensors` is opened).
 ///
 /// # Errors
 /// [`ModelError::NotFound`] when `path` does not exist; otherwise the loader's error
 /// ([`ModelError::Gguf`], [`ModelError::Hf`], [`ModelError::Config`],
 /// [`ModelError::Tokenizer`], [`ModelError::Template`]).
-pub fn load_model(path: &Path) -> Result<LoadedModel, ModelError> {
+pub fn load_face(path: &Path) -> Result<ModelFace, ModelError> {
     if path.is_dir() {
-        load_hf(path)
+        hf_face(path)
     } else if path.exists() {
-        load_gguf(path)
+        gguf_face(&GgufFile::open(path)?)
     } else {
         Err(ModelError::NotFound(path.to_owned()))
     }
 }
 
-fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
-    let f = GgufFile::open(path)?;
-    let config = ModelConfig::from_gguf(&f)?;
-    let tokenizer = Tokenizer::from_gguf(&f)?;
+/// Loads a GGUF file, or a Hugging Face directory (`config.json`, `*.safetensors`,
+/// `tokenizer.json`, `tokenizer_config.json`).
+///
+/// # Errors
+/// As [`load_face`], and the weights' own errors ([`ModelError::Gguf`], [`ModelError::Hf`]).
+pub fn load_model(path: &Path) -> Result<LoadedModel, ModelError> {
+    if path.is_dir() {
+        let face = hf_face(path)?;
+        let weights = Arc::new(hf::load_weights(path)?);
+        Ok(LoadedModel {
+            weights,
+            tokenizer: face.tokenizer,
+            chat_template: face.chat_template,
+        })
+    } else if path.exists() {
+        let f = GgufFile::open(path)?;
+        let face = gguf_face(&f)?;
+        let weights = Arc::new(ModelWeights::from_gguf(&f, face.config)?);
+        Ok(LoadedModel {
+            weights,
+            tokenizer: face.tokenizer,
+            chat_template: face.chat_template,
+        })
+    } else {
+        Err(ModelError::NotFound(path.to_owned()))
+    }
+}
+
+fn gguf_face(f: &GgufFile) -> Result<ModelFace, ModelError> {
+    let config = ModelConfig::from_gguf(f)?;
+    let tokenizer = Tokenizer::from_gguf(f)?;
     let tok_str = |id: Option<u32>| {
         id.and_then(|i| tokenizer.id_to_token(i))
             .unwrap_or_default()
@@ -154,9 +193,8 @@ fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
         )?),
         Err(_) => None,
     };
-    let weights = Arc::new(ModelWeights::from_gguf(&f, config)?);
-    Ok(LoadedModel {
-        weights,
+    Ok(ModelFace {
+        config,
         tokenizer,
         chat_template,
     })
@@ -202,8 +240,9 @@ fn token_str(v: &serde_json::Value) -> Option<String> {
         .map(str::to_owned)
 }
 
-fn load_hf(dir: &Path) -> Result<LoadedModel, ModelError> {
-    let weights = Arc::new(hf::load_weights(dir)?);
+fn hf_face(dir: &Path) -> Result<ModelFace, ModelError> {
+    let cfg = hf::read_json(&dir.join("config.json"))?;
+    let config = ModelConfig::from_hf_json(&cfg)?;
     let tc_path = dir.join("tokenizer_config.json");
     let tc = if tc_path.exists() {
         hf::read_json(&tc_path)?
@@ -220,7 +259,6 @@ fn load_hf(dir: &Path) -> Result<LoadedModel, ModelError> {
         add_bos,
     )?;
     // config.json's eos_token_id may list more end ids (int or list).
-    let cfg = hf::read_json(&dir.join("config.json"))?;
     let extra: Vec<u32> = match &cfg["eos_token_id"] {
         serde_json::Value::Number(n) => n.as_u64().into_iter().map(|v| v as u32).collect(),
         serde_json::Value::Array(a) => a
@@ -254,8 +292,8 @@ fn load_hf(dir: &Path) -> Result<LoadedModel, ModelError> {
             )
         })
         .transpose()?;
-    Ok(LoadedModel {
-        weights,
+    Ok(ModelFace {
+        config,
         tokenizer,
         chat_template,
     })

@@ -5,8 +5,8 @@
 //! and an HTTP status, the wire format); [`RequestError::from_failed`] and
 //! [`RequestError::to_event`] convert, preserving both.
 
+use super::migration::GiveUp;
 use super::protocol::TokenEventKind;
-use super::request::migration::GiveUp;
 use crate::openai::error::{ApiError, ErrorKind};
 use crate::runtime::ids::WorkerId;
 

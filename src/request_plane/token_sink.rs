@@ -1,18 +1,10 @@
-//! TokenSink: where a node receives the tokens its requests produce, wherever they run.
-//!
-//! One per node that submits requests (gateway role), in the process group
-//! [`TOKEN_SINK_GROUP`] under the name [`sink_name`] of its [`Owner`]. A scheduler sends each
-//! step's events for one node as **one** cluster message ([`TokenSinkMsg::Deliver`]), not one
-//! per token; the sink hands each event to the local receiver registered for its request
-//! ([`SinkRegistry`]). Events for unknown requests (finished, cancelled) and deliveries for
-//! another incarnation of the node are dropped. The messages, and how workers address a sink,
-//! are in [`crate::request_plane::protocol`].
+//! The registry of a node's in-flight requests: where the node's
+//! [`TokenSink`](crate::actors::token_sink::TokenSink) actor hands each token event, keyed by
+//! request id ([`SinkRegistry`]). Events for unknown requests (finished, cancelled) are
+//! dropped.
 
-#[cfg(doc)]
-use crate::request_plane::protocol::{Owner, sink_name};
-use crate::request_plane::protocol::{TOKEN_SINK_GROUP, TokenEvent, TokenEventKind, TokenSinkMsg};
+use crate::request_plane::protocol::{TokenEvent, TokenEventKind};
 use crate::runtime::ids::RequestId;
-use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
@@ -52,7 +44,8 @@ impl SinkRegistry {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn deliver(&self, events: Vec<TokenEvent>) {
+    /// Hand each event to its request's receiver; forget receivers that are gone.
+    pub fn deliver(&self, events: Vec<TokenEvent>) {
         let mut map = self.lock();
         for ev in events {
             if let Some(tx) = map.get(&ev.request)
@@ -62,44 +55,5 @@ impl SinkRegistry {
                 map.remove(&ev.request);
             }
         }
-    }
-}
-
-/// The TokenSink actor; its arguments are the registry it delivers into and this node's
-/// incarnation (deliveries for another are dropped).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct TokenSink;
-
-impl Actor for TokenSink {
-    type Msg = TokenSinkMsg;
-    type State = (SinkRegistry, u64);
-    type Arguments = (SinkRegistry, u64);
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        args: (SinkRegistry, u64),
-    ) -> Result<Self::State, ActorProcessingErr> {
-        ractor::pg::join(TOKEN_SINK_GROUP.to_owned(), vec![myself.get_cell()]);
-        Ok(args)
-    }
-
-    async fn handle(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        msg: Self::Msg,
-        (registry, incarnation): &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            TokenSinkMsg::Deliver(wire) => match wire.decode() {
-                Ok(d) if d.incarnation == *incarnation => registry.deliver(d.events),
-                Ok(d) => {
-                    metrics::counter!("flotilla_token_events_dropped_total", "reason" => "other_incarnation")
-                        .increment(d.events.len() as u64);
-                }
-                Err(_) => {}
-            },
-        }
-        Ok(())
     }
 }

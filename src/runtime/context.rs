@@ -40,7 +40,7 @@ pub struct NodeContext {
     /// Faults injected on this node (read by schedulers, written by the Chaos actor).
     pub faults: crate::control::chaos::FaultBook,
     /// The model's tokenizer, template and limits, when this node runs a gateway.
-    pub frontend: Option<Arc<crate::request_plane::gateway::frontend::Frontend>>,
+    pub frontend: Option<Arc<crate::request_plane::frontend::Frontend>>,
     /// Where this node's real engines run (`worker.backend` resolved at start; replica `k`
     /// of a CUDA node takes GPU `k mod gpus`).
     pub device: crate::kernels::Device,

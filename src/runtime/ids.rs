@@ -64,7 +64,8 @@ str_id!(
     NodeId
 );
 str_id!(
-    /// One replica (scheduler + KV event publisher + engine), unique in a cluster: `<node>/r<k>`.
+    /// One replica (scheduler + KV event publisher + engine), unique in a cluster: `<node>/replica-<k>`
+    /// (an external engine: `<node>/<name>`).
     WorkerId
 );
 int_id!(

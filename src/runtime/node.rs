@@ -148,7 +148,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         || (config.has_role(crate::runtime::config::Role::Worker) && config.worker.http.is_some())
     {
         let path = crate::model::resolve_model_path(config.worker.model_path.as_deref())?;
-        let fe = crate::request_plane::gateway::frontend::Frontend::load(
+        let fe = crate::request_plane::frontend::Frontend::load(
             &path,
             config.worker.max_model_len_tokens,
         )?;
@@ -288,12 +288,13 @@ impl RunningNode {
 /// Drain this node: its workers leave routing at once (routers stop choosing them; `/health`
 /// and `/v1/fleet` show `draining`), its gateway refuses new requests with 503; in-flight
 /// requests get `grace` to finish; whatever still runs on its workers then migrates
-/// ([`crate::worker::scheduler::SchedulerMsg::HandOffAll`]). Returns when nothing is left or the
+/// ([`crate::actors::scheduler::SchedulerMsg::HandOffAll`]). Returns when nothing is left or the
 /// grace period is over. Only this node's schedulers are drained, also when other nodes run
 /// in the same process.
 pub async fn drain(ctx: &NodeContext, grace: Duration) {
+    use crate::actors::scheduler::SchedulerMsg;
     use crate::runtime::wire::Wire;
-    use crate::worker::scheduler::{SCHEDULER_GROUP, SchedulerMsg};
+    use crate::worker::scheduler::SCHEDULER_GROUP;
     ctx.stats.set_draining();
     let schedulers: Vec<ActorRef<SchedulerMsg>> =
         ractor::pg::get_local_members(&SCHEDULER_GROUP.to_owned())

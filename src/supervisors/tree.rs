@@ -9,7 +9,7 @@
 //! │  └─ kv_event_relay joins the KV-events group, hands every batch to the router
 //! ├─ external_workers  (router.external_workers) one_for_one  supervision.max_restarts in period_ms
 //! │  └─ <name>         one per external engine, one_for_all, 5 in 10 s (worker `<node>/<name>`)
-//! │     ├─ kv_manager  the engine's KV events (translated from vLLM's) out to the routers
+//! │     ├─ kv_publisher  the engine's KV events (translated from vLLM's) out to the routers
 //! │     └─ scheduler   the engine seen as a scheduler: requests over HTTP, health polled
 //! ├─ gateway_sup       (gateway, or a worker with worker.http) one_for_one
 //! │  │                 supervision.max_restarts in period_ms
@@ -22,7 +22,7 @@
 //! │                    (made before the tree: engines allocate their KV through it)
 //! └─ worker_pool       (worker)  one_for_one  supervision.max_restarts in period_ms
 //!    └─ replica-<k>    ×worker.replicas, one_for_all (the parts share device memory), 5 in 10 s
-//!       ├─ kv_manager  KV events out to subscribers, snapshots
+//!       ├─ kv_publisher  KV events out to subscribers, snapshots
 //!       ├─ engine      weights (shared per process) + this replica's KV pools
 //!       └─ scheduler   continuous batching over the block pool; drives the engine
 //! ```
@@ -53,7 +53,7 @@
 mod args;
 mod spawn;
 
-pub use args::{ReplicaParams, config_salt, first_request_id, model_salt};
+pub use args::{ReplicaParams, first_request_id};
 
 use super::spec::{ChildSpec, Strategy, SupervisorFlags, SupervisorSpec};
 use crate::runtime::config::Role;
@@ -125,7 +125,7 @@ fn external_workers(ctx: &NodeContext) -> Option<SupervisorSpec> {
     let engines = ext.iter().map(|e| {
         let worker = crate::runtime::ids::WorkerId::new(format!("{}{}", ctx.prefix, e.name));
         let args = crate::worker::external::ExternalArgs {
-            kv_publisher_name: format!("{worker}/kv_manager"),
+            kv_publisher_name: format!("{worker}/kv_publisher"),
             worker: worker.clone(),
             config: e.clone(),
             block_size: ctx.config.worker.block_size_tokens as u32,
@@ -136,7 +136,7 @@ fn external_workers(ctx: &NodeContext) -> Option<SupervisorSpec> {
             SupervisorSpec::new(worker.to_string(), pair_flags)
                 .counting(ctx.stats.clone())
                 .children([
-                    spawn::external_kv_manager(ctx, &args),
+                    spawn::external_kv_publisher(ctx, &args),
                     spawn::external_engine(ctx, &args),
                 ]),
         )
@@ -203,7 +203,7 @@ pub fn replica(p: ReplicaParams) -> SupervisorSpec {
     SupervisorSpec::new(p.worker.to_string(), p.flags)
         .counting(p.stats.clone())
         .children([
-            spawn::kv_manager(&p),
+            spawn::kv_publisher(&p),
             spawn::engine(&p),
             spawn::scheduler(&p),
         ])

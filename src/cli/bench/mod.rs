@@ -69,8 +69,8 @@ use driver::{RunPlan, Target};
 use metrics::{RunContext, RunStats, Samples, Slo};
 use workload::{Caps, SyntheticSpec, Workload};
 
+pub use crate::actors::router::POLICY_HEADER;
 pub use crate::cli::status::base_url;
-pub use crate::request_plane::router::POLICY_HEADER;
 
 /// Named workloads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

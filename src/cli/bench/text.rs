@@ -27,7 +27,7 @@ impl TextPrompts {
     /// # Errors
     /// The tokenizer cannot be loaded, or has fewer than 1 000 such words.
     pub fn from_model(path: &Path) -> anyhow::Result<Self> {
-        let fe = crate::request_plane::gateway::frontend::Frontend::load(path, usize::MAX)?;
+        let fe = crate::request_plane::frontend::Frontend::load(path, usize::MAX)?;
         let tok = &fe.tokenizer;
         let mut words = Vec::new();
         for id in 0..fe.vocab_size as u32 {
@@ -84,7 +84,7 @@ mod tests {
         let path = crate::model::resolve_model_path(None).expect("the default model");
         let t = TextPrompts::from_model(&path).unwrap();
         assert!(t.len() >= 1_000, "{}", t.len());
-        let tok = crate::request_plane::gateway::frontend::Frontend::load(&path, usize::MAX)
+        let tok = crate::request_plane::frontend::Frontend::load(&path, usize::MAX)
             .unwrap()
             .tokenizer;
         let a: Vec<u32> = (0..600u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();

@@ -1,5 +1,5 @@
 //! CUDA kernels: NVRTC sources compiled at run time for the device's architecture, with a CPU
-//! twin of each (issue 14; see `docs/architecture.md`, "Engines and kernels").
+//! twin of each (see `docs/architecture.md`, "Engines and kernels").
 //!
 //! Layout:
 //! - `kernels.cu`: every kernel, one translation unit that includes no header (NVRTC needs

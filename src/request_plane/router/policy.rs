@@ -33,13 +33,13 @@
 //!
 //! `active_decode_blocks` counts every in-flight request's blocks, shared or not (a decode
 //! step reads each sequence's whole KV), so a hot prefix still spreads once its holder's
-//! decode load outweighs the saving (case B13).
+//! decode load outweighs the saving (a hot shared prefix must not pile onto one worker).
 //!
 //! With `decode_weight` below 1 the decode term alone no longer spreads a hot prefix, so `kv`
 //! has an **imbalance guard**: a worker whose requests in flight exceed `balance_ratio ×` the
 //! live workers' mean `+ balance_requests` (1.5 × and 4 by default) is left out of the choice
 //! while others are below it (SGLang's `cache_aware` router has the same guard against the
-//! least loaded worker, 1.5 × and 64; case B13).
+//! least loaded worker, 1.5 × and 64).
 //!
 //! `decode_weight` (default 1/8) is what a block of decode load costs against a block of
 //! prefill. The two are not the same unit of time: a prompt token queued ahead delays this
@@ -135,8 +135,8 @@ pub const DEFAULT_OVERLAP_WEIGHT: f64 = 4.0;
 pub const DEFAULT_DECODE_WEIGHT: f64 = 0.125;
 /// `kv`'s imbalance guard unless configured: no worker takes more than 1.5 × the mean
 /// requests in flight + 4 (SGLang's `cache_aware` uses the same shape, 1.5 × and 64 requests
-/// against the least loaded; case B13 asks for at most 40–50 % of a hot prefix's requests on
-/// its holder).
+/// against the least loaded); a hot prefix's holder should take at most 40–50 % of its
+/// requests.
 pub const DEFAULT_BALANCE_RATIO: f64 = 1.5;
 /// See [`DEFAULT_BALANCE_RATIO`].
 pub const DEFAULT_BALANCE_REQUESTS: u32 = 4;

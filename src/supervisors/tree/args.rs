@@ -1,19 +1,19 @@
 //! Configuration → actor arguments: everything the tree's children are started with, built
 //! from the node's [`NodeContext`]. No actor is named or spawned here (see `spawn.rs`).
 
+use crate::actors::discovery::DiscoveryArgs;
+use crate::actors::gateway::GatewayArgs;
+use crate::actors::gateway::chaos_routes::ChaosController;
+use crate::actors::gateway::conn::ConnLimits;
+use crate::actors::gateway::face::FaceInfo;
+use crate::actors::gateway::routes::GatewayShared;
+use crate::actors::gateway::serve::Serving;
+use crate::actors::router::RouterArgs;
 use crate::control::chaos::FaultBook;
-use crate::control::discovery::DiscoveryArgs;
 use crate::control::discovery::membership::Leases;
 use crate::model::LoadedModel;
-use crate::request_plane::gateway::GatewayArgs;
-use crate::request_plane::gateway::admission::Admission;
-use crate::request_plane::gateway::chaos_routes::ChaosController;
-use crate::request_plane::gateway::conn::ConnLimits;
-use crate::request_plane::gateway::face::FaceInfo;
-use crate::request_plane::gateway::routes::GatewayShared;
-use crate::request_plane::gateway::serve::Serving;
-use crate::request_plane::request::migration::MigrationPolicy;
-use crate::request_plane::router::RouterArgs;
+use crate::request_plane::admission::Admission;
+use crate::request_plane::migration::MigrationPolicy;
 use crate::request_plane::token_sink::SinkRegistry;
 use crate::runtime::config::Role;
 use crate::runtime::context::NodeContext;
@@ -242,15 +242,17 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
             w.role
         },
         disagg: DisaggWorker::from(&ctx.config.disagg),
-        kv_events: w.kv_events_addr.map(|base| crate::kv::VllmEventsConfig {
-            addr: crate::runtime::config::WorkerConfig::replica_addr(base, k),
-            block_size: w.block_size_tokens as u32,
-            layout: w.kv_events_layout,
-            bound: ctx
-                .endpoints
-                .entry(&ctx.name(&format!("replica-{k}")))
-                .kv_events,
-        }),
+        kv_events: w
+            .kv_events_addr
+            .map(|base| crate::actors::kv_publisher::VllmEventsConfig {
+                addr: crate::runtime::config::WorkerConfig::replica_addr(base, k),
+                block_size: w.block_size_tokens as u32,
+                layout: w.kv_events_layout,
+                bound: ctx
+                    .endpoints
+                    .entry(&ctx.name(&format!("replica-{k}")))
+                    .kv_events,
+            }),
         sim_transfer: ctx.sim_profile.is_some().then(|| SimTransfer {
             bytes_per_token: w.sim_kv_bytes_per_token,
             gbps: w.sim_transfer_gbps,
@@ -264,7 +266,7 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
 #[derive(Clone)]
 pub struct ReplicaParams {
     /// Worker id; also the replica supervisor's registered name and the prefix of its
-    /// children's names (`<worker>/kv_manager`, `<worker>/engine`, `<worker>/scheduler`).
+    /// children's names (`<worker>/kv_publisher`, `<worker>/engine`, `<worker>/scheduler`).
     pub worker: WorkerId,
     /// The model, shared read-only by every replica of the process.
     pub model: Arc<LoadedModel>,
@@ -298,25 +300,14 @@ pub struct ReplicaParams {
     /// On a simulated engine: the modelled KV transfer.
     pub sim_transfer: Option<SimTransfer>,
     /// Publish the KV events in vLLM's format too (`worker.kv_events_addr`).
-    pub kv_events: Option<crate::kv::VllmEventsConfig>,
+    pub kv_events: Option<crate::actors::kv_publisher::VllmEventsConfig>,
 }
 
 impl ReplicaParams {
-    /// Registered name of the replica's part `part` (`kv_manager`, `engine`, `scheduler`).
+    /// Registered name of the replica's part `part` (`kv_publisher`, `engine`, `scheduler`).
     pub fn part_name(&self, part: &str) -> String {
         format!("{}/{part}", self.worker)
     }
-}
-
-/// The model identity salted into every block hash, so that blocks of different models never
-/// match: XXH3-64 of the model's configuration (architecture, shapes, vocabulary size).
-pub fn model_salt(model: &LoadedModel) -> u64 {
-    config_salt(model.config())
-}
-
-/// [`model_salt`] from the configuration alone (what a gateway knows from GGUF metadata).
-pub fn config_salt(config: &crate::model::config::ModelConfig) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(format!("{config:?}").as_bytes())
 }
 
 /// The first request id of a gateway incarnation: the incarnation (ms since the Unix epoch)

@@ -3,20 +3,19 @@
 //! starts; what they are started with is built in `args.rs`.
 
 use super::args::{self, GatewayParts, ReplicaParams};
-use crate::control::chaos::Chaos;
-use crate::control::discovery::Discovery;
-use crate::kv::{KvEventPublisher, KvPublisherArgs};
-use crate::request_plane::gateway::{GatewayArgs, HttpGateway};
+use crate::actors::chaos::Chaos;
+use crate::actors::discovery::Discovery;
+use crate::actors::engine_worker::EngineWorker;
+use crate::actors::gateway::{GatewayArgs, HttpGateway};
+use crate::actors::kv_publisher::{KvEventPublisher, KvPublisherArgs};
+use crate::actors::router::{KvEventsRelay, Router, RouterMsg};
+use crate::actors::scheduler::{Scheduler, SchedulerArgs};
+use crate::actors::token_sink::TokenSink;
 use crate::request_plane::protocol::{Owner, sink_name};
-use crate::request_plane::router::{KvEventsRelay, Router, RouterMsg};
-use crate::request_plane::token_sink::TokenSink;
 use crate::runtime::context::NodeContext;
 use crate::supervisors::spec::{ChildSpec, StartFn};
 use crate::worker::engine::sim::{SimEngine, SimEngineArgs};
-use crate::worker::engine::{
-    ChaosArgs, ChaosEngine, EngineWorker, TransformerArgs, TransformerEngine,
-};
-use crate::worker::scheduler::{Scheduler, SchedulerArgs};
+use crate::worker::engine::{ChaosArgs, ChaosEngine, TransformerArgs, TransformerEngine};
 use ractor::{Actor, ActorCell, ActorRef, SpawnErr};
 use std::sync::Arc;
 
@@ -110,41 +109,49 @@ pub(super) fn face(ctx: &NodeContext, k: u32, http: &GatewayArgs) -> ChildSpec {
 }
 
 /// A replica's KV-event publisher and snapshot server.
-pub(super) fn kv_manager(p: &ReplicaParams) -> ChildSpec {
+pub(super) fn kv_publisher(p: &ReplicaParams) -> ChildSpec {
     let worker = p.worker.clone();
     let faults = p.faults.clone();
     let vllm = p.kv_events.clone();
-    ChildSpec::actor("kv_manager", Some(p.part_name("kv_manager")), move || {
-        (
-            KvEventPublisher,
-            KvPublisherArgs {
-                worker: worker.clone(),
-                faults: faults.clone(),
-                vllm: vllm.clone(),
-            },
-        )
-    })
+    ChildSpec::actor(
+        "kv_publisher",
+        Some(p.part_name("kv_publisher")),
+        move || {
+            (
+                KvEventPublisher,
+                KvPublisherArgs {
+                    worker: worker.clone(),
+                    faults: faults.clone(),
+                    vllm: vllm.clone(),
+                },
+            )
+        },
+    )
     .shutdown(p.shutdown)
 }
 
 /// An external engine's KV event publisher: a replica's, fed by the engine's translated
 /// vLLM-format events instead of a block pool.
-pub(super) fn external_kv_manager(
+pub(super) fn external_kv_publisher(
     ctx: &NodeContext,
     a: &crate::worker::external::ExternalArgs,
 ) -> ChildSpec {
     let worker = a.worker.clone();
     let faults = ctx.faults.clone();
-    ChildSpec::actor("kv_manager", Some(a.kv_publisher_name.clone()), move || {
-        (
-            KvEventPublisher,
-            KvPublisherArgs {
-                worker: worker.clone(),
-                faults: faults.clone(),
-                vllm: None,
-            },
-        )
-    })
+    ChildSpec::actor(
+        "kv_publisher",
+        Some(a.kv_publisher_name.clone()),
+        move || {
+            (
+                KvEventPublisher,
+                KvPublisherArgs {
+                    worker: worker.clone(),
+                    faults: faults.clone(),
+                    vllm: None,
+                },
+            )
+        },
+    )
     .shutdown(args::shutdown(ctx))
 }
 
@@ -156,7 +163,7 @@ pub(super) fn external_engine(
     let a = a.clone();
     let name = format!("{}/scheduler", a.worker);
     ChildSpec::actor("scheduler", Some(name), move || {
-        (crate::worker::external::ExternalEngine, a.clone())
+        (crate::actors::external_engine::ExternalEngine, a.clone())
     })
     .shutdown(args::shutdown(ctx))
 }
@@ -210,11 +217,11 @@ pub(super) fn scheduler(p: &ReplicaParams) -> ChildSpec {
     let args = SchedulerArgs {
         worker: p.worker.clone(),
         engine_name: p.part_name("engine"),
-        kv_publisher_name: Some(p.part_name("kv_manager")),
+        kv_publisher_name: Some(p.part_name("kv_publisher")),
         config: p.scheduler,
         num_blocks: p.engine.num_blocks,
         block_size: p.engine.block_size,
-        salt: args::model_salt(&p.model),
+        salt: p.model.config().block_hash_salt(),
         eos_token_id: p.model.tokenizer.eos_ids.first().copied(),
         faults: p.faults.clone(),
         step_timeout: p.step_timeout,

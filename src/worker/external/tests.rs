@@ -1,4 +1,5 @@
 use super::*;
+use crate::runtime::ids::{NodeId, RequestId};
 use crate::worker::engine::SamplingParams;
 
 fn job(max_tokens: u32, ignore_eos: bool) -> SubmitRequest {

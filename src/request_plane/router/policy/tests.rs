@@ -645,7 +645,7 @@ fn route_hot_prefix_with(mut s: Selector, n: u64) -> HashMap<WorkerId, u64> {
 
 #[test]
 fn a_hot_prefix_still_spreads_under_kv() {
-    // Case B13: 48 concurrent requests on one hot prefix, none done. At decode weight 1/8 the
+    // A hot prefix: 48 concurrent requests on one hot prefix, none done. At decode weight 1/8 the
     // holder stays cheapest (a = 10.1·n + 16 against 73.1·m + 268 elsewhere), so the
     // imbalance guard spreads them: the holder takes at most 1.5 × the mean + 4 in flight.
     let got = route_hot_prefix(Policy::Kv, 48);

@@ -2,8 +2,9 @@
 //! the control API (`edge::control_routes`); everything else is a 404 in the OpenAI error
 //! shape. Every response carries `x-request-id` (`edge.rs`).
 
+use crate::actors::discovery;
+use crate::control::discovery::FleetView;
 use crate::control::discovery::membership::{NodeState, NodeView};
-use crate::control::discovery::{self, FleetView};
 use crate::openai::error::{ApiError, ErrorKind};
 use crate::runtime::config::Role;
 use crate::runtime::resilience::NodeStats;
@@ -98,7 +99,7 @@ async fn health(State(s): State<Arc<GatewayShared>>) -> Response {
                 .iter()
                 .filter(|n| n.state == NodeState::Up && n.roles.contains(&Role::Worker))
                 .count();
-            let routable = crate::request_plane::router::live_workers().len();
+            let routable = crate::actors::router::live_workers().len();
             let word = if s.stats.draining() {
                 "draining"
             } else if routable > 0 {

@@ -1,10 +1,11 @@
 //! What the gateway needs of the model to accept requests: its name, tokenizer, chat template
-//! and context length. Loaded from the GGUF metadata alone (no weights) — routing needs token
-//! ids, so the gateway tokenizes.
+//! and context length. Loaded without the weights (a GGUF file's metadata, or a Hugging Face
+//! directory's configuration and tokenizer files: [`crate::model::load_face`]) — routing needs
+//! token ids, so the gateway tokenizes.
 
+use crate::model::ModelError;
 use crate::model::chat_template::{ChatMessage, ChatTemplate};
 use crate::model::tokenizer::Tokenizer;
-use crate::model::{ModelError, gguf::GgufFile};
 use crate::openai::error::{ApiError, ErrorKind};
 use crate::openai::request::{GenerationRequest, Input};
 use std::borrow::Borrow;
@@ -24,7 +25,8 @@ pub struct Frontend {
     /// Vocabulary size (prompt token ids must be below it).
     pub vocab_size: usize,
     /// The block-hash salt the workers' pools use for this model
-    /// (`supervisors::tree::model_salt`), so the gateway computes the same sequence hashes.
+    /// ([`ModelConfig::block_hash_salt`](crate::model::config::ModelConfig::block_hash_salt)),
+    /// so the gateway computes the same sequence hashes.
     pub salt: u64,
 }
 
@@ -39,8 +41,8 @@ impl Borrow<tokenizers::Tokenizer> for TokRef {
 }
 
 impl Frontend {
-    /// Load from a GGUF file (metadata only) or a Hugging Face directory; `max_context`
-    /// caps the model's own context length.
+    /// Load from a GGUF file (metadata only) or a Hugging Face directory (no weights read);
+    /// `max_context` caps the model's own context length.
     ///
     /// # Errors
     /// The model's files cannot be read or parsed (tokenizer, template or metadata).
@@ -49,49 +51,14 @@ impl Frontend {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into());
-        let (tokenizer, template, ctx, vocab, salt) = if path.is_dir() {
-            let m = crate::model::load_model(path)?;
-            let c = m.config().clone();
-            let salt = crate::supervisors::tree::config_salt(&c);
-            (
-                m.tokenizer,
-                m.chat_template,
-                c.max_context,
-                c.vocab_size,
-                salt,
-            )
-        } else {
-            let f = GgufFile::open(path)?;
-            let config = crate::model::config::ModelConfig::from_gguf(&f)?;
-            let tokenizer = Tokenizer::from_gguf(&f)?;
-            let tok = |id: Option<u32>| {
-                id.and_then(|i| tokenizer.id_to_token(i))
-                    .unwrap_or_default()
-            };
-            let template = match f.get_str("tokenizer.chat_template") {
-                Ok(src) => Some(ChatTemplate::new(
-                    src,
-                    &tok(tokenizer.bos_id),
-                    &tok(tokenizer.eos_ids.first().copied()),
-                )?),
-                Err(_) => None,
-            };
-            let salt = crate::supervisors::tree::config_salt(&config);
-            (
-                tokenizer,
-                template,
-                config.max_context,
-                config.vocab_size,
-                salt,
-            )
-        };
+        let face = crate::model::load_face(path)?;
         Ok(Self {
             model_id,
-            tokenizer: Arc::new(tokenizer),
-            template,
-            context_len: ctx.min(max_context),
-            vocab_size: vocab,
-            salt,
+            salt: face.config.block_hash_salt(),
+            tokenizer: Arc::new(face.tokenizer),
+            template: face.chat_template,
+            context_len: face.config.max_context.min(max_context),
+            vocab_size: face.config.vocab_size,
         })
     }
 

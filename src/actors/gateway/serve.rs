@@ -17,9 +17,8 @@
 //! record, then the stream ends without `[DONE]`; keep-alive comments are sent every
 //! `gateway.keep_alive_ms` (10 s) while a stream waits for tokens.
 
-use super::admission::{Admission, Verdict};
-use super::frontend::{Frontend, TokRef};
 use super::routes::GatewayShared;
+use crate::actors::request::{Job, Request, RequestArgs, RequestMsg};
 use crate::openai::detok::IncrementalDetokenizer;
 use crate::openai::error::{ApiError, ErrorKind};
 use crate::openai::request::{RequestKind, check_model, model_not_found, parse_request};
@@ -28,9 +27,10 @@ use crate::openai::response::{
 };
 use crate::openai::sse;
 use crate::openai::stop::StopMatcher;
+use crate::request_plane::admission::{Admission, Verdict};
 use crate::request_plane::error::RequestError;
+use crate::request_plane::frontend::{Frontend, TokRef};
 use crate::request_plane::protocol::TokenEventKind;
-use crate::request_plane::request::{Job, Request, RequestArgs, RequestMsg};
 use crate::request_plane::router::policy::Policy;
 use crate::request_plane::token_sink::SinkRegistry;
 use crate::runtime::ids::{NodeId, RequestId};
@@ -65,7 +65,7 @@ pub struct Serving {
     pub block_size: usize,
     /// When a request whose worker is lost migrates, waits or gives up
     /// (`gateway.migration_*`).
-    pub migration: crate::request_plane::request::migration::MigrationPolicy,
+    pub migration: crate::request_plane::migration::MigrationPolicy,
     /// Time for the Request actors.
     pub clock: crate::runtime::clock::SharedClock,
     /// This node's incarnation (its start, ms since the Unix epoch): every submitted sequence
@@ -116,7 +116,7 @@ fn admit(s: &GatewayShared, serving: &Serving) -> Result<(), RequestError> {
 
 /// The routing policy asked for by the `x-flotilla-route-policy` header, if any.
 fn route_policy(headers: &HeaderMap) -> Result<Option<Policy>, ApiError> {
-    let Some(v) = headers.get(crate::request_plane::router::POLICY_HEADER) else {
+    let Some(v) = headers.get(crate::actors::router::POLICY_HEADER) else {
         return Ok(None);
     };
     v.to_str()
@@ -128,7 +128,7 @@ fn route_policy(headers: &HeaderMap) -> Result<Option<Policy>, ApiError> {
                 ErrorKind::InvalidRequest,
                 format!(
                     "header {}: expected one of kv, least_loaded, round_robin, random",
-                    crate::request_plane::router::POLICY_HEADER
+                    crate::actors::router::POLICY_HEADER
                 ),
             )
         })

@@ -8,12 +8,10 @@
 //! task ends on its own, the actor fails so its supervisor restarts it; a restart re-binds the
 //! same port (the first bind's port when configured as 0).
 
-pub mod admission;
 pub mod chaos_routes;
 pub mod conn;
 pub mod edge;
 pub mod face;
-pub mod frontend;
 pub mod routes;
 pub mod serve;
 pub mod worker_routes;

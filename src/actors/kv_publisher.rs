@@ -20,10 +20,10 @@ use std::collections::{HashMap, HashSet};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
 
-use super::vllm::{VllmBatch, from_flotilla};
-use super::zmq::ZmqPublisher;
-use super::{EventReplay, KvEvent, KvEventData, SnapshotBlock};
 use crate::control::chaos::FaultBook;
+use crate::kv::vllm::{VllmBatch, from_flotilla};
+use crate::kv::zmq::ZmqPublisher;
+use crate::kv::{EventReplay, KvEvent, KvEventData, SnapshotBlock};
 use crate::runtime::ids::{EventId, SequenceHash, WorkerId};
 use crate::runtime::wire::Wire;
 use std::net::SocketAddr;
@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex};
 
 /// Process group of KV event subscribers (they accept [`KvEventsMsg`]).
 pub const KV_EVENTS_GROUP: &str = "flotilla.kv_events";
-/// Process group of KV event publishers, named `<worker id>/kv_manager`.
-pub const KV_PUBLISHER_GROUP: &str = "flotilla.kv_managers";
+/// Process group of KV event publishers, named `<worker id>/kv_publisher`.
+pub const KV_PUBLISHER_GROUP: &str = "flotilla.kv_publishers";
 
 /// What a KV event subscriber accepts.
 #[derive(RactorClusterMessage)]
@@ -79,7 +79,7 @@ pub struct VllmEventsConfig {
     /// The bound address, shared with whoever reports it (the worker's HTTP face).
     pub bound: Arc<Mutex<Option<SocketAddr>>>,
     /// How events are laid out (`worker.kv_events_layout`).
-    pub layout: super::vllm::EventLayout,
+    pub layout: crate::kv::vllm::EventLayout,
 }
 
 /// [`KvEventPublisher`]'s arguments.
@@ -97,7 +97,7 @@ pub struct KvPublisherArgs {
 struct VllmSide {
     socket: ZmqPublisher,
     block_size: u32,
-    layout: super::vllm::EventLayout,
+    layout: crate::kv::vllm::EventLayout,
     /// Tokens of the next `Stored` events, by event id.
     pending: HashMap<EventId, Vec<u32>>,
     /// Tokens of every registered block (for re-announcements, which come without).

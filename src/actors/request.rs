@@ -15,7 +15,7 @@
 //! token delivered so far as its prompt, `max_tokens` reduced by as many, and the sampler
 //! resuming at the same draw index (`SamplingParams::offset`), so the client sees one stream,
 //! one id, and the same tokens a run without the fault produces. When to migrate again, wait
-//! for a worker or give up is [`migration::Migration`]'s pure rule: a request that keeps
+//! for a worker or give up is [`Migration`]'s pure rule: a request that keeps
 //! making progress is never given up; `gateway.migration_limit` counts only migrations without
 //! progress; a migration that finds no worker waits with jittered backoff up to
 //! `gateway.migration_deadline_ms`; a worker that failed the request is avoided. A request
@@ -23,7 +23,7 @@
 //! worker-side failure that is not a loss (`Failed`: bad request, engine fault) is passed on,
 //! not migrated. A pick whose worker left before it got the request (the router's view a
 //! moment behind a kill) is routed again at once, avoiding that worker, up to
-//! [`migration::GONE_PICKS_MAX`] times: neither a migration nor a failed placement.
+//! [`GONE_PICKS_MAX`] times: neither a migration nor a failed placement.
 //!
 //! Metrics: `flotilla_migrations_total`, `flotilla_migration_failures_total`,
 //! `flotilla_route_retries_total` (picks routed again because their worker was gone), and
@@ -37,22 +37,23 @@
 //! once — the step already running completes, its token for this sequence is discarded. So
 //! the worker's KV usage is back where it was within one engine step of the disconnect.
 
-pub mod migration;
-
+use crate::actors::router::{RouterMsg, find_router};
+use crate::actors::scheduler::SchedulerMsg;
 use crate::kv::block_hashes;
 use crate::request_plane::error::RequestError;
+use crate::request_plane::migration::{
+    Decision, GONE_PICKS_MAX, GiveUp, Migration, MigrationPolicy,
+};
 use crate::request_plane::protocol::{
     Placement, RemoteKv, RouteRequest, SubmitRequest, TokenEventKind,
 };
 use crate::request_plane::router::policy::Policy;
-use crate::request_plane::router::{RouterMsg, find_router};
 use crate::request_plane::token_sink::SinkRegistry;
 use crate::runtime::clock::{Instant, SharedClock};
 use crate::runtime::ids::{NodeId, RequestId, WorkerId};
 use crate::runtime::resilience::NodeStats;
 use crate::runtime::wire::Wire;
-use crate::worker::scheduler::{SCHEDULER_GROUP, SchedulerMsg};
-use migration::{Decision, GONE_PICKS_MAX, GiveUp, Migration, MigrationPolicy};
+use crate::worker::scheduler::SCHEDULER_GROUP;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

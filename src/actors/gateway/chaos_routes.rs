@@ -6,9 +6,8 @@
 //! `Content-Type: application/json` (415).
 
 use super::routes::GatewayShared;
-use crate::control::chaos::{
-    ChaosMsg, FaultKind, FaultSpec, Injection, NODE_ACTORS, Target, WORKER_ACTORS, find_chaos,
-};
+use crate::actors::chaos::{ChaosMsg, find_chaos};
+use crate::control::chaos::{FaultKind, FaultSpec, Injection, NODE_ACTORS, Target, WORKER_ACTORS};
 use crate::control::discovery::membership::{NodeState, NodeView};
 use crate::openai::error::{ApiError, ErrorKind};
 use crate::runtime::config::Role;

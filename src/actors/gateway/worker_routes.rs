@@ -16,10 +16,11 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::routes::GatewayShared;
+use crate::actors::scheduler::SchedulerMsg;
 use crate::openai::error::{ApiError, ErrorKind};
 use crate::runtime::wire::Wire;
 use crate::worker::Role;
-use crate::worker::scheduler::{SCHEDULER_GROUP, SchedulerMsg};
+use crate::worker::scheduler::SCHEDULER_GROUP;
 
 /// Largest body accepted (bytes).
 const MAX_ROLE_BYTES: usize = 4096;

@@ -1,0 +1,461 @@
+//! Discovery: cluster membership, process groups per role, heartbeats and liveness.
+//!
+//! Every node runs one. It joins the process groups `flotilla.discovery` and
+//! `flotilla.role.<role>` for each of its roles (visible from every node of the cluster),
+//! sends a heartbeat carrying its [`NodeInfo`] to every peer's Discovery each
+//! `cluster.heartbeat_interval_ms`, and keeps the [`Membership`] table whose leases decide
+//! `up` → `suspect` → `down` (`cluster.liveness_timeout_ms`). Changes are published on the
+//! node's [`MembershipEvent`] broadcast channel. When it has no live peer it re-dials its seeds
+//! every [`REJOIN_INTERVAL`].
+//!
+//! # The published fleet view
+//! Discovery also publishes the fleet view, this node first, into the node's [`FleetView`]
+//! whenever it changes: on its own heartbeat tick (after refreshing its workers' stats), on
+//! every heartbeat received, on a session loss and whenever it is asked for the view
+//! ([`DiscoveryMsg::GetFleet`]). Hot paths (the gateway's admission control) read that
+//! snapshot without a message to this actor; `/v1/fleet` still asks the actor, for the
+//! freshest view. While Discovery is stopped the snapshot is withdrawn.
+//!
+//! Pure logic lives in `control/discovery.rs` and `control/discovery/membership.rs`.
+
+use crate::control::discovery::{
+    DISCOVERY_GROUP, FleetView, REJOIN_INTERVAL, WorkerEndpoints, membership, role_group,
+};
+use crate::runtime::clock::SharedClock;
+use crate::runtime::cluster::SessionEvent;
+use crate::runtime::config::Role;
+use crate::runtime::ids::NodeId;
+use crate::runtime::wire::Wire;
+use membership::{
+    ActorView, Leases, Membership, MembershipEvent, NodeInfo, NodeState, NodeView, WorkerView,
+};
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor_cluster::{NodeServerMessage, RactorClusterMessage};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// Messages of the Discovery actor. Serializable: peers cast heartbeats to it and may ask for
+/// its view.
+#[derive(RactorClusterMessage)]
+pub enum DiscoveryMsg {
+    /// A peer's self-description (cast; a malformed payload is counted and dropped).
+    Heartbeat(Wire<NodeInfo>),
+    /// Local timer: heartbeat, advance leases, re-dial seeds. Droppable.
+    Tick(u64),
+    /// Local: the cluster session to the named peer closed.
+    SessionLost(String),
+    /// The fleet as this node sees it, this node first.
+    #[rpc]
+    GetFleet(RpcReplyPort<Wire<Vec<NodeView>>>),
+}
+
+/// What Discovery needs to start.
+pub struct DiscoveryArgs {
+    /// This node's name.
+    pub node_id: NodeId,
+    /// Cluster listen address.
+    pub addr: String,
+    /// Roles of this node.
+    pub roles: Vec<Role>,
+    /// Process start time, ms since the epoch.
+    pub incarnation: u64,
+    /// HTTP address once the gateway has bound it.
+    pub http_addr: Arc<Mutex<Option<String>>>,
+    /// Liveness leases.
+    pub leases: Leases,
+    /// Heartbeat interval.
+    pub heartbeat_interval: Duration,
+    /// Seeds to re-dial when alone.
+    pub seeds: Vec<String>,
+    /// The node server.
+    pub server: ActorRef<NodeServerMessage>,
+    /// Where membership changes are published.
+    pub events: tokio::sync::broadcast::Sender<MembershipEvent>,
+    /// Injected clock.
+    pub clock: SharedClock,
+    /// Name of the worker-pool supervisor whose children are this node's workers.
+    pub worker_pool_name: String,
+    /// Registered name of the supervisor of this node's external engines
+    /// (`router.external_workers`): its children are workers too.
+    pub external_pool_name: String,
+    /// This node's resilience counters (sent in every heartbeat).
+    pub stats: Arc<crate::runtime::resilience::NodeStats>,
+    /// Where the fleet view is published.
+    pub fleet: FleetView,
+    /// This node's KV transport, when it has one: its regions go into every heartbeat, and
+    /// peers' regions teach it their newest epochs.
+    pub transport: Option<Arc<crate::transport::Transport>>,
+    /// This node's replicas' own endpoints (HTTP face, vLLM-format KV events), for the
+    /// workers' entries in every heartbeat.
+    pub endpoints: WorkerEndpoints,
+}
+
+/// The Discovery actor.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Discovery;
+
+/// Discovery's state.
+pub struct DiscoveryState {
+    args: DiscoveryArgs,
+    membership: Membership,
+    ticker: Option<JoinHandle<()>>,
+    session_sub: Option<(String, JoinHandle<()>)>,
+    tick_no: u64,
+    last_rejoin: Option<crate::runtime::clock::Instant>,
+    /// Each local worker's last answer to a stats call (see [`fill_worker_stats`]).
+    last_stats: std::collections::HashMap<String, crate::worker::scheduler::SchedulerStats>,
+}
+
+impl DiscoveryState {
+    async fn refresh_me(&mut self, me: &ActorCell) {
+        let http = self
+            .args
+            .http_addr
+            .lock()
+            .map(|g| g.clone())
+            .unwrap_or_else(|p| p.into_inner().clone());
+        let pools = [
+            self.args.worker_pool_name.as_str(),
+            self.args.external_pool_name.as_str(),
+        ];
+        let (actors, mut workers) = describe_tree(me, &pools);
+        fill_worker_stats(&mut workers, &mut self.last_stats).await;
+        self.args.endpoints.fill(&mut workers);
+        let info = NodeInfo {
+            id: self.args.node_id.clone(),
+            addr: self.args.addr.clone(),
+            http_addr: http,
+            roles: self.args.roles.clone(),
+            incarnation: self.args.incarnation,
+            pid: std::process::id(),
+            actors,
+            workers,
+            counters: self.args.stats.counters(),
+            regions: self
+                .args
+                .transport
+                .as_ref()
+                .map(|t| t.descriptors())
+                .unwrap_or_default(),
+        };
+        self.membership.set_me(info);
+    }
+
+    /// Publish the fleet view as of `now`.
+    fn publish_view(&self, now: crate::runtime::clock::Instant) {
+        self.args.fleet.publish(self.membership.view(now));
+    }
+
+    fn publish(&self, events: Vec<MembershipEvent>) {
+        for ev in events {
+            let kind = match &ev {
+                MembershipEvent::NodeUp(i) => {
+                    tracing::info!(node = %i.id, roles = ?i.roles, "node up");
+                    "up"
+                }
+                MembershipEvent::NodeSuspect(n) => {
+                    tracing::warn!(node = %n, "node suspect");
+                    "suspect"
+                }
+                MembershipEvent::NodeDown(n) => {
+                    tracing::warn!(node = %n, "node down");
+                    "down"
+                }
+            };
+            metrics::counter!("flotilla_membership_events_total", "kind" => kind).increment(1);
+            // No subscriber yet is fine: the fleet view is always available on request.
+            let _ = self.args.events.send(ev);
+        }
+    }
+}
+
+/// Fill each local worker's load from its scheduler (a quick local call). A scheduler that
+/// does not answer within 100 ms (busy in a long step on a loaded machine) keeps its last
+/// answer from `last`: zeros would tell admission and the router that a busy worker is idle.
+/// A worker without a scheduler (restarting) keeps zeros.
+async fn fill_worker_stats(
+    workers: &mut [WorkerView],
+    last: &mut std::collections::HashMap<String, crate::worker::scheduler::SchedulerStats>,
+) {
+    use crate::actors::scheduler::SchedulerMsg;
+    use crate::worker::scheduler::SCHEDULER_GROUP;
+    let locals = ractor::pg::get_local_members(&SCHEDULER_GROUP.to_owned());
+    last.retain(|id, _| workers.iter().any(|w| &w.id == id));
+    for w in workers.iter_mut() {
+        let name = format!("{}/scheduler", w.id);
+        let Some(cell) = locals
+            .iter()
+            .find(|c| c.get_name().as_deref() == Some(name.as_str()))
+        else {
+            last.remove(&w.id);
+            continue;
+        };
+        let sched: ActorRef<SchedulerMsg> = cell.clone().into();
+        let fresh = ractor::call_t!(sched, SchedulerMsg::Stats, 100)
+            .ok()
+            .and_then(|wire| wire.decode().ok());
+        let st = match fresh {
+            Some(st) => last.entry(w.id.clone()).insert_entry(st).into_mut(),
+            None => match last.get_mut(&w.id) {
+                Some(st) => st,
+                None => continue,
+            },
+        };
+        w.running = st.running;
+        w.waiting = st.waiting;
+        w.in_flight = st.running + st.waiting;
+        w.kv_blocks_used = st.kv_blocks_used;
+        w.kv_blocks_total = st.kv_blocks_total;
+        w.health = st.health.to_string();
+        w.role = st.role.to_string();
+        w.kv_held = st.held;
+        w.kv_pulls_pending = st.pulls_pending;
+        w.kv_blocks_pulled = st.blocks_pulled;
+        w.kv_pull_fallbacks = st.pull_fallbacks;
+        w.prefill_wait_ms = st.prefill_wait_ms.map(|ms| ms.round() as u64);
+        w.prefill_tokens_per_s = st.prefill_tokens_per_s.map(|r| r.round().max(1.0) as u64);
+    }
+}
+
+/// List the actors of this node's tree (from its root supervisor) and its workers.
+/// `pools`: the supervisors whose children are workers (the replicas' and the external
+/// engines').
+fn describe_tree(me: &ActorCell, pools: &[&str]) -> (Vec<ActorView>, Vec<WorkerView>) {
+    let mut actors = Vec::new();
+    let mut workers = Vec::new();
+    let root = me.try_get_supervisor().unwrap_or_else(|| me.clone());
+    fn walk(
+        cell: &ActorCell,
+        prefix: &str,
+        pools: &[&str],
+        actors: &mut Vec<ActorView>,
+        workers: &mut Vec<WorkerView>,
+    ) {
+        let full = cell
+            .get_name()
+            .unwrap_or_else(|| format!("<{}>", cell.get_id()));
+        // Registered names are `<node>/…/<name>`; show the last segment.
+        let name = full.rsplit('/').next().unwrap_or(&full).to_owned();
+        let path = if prefix.is_empty() {
+            name.clone()
+        } else {
+            format!("{prefix}/{name}")
+        };
+        let state = format!("{:?}", cell.get_status()).to_lowercase();
+        actors.push(ActorView {
+            path: path.clone(),
+            state,
+        });
+        let mut children = cell.get_children();
+        children.sort_by_key(|c| c.get_id().pid());
+        for child in children {
+            if pools.contains(&full.as_str()) {
+                // A replica supervisor's registered name is its worker id.
+                workers.push(WorkerView {
+                    id: child.get_name().unwrap_or_default(),
+                    state: format!("{:?}", child.get_status()).to_lowercase(),
+                    ..WorkerView::default()
+                });
+            }
+            walk(&child, &path, pools, actors, workers);
+        }
+    }
+    walk(&root, "", pools, &mut actors, &mut workers);
+    (actors, workers)
+}
+
+impl Actor for Discovery {
+    type Msg = DiscoveryMsg;
+    type State = DiscoveryState;
+    type Arguments = DiscoveryArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: DiscoveryArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let me = NodeInfo {
+            id: args.node_id.clone(),
+            addr: args.addr.clone(),
+            http_addr: None,
+            roles: args.roles.clone(),
+            incarnation: args.incarnation,
+            pid: std::process::id(),
+            actors: vec![],
+            workers: vec![],
+            counters: Default::default(),
+            regions: vec![],
+        };
+        let state_clock_now = args.clock.now();
+        ractor::pg::join(DISCOVERY_GROUP.to_owned(), vec![myself.get_cell()]);
+        for role in &args.roles {
+            ractor::pg::join(role_group(*role), vec![myself.get_cell()]);
+        }
+        let state = DiscoveryState {
+            membership: Membership::new(me, args.leases),
+            args,
+            ticker: None,
+            session_sub: None,
+            tick_no: 0,
+            // The node joins its seeds itself at start; re-dialling begins one interval later.
+            last_rejoin: Some(state_clock_now),
+            last_stats: Default::default(),
+        };
+        // A first view at once (this node alone), before the actors started after this one.
+        state.publish_view(state_clock_now);
+        Ok(state)
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let me = myself.clone();
+        let interval = state.args.heartbeat_interval;
+        state.ticker = Some(tokio::spawn(async move {
+            let mut t = tokio::time::interval(interval);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut n = 0u64;
+            loop {
+                t.tick().await;
+                n += 1;
+                if me.cast(DiscoveryMsg::Tick(n)).is_err() {
+                    break;
+                }
+            }
+        }));
+        if let Ok((id, mut rx)) =
+            crate::runtime::cluster::subscribe(&state.args.server, "discovery")
+        {
+            let me = myself.clone();
+            let task = tokio::spawn(async move {
+                while let Some(ev) = rx.recv().await {
+                    if let SessionEvent::Disconnected(p) = ev
+                        && let Some(name) = p.name
+                        && me.cast(DiscoveryMsg::SessionLost(name)).is_err()
+                    {
+                        break;
+                    }
+                }
+            });
+            state.session_sub = Some((id, task));
+        }
+        state.refresh_me(&myself.get_cell()).await;
+        state.publish_view(state.args.clock.now());
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        state.args.fleet.clear();
+        if let Some(t) = state.ticker.take() {
+            t.abort();
+        }
+        if let Some((id, task)) = state.session_sub.take() {
+            let _ = state
+                .args
+                .server
+                .cast(NodeServerMessage::UnsubscribeToEvents(id));
+            task.abort();
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let now = state.args.clock.now();
+        match msg {
+            DiscoveryMsg::Heartbeat(wire) => {
+                if let Ok(info) = wire.decode() {
+                    // A peer's newest epochs: pulls naming older ones are refused from now on.
+                    if let Some(t) = &state.args.transport {
+                        info.regions.iter().for_each(|d| t.learn(d));
+                    }
+                    let ev = state.membership.on_heartbeat(info, now);
+                    state.publish(ev);
+                    state.publish_view(now);
+                }
+            }
+            DiscoveryMsg::SessionLost(name) => {
+                let ev = state.membership.on_session_lost(&NodeId::new(name));
+                state.publish(ev);
+                state.publish_view(now);
+            }
+            DiscoveryMsg::Tick(_) => {
+                state.tick_no += 1;
+                state.refresh_me(&myself.get_cell()).await;
+                let hb = Wire::encode(state.membership.me());
+                for cell in ractor::pg::get_members(&DISCOVERY_GROUP.to_owned()) {
+                    if cell.get_id().is_local() {
+                        continue;
+                    }
+                    let peer: ActorRef<DiscoveryMsg> = cell.into();
+                    if let Err(e) = peer.cast(DiscoveryMsg::Heartbeat(hb.clone())) {
+                        tracing::debug!(error = %e, "heartbeat to peer failed");
+                    }
+                }
+                let ev = state.membership.tick(now);
+                state.publish(ev);
+                let view = state.membership.view(now);
+                for s in [NodeState::Up, NodeState::Suspect, NodeState::Down] {
+                    let n = view.iter().filter(|v| v.state == s).count();
+                    let label = format!("{s:?}").to_lowercase();
+                    metrics::gauge!("flotilla_cluster_nodes", "state" => label).set(n as f64);
+                }
+                state.args.fleet.publish(view);
+                let alone = !state.membership.has_live_peers();
+                let due = state
+                    .last_rejoin
+                    .is_none_or(|t| now.saturating_duration_since(t) >= REJOIN_INTERVAL);
+                if alone && due && !state.args.seeds.is_empty() {
+                    state.last_rejoin = Some(now);
+                    for seed in state.args.seeds.clone() {
+                        let server = state.args.server.clone();
+                        tokio::spawn(async move {
+                            if let Err(e) =
+                                ractor_cluster::client_connect(&server, seed.as_str()).await
+                            {
+                                tracing::debug!(seed = %seed, error = %e, "re-dial failed");
+                            }
+                        });
+                    }
+                }
+            }
+            DiscoveryMsg::GetFleet(reply) => {
+                state.refresh_me(&myself.get_cell()).await;
+                let view = state.membership.view(now);
+                let _ = reply.send(Wire::encode(&view));
+                state.args.fleet.publish(view);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// This process's Discovery actor registered as `name`, found through its process group
+/// (not the name registry, which a stopping peer proxy of the same name can clear).
+pub fn local(name: &str) -> Option<ActorRef<DiscoveryMsg>> {
+    ractor::pg::get_local_members(&DISCOVERY_GROUP.to_owned())
+        .into_iter()
+        .find(|c| c.get_name().as_deref() == Some(name))
+        .map(Into::into)
+}
+
+/// Ask a Discovery actor for its fleet view (fresh: it first refreshes its own entry).
+///
+/// # Errors
+/// A message when the actor does not answer within 2 s or its reply cannot be decoded.
+pub async fn fleet(discovery: &ActorRef<DiscoveryMsg>) -> Result<Vec<NodeView>, String> {
+    let wire = ractor::call_t!(discovery, DiscoveryMsg::GetFleet, 2_000)
+        .map_err(|e| format!("discovery did not answer: {e}"))?;
+    wire.decode().map_err(|e| e.to_string())
+}

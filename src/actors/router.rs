@@ -1,0 +1,831 @@
+//! Router: places each request on a live worker, KV-aware by default.
+//!
+//! The pure parts it drives are in `request_plane/router/`: the prefix index (`index.rs`), the
+//! active load (`load.rs`) and the policies (`policy.rs`).
+//!
+//! Any node with the `router` role runs one Router, in the process group [`ROUTER_GROUP`];
+//! gateways ask their own node's router first. Every router consumes every KV event (a
+//! [`KvEventsRelay`] joins [`KV_EVENTS_GROUP`], the KV event publishers broadcast to it), so
+//! all routers converge on the same index. The relay is the router's sibling under a
+//! one_for_all supervisor (`supervisors/tree.rs`): either exiting restarts both, and the
+//! restarted index resyncs from snapshots as events arrive. The policy is `router.policy`; a request may
+//! override it with the header [`POLICY_HEADER`] (`x-flotilla-route-policy: round_robin`).
+//!
+//! # Who can be chosen
+//! Only the members of the routable schedulers' group: `ractor_cluster` removes a node's
+//! actors from every group as soon as its session drops, so a dead node's workers stop being
+//! chosen at once; a draining or hung replica leaves the group itself. A worker that leaves the
+//! schedulers' group (dead, restarting) is also purged from the index and the active load at
+//! once (a process-group monitor): a cached prefix is never a reason to pick a worker that is
+//! gone, and a restarted replica starts from an empty cache. Placements never released (a
+//! gateway that died) expire after [`LEASE_TTL_MS`].
+//!
+//! # Disaggregation
+//! Replicas have a [`Role`] (their schedulers join the role's process group). Whole requests
+//! go to aggregated and decode workers (prefill workers only when no other is routable). When
+//! the Request allows it ([`RouteRequest::remote_prefill`]), the chosen worker is a decode
+//! worker, and the part of the prompt it does not hold is at least
+//! `disagg.min_prefill_tokens`, the prompt goes to a prefill worker instead, chosen by the
+//! same policy among the prefill workers (on their own prefix overlap), unless that worker
+//! already has more than `disagg.max_prefill_queue_tokens` prompt tokens queued (Dynamo's
+//! conditional disaggregation). The answer ([`Placement::hand_off`]) tells the Request to
+//! submit a prefill-only attempt; the decode attempt that follows is routed again, without
+//! remote prefill, and pulls the KV.
+//!
+//! # Injected
+//! The Router reads time from a [`Clock`](crate::runtime::clock::Clock) and the workers it may choose from a
+//! [`WorkerSource`] ([`RouterArgs`]): in a node these are the system clock and the process
+//! groups ([`ProcessGroups`]); unit tests drive the same state with a `ManualClock` and a fixed
+//! list of workers.
+
+use crate::request_plane::router::{index, load, policy};
+
+use crate::actors::kv_publisher::{
+    KV_EVENTS_GROUP, KV_PUBLISHER_GROUP, KvEventsMsg, KvPublisherMsg, KvSnapshot,
+};
+use crate::kv::KvEvent;
+use crate::request_plane::protocol::{Placement, RouteRequest};
+use crate::runtime::clock::{Instant, SharedClock};
+use crate::runtime::ids::{EventId, NodeId, RequestId, WorkerId};
+use crate::runtime::wire::Wire;
+use crate::worker::Role;
+use crate::worker::role::role_group;
+use crate::worker::scheduler::{ROUTABLE_GROUP, SCHEDULER_GROUP};
+use index::{ApplyOutcome, PrefixIndex};
+use load::{ActiveLoad, RequestKey};
+use policy::{Policy, Selector, SelectorConfig};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor_cluster::RactorClusterMessage;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Process group of every Router.
+pub const ROUTER_GROUP: &str = "flotilla.routers";
+/// Placements older than this are released (ms).
+pub const LEASE_TTL_MS: u64 = 30 * 60 * 1000;
+/// HTTP header that overrides the routing policy for one request.
+pub const POLICY_HEADER: &str = "x-flotilla-route-policy";
+/// A resync asked for and not answered within this long is asked again (ms).
+pub const RESYNC_RETRY_MS: u64 = 2_000;
+
+/// Router messages (serializable: gateways on any node ask).
+#[derive(RactorClusterMessage)]
+pub enum RouterMsg {
+    /// Pick a worker (call); `None` when no worker is live.
+    #[rpc]
+    Route(Wire<RouteRequest>, RpcReplyPort<Wire<Option<Placement>>>),
+    /// The request's first token arrived: its prompt is no longer waiting for prefill (cast).
+    FirstToken(Wire<(NodeId, RequestId)>),
+    /// The request ended (cast).
+    Release(Wire<(NodeId, RequestId)>),
+    /// KV events from a KV event publisher (cast, via the relay).
+    KvEvents(Wire<Vec<KvEvent>>),
+    /// A snapshot asked for after a gap (local cast).
+    Resynced(Wire<KvSnapshot>),
+    /// Local, periodic: expire placements, retry lost resyncs.
+    Tick(Wire<()>),
+}
+
+/// The Router actor (see [`RouterArgs`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Router;
+
+/// Where a router learns which workers exist.
+pub trait WorkerSource: Send + Sync + 'static {
+    /// Workers a router may choose: alive, healthy, not draining.
+    fn routable(&self) -> Vec<WorkerId>;
+    /// Workers whose scheduler is alive (routable or not); the others are purged.
+    fn alive(&self) -> Vec<WorkerId>;
+    /// Workers in `role` (prefill or decode; aggregated workers are in neither), routable
+    /// or not.
+    fn in_role(&self, role: Role) -> Vec<WorkerId> {
+        let _ = role;
+        Vec::new()
+    }
+}
+
+/// The workers of the cluster, read from the schedulers' process groups.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ProcessGroups;
+
+impl WorkerSource for ProcessGroups {
+    fn routable(&self) -> Vec<WorkerId> {
+        live_workers()
+    }
+
+    fn alive(&self) -> Vec<WorkerId> {
+        workers_in(SCHEDULER_GROUP)
+    }
+
+    fn in_role(&self, role: Role) -> Vec<WorkerId> {
+        role_group(role).map(workers_in).unwrap_or_default()
+    }
+}
+
+/// When the router sends a request to a prefill worker first (`disagg.*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DisaggRouting {
+    /// Uncached prompt tokens on the chosen decode worker from which the prompt is prefilled
+    /// remotely; 0 = never.
+    pub min_prefill_tokens: u32,
+    /// … while the chosen prefill worker has at most this many prompt tokens queued.
+    pub max_prefill_queue_tokens: u64,
+}
+
+impl From<&crate::runtime::config::DisaggConfig> for DisaggRouting {
+    fn from(c: &crate::runtime::config::DisaggConfig) -> Self {
+        Self {
+            min_prefill_tokens: c.min_prefill_tokens,
+            max_prefill_queue_tokens: c.max_prefill_queue_tokens,
+        }
+    }
+}
+
+impl Default for DisaggRouting {
+    /// From the configuration's defaults.
+    fn default() -> Self {
+        Self::from(&crate::runtime::config::DisaggConfig::default())
+    }
+}
+
+/// What a Router starts with.
+#[derive(Clone)]
+pub struct RouterArgs {
+    /// The selector configuration (`router.*`, with the workers' block size).
+    pub config: SelectorConfig,
+    /// Time, for placement leases and resync retries.
+    pub clock: SharedClock,
+    /// The workers it may choose.
+    pub workers: Arc<dyn WorkerSource>,
+    /// Conditional disaggregation.
+    pub disagg: DisaggRouting,
+    /// Where the router publishes its workers' prefill queues, when admission on its node
+    /// reads them (a gateway with `gateway.ttft_target_ms`); `None`: not published.
+    pub queues: Option<load::PrefillQueueView>,
+}
+
+impl RouterArgs {
+    /// A router on the system clock that reads the process groups.
+    pub fn new(config: SelectorConfig) -> Self {
+        Self {
+            config,
+            clock: crate::runtime::clock::system(),
+            workers: Arc::new(ProcessGroups),
+            disagg: DisaggRouting::default(),
+            queues: None,
+        }
+    }
+}
+
+/// Router state.
+pub struct RouterState {
+    config: SelectorConfig,
+    index: PrefixIndex,
+    load: ActiveLoad,
+    /// One selector per policy in use (the configured one, and per-request overrides).
+    selectors: HashMap<Policy, Selector>,
+    /// Resyncs asked for: worker → when (ms on [`Self::now_ms`]'s scale).
+    resyncs: HashMap<WorkerId, u64>,
+    clock: SharedClock,
+    /// Time zero of the router's millisecond timestamps.
+    epoch: Instant,
+    workers: Arc<dyn WorkerSource>,
+    disagg: DisaggRouting,
+    queues: Option<load::PrefillQueueView>,
+}
+
+/// Workers a router may choose: members of the routable schedulers' group (alive, healthy,
+/// not draining), by worker id (`<worker>/scheduler`).
+pub fn live_workers() -> Vec<WorkerId> {
+    workers_in(ROUTABLE_GROUP)
+}
+
+/// `live` without the workers in `avoid`, unless that leaves none.
+fn prefer_not(live: Vec<WorkerId>, avoid: &[WorkerId]) -> Vec<WorkerId> {
+    if avoid.is_empty() {
+        return live;
+    }
+    let others: Vec<WorkerId> = live
+        .iter()
+        .filter(|w| !avoid.contains(w))
+        .cloned()
+        .collect();
+    if others.is_empty() { live } else { others }
+}
+
+fn workers_in(group: &str) -> Vec<WorkerId> {
+    ractor::pg::get_members(&group.to_owned())
+        .iter()
+        .filter_map(worker_of_scheduler)
+        .collect()
+}
+
+/// The worker id of a scheduler actor (registered as `<worker>/scheduler`).
+fn worker_of_scheduler(cell: &ractor::ActorCell) -> Option<WorkerId> {
+    cell.get_name()?
+        .strip_suffix("/scheduler")
+        .map(WorkerId::new)
+}
+
+impl RouterState {
+    /// Empty state: no index, no load, one selector for the configured policy.
+    ///
+    /// # Errors
+    /// The selector configuration is invalid (see [`Selector::new`]).
+    pub fn new(args: RouterArgs) -> Result<Self, policy::ConfigError> {
+        let selector = Selector::new(args.config.clone())?;
+        let mut selectors = HashMap::new();
+        selectors.insert(args.config.policy, selector);
+        Ok(Self {
+            config: args.config,
+            index: PrefixIndex::new(),
+            load: ActiveLoad::new(),
+            selectors,
+            resyncs: HashMap::new(),
+            epoch: args.clock.now(),
+            clock: args.clock,
+            workers: args.workers,
+            disagg: args.disagg,
+            queues: args.queues,
+        })
+    }
+
+    /// Milliseconds since this router started, on its clock.
+    fn now_ms(&self) -> u64 {
+        self.clock
+            .now()
+            .saturating_duration_since(self.epoch)
+            .as_millis() as u64
+    }
+
+    /// Make sure a selector for `policy` exists.
+    fn ensure_selector(&mut self, policy: Policy) -> Result<(), ActorProcessingErr> {
+        if !self.selectors.contains_key(&policy) {
+            let config = SelectorConfig {
+                policy,
+                ..self.config.clone()
+            };
+            self.selectors
+                .insert(policy, Selector::new(config).map_err(|e| e.to_string())?);
+        }
+        Ok(())
+    }
+
+    /// Places a request (see the module doc, "Disaggregation").
+    fn route(
+        &mut self,
+        req: RouteRequest,
+        now: u64,
+    ) -> Result<Option<Placement>, ActorProcessingErr> {
+        let key = RequestKey::new(req.node.clone(), req.request);
+        let routable = self.workers.routable();
+        let prefill_pool: Vec<WorkerId> = {
+            let prefill = self.workers.in_role(Role::Prefill);
+            routable
+                .iter()
+                .filter(|w| prefill.contains(w))
+                .cloned()
+                .collect()
+        };
+        // Whole requests go to aggregated and decode workers; prefill workers take them only
+        // when no other worker is routable.
+        let serving: Vec<WorkerId> = routable
+            .iter()
+            .filter(|w| !prefill_pool.contains(w))
+            .cloned()
+            .collect();
+        let serving = if serving.is_empty() {
+            routable
+        } else {
+            serving
+        };
+        let live = prefer_not(serving, &req.avoid);
+        if let Some(w) = self.load.worker_of(&key) {
+            let hand_off = req.remote_prefill && prefill_pool.contains(w) && !live.contains(w);
+            if live.contains(w) || hand_off {
+                return Ok(Some(Placement {
+                    worker: w.clone(),
+                    hand_off,
+                }));
+            }
+        }
+        let policy = req.policy.unwrap_or(self.config.policy);
+        self.ensure_selector(policy)?;
+        let Some(selector) = self.selectors.get_mut(&policy) else {
+            return Ok(None);
+        };
+        let Some(mut d) = selector.select(
+            &live,
+            &req.seq_hashes,
+            req.prompt_tokens,
+            &self.index,
+            &self.load,
+        ) else {
+            return Ok(None);
+        };
+        // Conditional disaggregation (Dynamo's rule): a decode worker that would prefill at
+        // least `min_prefill_tokens` of the prompt itself hands the prefill to the prefill
+        // worker the same cost picks, unless that one's queue is already long.
+        let mut hand_off = false;
+        let min = self.disagg.min_prefill_tokens;
+        if req.remote_prefill
+            && min > 0
+            && d.uncached_tokens >= min
+            && !prefill_pool.is_empty()
+            && self.workers.in_role(Role::Decode).contains(&d.worker)
+        {
+            let pool = prefer_not(prefill_pool, &req.avoid);
+            if let Some(p) = selector.select(
+                &pool,
+                &req.seq_hashes,
+                req.prompt_tokens,
+                &self.index,
+                &self.load,
+            ) && self.load.prefill_tokens(&p.worker) <= self.disagg.max_prefill_queue_tokens
+            {
+                d = p;
+                hand_off = true;
+            } else {
+                metrics::counter!("flotilla_router_local_prefills_total", "why" => "prefill_queue")
+                    .increment(1);
+            }
+        }
+        self.load.on_routed_prefix(
+            key,
+            &d.worker,
+            d.uncached_tokens,
+            &req.seq_hashes,
+            d.request_blocks,
+            now,
+        );
+        let w = d.worker.to_string();
+        metrics::counter!("flotilla_router_placements_total", "worker" => w.clone(), "policy" => d.policy.as_str(), "hand_off" => if hand_off { "true" } else { "false" })
+            .increment(1);
+        metrics::counter!("flotilla_router_prompt_blocks_total")
+            .increment(u64::from(d.request_blocks));
+        metrics::counter!("flotilla_router_overlap_blocks_total")
+            .increment(u64::from(d.overlap_blocks));
+        Ok(Some(Placement {
+            worker: d.worker,
+            hand_off,
+        }))
+    }
+
+    fn on_events(&mut self, events: Vec<KvEvent>, myself: &ActorRef<RouterMsg>, now: u64) {
+        for ev in &events {
+            match self.index.apply(ev) {
+                ApplyOutcome::NeedsResync { worker, reason } => {
+                    tracing::warn!(%worker, ?reason, "KV event stream inconsistent; resyncing from a snapshot");
+                    metrics::counter!("flotilla_router_resyncs_total").increment(1);
+                    self.ask_snapshot(worker, myself, now);
+                }
+                ApplyOutcome::Applied => {
+                    metrics::counter!("flotilla_router_kv_events_total", "outcome" => "applied")
+                        .increment(1);
+                }
+                ApplyOutcome::Buffered | ApplyOutcome::Ignored => {
+                    metrics::counter!("flotilla_router_kv_events_total", "outcome" => "held")
+                        .increment(1);
+                }
+            }
+        }
+    }
+
+    /// Ask `worker`'s KV event publisher for a snapshot; the reply comes back as `Resynced`.
+    fn ask_snapshot(&mut self, worker: WorkerId, myself: &ActorRef<RouterMsg>, now: u64) {
+        self.resyncs.insert(worker.clone(), now);
+        let me = myself.clone();
+        tokio::spawn(async move {
+            let name = format!("{worker}/kv_publisher");
+            let Some(kvm) = crate::runtime::cluster::member_named(KV_PUBLISHER_GROUP, &name) else {
+                return; // gone: purged when its scheduler leaves
+            };
+            let kvm: ActorRef<KvPublisherMsg> = kvm.into();
+            if let Ok(w) = ractor::call_t!(kvm, KvPublisherMsg::Snapshot, RESYNC_RETRY_MS) {
+                let _ = me.cast(RouterMsg::Resynced(w));
+            }
+        });
+    }
+
+    fn on_snapshot(&mut self, snap: KvSnapshot) {
+        self.resyncs.remove(&snap.worker);
+        let last = snap.last_event.unwrap_or(EventId(0));
+        let report = self.index.resync(&snap.worker, last, &snap.blocks);
+        tracing::info!(worker = %snap.worker, blocks = snap.blocks.len(), ?report, "resynced from snapshot");
+    }
+
+    /// Forget a worker that left (dead or restarting).
+    fn purge(&mut self, worker: &WorkerId) {
+        let held = self.index.blocks_of(worker);
+        self.index.remove_worker(worker);
+        self.load.remove_worker(worker);
+        self.resyncs.remove(worker);
+        tracing::info!(%worker, held, "worker left; purged from the router");
+    }
+
+    /// Publish the prefill queues, if admission here reads them.
+    fn publish_queues(&self) {
+        if let Some(q) = &self.queues {
+            q.publish(&self.load);
+        }
+    }
+
+    fn tick(&mut self, myself: &ActorRef<RouterMsg>, now: u64) {
+        for w in self.housekeeping(now) {
+            self.ask_snapshot(w, myself, now);
+        }
+    }
+
+    /// Expire placements older than [`LEASE_TTL_MS`], purge workers whose scheduler is gone;
+    /// returns the workers whose resync is due (never asked, or asked [`RESYNC_RETRY_MS`] ago).
+    fn housekeeping(&mut self, now: u64) -> Vec<WorkerId> {
+        self.load.expire(now, LEASE_TTL_MS);
+        let alive = self.workers.alive();
+        let known: Vec<WorkerId> = self.index.workers().cloned().collect();
+        for w in known.iter().filter(|w| !alive.contains(w)) {
+            self.purge(w);
+        }
+        self.index
+            .pending_resyncs()
+            .into_iter()
+            .map(|(w, _)| w)
+            .filter(|w| {
+                self.resyncs
+                    .get(w)
+                    .is_none_or(|t| now.saturating_sub(*t) >= RESYNC_RETRY_MS)
+            })
+            .collect()
+    }
+}
+
+impl Actor for Router {
+    type Msg = RouterMsg;
+    type State = RouterState;
+    type Arguments = RouterArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: RouterArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let state = RouterState::new(args).map_err(|e| e.to_string())?;
+        ractor::pg::join(ROUTER_GROUP.to_owned(), vec![myself.get_cell()]);
+        ractor::pg::monitor(SCHEDULER_GROUP.to_owned(), myself.get_cell());
+        myself.send_interval(std::time::Duration::from_secs(1), || {
+            RouterMsg::Tick(Wire::encode(&()))
+        });
+        Ok(state)
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        event: ractor::SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        use ractor::SupervisionEvent as E;
+        match event {
+            E::ProcessGroupChanged(ractor::pg::GroupChangeMessage::Leave(_, group, gone))
+                if group == SCHEDULER_GROUP =>
+            {
+                for w in gone.iter().filter_map(worker_of_scheduler) {
+                    state.purge(&w);
+                }
+                state.publish_queues();
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let now = state.now_ms();
+        // KV events and resyncs change the index, not the load.
+        let changes_load = !matches!(msg, RouterMsg::KvEvents(_) | RouterMsg::Resynced(_));
+        match msg {
+            RouterMsg::Route(wire, reply) => {
+                let pick = match wire.decode() {
+                    Ok(req) => state.route(req, now)?,
+                    Err(_) => None,
+                };
+                let _ = reply.send(Wire::encode(&pick));
+            }
+            RouterMsg::FirstToken(wire) => {
+                if let Ok((node, request)) = wire.decode() {
+                    state
+                        .load
+                        .on_first_token(&RequestKey::new(node, request), now);
+                }
+            }
+            RouterMsg::Release(wire) => {
+                if let Ok((node, request)) = wire.decode() {
+                    state.load.on_finished(&RequestKey::new(node, request));
+                }
+            }
+            RouterMsg::KvEvents(wire) => {
+                if let Ok(events) = wire.decode() {
+                    state.on_events(events, &myself, now);
+                }
+            }
+            RouterMsg::Resynced(wire) => {
+                if let Ok(snap) = wire.decode() {
+                    state.on_snapshot(snap);
+                }
+            }
+            RouterMsg::Tick(_) => state.tick(&myself, now),
+        }
+        if changes_load {
+            state.publish_queues();
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(q) = &state.queues {
+            q.clear();
+        }
+        Ok(())
+    }
+}
+
+/// Joins [`KV_EVENTS_GROUP`] on behalf of its router and hands every batch of KV events on.
+/// (A separate actor because KV event publishers cast [`KvEventsMsg`] to the group's members.)
+/// Started after its router, beside it, by the node's tree.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct KvEventsRelay;
+
+impl Actor for KvEventsRelay {
+    type Msg = KvEventsMsg;
+    type State = ActorRef<RouterMsg>;
+    type Arguments = ActorRef<RouterMsg>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        router: ActorRef<RouterMsg>,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        ractor::pg::join(KV_EVENTS_GROUP.to_owned(), vec![myself.get_cell()]);
+        Ok(router)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        router: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let KvEventsMsg::Publish(events) = msg;
+        router
+            .cast(RouterMsg::KvEvents(events))
+            .map_err(|e| format!("router gone: {e}"))?;
+        Ok(())
+    }
+}
+
+/// A router to ask: this node's if it runs one, else any.
+pub fn find_router() -> Option<ActorRef<RouterMsg>> {
+    let members = ractor::pg::get_members(&ROUTER_GROUP.to_owned());
+    members
+        .iter()
+        .find(|c| c.get_id().is_local())
+        .or_else(|| members.first())
+        .cloned()
+        .map(Into::into)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::clock::ManualClock;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    /// Workers set by the test.
+    #[derive(Default)]
+    struct Fixed {
+        routable: Mutex<Vec<WorkerId>>,
+        alive: Mutex<Vec<WorkerId>>,
+        prefill: Mutex<Vec<WorkerId>>,
+        decode: Mutex<Vec<WorkerId>>,
+    }
+
+    impl Fixed {
+        fn set(&self, routable: &[&str], alive: &[&str]) {
+            *self.routable.lock().unwrap() = ws(routable);
+            *self.alive.lock().unwrap() = ws(alive);
+        }
+    }
+
+    impl WorkerSource for Fixed {
+        fn routable(&self) -> Vec<WorkerId> {
+            self.routable.lock().unwrap().clone()
+        }
+        fn alive(&self) -> Vec<WorkerId> {
+            self.alive.lock().unwrap().clone()
+        }
+        fn in_role(&self, role: Role) -> Vec<WorkerId> {
+            match role {
+                Role::Prefill => self.prefill.lock().unwrap().clone(),
+                Role::Decode => self.decode.lock().unwrap().clone(),
+                Role::Aggregated => vec![],
+            }
+        }
+    }
+
+    fn router(policy: Policy) -> (RouterState, ManualClock, Arc<Fixed>) {
+        let clock = ManualClock::new();
+        let workers = Arc::new(Fixed::default());
+        let state = RouterState::new(RouterArgs {
+            config: SelectorConfig {
+                policy,
+                ..SelectorConfig::default()
+            },
+            clock: Arc::new(clock.clone()),
+            workers: workers.clone(),
+            disagg: DisaggRouting::default(),
+            queues: None,
+        })
+        .unwrap();
+        (state, clock, workers)
+    }
+
+    fn req(n: u64) -> RouteRequest {
+        RouteRequest {
+            node: NodeId::new("gw"),
+            request: RequestId(n),
+            prompt_tokens: 32,
+            seq_hashes: vec![],
+            policy: None,
+            avoid: vec![],
+            remote_prefill: false,
+        }
+    }
+
+    #[test]
+    fn no_live_worker_no_placement() {
+        let (mut r, _, _) = router(Policy::LeastLoaded);
+        assert_eq!(r.route(req(1), r.now_ms()).unwrap(), None);
+        assert!(r.load.is_empty());
+    }
+
+    #[test]
+    fn a_placement_sticks_while_its_worker_is_live() {
+        let (mut r, _, workers) = router(Policy::RoundRobin);
+        workers.set(&["a", "b"], &["a", "b"]);
+        let now = r.now_ms();
+        let first = r.route(req(1), now).unwrap().unwrap().worker;
+        for _ in 0..3 {
+            assert_eq!(
+                r.route(req(1), now).unwrap().map(|p| p.worker),
+                Some(first.clone())
+            );
+        }
+        assert_eq!(r.load.len(), 1);
+        // Its worker leaves routing: the request is placed elsewhere.
+        let other = if first.as_str() == "a" { "b" } else { "a" };
+        workers.set(&[other], &["a", "b"]);
+        assert_eq!(
+            r.route(req(1), now).unwrap().map(|p| p.worker),
+            Some(WorkerId::new(other))
+        );
+        assert_eq!(r.load.len(), 1, "moved, not duplicated");
+    }
+
+    #[test]
+    fn placements_expire_on_the_injected_clock() {
+        let (mut r, clock, workers) = router(Policy::LeastLoaded);
+        workers.set(&["a"], &["a"]);
+        r.route(req(1), r.now_ms()).unwrap();
+        clock.advance(Duration::from_millis(LEASE_TTL_MS));
+        assert!(r.housekeeping(r.now_ms()).is_empty());
+        assert_eq!(r.load.len(), 1, "not yet: a lease lasts LEASE_TTL_MS");
+        clock.advance(Duration::from_millis(1));
+        r.housekeeping(r.now_ms());
+        assert!(r.load.is_empty(), "expired past the lease");
+    }
+
+    #[test]
+    fn released_placements_free_their_worker() {
+        let (mut r, _, workers) = router(Policy::LeastLoaded);
+        workers.set(&["a"], &["a"]);
+        let now = r.now_ms();
+        r.route(req(1), now).unwrap();
+        r.route(req(2), now).unwrap();
+        assert_eq!(r.load.in_flight(&WorkerId::new("a")), 2);
+        r.load
+            .on_finished(&RequestKey::new(NodeId::new("gw"), RequestId(1)));
+        assert_eq!(r.load.in_flight(&WorkerId::new("a")), 1);
+    }
+
+    fn ws(names: &[&str]) -> Vec<WorkerId> {
+        names.iter().map(|n| WorkerId::new(*n)).collect()
+    }
+
+    #[test]
+    fn workers_that_failed_a_request_are_avoided_unless_none_is_left() {
+        assert_eq!(prefer_not(ws(&["a", "b", "c"]), &[]), ws(&["a", "b", "c"]));
+        assert_eq!(
+            prefer_not(ws(&["a", "b", "c"]), &ws(&["b"])),
+            ws(&["a", "c"])
+        );
+        assert_eq!(
+            prefer_not(ws(&["a", "b"]), &ws(&["a", "b"])),
+            ws(&["a", "b"])
+        );
+        assert_eq!(
+            prefer_not(ws(&["a"]), &ws(&["a"])),
+            ws(&["a"]),
+            "the only one left"
+        );
+        assert_eq!(prefer_not(vec![], &ws(&["a"])), ws(&[]));
+    }
+
+    /// Workers p (prefill), d (decode), a (aggregated); min_prefill_tokens 64.
+    fn disagg_router() -> (RouterState, Arc<Fixed>) {
+        let (mut r, _, workers) = router(Policy::Kv);
+        r.disagg = DisaggRouting {
+            min_prefill_tokens: 64,
+            max_prefill_queue_tokens: 200,
+        };
+        workers.set(&["p", "d"], &["p", "d"]);
+        *workers.prefill.lock().unwrap() = ws(&["p"]);
+        *workers.decode.lock().unwrap() = ws(&["d"]);
+        (r, workers)
+    }
+
+    fn long(n: u64, tokens: u32) -> RouteRequest {
+        RouteRequest {
+            prompt_tokens: tokens,
+            remote_prefill: true,
+            ..req(n)
+        }
+    }
+
+    #[test]
+    fn a_long_uncached_prompt_goes_to_a_prefill_worker_first() {
+        let (mut r, _) = disagg_router();
+        let now = r.now_ms();
+        let p = r.route(long(1, 100), now).unwrap().unwrap();
+        assert_eq!(p.worker, WorkerId::new("p"));
+        assert!(p.hand_off);
+        assert_eq!(
+            r.load.prefill_tokens(&WorkerId::new("p")),
+            100,
+            "booked on p"
+        );
+        // Short prompts prefill on the decode worker.
+        let p = r.route(long(2, 63), now).unwrap().unwrap();
+        assert_eq!((p.worker.as_str(), p.hand_off), ("d", false));
+        // The decode attempt of a hand-off never goes back to a prefill worker.
+        let mut decode = long(3, 100);
+        decode.remote_prefill = false;
+        let p = r.route(decode, now).unwrap().unwrap();
+        assert_eq!((p.worker.as_str(), p.hand_off), ("d", false));
+    }
+
+    #[test]
+    fn a_long_prefill_queue_keeps_the_prefill_on_the_decode_worker() {
+        let (mut r, _) = disagg_router();
+        let now = r.now_ms();
+        assert!(r.route(long(1, 150), now).unwrap().unwrap().hand_off);
+        // The rule reads p's queue before booking the request: 150 <= 200 still hands off;
+        // with 250 queued the decode worker prefills itself.
+        assert!(r.route(long(2, 100), now).unwrap().unwrap().hand_off);
+        let p = r.route(long(3, 100), now).unwrap().unwrap();
+        assert_eq!((p.worker.as_str(), p.hand_off), ("d", false));
+    }
+
+    #[test]
+    fn aggregated_workers_prefill_themselves_and_prefill_workers_serve_when_alone() {
+        let (mut r, workers) = disagg_router();
+        workers.set(&["p", "a"], &["p", "a"]);
+        let now = r.now_ms();
+        let p = r.route(long(1, 500), now).unwrap().unwrap();
+        assert_eq!((p.worker.as_str(), p.hand_off), ("a", false));
+        // Only the prefill worker is left: it serves whole requests.
+        workers.set(&["p"], &["p"]);
+        let p = r.route(long(2, 500), now).unwrap().unwrap();
+        assert_eq!((p.worker.as_str(), p.hand_off), ("p", false));
+        // No prefill worker: decode workers prefill everything.
+        workers.set(&["d"], &["d"]);
+        let p = r.route(long(3, 500), now).unwrap().unwrap();
+        assert_eq!((p.worker.as_str(), p.hand_off), ("d", false));
+    }
+
+    #[test]
+    fn disaggregation_off_never_hands_off() {
+        let (mut r, _) = disagg_router();
+        r.disagg.min_prefill_tokens = 0;
+        let p = r.route(long(1, 5000), r.now_ms()).unwrap().unwrap();
+        assert_eq!((p.worker.as_str(), p.hand_off), ("d", false));
+    }
+}
