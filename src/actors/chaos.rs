@@ -27,9 +27,17 @@ pub enum ChaosMsg {
     /// [`ChaosMsg::Clear`], answered once the fault is gone (call).
     #[rpc]
     ClearAck(Wire<u64>, RpcReplyPort<Wire<bool>>),
+    /// Local, every [`EXPIRY_TICK`]: end the timed faults whose time is up.
+    Tick(Wire<()>),
 }
 
-/// The Chaos actor; its arguments are the node's fault book and its cluster handle.
+/// How often the Chaos actor ends timed faults: their resolution.
+pub const EXPIRY_TICK: Duration = Duration::from_millis(100);
+
+/// The Chaos actor; its arguments are the node's fault book, its cluster handle and its clock.
+/// Timed faults end here, on the node that holds them, whoever created them and whether or
+/// not this actor restarted meanwhile: their end is in the book ([`FaultBook::apply_at`]),
+/// and every tick clears those whose time is up.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Chaos;
 
@@ -40,13 +48,14 @@ type ActivePartition = (Vec<(String, String)>, Vec<String>);
 /// Chaos actor state.
 pub struct ChaosState {
     book: FaultBook,
+    clock: crate::runtime::clock::SharedClock,
     cluster: crate::runtime::cluster::ClusterHandle,
     /// Active partitions by fault id.
     partitions: HashMap<u64, ActivePartition>,
 }
 
 impl ChaosState {
-    async fn partition(&mut self, myself: &ActorRef<ChaosMsg>, inj: &Injection, nodes: &[String]) {
+    async fn partition(&mut self, inj: &Injection, nodes: &[String]) {
         let me = self.cluster.node_id.to_string();
         self.cluster.partition.set(&me, nodes);
         let cut = self.cluster.partition.cut(&self.cluster.server).await;
@@ -57,15 +66,11 @@ impl ChaosState {
         }
         self.book.transfer.set_cut(&far);
         self.partitions.insert(inj.id, (cut, nodes.to_vec()));
-        if let Some(ms) = inj.duration_ms {
-            let id = inj.id;
-            myself.send_after(Duration::from_millis(ms), move || {
-                ChaosMsg::Clear(Wire::encode(&id))
-            });
-        }
+        // In the book too, with its end: it heals on time even if this actor restarts.
+        self.book.apply_at(inj.clone(), self.clock.now());
     }
 
-    async fn apply(&mut self, myself: &ActorRef<ChaosMsg>, inj: Injection) {
+    async fn apply(&mut self, inj: Injection) {
         tracing::warn!(fault = inj.id, kind = ?inj.kind, workers = ?inj.workers, "chaos: fault installed");
         match &inj.kind {
             FaultKind::KillActor { actor } => kill_actors(actor, &inj.node, &inj.workers),
@@ -75,9 +80,9 @@ impl ChaosState {
             }
             FaultKind::Partition { nodes } => {
                 let nodes = nodes.clone();
-                self.partition(myself, &inj, &nodes).await;
+                self.partition(&inj, &nodes).await;
             }
-            _ => self.book.apply(inj),
+            _ => self.book.apply_at(inj, self.clock.now()),
         }
     }
 
@@ -85,6 +90,20 @@ impl ChaosState {
         self.heal(id);
         if self.book.clear(id) {
             tracing::warn!(fault = id, "chaos: fault cleared");
+        }
+    }
+
+    /// End the timed faults whose time is up.
+    fn expire(&mut self) {
+        for (id, kind) in self.book.expire(self.clock.now()) {
+            tracing::warn!(fault = id, "chaos: fault expired");
+            if matches!(kind, FaultKind::Partition { .. }) && !self.partitions.contains_key(&id) {
+                // Installed by an earlier incarnation of this actor: its cut list is gone,
+                // but the filters are the node's; lift them (peers re-dial on their side).
+                self.cluster.partition.clear();
+                self.book.transfer.set_cut(&[]);
+            }
+            self.heal(id);
         }
     }
 
@@ -128,16 +147,22 @@ impl ChaosState {
 impl Actor for Chaos {
     type Msg = ChaosMsg;
     type State = ChaosState;
-    type Arguments = (FaultBook, crate::runtime::cluster::ClusterHandle);
+    type Arguments = (
+        FaultBook,
+        crate::runtime::cluster::ClusterHandle,
+        crate::runtime::clock::SharedClock,
+    );
 
     async fn pre_start(
         &self,
         myself: ActorRef<Self::Msg>,
-        (book, cluster): (FaultBook, crate::runtime::cluster::ClusterHandle),
+        (book, cluster, clock): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         ractor::pg::join(CHAOS_GROUP.to_owned(), vec![myself.get_cell()]);
+        myself.send_interval(EXPIRY_TICK, || ChaosMsg::Tick(Wire::encode(&())));
         Ok(ChaosState {
             book,
+            clock,
             cluster,
             partitions: HashMap::new(),
         })
@@ -145,20 +170,20 @@ impl Actor for Chaos {
 
     async fn handle(
         &self,
-        myself: ActorRef<Self::Msg>,
+        _myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             ChaosMsg::Apply(w) => {
                 if let Ok(inj) = w.decode() {
-                    state.apply(&myself, inj).await;
+                    state.apply(inj).await;
                 }
             }
             ChaosMsg::ApplyAck(w, reply) => {
                 let ok = match w.decode() {
                     Ok(inj) => {
-                        state.apply(&myself, inj).await;
+                        state.apply(inj).await;
                         true
                     }
                     Err(_) => false,
@@ -177,6 +202,7 @@ impl Actor for Chaos {
                 });
                 let _ = reply.send(Wire::encode(&ok));
             }
+            ChaosMsg::Tick(_) => state.expire(),
         }
         Ok(())
     }
@@ -212,4 +238,76 @@ fn kill_this_node() {
 /// The Chaos actor of `node`, wherever it runs.
 pub fn find_chaos(node: &str) -> Option<ActorRef<ChaosMsg>> {
     crate::runtime::cluster::member_named(CHAOS_GROUP, &format!("{node}/chaos")).map(Into::into)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::clock::ManualClock;
+    use std::sync::Arc;
+
+    /// A timed fault ends on the node that holds it, at its time on the node's clock, even when
+    /// the Chaos actor that installed it died meanwhile (its timers with it) and nobody else
+    /// (the gateway that created it) is left to clear it.
+    #[tokio::test]
+    async fn a_timed_fault_ends_on_its_node_even_after_the_chaos_actor_restarts() {
+        let cluster = crate::runtime::cluster::start_node_server(
+            crate::runtime::ids::NodeId::new("chaos-expiry-test"),
+            "127.0.0.1:0".parse().expect("addr"),
+            "cookie".into(),
+            1 << 20,
+        )
+        .await
+        .expect("node server");
+        let book = FaultBook::default();
+        let clock = ManualClock::new();
+        let args = || {
+            let clock: crate::runtime::clock::SharedClock = Arc::new(clock.clone());
+            (book.clone(), cluster.clone(), clock)
+        };
+        let w = WorkerId::new("chaos-expiry-test/replica-0");
+        let (first, h) = Actor::spawn(None, Chaos, args()).await.expect("chaos");
+        let inj = Injection {
+            node: "chaos-expiry-test".into(),
+            id: 7,
+            kind: FaultKind::Slow { delay_ms: 50 },
+            workers: vec![w.clone()],
+            seed: None,
+            duration_ms: Some(1_000),
+        };
+        let ok = ractor::call_t!(first, ChaosMsg::ApplyAck, 2_000, Wire::encode(&inj))
+            .expect("ack")
+            .decode()
+            .expect("decode");
+        assert!(ok);
+        assert_eq!(book.step_delay(&w), Duration::from_millis(50));
+        first.kill();
+        h.await.expect("stopped");
+
+        let (second, h2) = Actor::spawn(None, Chaos, args())
+            .await
+            .expect("chaos again");
+        clock.advance(Duration::from_millis(999));
+        tokio::time::sleep(EXPIRY_TICK * 3).await;
+        assert_eq!(
+            book.step_delay(&w),
+            Duration::from_millis(50),
+            "not before its time"
+        );
+        clock.advance(Duration::from_millis(1));
+        let mut left = 100;
+        while book.step_delay(&w) != Duration::ZERO {
+            left -= 1;
+            assert!(
+                left > 0,
+                "the fault outlived its duration: {:?}",
+                book.active()
+            );
+            tokio::time::sleep(EXPIRY_TICK).await;
+        }
+        assert!(book.active().is_empty());
+        second.stop(None);
+        h2.await.expect("stopped");
+        cluster.server.stop(None);
+    }
 }

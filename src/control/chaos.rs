@@ -17,7 +17,11 @@
 //!   (`delay_kv_transfer`) or fails (`drop_kv_transfer`) its pulls, and refuses pulls across a
 //!   `partition`.
 //!
-//! A fault with `duration_ms` clears itself; `DELETE /chaos/faults/{id}` clears it at once.
+//! A fault with `duration_ms` ends by itself on each node it hit: its end is kept in the node's
+//! book ([`FaultBook::apply_at`]) and the node's Chaos actor clears it when the time is up
+//! ([`FaultBook::expire`], every 100 ms), whatever became of the gateway that created it or of
+//! an earlier incarnation of the actor. `DELETE /chaos/faults/{id}` clears it at once. A
+//! fault that could not reach every node it targets is dropped again by the ones it reached.
 //! The routes exist only when `chaos.enabled` (`flotilla up --chaos`).
 //!
 //! The actor is [`crate::actors::chaos`]; this module is its pure part: the fault kinds and
@@ -25,6 +29,7 @@
 //!
 //! [`ChaosController`]: crate::actors::gateway::chaos_routes::ChaosController
 
+use crate::runtime::clock::Instant;
 use crate::runtime::ids::{NodeId, WorkerId};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -184,7 +189,7 @@ pub struct Injection {
     /// Seed of randomised kinds.
     #[serde(default)]
     pub seed: Option<u64>,
-    /// How long it lasts (ms), for kinds that end themselves on each node (`partition`).
+    /// How long it lasts (ms); each node it hit ends it by itself then.
     #[serde(default)]
     pub duration_ms: Option<u64>,
 }
@@ -202,6 +207,10 @@ pub struct FaultBook {
     pub transfer: crate::transport::TransferFaults,
     /// The generator of `drop_kv_events` (seeded by the last such fault's seed).
     rng: Arc<Mutex<Option<rand::rngs::StdRng>>>,
+    /// When each timed fault ends, on the clock of whoever applied it (the node's Chaos
+    /// actor). Kept in the book, not in a timer, so a fault outlives neither a restart of the
+    /// Chaos actor nor the gateway that created it: [`FaultBook::expire`] clears it.
+    until: Arc<Mutex<HashMap<u64, Instant>>>,
 }
 
 impl FaultBook {
@@ -209,7 +218,45 @@ impl FaultBook {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Record an injection (`seed` seeds randomised kinds).
+    /// Record an injection (`seed` seeds randomised kinds) that ends by itself at `until`
+    /// (its `duration_ms` after `now`, when it has one).
+    pub fn apply_at(&self, inj: Injection, now: Instant) {
+        if let Some(ms) = inj.duration_ms {
+            self.until
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(inj.id, now + Duration::from_millis(ms));
+        }
+        self.apply(inj);
+    }
+
+    /// Clear every timed fault whose end is not after `now`; returns them (id, kind).
+    pub fn expire(&self, now: Instant) -> Vec<(u64, FaultKind)> {
+        let due: Vec<u64> = {
+            let mut until = self.until.lock().unwrap_or_else(|p| p.into_inner());
+            let due: Vec<u64> = until
+                .iter()
+                .filter(|(_, t)| **t <= now)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in &due {
+                until.remove(id);
+            }
+            due
+        };
+        due.into_iter()
+            .filter_map(|id| self.remove(id).map(|kind| (id, kind)))
+            .collect()
+    }
+
+    /// Ids of the faults in force on this node.
+    pub fn active(&self) -> Vec<u64> {
+        let mut ids: Vec<u64> = self.lock().keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Record an injection with no end of its own (`seed` seeds randomised kinds).
     pub fn apply(&self, inj: Injection) {
         if matches!(inj.kind, FaultKind::DropKvEvents { .. }) {
             use rand::SeedableRng;
@@ -281,11 +328,18 @@ impl FaultBook {
 
     /// Remove a fault; false when unknown.
     pub fn clear(&self, id: u64) -> bool {
-        let removed = self.lock().remove(&id);
-        if let Some((_, kind)) = &removed {
-            self.sync_transfer(Some(kind));
-        }
-        removed.is_some()
+        self.remove(id).is_some()
+    }
+
+    /// Remove a fault and its end; its kind, or `None` when unknown.
+    fn remove(&self, id: u64) -> Option<FaultKind> {
+        self.until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        let (_, kind) = self.lock().remove(&id)?;
+        self.sync_transfer(Some(&kind));
+        Some(kind)
     }
 
     /// Total added delay before `worker`'s next step.
@@ -394,6 +448,34 @@ mod tests {
         assert!(!book.step_fails(&a));
         assert!(book.clear(1) && !book.clear(1));
         assert_eq!(book.step_delay(&a), Duration::ZERO);
+    }
+
+    #[test]
+    fn timed_faults_expire_at_their_end_and_untimed_ones_stay() {
+        let book = FaultBook::default();
+        let w = WorkerId::new("n/a");
+        let t0 = crate::runtime::clock::Instant::now();
+        let inj = |id, duration_ms| Injection {
+            node: "n".into(),
+            id,
+            kind: FaultKind::Slow { delay_ms: 5 },
+            workers: vec![w.clone()],
+            seed: None,
+            duration_ms,
+        };
+        book.apply_at(inj(1, Some(100)), t0);
+        book.apply_at(inj(2, None), t0);
+        book.apply_at(inj(3, Some(300)), t0);
+        assert!(book.expire(t0 + Duration::from_millis(99)).is_empty());
+        let gone: Vec<u64> = book
+            .expire(t0 + Duration::from_millis(100))
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(gone, vec![1]);
+        assert!(book.clear(3), "cleared early by hand");
+        assert!(book.expire(t0 + Duration::from_secs(3600)).is_empty());
+        assert_eq!(book.active(), vec![2]);
     }
 
     #[test]

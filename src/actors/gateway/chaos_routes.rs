@@ -46,6 +46,9 @@ pub struct FaultRecord {
     pub nodes: Vec<String>,
     /// Still installed.
     pub active: bool,
+    /// When a timed fault ends (each node it hit ends it by itself then; the record follows).
+    #[serde(skip)]
+    pub ends_at: Option<std::time::Instant>,
 }
 
 /// The gateway's fault registry.
@@ -72,8 +75,16 @@ impl ChaosController {
         self.token.as_deref().is_some_and(|t| !t.is_empty())
     }
 
+    /// The records, timed faults past their end marked inactive (their nodes ended them).
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<FaultRecord>> {
-        self.faults.lock().unwrap_or_else(|p| p.into_inner())
+        let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        for f in faults.iter_mut().filter(|f| f.active) {
+            if f.ends_at.is_some_and(|t| t <= now) {
+                f.active = false;
+            }
+        }
+        faults
     }
 
     /// Clear fault `id` on every node it hit; false when unknown or already cleared.
@@ -321,6 +332,8 @@ pub async fn create(
             sends.push((node, workers, chaos));
         }
         sends.sort_by_key(|(_, _, chaos)| chaos.get_id().is_local());
+        let sent_at = std::time::Instant::now();
+        let mut told: Vec<ractor::ActorRef<ChaosMsg>> = Vec::new();
         for (node, workers, chaos) in sends {
             let inj = Injection {
                 id,
@@ -338,14 +351,23 @@ pub async fn create(
             };
             // Confirmed before the answer, so a request sent after it meets the fault — except
             // kinds whose node may not answer: a node killing itself, a cut.
-            if matches!(spec.kind, FaultKind::KillNode | FaultKind::Partition { .. }) {
+            let sent = if matches!(spec.kind, FaultKind::KillNode | FaultKind::Partition { .. }) {
                 chaos
                     .cast(ChaosMsg::Apply(Wire::encode(&inj)))
-                    .map_err(|_| unreachable())?;
+                    .map_err(|_| unreachable())
             } else {
                 ractor::call_t!(chaos, ChaosMsg::ApplyAck, ACK_TIMEOUT_MS, Wire::encode(&inj))
-                    .map_err(|_| unreachable())?;
+                    .map(|_| ())
+                    .map_err(|_| unreachable())
+            };
+            if let Err(e) = sent {
+                // Not listed, so not left in force: the nodes already told drop it again.
+                for c in &told {
+                    let _ = c.cast(ChaosMsg::Clear(Wire::encode(&id)));
+                }
+                return Err(e);
             }
+            told.push(chaos);
         }
         let one_shot = spec.kind.is_one_shot();
         c.lock().push(FaultRecord {
@@ -354,14 +376,10 @@ pub async fn create(
             hit: hit.clone(),
             nodes: nodes.clone(),
             active: !one_shot,
+            ends_at: spec
+                .duration_ms
+                .map(|ms| sent_at + Duration::from_millis(ms)),
         });
-        if let Some(ms) = spec.duration_ms.filter(|_| !one_shot) {
-            let c2 = c.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-                c2.clear(id).await;
-            });
-        }
         Ok((
             StatusCode::CREATED,
             Json(serde_json::json!({"id": id, "hit": hit, "nodes": nodes})),

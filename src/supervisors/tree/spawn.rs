@@ -32,8 +32,9 @@ pub(super) fn discovery(ctx: &NodeContext) -> ChildSpec {
 pub(super) fn chaos(ctx: &NodeContext) -> ChildSpec {
     let faults = ctx.faults.clone();
     let cluster = ctx.cluster.clone();
+    let clock = ctx.clock.clone();
     ChildSpec::actor("chaos", Some(ctx.name("chaos")), move || {
-        (Chaos, (faults.clone(), cluster.clone()))
+        (Chaos, (faults.clone(), cluster.clone(), clock.clone()))
     })
     .shutdown(args::shutdown(ctx))
 }
