@@ -107,19 +107,6 @@ fn describe() {
         "flotilla_requests_in_flight",
         "Choices in flight on this gateway"
     );
-    describe_gauge!(
-        "flotilla_worker_waiting",
-        "Sequences waiting for admission (queue depth), per worker"
-    );
-    describe_gauge!("flotilla_worker_running", "Sequences running, per worker");
-    describe_gauge!(
-        "flotilla_worker_kv_blocks_used",
-        "KV blocks pinned by live sequences, per worker"
-    );
-    describe_gauge!(
-        "flotilla_worker_kv_blocks_total",
-        "KV blocks in the pool, per worker"
-    );
     describe_histogram!(
         "flotilla_scheduler_step_duration_seconds",
         "Engine steps as the scheduler timed them (injected chaos delays excluded), per worker"

@@ -4,7 +4,7 @@
 
 use crate::actors::discovery;
 use crate::control::discovery::FleetView;
-use crate::control::discovery::membership::{NodeState, NodeView};
+use crate::control::discovery::membership::{NodeState, NodeView, WorkerView};
 use crate::openai::error::{ApiError, ErrorKind};
 use crate::runtime::config::Role;
 use crate::runtime::resilience::NodeStats;
@@ -129,36 +129,72 @@ pub(super) fn readiness(word: &str, mut fields: serde_json::Value) -> Response {
 }
 
 async fn metrics(State(s): State<Arc<GatewayShared>>) -> Response {
-    // Per-worker gauges from the fleet view (workers report through heartbeats).
-    if let Ok(nodes) = s.fresh_fleet().await {
-        for w in nodes
-            .iter()
-            .filter(|n| n.state == NodeState::Up)
-            .flat_map(|n| &n.workers)
-        {
-            let id = w.id.clone();
-            metrics::gauge!("flotilla_worker_waiting", "worker" => id.clone())
-                .set(w.waiting as f64);
-            metrics::gauge!("flotilla_worker_running", "worker" => id.clone())
-                .set(w.running as f64);
-            metrics::gauge!("flotilla_worker_kv_blocks_used", "worker" => id.clone())
-                .set(w.kv_blocks_used as f64);
-            metrics::gauge!("flotilla_worker_kv_blocks_total", "worker" => id)
-                .set(w.kv_blocks_total as f64);
-        }
-    }
     if let Some(serving) = &s.serving {
         metrics::gauge!("flotilla_requests_in_flight").set(serving.registry.len() as f64);
     }
     s.metrics.run_upkeep();
+    let mut text = s.metrics.render();
+    // Per-worker gauges straight from the fleet view, not kept in the recorder: a worker that
+    // left (or a node that is not up) has no lines, and a restarted one shows its new values.
+    if let Ok(nodes) = s.fresh_fleet().await {
+        text.push_str(&worker_gauges(&nodes));
+    }
     (
         [(
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4",
         )],
-        s.metrics.render(),
+        text,
     )
         .into_response()
+}
+
+/// The per-worker gauges of the workers of `nodes` that are up, in Prometheus' text format.
+fn worker_gauges(nodes: &[NodeView]) -> String {
+    use std::fmt::Write;
+    type Gauge = (&'static str, &'static str, fn(&WorkerView) -> usize);
+    const GAUGES: [Gauge; 4] = [
+        (
+            "flotilla_worker_waiting",
+            "Sequences waiting for admission (queue depth), per worker",
+            |w| w.waiting,
+        ),
+        (
+            "flotilla_worker_running",
+            "Sequences running, per worker",
+            |w| w.running,
+        ),
+        (
+            "flotilla_worker_kv_blocks_used",
+            "KV blocks pinned by live sequences, per worker",
+            |w| w.kv_blocks_used,
+        ),
+        (
+            "flotilla_worker_kv_blocks_total",
+            "KV blocks in the pool, per worker",
+            |w| w.kv_blocks_total,
+        ),
+    ];
+    let workers: Vec<&WorkerView> = nodes
+        .iter()
+        .filter(|n| n.state == NodeState::Up)
+        .flat_map(|n| &n.workers)
+        .collect();
+    let mut out = String::new();
+    if workers.is_empty() {
+        return out;
+    }
+    for (name, help, value) in GAUGES {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for w in &workers {
+            let id =
+                w.id.replace('\\', "\\\\")
+                    .replace('"', "\\\"")
+                    .replace('\n', "\\n");
+            let _ = writeln!(out, "{name}{{worker=\"{id}\"}} {}", value(w));
+        }
+    }
+    out
 }
 
 async fn fleet(State(s): State<Arc<GatewayShared>>) -> Result<Json<serde_json::Value>, ApiError> {
@@ -182,4 +218,66 @@ pub(super) async fn method_not_allowed(
 
 pub(super) async fn not_found(uri: axum::http::Uri) -> ApiError {
     ApiError::new(ErrorKind::NotFound, format!("no route for {}", uri.path())).code("not_found")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::ids::NodeId;
+
+    fn node(id: &str, state: NodeState, workers: &[(&str, usize)]) -> NodeView {
+        NodeView {
+            id: NodeId::new(id),
+            addr: String::new(),
+            http_addr: None,
+            roles: vec![],
+            pid: 0,
+            incarnation: 0,
+            state,
+            last_seen_ms: 0,
+            workers: workers
+                .iter()
+                .map(|(w, waiting)| WorkerView {
+                    id: (*w).into(),
+                    waiting: *waiting,
+                    kv_blocks_total: 128,
+                    ..WorkerView::default()
+                })
+                .collect(),
+            actors: vec![],
+            counters: Default::default(),
+            regions: vec![],
+        }
+    }
+
+    /// A scrape shows the workers of the view it reads and no others: a worker that left (or a
+    /// node that is down) loses its lines at the next scrape instead of keeping its last values.
+    #[test]
+    fn worker_gauges_follow_the_fleet_view() {
+        let before = [
+            node(
+                "a",
+                NodeState::Up,
+                &[("a/replica-0", 3), ("a/replica-1", 1)],
+            ),
+            node("b", NodeState::Up, &[("b/replica-0", 2)]),
+        ];
+        let text = worker_gauges(&before);
+        assert!(text.contains("flotilla_worker_waiting{worker=\"a/replica-0\"} 3"));
+        assert!(text.contains("flotilla_worker_kv_blocks_total{worker=\"b/replica-0\"} 128"));
+        assert_eq!(
+            text.matches("# TYPE flotilla_worker_running gauge").count(),
+            1
+        );
+
+        let after = [
+            node("a", NodeState::Up, &[("a/replica-0", 0)]),
+            node("b", NodeState::Down, &[("b/replica-0", 2)]),
+        ];
+        let text = worker_gauges(&after);
+        assert!(text.contains("flotilla_worker_waiting{worker=\"a/replica-0\"} 0"));
+        assert!(!text.contains("a/replica-1"), "{text}");
+        assert!(!text.contains("b/replica-0"), "{text}");
+        assert!(worker_gauges(&[]).is_empty());
+    }
 }
