@@ -273,10 +273,12 @@ impl RequestState {
         };
         let pick = pick.ok_or(RequestError::NoWorkers)?;
         let worker = pick.worker;
+        // The KV a prefill worker handed off stays this request's until a decode attempt is
+        // submitted with it: a pick that finds its worker gone routes again with it.
         if pick.hand_off {
             job.hand_off = true;
-        } else if let Some(kv) = self.pending_kv.take() {
-            job.remote_kv = Some(kv);
+        } else {
+            job.remote_kv = self.pending_kv.clone();
         }
         let release = || {
             if let Some(router) = &router {
@@ -328,6 +330,9 @@ impl RequestState {
             last_event_ms,
             hand_off: job.hand_off,
         });
+        if job.remote_kv.is_some() {
+            self.pending_kv = None;
+        }
         Ok(())
     }
 
@@ -453,6 +458,9 @@ impl RequestState {
                 // The prefill worker computed the prompt and sent the first token (passed on
                 // already); place the decode attempt, which pulls the KV it holds.
                 tracing::debug!(request = %self.args.job.request, prefill = %kv.worker, tokens = kv.tokens, "prefill handed off");
+                // A second hand-off (the decode placement was handed off again) replaces the
+                // first: its prefill worker is told to release what it holds for us.
+                self.release_held();
                 self.held = Some((kv.worker.clone(), kv.request));
                 self.pending_kv = Some(*kv);
                 self.end_attempt(false);
