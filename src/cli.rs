@@ -9,6 +9,11 @@
 //! - `soak.rs` — `flotilla chaos soak`: kills under load, then proof that nothing was lost.
 //! - `transport.rs` — `flotilla transport`: a peer serving a KV region; the transfer benchmark.
 //! - `client.rs` — the streaming OpenAI client the tools and tests share.
+//! - `cuda.rs` — `flotilla cuda`: the CUDA libraries, kernels to PTX, GPU checks.
+
+/// The gateway `flotilla status` and `flotilla chaos` talk to unless told otherwise
+/// (`--gateway` or `FLOTILLA_GATEWAY`): `flotilla up`'s default address.
+pub const DEFAULT_GATEWAY: &str = "http://127.0.0.1:8080";
 
 pub mod bench;
 pub mod chaos;

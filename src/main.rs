@@ -123,7 +123,7 @@ struct StatusArgs {
     #[arg(
         long,
         env = "FLOTILLA_GATEWAY",
-        default_value = "http://127.0.0.1:8080"
+        default_value = flotilla::cli::DEFAULT_GATEWAY
     )]
     gateway: String,
     /// Print the raw JSON of `/v1/fleet`.
@@ -137,9 +137,12 @@ fn init_tracing() {
         // ractor_cluster reports every closed session as a warning — routine when nodes stop or
         // chaos cuts them; `FLOTILLA_LOG=info,ractor_cluster=warn` shows them again.
         .unwrap_or_else(|_| EnvFilter::new("info,ractor_cluster=error,ractor=warn"));
+    // Colours only on a terminal: a log file or a pipe gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .try_init();
 }
 

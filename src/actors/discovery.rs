@@ -147,19 +147,22 @@ impl DiscoveryState {
         self.args.fleet.publish(self.membership.view(now));
     }
 
+    /// Publish membership changes; each log line names the node that saw it (`seen_by`), so
+    /// the interleaved logs of a local cluster say who saw what.
     fn publish(&self, events: Vec<MembershipEvent>) {
+        let me = &self.args.node_id;
         for ev in events {
             let kind = match &ev {
                 MembershipEvent::NodeUp(i) => {
-                    tracing::info!(node = %i.id, roles = ?i.roles, "node up");
+                    tracing::info!(seen_by = %me, node = %i.id, roles = ?i.roles, incarnation = i.incarnation, "node up");
                     "up"
                 }
                 MembershipEvent::NodeSuspect(n) => {
-                    tracing::warn!(node = %n, "node suspect");
+                    tracing::warn!(seen_by = %me, node = %n, "node suspect");
                     "suspect"
                 }
                 MembershipEvent::NodeDown(n) => {
-                    tracing::warn!(node = %n, "node down");
+                    tracing::warn!(seen_by = %me, node = %n, "node down");
                     "down"
                 }
             };
@@ -330,12 +333,21 @@ impl Actor for Discovery {
             crate::runtime::cluster::subscribe(&state.args.server, "discovery")
         {
             let me = myself.clone();
+            let server = state.args.server.clone();
             let task = tokio::spawn(async move {
                 while let Some(ev) = rx.recv().await {
-                    if let SessionEvent::Disconnected(p) = ev
-                        && let Some(name) = p.name
-                        && me.cast(DiscoveryMsg::SessionLost(name)).is_err()
-                    {
+                    let SessionEvent::Disconnected(p) = ev else {
+                        continue;
+                    };
+                    let Some(name) = p.name else {
+                        continue;
+                    };
+                    // The old session of a node that restarted under the same name closes
+                    // after its new one is up: that node is not suspect.
+                    if crate::runtime::cluster::has_session_with(&server, &name).await {
+                        continue;
+                    }
+                    if me.cast(DiscoveryMsg::SessionLost(name)).is_err() {
                         break;
                     }
                 }

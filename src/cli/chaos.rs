@@ -9,7 +9,7 @@ pub struct ChaosArgs {
     #[arg(
         long,
         env = "FLOTILLA_GATEWAY",
-        default_value = "http://127.0.0.1:8080",
+        default_value = crate::cli::DEFAULT_GATEWAY,
         global = true
     )]
     pub gateway: String,

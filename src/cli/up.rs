@@ -396,6 +396,10 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
             println!("Flotilla is up: {} node(s)", opts.nodes);
             println!("gateway: {gateway}");
             println!("model:   {}", model.display());
+            if gateway.trim_end_matches('/') != crate::cli::DEFAULT_GATEWAY {
+                // `flotilla status` and `flotilla chaos` default to DEFAULT_GATEWAY.
+                println!("other shells: export FLOTILLA_GATEWAY={gateway}");
+            }
             println!();
             print!("{}", crate::cli::status::render(&fleet));
             println!("{UP_PREFIX}{}", serde_json::json!({ "gateway": gateway }));

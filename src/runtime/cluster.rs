@@ -395,6 +395,16 @@ pub fn member_named(group: &str, name: &str) -> Option<ractor::ActorCell> {
         .find(|c| c.get_name().as_deref() == Some(name))
 }
 
+/// Whether a session with the peer named `name` is established now (a dropped session may be
+/// an old one, its peer already back on a new one: a node restarted under the same name).
+pub async fn has_session_with(server: &ActorRef<NodeServerMessage>, name: &str) -> bool {
+    ractor::call_t!(server, NodeServerMessage::GetSessions, 2_000).is_ok_and(|sessions| {
+        sessions
+            .values()
+            .any(|s| s.peer_name.as_ref().is_some_and(|n| n.name == name))
+    })
+}
+
 /// Number of established sessions.
 ///
 /// # Errors
