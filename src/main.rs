@@ -3,7 +3,7 @@
 use clap::{Args, Parser, Subcommand};
 use figment::Figment;
 use figment::providers::Serialized;
-use flotilla::runtime::config::{Config, Role};
+use flotilla::runtime::config::{Config, NodeRole};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -98,7 +98,7 @@ struct NodeArgs {
     join: Vec<String>,
     /// Roles, comma-separated: gateway, router, worker (`planner` is refused until it exists).
     #[arg(long, value_delimiter = ',')]
-    roles: Vec<Role>,
+    roles: Vec<NodeRole>,
     /// Cluster cookie (shared secret); also FLOTILLA_NODE__COOKIE.
     #[arg(long)]
     cookie: Option<String>,

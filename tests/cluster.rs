@@ -9,11 +9,11 @@ use flotilla::actors::discovery::{self, DiscoveryMsg};
 use flotilla::control::discovery::membership::NodeState;
 use flotilla::control::discovery::role_group;
 use flotilla::runtime::cluster::ClusterError;
-use flotilla::runtime::config::{Config, Role};
+use flotilla::runtime::config::{Config, NodeRole};
 use flotilla::runtime::node::{self, NodeError};
 use std::time::Duration;
 
-fn config(name: &str, port: u16, roles: &[Role], join: Option<u16>, cookie: &str) -> Config {
+fn config(name: &str, port: u16, roles: &[NodeRole], join: Option<u16>, cookie: &str) -> Config {
     let mut c = Config::default();
     c.node.name = Some(name.into());
     c.node.listen_addr = format!("127.0.0.1:{port}").parse().unwrap();
@@ -39,17 +39,17 @@ async fn two_nodes_form_a_cluster_and_see_each_others_roles() {
     let a = node::start(config(
         "alpha",
         pa,
-        &[Role::Gateway, Role::Router],
+        &[NodeRole::Gateway, NodeRole::Router],
         None,
         "c00kie",
     ))
     .await
     .unwrap();
-    let b = node::start(config("beta", pb, &[Role::Worker], Some(pa), "c00kie"))
+    let b = node::start(config("beta", pb, &[NodeRole::Worker], Some(pa), "c00kie"))
         .await
         .unwrap();
 
-    // Role groups of each node are visible from the other, as remote members.
+    // NodeRole groups of each node are visible from the other, as remote members.
     poll_until(
         Duration::from_secs(10),
         "remote worker and gateway pg members",
@@ -59,7 +59,8 @@ async fn two_nodes_form_a_cluster_and_see_each_others_roles() {
                     .iter()
                     .any(|c| !c.get_id().is_local())
             };
-            (remote(role_group(Role::Worker)) && remote(role_group(Role::Gateway))).then_some(())
+            (remote(role_group(NodeRole::Worker)) && remote(role_group(NodeRole::Gateway)))
+                .then_some(())
         },
     )
     .await;
@@ -80,7 +81,7 @@ async fn two_nodes_form_a_cluster_and_see_each_others_roles() {
     })
     .await;
     let beta = fa.iter().find(|n| n.id.as_str() == "beta").unwrap();
-    assert_eq!(beta.roles, vec![Role::Worker]);
+    assert_eq!(beta.roles, vec![NodeRole::Worker]);
     assert_eq!(
         beta.workers.len(),
         1,
@@ -116,10 +117,10 @@ async fn two_nodes_form_a_cluster_and_see_each_others_roles() {
 async fn a_wrong_cookie_is_a_clear_error() {
     crate::poll::init_tracing();
     let (pa, pc) = (free_port(), free_port());
-    let a = node::start(config("gamma", pa, &[Role::Gateway], None, "right"))
+    let a = node::start(config("gamma", pa, &[NodeRole::Gateway], None, "right"))
         .await
         .unwrap();
-    let err = match node::start(config("delta", pc, &[Role::Worker], Some(pa), "wrong")).await {
+    let err = match node::start(config("delta", pc, &[NodeRole::Worker], Some(pa), "wrong")).await {
         Ok(_) => panic!("joined with a wrong cookie"),
         Err(e) => e,
     };
@@ -136,7 +137,7 @@ async fn a_wrong_cookie_is_a_clear_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_seed_is_a_clear_error() {
     let (dead, pc) = (free_port(), free_port());
-    let mut cfg = config("eps", pc, &[Role::Worker], Some(dead), "x");
+    let mut cfg = config("eps", pc, &[NodeRole::Worker], Some(dead), "x");
     cfg.cluster.connect_timeout_ms = 500;
     let err = match node::start(cfg).await {
         Ok(_) => panic!("joined a seed that does not exist"),
@@ -149,7 +150,7 @@ async fn an_unreachable_seed_is_a_clear_error() {
 async fn a_malformed_heartbeat_is_counted_not_fatal() {
     flotilla::runtime::metrics::handle();
     let p = free_port();
-    let a = node::start(config("zeta", p, &[Role::Worker], None, "k"))
+    let a = node::start(config("zeta", p, &[NodeRole::Worker], None, "k"))
         .await
         .unwrap();
     let d = discovery_of("zeta/");

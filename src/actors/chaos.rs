@@ -4,9 +4,7 @@
 //! (`kill_actor`, `kill_node`, `panic_task`) and `partition` act here; the others go into the
 //! node's [`FaultBook`] (`control/chaos.rs`, which says where each one acts).
 
-use crate::control::chaos::{
-    CHAOS_GROUP, FaultBook, FaultKind, Injection, NODE_ACTORS, actor_name,
-};
+use crate::control::chaos::{ActorKind, CHAOS_GROUP, FaultBook, FaultKind, Injection, actor_name};
 use crate::runtime::ids::WorkerId;
 use crate::runtime::wire::Wire;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -73,7 +71,7 @@ impl ChaosState {
     async fn apply(&mut self, inj: Injection) {
         tracing::warn!(fault = inj.id, kind = ?inj.kind, workers = ?inj.workers, "chaos: fault installed");
         match &inj.kind {
-            FaultKind::KillActor { actor } => kill_actors(actor, &inj.node, &inj.workers),
+            FaultKind::KillActor { actor } => kill_actors(*actor, &inj.node, &inj.workers),
             FaultKind::KillNode => kill_this_node(),
             FaultKind::PanicTask => {
                 tokio::spawn(async { panic!("injected panic in a bare task (chaos)") });
@@ -208,14 +206,11 @@ impl Actor for Chaos {
     }
 }
 
-fn kill_actors(actor: &str, node: &str, workers: &[WorkerId]) {
-    let mut names: Vec<String> = if NODE_ACTORS.contains(&actor) {
+fn kill_actors(actor: ActorKind, node: &str, workers: &[WorkerId]) {
+    let mut names: Vec<String> = if actor.is_node_wide() {
         vec![format!("{node}/{actor}")]
     } else {
-        workers
-            .iter()
-            .filter_map(|w| actor_name(actor, w))
-            .collect()
+        workers.iter().map(|w| actor_name(actor, w)).collect()
     };
     names.dedup();
     for name in names {

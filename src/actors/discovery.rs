@@ -23,7 +23,7 @@ use crate::control::discovery::{
 };
 use crate::runtime::clock::SharedClock;
 use crate::runtime::cluster::SessionEvent;
-use crate::runtime::config::Role;
+use crate::runtime::config::NodeRole;
 use crate::runtime::ids::NodeId;
 use crate::runtime::wire::Wire;
 use membership::{
@@ -57,7 +57,7 @@ pub struct DiscoveryArgs {
     /// Cluster listen address.
     pub addr: String,
     /// Roles of this node.
-    pub roles: Vec<Role>,
+    pub roles: Vec<NodeRole>,
     /// Process start time, ms since the epoch.
     pub incarnation: u64,
     /// HTTP address once the gateway has bound it.

@@ -232,7 +232,7 @@ impl RouterState {
     ///
     /// # Errors
     /// The selector configuration is invalid (see [`Selector::new`]).
-    pub fn new(args: RouterArgs) -> Result<Self, policy::ConfigError> {
+    pub fn new(args: RouterArgs) -> Result<Self, policy::SelectorConfigError> {
         let selector = Selector::new(args.config.clone())?;
         let mut selectors = HashMap::new();
         selectors.insert(args.config.policy, selector);

@@ -13,7 +13,7 @@
 use crate::worker::scheduler::{
     BlockPool, DisaggWorker, FillChange, Health, KvFill, Outbox, PullOrder, PullResult,
     ROUTABLE_GROUP, SCHEDULER_GROUP, SchedulerConfig, SchedulerCore, SchedulerStats, SeqRequest,
-    SimTransfer, StepResult, StepShape, StepTimeModel, StepWatchdog, Verdict,
+    SimTransfer, StepResult, StepShape, StepTimeModel, StepWatchdog, WatchdogVerdict,
 };
 
 use crate::actors::engine_worker::EngineWorkerMsg;
@@ -714,8 +714,8 @@ impl SchedulerState {
     /// this actor so that the replica supervisor restarts the replica (one_for_all).
     fn tick(&mut self, myself: &ActorRef<SchedulerMsg>) -> Result<(), ActorProcessingErr> {
         match self.watchdog.check() {
-            Verdict::Healthy => {}
-            Verdict::Ping => {
+            WatchdogVerdict::Healthy => {}
+            WatchdogVerdict::Ping => {
                 let (engine, me) = (self.engine.clone(), myself.clone());
                 tokio::spawn(async move {
                     if ractor::call!(engine, EngineWorkerMsg::Ping).is_ok() {
@@ -723,7 +723,7 @@ impl SchedulerState {
                     }
                 });
             }
-            Verdict::Hung(what) => {
+            WatchdogVerdict::Hung(what) => {
                 self.args.stats.count_engine_hang();
                 metrics::counter!("flotilla_engine_hangs_total", "worker" => self.args.worker.to_string())
                     .increment(1);

@@ -64,9 +64,9 @@ pub enum FaultKind {
     /// `http_gateway`, `token_sink`, `discovery`, `worker_pool` (the supervisor of its
     /// replicas).
     KillActor {
-        /// Which actor.
-        #[serde(default = "default_kill_actor")]
-        actor: String,
+        /// Which actor (default `replica`).
+        #[serde(default)]
+        actor: ActorKind,
     },
     /// The target's node process exits abruptly (SIGKILL of itself). `flotilla up` starts it
     /// again.
@@ -112,20 +112,80 @@ pub enum FaultKind {
     },
 }
 
-fn default_kill_actor() -> String {
-    "replica".into()
+/// The actors `kill_actor` can name: a part of each target worker, or an actor of the target's
+/// node. The wire names are the actors' registered names (`<worker>/<name>`,
+/// `<node>/<name>`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActorKind {
+    /// The replica's supervisor, and so all of the replica.
+    #[default]
+    Replica,
+    /// The replica's scheduler.
+    Scheduler,
+    /// The replica's engine worker.
+    Engine,
+    /// The replica's KV event publisher.
+    KvPublisher,
+    /// The node's router.
+    Router,
+    /// The node's HTTP gateway.
+    HttpGateway,
+    /// The node's token sink.
+    TokenSink,
+    /// The node's Discovery.
+    Discovery,
+    /// The supervisor of the node's replicas.
+    WorkerPool,
 }
 
-/// Actors `kill_actor` can name, per worker.
-pub const WORKER_ACTORS: [&str; 4] = ["replica", "scheduler", "engine", "kv_publisher"];
-/// Actors `kill_actor` can name, per node.
-pub const NODE_ACTORS: [&str; 5] = [
-    "router",
-    "http_gateway",
-    "token_sink",
-    "discovery",
-    "worker_pool",
-];
+impl ActorKind {
+    /// Every kind, in the order the API lists them.
+    pub const ALL: [ActorKind; 9] = [
+        ActorKind::Replica,
+        ActorKind::Scheduler,
+        ActorKind::Engine,
+        ActorKind::KvPublisher,
+        ActorKind::Router,
+        ActorKind::HttpGateway,
+        ActorKind::TokenSink,
+        ActorKind::Discovery,
+        ActorKind::WorkerPool,
+    ];
+
+    /// The registered name's last part.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActorKind::Replica => "replica",
+            ActorKind::Scheduler => "scheduler",
+            ActorKind::Engine => "engine",
+            ActorKind::KvPublisher => "kv_publisher",
+            ActorKind::Router => "router",
+            ActorKind::HttpGateway => "http_gateway",
+            ActorKind::TokenSink => "token_sink",
+            ActorKind::Discovery => "discovery",
+            ActorKind::WorkerPool => "worker_pool",
+        }
+    }
+
+    /// One per node (not per worker).
+    pub fn is_node_wide(self) -> bool {
+        matches!(
+            self,
+            ActorKind::Router
+                | ActorKind::HttpGateway
+                | ActorKind::TokenSink
+                | ActorKind::Discovery
+                | ActorKind::WorkerPool
+        )
+    }
+}
+
+impl std::fmt::Display for ActorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 impl FaultKind {
     /// One-shot kinds act once when installed and stay listed only as history.
@@ -407,13 +467,12 @@ impl FaultBook {
 }
 
 /// Registered name of the actor `actor` for `worker` (see [`FaultKind::KillActor`]).
-pub fn actor_name(actor: &str, worker: &WorkerId) -> Option<String> {
+pub fn actor_name(actor: ActorKind, worker: &WorkerId) -> String {
     let node = worker.as_str().split('/').next().unwrap_or_default();
     match actor {
-        "replica" => Some(worker.to_string()),
-        a if WORKER_ACTORS.contains(&a) => Some(format!("{worker}/{a}")),
-        a if NODE_ACTORS.contains(&a) => Some(format!("{node}/{a}")),
-        _ => None,
+        ActorKind::Replica => worker.to_string(),
+        a if a.is_node_wide() => format!("{node}/{a}"),
+        a => format!("{worker}/{a}"),
     }
 }
 

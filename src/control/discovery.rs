@@ -10,7 +10,7 @@
 
 pub mod membership;
 
-use crate::runtime::config::Role;
+use crate::runtime::config::NodeRole;
 use membership::{NodeView, WorkerView};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -55,7 +55,7 @@ pub const DISCOVERY_GROUP: &str = "flotilla.discovery";
 pub const REJOIN_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Process group of the Discovery actors of nodes with `role`.
-pub fn role_group(role: Role) -> String {
+pub fn role_group(role: NodeRole) -> String {
     format!("flotilla.role.{role}")
 }
 

@@ -6,7 +6,7 @@ use crate::model::gguf::GgufFile;
 
 /// Errors while reading a model configuration.
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub enum ModelConfigError {
     #[error(
         "unsupported architecture {0:?} (supported: llama, mistral, qwen2 / LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"
     )]
@@ -104,10 +104,10 @@ impl ModelConfig {
     /// Checks the invariants the kernels rely on.
     ///
     /// # Errors
-    /// [`ConfigError::Invalid`] naming the broken invariant (a zero dimension, heads not a
+    /// [`ModelConfigError::Invalid`] naming the broken invariant (a zero dimension, heads not a
     /// multiple of KV heads, an odd RoPE dimension, a head size over 512).
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |m: &str| Err(ConfigError::Invalid(m.to_owned()));
+    pub fn validate(&self) -> Result<(), ModelConfigError> {
+        let bad = |m: &str| Err(ModelConfigError::Invalid(m.to_owned()));
         if self.n_layers == 0 || self.hidden_size == 0 || self.n_heads == 0 || self.n_kv_heads == 0
         {
             return bad("zero-sized dimension");
@@ -130,23 +130,23 @@ impl ModelConfig {
     /// Reads `general.architecture` and the `<arch>.*` keys of a GGUF file.
     ///
     /// # Errors
-    /// [`ConfigError::Missing`] for an absent key, [`ConfigError::UnsupportedArchitecture`]
+    /// [`ModelConfigError::Missing`] for an absent key, [`ModelConfigError::UnsupportedArchitecture`]
     /// for an architecture other than Llama / Mistral / Qwen2, and whatever [`Self::validate`] finds.
-    pub fn from_gguf(f: &GgufFile) -> Result<Self, ConfigError> {
+    pub fn from_gguf(f: &GgufFile) -> Result<Self, ModelConfigError> {
         let arch_name = f
             .get_str("general.architecture")
-            .map_err(|_| ConfigError::Missing("general.architecture".into()))?
+            .map_err(|_| ModelConfigError::Missing("general.architecture".into()))?
             .to_owned();
         let (arch, layout) = match arch_name.as_str() {
             "llama" | "mistral" => (Architecture::Llama, RopeLayout::Interleaved),
             "qwen2" => (Architecture::Qwen2, RopeLayout::HalfSplit),
-            _ => return Err(ConfigError::UnsupportedArchitecture(arch_name)),
+            _ => return Err(ModelConfigError::UnsupportedArchitecture(arch_name)),
         };
         let key = |k: &str| format!("{arch_name}.{k}");
-        let u = |k: &str| -> Result<usize, ConfigError> {
+        let u = |k: &str| -> Result<usize, ModelConfigError> {
             f.get_u64(&key(k))
                 .map(|v| v as usize)
-                .map_err(|_| ConfigError::Missing(key(k)))
+                .map_err(|_| ModelConfigError::Missing(key(k)))
         };
         let hidden_size = u("embedding_length")?;
         let n_heads = u("attention.head_count")?;
@@ -158,7 +158,7 @@ impl ModelConfig {
                 .get("tokenizer.ggml.tokens")
                 .and_then(|v| v.as_array())
                 .map(|a| a.len())
-                .ok_or_else(|| ConfigError::Missing(key("vocab_size")))?,
+                .ok_or_else(|| ModelConfigError::Missing(key("vocab_size")))?,
         };
         let cfg = Self {
             arch,
@@ -171,7 +171,7 @@ impl ModelConfig {
             vocab_size,
             rms_eps: f
                 .get_f64(&key("attention.layer_norm_rms_epsilon"))
-                .map_err(|_| ConfigError::Missing(key("attention.layer_norm_rms_epsilon")))?
+                .map_err(|_| ModelConfigError::Missing(key("attention.layer_norm_rms_epsilon")))?
                 as f32,
             rope_base: f.get_f64(&key("rope.freq_base")).unwrap_or(10_000.0),
             rope_dim: u("rope.dimension_count").unwrap_or(head_dim),
@@ -188,7 +188,7 @@ impl ModelConfig {
     ///
     /// # Errors
     /// As [`Self::from_gguf`], for the fields of `config.json`.
-    pub fn from_hf_json(j: &serde_json::Value) -> Result<Self, ConfigError> {
+    pub fn from_hf_json(j: &serde_json::Value) -> Result<Self, ModelConfigError> {
         let archs = j["architectures"]
             .as_array()
             .and_then(|a| a.first())
@@ -199,18 +199,20 @@ impl ModelConfig {
         let arch = match archs.as_str() {
             "LlamaForCausalLM" | "MistralForCausalLM" | "llama" | "mistral" => Architecture::Llama,
             "Qwen2ForCausalLM" | "qwen2" => Architecture::Qwen2,
-            _ => return Err(ConfigError::UnsupportedArchitecture(archs)),
+            _ => return Err(ModelConfigError::UnsupportedArchitecture(archs)),
         };
-        let u = |k: &str| -> Result<usize, ConfigError> {
+        let u = |k: &str| -> Result<usize, ModelConfigError> {
             j[k].as_u64()
                 .map(|v| v as usize)
-                .ok_or_else(|| ConfigError::Missing(k.into()))
+                .ok_or_else(|| ModelConfigError::Missing(k.into()))
         };
         let hidden_size = u("hidden_size")?;
         let n_heads = u("num_attention_heads")?;
         let head_dim = u("head_dim").unwrap_or(hidden_size / n_heads.max(1));
         if !j["rope_scaling"].is_null() {
-            return Err(ConfigError::Invalid("rope_scaling is not supported".into()));
+            return Err(ModelConfigError::Invalid(
+                "rope_scaling is not supported".into(),
+            ));
         }
         let cfg = Self {
             arch,

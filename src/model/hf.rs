@@ -12,7 +12,7 @@ use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::kernels::{MatrixData, WeightMatrix};
-use crate::model::config::{ConfigError, ModelConfig};
+use crate::model::config::{ModelConfig, ModelConfigError};
 use crate::model::weights::{LayerWeights, ModelWeights};
 
 /// Errors while loading a Hugging Face directory.
@@ -29,7 +29,7 @@ pub enum HfError {
         source: serde_json::Error,
     },
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(#[from] ModelConfigError),
     #[error("no *.safetensors files in {0}")]
     NoWeights(PathBuf),
     #[error("corrupt safetensors file {path}: {msg}")]

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use chat_template::{ChatTemplate, TemplateError};
-use config::{ConfigError, ModelConfig};
+use config::{ModelConfig, ModelConfigError};
 use gguf::{GgufError, GgufFile};
 use hf::HfError;
 use tokenizer::{Tokenizer, TokenizerError};
@@ -49,7 +49,7 @@ pub enum ModelError {
     #[error(transparent)]
     Hf(#[from] HfError),
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(#[from] ModelConfigError),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]

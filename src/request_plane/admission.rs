@@ -57,7 +57,7 @@ pub struct Admission {
 
 /// What admission decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub enum AdmissionVerdict {
     /// Go on with the request.
     Admit,
     /// Refuse it now.
@@ -74,7 +74,12 @@ pub enum Verdict {
 impl Admission {
     /// Decide on one request: `draining` is this node's flag, `in_flight` this gateway's
     /// requests (choices) in flight, `fleet` the published fleet view.
-    pub fn decide(&self, draining: bool, in_flight: usize, fleet: Option<&[NodeView]>) -> Verdict {
+    pub fn decide(
+        &self,
+        draining: bool,
+        in_flight: usize,
+        fleet: Option<&[NodeView]>,
+    ) -> AdmissionVerdict {
         self.decide_with(draining, in_flight, fleet, None)
     }
 
@@ -86,8 +91,8 @@ impl Admission {
         in_flight: usize,
         fleet: Option<&[NodeView]>,
         queues: Option<&HashMap<WorkerId, u64>>,
-    ) -> Verdict {
-        let shed = |reason| Verdict::Shed {
+    ) -> AdmissionVerdict {
+        let shed = |reason| AdmissionVerdict::Shed {
             reason,
             retry_after_s: RETRY_AFTER_S,
         };
@@ -98,7 +103,7 @@ impl Admission {
             return shed(ShedReason::GatewayQueue);
         }
         let Some(fleet) = fleet else {
-            return Verdict::NoFleetView;
+            return AdmissionVerdict::NoFleetView;
         };
         let mut workers = fleet
             .iter()
@@ -120,7 +125,7 @@ impl Admission {
                 && least > target
             {
                 let excess_s = (least - target).div_ceil(1000);
-                return Verdict::Shed {
+                return AdmissionVerdict::Shed {
                     reason: ShedReason::TtftTarget {
                         predicted_ms: least,
                         target_ms: target,
@@ -129,7 +134,7 @@ impl Admission {
                 };
             }
         }
-        Verdict::Admit
+        AdmissionVerdict::Admit
     }
 
     /// Whether `w` is above a threshold.
@@ -196,8 +201,8 @@ mod tests {
         }
     }
 
-    fn shed(reason: ShedReason) -> Verdict {
-        Verdict::Shed {
+    fn shed(reason: ShedReason) -> AdmissionVerdict {
+        AdmissionVerdict::Shed {
             reason,
             retry_after_s: 1,
         }
@@ -206,7 +211,7 @@ mod tests {
     #[test]
     fn an_idle_fleet_admits() {
         let fleet = [node(NodeState::Up, vec![worker(0, 16, 0)])];
-        assert_eq!(A.decide(false, 0, Some(&fleet)), Verdict::Admit);
+        assert_eq!(A.decide(false, 0, Some(&fleet)), AdmissionVerdict::Admit);
     }
 
     #[test]
@@ -219,7 +224,7 @@ mod tests {
             shed(ShedReason::GatewayQueue)
         );
         assert_eq!(A.decide(false, 10, None), shed(ShedReason::GatewayQueue));
-        assert_eq!(A.decide(false, 9, None), Verdict::NoFleetView);
+        assert_eq!(A.decide(false, 9, None), AdmissionVerdict::NoFleetView);
     }
 
     #[test]
@@ -239,7 +244,7 @@ mod tests {
             node(NodeState::Up, vec![kv_busy.clone()]),
             node(NodeState::Up, vec![free.clone()]),
         ];
-        assert_eq!(A.decide(false, 0, Some(&one_free)), Verdict::Admit);
+        assert_eq!(A.decide(false, 0, Some(&one_free)), AdmissionVerdict::Admit);
         // A free worker on a node that is not up does not count.
         let free_but_suspect = [
             node(NodeState::Up, vec![kv_busy]),
@@ -271,7 +276,7 @@ mod tests {
         )];
         assert_eq!(
             a.decide(false, 0, Some(&late)),
-            Verdict::Shed {
+            AdmissionVerdict::Shed {
                 reason: ShedReason::TtftTarget {
                     predicted_ms: 2_500,
                     target_ms: 2_000
@@ -290,7 +295,7 @@ mod tests {
         let very = [node(NodeState::Up, vec![waiting(Some(9_001), "ready")])];
         assert!(matches!(
             a.decide(false, 0, Some(&very)),
-            Verdict::Shed {
+            AdmissionVerdict::Shed {
                 retry_after_s: 8,
                 ..
             }
@@ -301,7 +306,7 @@ mod tests {
         )];
         assert!(matches!(
             a.decide(false, 0, Some(&endless)),
-            Verdict::Shed {
+            AdmissionVerdict::Shed {
                 retry_after_s: MAX_RETRY_AFTER_S,
                 ..
             }
@@ -312,7 +317,7 @@ mod tests {
                 NodeState::Up,
                 vec![waiting(Some(2_500), "ready"), free],
             )];
-            assert_eq!(a.decide(false, 0, Some(&fleet)), Verdict::Admit);
+            assert_eq!(a.decide(false, 0, Some(&fleet)), AdmissionVerdict::Admit);
         }
         // A draining or unhealthy worker's short queue does not count; off by default.
         let fleet = [node(
@@ -325,9 +330,9 @@ mod tests {
         )];
         assert!(matches!(
             a.decide(false, 0, Some(&fleet)),
-            Verdict::Shed { .. }
+            AdmissionVerdict::Shed { .. }
         ));
-        assert_eq!(A.decide(false, 0, Some(&late)), Verdict::Admit);
+        assert_eq!(A.decide(false, 0, Some(&late)), AdmissionVerdict::Admit);
     }
 
     /// A burst routed since the last heartbeat: the router's queue, at the worker's measured
@@ -355,12 +360,12 @@ mod tests {
         )];
         assert_eq!(
             a.decide(false, 0, Some(&one)),
-            Verdict::Admit,
+            AdmissionVerdict::Admit,
             "heartbeat alone"
         );
         assert_eq!(
             a.decide_with(false, 0, Some(&one), Some(&queues)),
-            Verdict::Shed {
+            AdmissionVerdict::Shed {
                 reason: ShedReason::TtftTarget {
                     predicted_ms: 4_000,
                     target_ms: 1_500
@@ -378,7 +383,7 @@ mod tests {
         )];
         assert_eq!(
             a.decide_with(false, 0, Some(&two), Some(&queues)),
-            Verdict::Admit
+            AdmissionVerdict::Admit
         );
         // The heartbeat's wait still counts when it is the larger (a memory queue, say).
         let beat = [node(
@@ -387,7 +392,7 @@ mod tests {
         )];
         assert!(matches!(
             a.decide_with(false, 0, Some(&beat), Some(&queues)),
-            Verdict::Shed { .. }
+            AdmissionVerdict::Shed { .. }
         ));
         // No measured rate, or a worker the router has nothing queued on: the heartbeat.
         let unrated = [node(
@@ -396,7 +401,7 @@ mod tests {
         )];
         assert_eq!(
             a.decide_with(false, 0, Some(&unrated), Some(&queues)),
-            Verdict::Admit
+            AdmissionVerdict::Admit
         );
         let unknown = [node(
             NodeState::Up,
@@ -404,17 +409,17 @@ mod tests {
         )];
         assert_eq!(
             a.decide_with(false, 0, Some(&unknown), Some(&queues)),
-            Verdict::Admit
+            AdmissionVerdict::Admit
         );
     }
 
     #[test]
     fn no_worker_at_all_is_left_to_the_router() {
-        assert_eq!(A.decide(false, 0, Some(&[])), Verdict::Admit);
+        assert_eq!(A.decide(false, 0, Some(&[])), AdmissionVerdict::Admit);
         let fleet = [node(NodeState::Up, vec![])];
-        assert_eq!(A.decide(false, 0, Some(&fleet)), Verdict::Admit);
+        assert_eq!(A.decide(false, 0, Some(&fleet)), AdmissionVerdict::Admit);
         // A pool of unknown size is never KV-busy.
         let unknown = [node(NodeState::Up, vec![worker(5, 0, 0)])];
-        assert_eq!(A.decide(false, 0, Some(&unknown)), Verdict::Admit);
+        assert_eq!(A.decide(false, 0, Some(&unknown)), AdmissionVerdict::Admit);
     }
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 /// What a node runs; roles select the branches of the supervision tree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Role {
+pub enum NodeRole {
     /// The HTTP gateway (OpenAI API, health, metrics, fleet status).
     Gateway,
     /// Request placement.
@@ -31,31 +31,36 @@ pub enum Role {
     Planner,
 }
 
-impl Role {
+impl NodeRole {
     /// Every role, in display order.
-    pub const ALL: [Role; 4] = [Role::Gateway, Role::Router, Role::Worker, Role::Planner];
+    pub const ALL: [NodeRole; 4] = [
+        NodeRole::Gateway,
+        NodeRole::Router,
+        NodeRole::Worker,
+        NodeRole::Planner,
+    ];
 
     /// Lower-case name.
     pub fn as_str(self) -> &'static str {
         match self {
-            Role::Gateway => "gateway",
-            Role::Router => "router",
-            Role::Worker => "worker",
-            Role::Planner => "planner",
+            NodeRole::Gateway => "gateway",
+            NodeRole::Router => "router",
+            NodeRole::Worker => "worker",
+            NodeRole::Planner => "planner",
         }
     }
 }
 
-impl fmt::Display for Role {
+impl fmt::Display for NodeRole {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
 }
 
-impl FromStr for Role {
+impl FromStr for NodeRole {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Role::ALL
+        NodeRole::ALL
             .into_iter()
             .find(|r| r.as_str() == s.trim())
             .ok_or_else(|| format!("unknown role {s:?} (expected gateway, router or worker)"))
@@ -235,7 +240,7 @@ pub struct NodeConfig {
     /// Seed nodes to join (`host:port`); empty for the first node.
     pub join: Vec<String>,
     /// Roles this node runs.
-    pub roles: Vec<Role>,
+    pub roles: Vec<NodeRole>,
     /// Shared secret every node of the cluster must present (challenge/response; never sent).
     pub cookie: String,
     /// Drain on SIGTERM: the node leaves routing at once, in-flight requests get this long to
@@ -250,7 +255,7 @@ impl Default for NodeConfig {
             name: None,
             listen_addr: "127.0.0.1:7070".parse().expect("static address"),
             join: Vec::new(),
-            roles: vec![Role::Gateway, Role::Router, Role::Worker],
+            roles: vec![NodeRole::Gateway, NodeRole::Router, NodeRole::Worker],
             cookie: String::new(),
             drain_grace_ms: 30_000,
         }
@@ -640,7 +645,7 @@ impl Config {
         const F: &str = "router.external_workers";
         // Read by router nodes only, like the rest of `router.*` (so one `--set` can go to
         // every node of `flotilla up`); a router node needs the gateway's model too.
-        if self.has_role(Role::Router) && !self.has_role(Role::Gateway) {
+        if self.has_role(NodeRole::Router) && !self.has_role(NodeRole::Gateway) {
             return Err(invalid(
                 F,
                 "a router node that starts external workers needs the gateway role too (the \
@@ -765,7 +770,7 @@ impl Config {
                 ),
             ));
         }
-        if self.node.roles.contains(&Role::Planner) {
+        if self.node.roles.contains(&NodeRole::Planner) {
             return Err(invalid(
                 "node.roles",
                 "the planner role is not available in this version (it would run nothing); \
@@ -889,7 +894,7 @@ impl Config {
     }
 
     /// Whether this node runs `role`.
-    pub fn has_role(&self, role: Role) -> bool {
+    pub fn has_role(&self, role: NodeRole) -> bool {
         self.node.roles.contains(&role)
     }
 }

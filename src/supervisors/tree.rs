@@ -56,7 +56,7 @@ mod spawn;
 pub use args::{ReplicaParams, first_request_id};
 
 use super::spec::{ChildSpec, Strategy, SupervisorFlags, SupervisorSpec};
-use crate::runtime::config::Role;
+use crate::runtime::config::NodeRole;
 use crate::runtime::context::NodeContext;
 use std::time::Duration;
 
@@ -78,20 +78,20 @@ pub fn node_tree(ctx: &NodeContext) -> SupervisorSpec {
     .counting(ctx.stats.clone())
     .child(spawn::discovery(ctx))
     .child(spawn::chaos(ctx));
-    if ctx.config.has_role(Role::Router) {
+    if ctx.config.has_role(NodeRole::Router) {
         node = node.child(ChildSpec::supervisor(router_sup(ctx)));
     }
     if let Some(pool) = external_workers(ctx) {
         node = node.child(ChildSpec::supervisor(pool));
     }
-    let faces = ctx.config.has_role(Role::Worker) && ctx.config.worker.http.is_some();
-    if ctx.config.has_role(Role::Gateway) || faces {
+    let faces = ctx.config.has_role(NodeRole::Worker) && ctx.config.worker.http.is_some();
+    if ctx.config.has_role(NodeRole::Gateway) || faces {
         node = node.child(ChildSpec::supervisor(gateway_sup(ctx)));
     }
     if let Some(t) = &ctx.transport {
         node = node.child(spawn::transport(ctx, t.clone()));
     }
-    if ctx.config.has_role(Role::Worker) {
+    if ctx.config.has_role(NodeRole::Worker) {
         node = node.child(ChildSpec::supervisor(worker_pool(ctx)));
     }
     node
@@ -112,7 +112,7 @@ fn router_sup(ctx: &NodeContext) -> SupervisorSpec {
 /// without any, or without the gateway's model to hash and stop with).
 fn external_workers(ctx: &NodeContext) -> Option<SupervisorSpec> {
     let ext = &ctx.config.router.external_workers;
-    if ext.is_empty() || !ctx.config.has_role(Role::Router) {
+    if ext.is_empty() || !ctx.config.has_role(NodeRole::Router) {
         return None;
     }
     let Some(frontend) = &ctx.frontend else {

@@ -89,7 +89,7 @@ pub use batch::{
 pub use fill::{FILL_SEQ, FillChange, KvFill};
 pub use outbox::Outbox;
 pub use step_model::{StepCost, StepShape, StepTimeModel};
-pub use watchdog::{Hang, StepWatchdog, Verdict};
+pub use watchdog::{Hang, StepWatchdog, WatchdogVerdict};
 
 #[doc(no_inline)]
 pub use crate::kv::BlockPool;

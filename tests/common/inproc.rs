@@ -19,7 +19,7 @@ use super::poll::{free_port, poll_until};
 use figment::Figment;
 use figment::providers::Serialized;
 use flotilla::cli::up::set_override;
-use flotilla::runtime::config::{Config, Role};
+use flotilla::runtime::config::{Config, NodeRole};
 use flotilla::runtime::node::{self, RunningNode};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -86,7 +86,7 @@ fn config(opts: &FleetOptions) -> Config {
         "node": {
             "name": NODE,
             "listen_addr": format!("127.0.0.1:{}", free_port()),
-            "roles": [Role::Gateway, Role::Router, Role::Worker],
+            "roles": [NodeRole::Gateway, NodeRole::Router, NodeRole::Worker],
             "cookie": format!("inproc-{}", std::process::id()),
         },
         "gateway": {"http_addr": "127.0.0.1:0"},

@@ -7,10 +7,10 @@
 
 use super::routes::GatewayShared;
 use crate::actors::chaos::{ChaosMsg, find_chaos};
-use crate::control::chaos::{FaultKind, FaultSpec, Injection, NODE_ACTORS, Target, WORKER_ACTORS};
+use crate::control::chaos::{ActorKind, FaultKind, FaultSpec, Injection, Target};
 use crate::control::discovery::membership::{NodeState, NodeView};
 use crate::openai::error::{ApiError, ErrorKind};
-use crate::runtime::config::Role;
+use crate::runtime::config::NodeRole;
 use crate::runtime::ids::WorkerId;
 use crate::runtime::wire::Wire;
 use axum::Json;
@@ -147,10 +147,10 @@ fn check_kill_actor(
     let FaultKind::KillActor { actor } = kind else {
         return Ok(());
     };
-    let role = match actor.as_str() {
-        "router" => Role::Router,
-        "http_gateway" | "token_sink" => Role::Gateway,
-        "worker_pool" => Role::Worker,
+    let role = match actor {
+        ActorKind::Router => NodeRole::Router,
+        ActorKind::HttpGateway | ActorKind::TokenSink => NodeRole::Gateway,
+        ActorKind::WorkerPool => NodeRole::Worker,
         _ => return Ok(()),
     };
     for node in hit.keys() {
@@ -193,7 +193,7 @@ fn resolve_nodes(
     let mut by_node = nodes_of(&resolve(target, fleet));
     let node_wide = match kind {
         FaultKind::KillNode | FaultKind::PanicTask => true,
-        FaultKind::KillActor { actor } => NODE_ACTORS.contains(&actor.as_str()),
+        FaultKind::KillActor { actor } => actor.is_node_wide(),
         _ => false,
     };
     if node_wide
@@ -273,16 +273,6 @@ pub async fn create(
             && delay_ms > MAX_DELAY_MS
         {
             return Err(ApiError::new(ErrorKind::InvalidRequest, format!("delay_ms must be at most {MAX_DELAY_MS}")).param("delay_ms"));
-        }
-        if let FaultKind::KillActor { actor } = &spec.kind
-            && !WORKER_ACTORS.contains(&actor.as_str())
-            && !NODE_ACTORS.contains(&actor.as_str())
-        {
-            return Err(ApiError::new(
-                ErrorKind::InvalidRequest,
-                format!("unknown actor {actor:?}; expected one of {WORKER_ACTORS:?} or {NODE_ACTORS:?}"),
-            )
-            .param("actor"));
         }
         if let FaultKind::DropKvEvents { rate } | FaultKind::DropKvTransfer { rate } = spec.kind
             && !(0.0..=1.0).contains(&rate)

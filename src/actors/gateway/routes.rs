@@ -6,7 +6,7 @@ use crate::actors::discovery;
 use crate::control::discovery::FleetView;
 use crate::control::discovery::membership::{NodeState, NodeView, WorkerView};
 use crate::openai::error::{ApiError, ErrorKind};
-use crate::runtime::config::Role;
+use crate::runtime::config::NodeRole;
 use crate::runtime::resilience::NodeStats;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -97,7 +97,7 @@ async fn health(State(s): State<Arc<GatewayShared>>) -> Response {
         Ok(nodes) => {
             let worker_nodes = nodes
                 .iter()
-                .filter(|n| n.state == NodeState::Up && n.roles.contains(&Role::Worker))
+                .filter(|n| n.state == NodeState::Up && n.roles.contains(&NodeRole::Worker))
                 .count();
             let routable = crate::actors::router::live_workers().len();
             let word = if s.stats.draining() {

@@ -27,7 +27,7 @@ use crate::openai::response::{
 };
 use crate::openai::sse;
 use crate::openai::stop::StopMatcher;
-use crate::request_plane::admission::{Admission, Verdict};
+use crate::request_plane::admission::{Admission, AdmissionVerdict};
 use crate::request_plane::error::RequestError;
 use crate::request_plane::frontend::{Frontend, TokRef};
 use crate::request_plane::protocol::TokenEventKind;
@@ -99,8 +99,8 @@ fn admit(s: &GatewayShared, serving: &Serving) -> Result<(), RequestError> {
         fleet,
         queues.as_deref(),
     ) {
-        Verdict::Admit => Ok(()),
-        Verdict::Shed {
+        AdmissionVerdict::Admit => Ok(()),
+        AdmissionVerdict::Shed {
             reason,
             retry_after_s,
         } => {
@@ -110,7 +110,7 @@ fn admit(s: &GatewayShared, serving: &Serving) -> Result<(), RequestError> {
                 retry_after_s,
             })
         }
-        Verdict::NoFleetView => Err(RequestError::MembershipUnavailable),
+        AdmissionVerdict::NoFleetView => Err(RequestError::MembershipUnavailable),
     }
 }
 

@@ -6,7 +6,7 @@
 //! name). Down peers stay listed for `retention`, then are forgotten.
 
 use crate::runtime::clock::Instant;
-use crate::runtime::config::Role;
+use crate::runtime::config::NodeRole;
 use crate::runtime::ids::NodeId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -103,7 +103,7 @@ pub struct NodeInfo {
     /// HTTP address, for gateway nodes.
     pub http_addr: Option<String>,
     /// Roles.
-    pub roles: Vec<Role>,
+    pub roles: Vec<NodeRole>,
     /// Process start time (ms since the Unix epoch): tells a restarted node from the old one.
     pub incarnation: u64,
     /// OS process id (for operators and chaos tooling on one machine).
@@ -149,7 +149,7 @@ pub struct NodeView {
     /// HTTP address, if it runs a gateway.
     pub http_addr: Option<String>,
     /// Roles.
-    pub roles: Vec<Role>,
+    pub roles: Vec<NodeRole>,
     /// OS process id.
     pub pid: u32,
     /// Start of the node's process (ms since the Unix epoch): the per-incarnation counters

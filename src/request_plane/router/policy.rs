@@ -248,7 +248,7 @@ impl Default for SelectorConfig {
 
 /// An invalid [`SelectorConfig`].
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ConfigError {
+pub enum SelectorConfigError {
     #[error("block_size must be > 0")]
     ZeroBlockSize,
     #[error(
@@ -264,9 +264,9 @@ impl SelectorConfig {
     ///
     /// # Errors
     /// The first field out of its range.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), SelectorConfigError> {
         if self.block_size == 0 {
-            return Err(ConfigError::ZeroBlockSize);
+            return Err(SelectorConfigError::ZeroBlockSize);
         }
         for w in [
             self.overlap_weight,
@@ -275,12 +275,12 @@ impl SelectorConfig {
             self.balance_ratio,
         ] {
             if !(w.is_finite() && w >= 0.0) {
-                return Err(ConfigError::OverlapWeight(w));
+                return Err(SelectorConfigError::OverlapWeight(w));
             }
         }
         let t = self.temperature;
         if !(t.is_finite() && t >= 0.0) {
-            return Err(ConfigError::Temperature(t));
+            return Err(SelectorConfigError::Temperature(t));
         }
         Ok(())
     }
@@ -452,7 +452,7 @@ impl Selector {
     ///
     /// # Errors
     /// The configuration is invalid ([`SelectorConfig::validate`]).
-    pub fn new(config: SelectorConfig) -> Result<Self, ConfigError> {
+    pub fn new(config: SelectorConfig) -> Result<Self, SelectorConfigError> {
         config.validate()?;
         Ok(Selector {
             rng: StdRng::seed_from_u64(config.seed),

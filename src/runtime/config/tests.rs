@@ -38,7 +38,7 @@ fn flags_override_file() {
     assert_eq!(cfg.cluster.liveness_timeout_ms, 9000);
     assert_eq!(cfg.cluster.suspect_after_ms, 2000);
     assert_eq!(cfg.node.cookie, "b");
-    assert_eq!(cfg.node.roles, vec![Role::Worker]);
+    assert_eq!(cfg.node.roles, vec![NodeRole::Worker]);
 }
 
 #[test]
@@ -65,8 +65,8 @@ fn unknown_fields_are_rejected() {
 
 #[test]
 fn roles_parse() {
-    assert_eq!("worker".parse::<Role>().unwrap(), Role::Worker);
-    assert!("nope".parse::<Role>().is_err());
+    assert_eq!("worker".parse::<NodeRole>().unwrap(), NodeRole::Worker);
+    assert!("nope".parse::<NodeRole>().is_err());
 }
 
 #[test]

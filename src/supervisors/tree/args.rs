@@ -15,7 +15,7 @@ use crate::model::LoadedModel;
 use crate::request_plane::admission::Admission;
 use crate::request_plane::migration::MigrationPolicy;
 use crate::request_plane::token_sink::SinkRegistry;
-use crate::runtime::config::Role;
+use crate::runtime::config::NodeRole;
 use crate::runtime::context::NodeContext;
 use crate::runtime::ids::WorkerId;
 use crate::supervisors::{Shutdown, SupervisorFlags};
@@ -66,7 +66,7 @@ pub(super) fn router(ctx: &NodeContext) -> RouterArgs {
     let mut args = RouterArgs::new(ctx.config.selector_config());
     args.disagg = (&ctx.config.disagg).into();
     // Only a gateway on this node with a TTFT target reads them (admission.rs).
-    args.queues = (ctx.config.has_role(Role::Gateway)
+    args.queues = (ctx.config.has_role(NodeRole::Gateway)
         && ctx.config.gateway.ttft_target_ms.is_some())
     .then(|| ctx.prefill_queues.clone());
     args
@@ -132,7 +132,7 @@ pub(super) fn gateway(ctx: &NodeContext) -> GatewayParts {
         face: None,
     });
     let faces = faces(ctx, &shared);
-    let http = ctx.config.has_role(Role::Gateway).then(|| GatewayArgs {
+    let http = ctx.config.has_role(NodeRole::Gateway).then(|| GatewayArgs {
         addr: g.http_addr,
         bound: ctx.http_addr.clone(),
         shared,
@@ -152,7 +152,7 @@ fn faces(ctx: &NodeContext, gateway: &Arc<GatewayShared>) -> Vec<(u32, GatewayAr
     let (Some(base), Some(serving)) = (w.http, gateway.serving.as_ref()) else {
         return Vec::new();
     };
-    if !ctx.config.has_role(Role::Worker) || ctx.model.is_none() {
+    if !ctx.config.has_role(NodeRole::Worker) || ctx.model.is_none() {
         return Vec::new();
     }
     (0..w.replicas)

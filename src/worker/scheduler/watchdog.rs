@@ -1,6 +1,6 @@
 //! [`StepWatchdog`]: whether a replica's engine is alive, from the steps and canary pings it
 //! answers. Pure: time comes from an injected [`Clock`](crate::runtime::clock::Clock); the
-//! scheduler actor sends the pings and restarts the replica on [`Verdict::Hung`].
+//! scheduler actor sends the pings and restarts the replica on [`WatchdogVerdict::Hung`].
 //!
 //! # The rule
 //! - A step handed to the engine must come back within `step_timeout` plus its allowance (a
@@ -35,7 +35,7 @@ impl std::fmt::Display for Hang {
 
 /// The watchdog's answer to [`StepWatchdog::check`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum WatchdogVerdict {
     /// Nothing to do.
     Healthy,
     /// The engine has been idle for the canary interval: ping it now (the ping's deadline is
@@ -101,20 +101,20 @@ impl StepWatchdog {
         self.last_alive = self.clock.now();
     }
 
-    /// Checks the deadlines; starts a canary's deadline when the answer is [`Verdict::Ping`].
-    pub fn check(&mut self) -> Verdict {
+    /// Checks the deadlines; starts a canary's deadline when the answer is [`WatchdogVerdict::Ping`].
+    pub fn check(&mut self) -> WatchdogVerdict {
         let now = self.clock.now();
         match (self.step_deadline, self.canary_deadline) {
-            (Some(d), _) if now > d => return Verdict::Hung(Hang::Step),
-            (_, Some(d)) if now > d => return Verdict::Hung(Hang::Canary),
+            (Some(d), _) if now > d => return WatchdogVerdict::Hung(Hang::Step),
+            (_, Some(d)) if now > d => return WatchdogVerdict::Hung(Hang::Canary),
             _ => {}
         }
         let idle = self.step_deadline.is_none() && self.canary_deadline.is_none();
         if idle && now.duration_since(self.last_alive) >= self.canary_interval {
             self.canary_deadline = Some(now + self.step_timeout);
-            return Verdict::Ping;
+            return WatchdogVerdict::Ping;
         }
-        Verdict::Healthy
+        WatchdogVerdict::Healthy
     }
 }
 
@@ -146,13 +146,13 @@ mod tests {
         clock.advance(TIMEOUT);
         assert_eq!(
             w.check(),
-            Verdict::Healthy,
+            WatchdogVerdict::Healthy,
             "the deadline itself is still in time"
         );
         w.step_returned();
         assert!(!w.step_in_flight());
         clock.advance(ms(10));
-        assert_eq!(w.check(), Verdict::Healthy);
+        assert_eq!(w.check(), WatchdogVerdict::Healthy);
     }
 
     #[test]
@@ -160,7 +160,7 @@ mod tests {
         let (clock, mut w) = watchdog();
         w.step_started(Duration::ZERO);
         clock.advance(TIMEOUT + ms(1));
-        assert_eq!(w.check(), Verdict::Hung(Hang::Step));
+        assert_eq!(w.check(), WatchdogVerdict::Hung(Hang::Step));
         assert_eq!(Hang::Step.to_string(), "an engine step");
     }
 
@@ -169,32 +169,32 @@ mod tests {
         let (clock, mut w) = watchdog();
         w.step_started(ms(5000));
         clock.advance(ms(5000) + TIMEOUT);
-        assert_eq!(w.check(), Verdict::Healthy);
+        assert_eq!(w.check(), WatchdogVerdict::Healthy);
         clock.advance(ms(1));
-        assert_eq!(w.check(), Verdict::Hung(Hang::Step));
+        assert_eq!(w.check(), WatchdogVerdict::Hung(Hang::Step));
     }
 
     #[test]
     fn an_idle_engine_is_pinged_once_per_interval_and_must_answer() {
         let (clock, mut w) = watchdog();
         clock.advance(CANARY - ms(1));
-        assert_eq!(w.check(), Verdict::Healthy, "not idle long enough");
+        assert_eq!(w.check(), WatchdogVerdict::Healthy, "not idle long enough");
         clock.advance(ms(1));
-        assert_eq!(w.check(), Verdict::Ping);
+        assert_eq!(w.check(), WatchdogVerdict::Ping);
         // One ping at a time.
         clock.advance(CANARY);
-        assert_eq!(w.check(), Verdict::Healthy);
+        assert_eq!(w.check(), WatchdogVerdict::Healthy);
         w.canary_returned();
         clock.advance(CANARY - ms(1));
         assert_eq!(
             w.check(),
-            Verdict::Healthy,
+            WatchdogVerdict::Healthy,
             "the answer was a proof of life"
         );
         clock.advance(ms(1));
-        assert_eq!(w.check(), Verdict::Ping);
+        assert_eq!(w.check(), WatchdogVerdict::Ping);
         clock.advance(TIMEOUT + ms(1));
-        assert_eq!(w.check(), Verdict::Hung(Hang::Canary));
+        assert_eq!(w.check(), WatchdogVerdict::Hung(Hang::Canary));
         assert_eq!(Hang::Canary.to_string(), "the canary");
     }
 
@@ -203,11 +203,15 @@ mod tests {
         let (clock, mut w) = watchdog();
         w.step_started(Duration::ZERO);
         clock.advance(CANARY * 2);
-        assert_eq!(w.check(), Verdict::Healthy, "no ping while a step is out");
+        assert_eq!(
+            w.check(),
+            WatchdogVerdict::Healthy,
+            "no ping while a step is out"
+        );
         w.step_returned();
         clock.advance(CANARY - ms(1));
-        assert_eq!(w.check(), Verdict::Healthy);
+        assert_eq!(w.check(), WatchdogVerdict::Healthy);
         clock.advance(ms(1));
-        assert_eq!(w.check(), Verdict::Ping);
+        assert_eq!(w.check(), WatchdogVerdict::Ping);
     }
 }

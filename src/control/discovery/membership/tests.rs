@@ -5,7 +5,7 @@ fn info(id: &str, incarnation: u64) -> NodeInfo {
         id: NodeId::new(id),
         addr: "127.0.0.1:1".into(),
         http_addr: None,
-        roles: vec![Role::Worker],
+        roles: vec![NodeRole::Worker],
         incarnation,
         pid: 1,
         actors: vec![],

@@ -85,22 +85,25 @@ fn config_is_validated() {
         f(&mut c);
         Selector::new(c).unwrap_err()
     };
-    assert_eq!(bad(|c| c.block_size = 0), ConfigError::ZeroBlockSize);
+    assert_eq!(
+        bad(|c| c.block_size = 0),
+        SelectorConfigError::ZeroBlockSize
+    );
     assert!(matches!(
         bad(|c| c.overlap_weight = -1.0),
-        ConfigError::OverlapWeight(_)
+        SelectorConfigError::OverlapWeight(_)
     ));
     assert!(matches!(
         bad(|c| c.decode_weight = f64::NAN),
-        ConfigError::OverlapWeight(_)
+        SelectorConfigError::OverlapWeight(_)
     ));
     assert!(matches!(
         bad(|c| c.balance_ratio = -0.5),
-        ConfigError::OverlapWeight(_)
+        SelectorConfigError::OverlapWeight(_)
     ));
     assert!(matches!(
         bad(|c| c.temperature = f64::NAN),
-        ConfigError::Temperature(_)
+        SelectorConfigError::Temperature(_)
     ));
 }
 
