@@ -6,6 +6,8 @@
 //!   token events and deliveries, finish, owners and how a worker reaches its owner's sink.
 //! - `error.rs` — [`error::RequestError`]: the closed set of ways a request is refused or
 //!   fails, with one mapping to HTTP status and the OpenAI error body.
+//! - `events.rs` — [`events::EventBus`]: the fleet's event bus (placements, hand-offs,
+//!   migrations, faults, role changes, workers and nodes coming and going).
 //! - `admission.rs` — [`admission::Admission`]: whether the gateway sheds a request before
 //!   any work is done (busy workers, predicted TTFT, in-flight cap).
 //! - `frontend.rs` — the model's face: tokenizer, chat template, context length.
@@ -18,6 +20,7 @@
 
 pub mod admission;
 pub mod error;
+pub mod events;
 pub mod frontend;
 pub mod migration;
 pub mod protocol;

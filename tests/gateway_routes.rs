@@ -19,6 +19,7 @@ fn shared(discovery_name: &str) -> Arc<GatewayShared> {
         fleet: Default::default(),
         prefill_queues: Default::default(),
         face: None,
+        bus: Default::default(),
     })
 }
 
@@ -92,4 +93,44 @@ async fn metrics_render_prometheus_text() {
     assert_eq!(s, StatusCode::OK);
     assert!(ctype.unwrap().starts_with("text/plain"));
     assert!(body.contains("flotilla_test_probe_total 1"), "{body}");
+}
+
+/// `GET /v1/fleet/events` streams what the node's actors say on its event bus, one SSE record
+/// per event, from the moment the client subscribed.
+#[tokio::test]
+async fn fleet_events_stream_what_the_bus_says() {
+    use flotilla::request_plane::events::FleetEventKind;
+    use flotilla::runtime::ids::WorkerId;
+    use http_body_util::BodyExt;
+    let s = shared("no-discovery");
+    let bus = s.bus.clone();
+    let resp = app(s)
+        .oneshot(
+            Request::get("/v1/fleet/events")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(
+        resp.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    bus.emit(FleetEventKind::WorkerUp {
+        worker: WorkerId::new("n/replica-0"),
+    });
+    let mut body = resp.into_body();
+    let frame = tokio::time::timeout(std::time::Duration::from_secs(5), body.frame())
+        .await
+        .expect("an event within 5 s")
+        .expect("a frame")
+        .expect("no error");
+    let text = String::from_utf8(frame.into_data().expect("data").to_vec()).unwrap();
+    assert!(text.starts_with("data: {"), "{text}");
+    let v: serde_json::Value =
+        serde_json::from_str(text.trim().trim_start_matches("data: ")).unwrap();
+    assert_eq!(v["event"], "worker_up");
+    assert_eq!(v["worker"], "n/replica-0");
+    assert!(v["at_ms"].as_u64().is_some_and(|t| t > 0));
 }

@@ -23,7 +23,7 @@ use flotilla::supervisors::{Shutdown, Strategy, Supervisor, SupervisorFlags};
 use flotilla::transport::{Transport, TransportActor, TransportConfig};
 use flotilla::worker::Role;
 use flotilla::worker::engine::{EngineConfig, SamplingParams};
-use flotilla::worker::scheduler::{SchedulerConfig, SchedulerStats};
+use flotilla::worker::scheduler::{SchedulerConfig, SchedulerStats, StatsBoard};
 use ractor::{Actor, ActorRef};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -61,6 +61,7 @@ struct Harness {
     registry: SinkRegistry,
     sup: ActorRef<flotilla::supervisors::SupervisorMsg>,
     sink: ActorRef<TokenSinkMsg>,
+    board: StatsBoard,
 }
 
 impl Harness {
@@ -97,6 +98,7 @@ impl Harness {
         let node = NodeId::new(name);
         let worker = WorkerId::new(format!("{name}/replica-0"));
         let registry = SinkRegistry::default();
+        let board = StatsBoard::default();
         let owner = Owner::new(node.clone(), 1);
         let (sink, _) = Actor::spawn(Some(sink_name(&owner)), TokenSink, (registry.clone(), 1))
             .await
@@ -128,6 +130,9 @@ impl Harness {
             disagg: Default::default(),
             sim_transfer: None,
             kv_events: None,
+            board: board.clone(),
+            clock: flotilla::runtime::clock::system(),
+            bus: Default::default(),
         });
         let (sup, _) = Actor::spawn(spec.actor_name.clone(), Supervisor, spec)
             .await
@@ -138,6 +143,7 @@ impl Harness {
             registry,
             sup,
             sink,
+            board,
         }
     }
 
@@ -197,16 +203,29 @@ impl Harness {
         .await;
     }
 
+    /// The scheduler's answer to a stats call, checked against what it publishes on the
+    /// node's board (pushed after every message: never behind the answer by a step).
     async fn stats(&self) -> SchedulerStats {
-        ractor::call!(self.scheduler(), SchedulerMsg::Stats)
+        let s: SchedulerStats = ractor::call!(self.scheduler(), SchedulerMsg::Stats)
             .unwrap()
             .decode()
-            .unwrap()
+            .unwrap();
+        let b = self
+            .board
+            .get(&self.worker)
+            .expect("the scheduler publishes its stats");
+        assert!(b.steps >= s.steps, "board {b:?} behind the answer {s:?}");
+        assert_eq!((b.worker.clone(), b.role), (s.worker.clone(), s.role));
+        s
     }
 
     async fn stop(self) {
         self.sup.stop_and_wait(None, None).await.unwrap();
         self.sink.stop_and_wait(None, None).await.unwrap();
+        assert!(
+            self.board.get(&self.worker).is_none(),
+            "a stopped scheduler withdraws its stats"
+        );
     }
 }
 

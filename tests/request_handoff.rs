@@ -6,6 +6,7 @@
 use flotilla::actors::request::{Request, RequestArgs, RequestMsg};
 use flotilla::actors::router::{ROUTER_GROUP, RouterMsg};
 use flotilla::actors::scheduler::SchedulerMsg;
+use flotilla::request_plane::events::{EventBus, FleetEventKind};
 use flotilla::request_plane::migration::MigrationPolicy;
 use flotilla::request_plane::protocol::{
     FinishReason, Placement, RemoteKv, RouteRequest, SubmitRequest, TokenEvent, TokenEventKind,
@@ -143,6 +144,7 @@ impl Actor for ScriptedScheduler {
 struct Fleet {
     sinks: SinkRegistry,
     router: Arc<Mutex<RouterLog>>,
+    bus: EventBus,
 }
 
 impl Fleet {
@@ -163,6 +165,7 @@ impl Fleet {
         Self {
             sinks: SinkRegistry::default(),
             router,
+            bus: EventBus::default(),
         }
     }
 
@@ -211,6 +214,7 @@ impl Fleet {
             policy: None,
             pin: None,
             stats: Arc::new(NodeStats::default()),
+            bus: self.bus.clone(),
         };
         let (req, handle) = Actor::spawn(None, Request, args).await.expect("request");
         let mut seen = Vec::new();
@@ -251,8 +255,25 @@ async fn a_decode_pick_whose_worker_is_gone_keeps_the_handed_off_kv() {
         .scheduler("p/replica-0", Script::Prefill { blocks: 4 })
         .await;
     let decode = fleet.scheduler("d/replica-0", Script::Decode).await;
+    let mut events = fleet.bus.subscribe();
 
     assert_eq!(fleet.run().await, vec![7, 8]);
+
+    // The bus tells the story: the prefill placed, its hand-off, the decode placed (the pick
+    // whose worker was gone is no placement).
+    let told: Vec<FleetEventKind> = std::iter::from_fn(|| events.try_recv().ok())
+        .map(|e| e.kind)
+        .collect();
+    let p = WorkerId::new("p/replica-0");
+    let d = WorkerId::new("d/replica-0");
+    assert!(
+        matches!(told.as_slice(), [
+            FleetEventKind::Placed { worker: w1, hand_off: true, attempt: 1, .. },
+            FleetEventKind::HandedOff { from, .. },
+            FleetEventKind::Placed { worker: w3, hand_off: false, attempt: 3, .. },
+        ] if *w1 == p && *from == p && *w3 == d),
+        "{told:?}"
+    );
 
     let asked = fleet.router.lock().unwrap().asked.clone();
     assert_eq!(asked.len(), 3, "{asked:?}");

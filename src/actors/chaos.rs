@@ -5,6 +5,7 @@
 //! node's [`FaultBook`] (`control/chaos.rs`, which says where each one acts).
 
 use crate::control::chaos::{ActorKind, CHAOS_GROUP, FaultBook, FaultKind, Injection, actor_name};
+use crate::request_plane::events::{EventBus, FleetEventKind};
 use crate::runtime::ids::WorkerId;
 use crate::runtime::wire::Wire;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -46,6 +47,7 @@ type ActivePartition = (Vec<(String, String)>, Vec<String>);
 /// Chaos actor state.
 pub struct ChaosState {
     book: FaultBook,
+    bus: EventBus,
     clock: crate::runtime::clock::SharedClock,
     cluster: crate::runtime::cluster::ClusterHandle,
     /// Active partitions by fault id.
@@ -70,6 +72,11 @@ impl ChaosState {
 
     async fn apply(&mut self, inj: Injection) {
         tracing::warn!(fault = inj.id, kind = ?inj.kind, workers = ?inj.workers, "chaos: fault installed");
+        self.bus.emit(FleetEventKind::FaultInstalled {
+            id: inj.id,
+            kind: inj.kind.clone(),
+            workers: inj.workers.clone(),
+        });
         match &inj.kind {
             FaultKind::KillActor { actor } => kill_actors(*actor, &inj.node, &inj.workers),
             FaultKind::KillNode => kill_this_node(),
@@ -85,9 +92,11 @@ impl ChaosState {
     }
 
     fn clear(&mut self, id: u64) {
-        self.heal(id);
-        if self.book.clear(id) {
+        let healed = self.heal(id);
+        if self.book.clear(id) || healed {
             tracing::warn!(fault = id, "chaos: fault cleared");
+            self.bus
+                .emit(FleetEventKind::FaultCleared { id, expired: false });
         }
     }
 
@@ -95,6 +104,8 @@ impl ChaosState {
     fn expire(&mut self) {
         for (id, kind) in self.book.expire(self.clock.now()) {
             tracing::warn!(fault = id, "chaos: fault expired");
+            self.bus
+                .emit(FleetEventKind::FaultCleared { id, expired: true });
             if matches!(kind, FaultKind::Partition { .. }) && !self.partitions.contains_key(&id) {
                 // Installed by an earlier incarnation of this actor: its cut list is gone,
                 // but the filters are the node's; lift them (peers re-dial on their side).
@@ -108,9 +119,10 @@ impl ChaosState {
     /// Heal partition `id`: drop the filter and dial every peer across the cut — those it
     /// cut and those the membership table knows (the far side may have cut first). Both
     /// sides dial; `ractor_cluster` elects one session when two connect at once.
-    fn heal(&mut self, id: u64) {
+    /// Returns whether `id` was a partition of this node's.
+    fn heal(&mut self, id: u64) -> bool {
         let Some((cut, group)) = self.partitions.remove(&id) else {
-            return;
+            return false;
         };
         self.cluster.partition.clear();
         self.book.transfer.set_cut(&[]);
@@ -139,6 +151,7 @@ impl ChaosState {
                 }
             }
         });
+        true
     }
 }
 
@@ -149,17 +162,19 @@ impl Actor for Chaos {
         FaultBook,
         crate::runtime::cluster::ClusterHandle,
         crate::runtime::clock::SharedClock,
+        EventBus,
     );
 
     async fn pre_start(
         &self,
         myself: ActorRef<Self::Msg>,
-        (book, cluster, clock): Self::Arguments,
+        (book, cluster, clock, bus): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         ractor::pg::join(CHAOS_GROUP.to_owned(), vec![myself.get_cell()]);
         myself.send_interval(EXPIRY_TICK, || ChaosMsg::Tick(Wire::encode(&())));
         Ok(ChaosState {
             book,
+            bus,
             clock,
             cluster,
             partitions: HashMap::new(),
@@ -256,9 +271,11 @@ mod tests {
         .expect("node server");
         let book = FaultBook::default();
         let clock = ManualClock::new();
+        let bus = EventBus::new(crate::runtime::ids::NodeId::new("chaos-expiry-test"));
+        let mut events = bus.subscribe();
         let args = || {
             let clock: crate::runtime::clock::SharedClock = Arc::new(clock.clone());
-            (book.clone(), cluster.clone(), clock)
+            (book.clone(), cluster.clone(), clock, bus.clone())
         };
         let w = WorkerId::new("chaos-expiry-test/replica-0");
         let (first, h) = Actor::spawn(None, Chaos, args()).await.expect("chaos");
@@ -301,6 +318,23 @@ mod tests {
             tokio::time::sleep(EXPIRY_TICK).await;
         }
         assert!(book.active().is_empty());
+        // Said on the node's event bus: installed, then expired.
+        let kinds: Vec<FleetEventKind> = std::iter::from_fn(|| events.try_recv().ok())
+            .map(|e| e.kind)
+            .collect();
+        assert!(
+            matches!(
+                kinds.as_slice(),
+                [
+                    FleetEventKind::FaultInstalled { id: 7, .. },
+                    FleetEventKind::FaultCleared {
+                        id: 7,
+                        expired: true
+                    }
+                ]
+            ),
+            "{kinds:?}"
+        );
         second.stop(None);
         h2.await.expect("stopped");
         cluster.server.stop(None);

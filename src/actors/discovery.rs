@@ -21,6 +21,7 @@
 use crate::control::discovery::{
     DISCOVERY_GROUP, FleetView, REJOIN_INTERVAL, WorkerEndpoints, membership, role_group,
 };
+use crate::request_plane::events::FleetEventKind;
 use crate::runtime::clock::SharedClock;
 use crate::runtime::cluster::SessionEvent;
 use crate::runtime::config::NodeRole;
@@ -89,6 +90,10 @@ pub struct DiscoveryArgs {
     /// This node's replicas' own endpoints (HTTP face, vLLM-format KV events), for the
     /// workers' entries in every heartbeat.
     pub endpoints: WorkerEndpoints,
+    /// The stats this node's schedulers publish: each worker's load in every heartbeat.
+    pub worker_stats: crate::worker::scheduler::StatsBoard,
+    /// The node's fleet event bus (membership changes).
+    pub bus: crate::request_plane::events::EventBus,
 }
 
 /// The Discovery actor.
@@ -103,8 +108,6 @@ pub struct DiscoveryState {
     session_sub: Option<(String, JoinHandle<()>)>,
     tick_no: u64,
     last_rejoin: Option<crate::runtime::clock::Instant>,
-    /// Each local worker's last answer to a stats call (see [`fill_worker_stats`]).
-    last_stats: std::collections::HashMap<String, crate::worker::scheduler::SchedulerStats>,
 }
 
 impl DiscoveryState {
@@ -120,7 +123,7 @@ impl DiscoveryState {
             self.args.external_pool_name.as_str(),
         ];
         let (actors, mut workers) = describe_tree(me, &pools);
-        fill_worker_stats(&mut workers, &mut self.last_stats).await;
+        fill_worker_stats(&mut workers, &self.args.worker_stats);
         self.args.endpoints.fill(&mut workers);
         let info = NodeInfo {
             id: self.args.node_id.clone(),
@@ -155,14 +158,23 @@ impl DiscoveryState {
             let kind = match &ev {
                 MembershipEvent::NodeUp(i) => {
                     tracing::info!(seen_by = %me, node = %i.id, roles = ?i.roles, incarnation = i.incarnation, "node up");
+                    self.args
+                        .bus
+                        .emit(FleetEventKind::NodeUp { node: i.id.clone() });
                     "up"
                 }
                 MembershipEvent::NodeSuspect(n) => {
                     tracing::warn!(seen_by = %me, node = %n, "node suspect");
+                    self.args
+                        .bus
+                        .emit(FleetEventKind::NodeSuspect { node: n.clone() });
                     "suspect"
                 }
                 MembershipEvent::NodeDown(n) => {
                     tracing::warn!(seen_by = %me, node = %n, "node down");
+                    self.args
+                        .bus
+                        .emit(FleetEventKind::NodeDown { node: n.clone() });
                     "down"
                 }
             };
@@ -173,37 +185,23 @@ impl DiscoveryState {
     }
 }
 
-/// Fill each local worker's load from its scheduler (a quick local call). A scheduler that
-/// does not answer within 100 ms (busy in a long step on a loaded machine) keeps its last
-/// answer from `last`: zeros would tell admission and the router that a busy worker is idle.
-/// A worker without a scheduler (restarting) keeps zeros.
-async fn fill_worker_stats(
-    workers: &mut [WorkerView],
-    last: &mut std::collections::HashMap<String, crate::worker::scheduler::SchedulerStats>,
-) {
-    use crate::actors::scheduler::SchedulerMsg;
+/// Fill each local worker's load from what its scheduler last published (no call: a busy
+/// scheduler in a long step keeps its last figures, never zeros that would tell admission and
+/// the router a busy worker is idle). A worker whose scheduler is not running (restarting)
+/// keeps zeros.
+fn fill_worker_stats(workers: &mut [WorkerView], board: &crate::worker::scheduler::StatsBoard) {
     use crate::worker::scheduler::SCHEDULER_GROUP;
     let locals = ractor::pg::get_local_members(&SCHEDULER_GROUP.to_owned());
-    last.retain(|id, _| workers.iter().any(|w| &w.id == id));
     for w in workers.iter_mut() {
         let name = format!("{}/scheduler", w.id);
-        let Some(cell) = locals
+        if !locals
             .iter()
-            .find(|c| c.get_name().as_deref() == Some(name.as_str()))
-        else {
-            last.remove(&w.id);
+            .any(|c| c.get_name().as_deref() == Some(name.as_str()))
+        {
             continue;
-        };
-        let sched: ActorRef<SchedulerMsg> = cell.clone().into();
-        let fresh = ractor::call_t!(sched, SchedulerMsg::Stats, 100)
-            .ok()
-            .and_then(|wire| wire.decode().ok());
-        let st = match fresh {
-            Some(st) => last.entry(w.id.clone()).insert_entry(st).into_mut(),
-            None => match last.get_mut(&w.id) {
-                Some(st) => st,
-                None => continue,
-            },
+        }
+        let Some(st) = board.get(&crate::runtime::ids::WorkerId::new(w.id.clone())) else {
+            continue;
         };
         w.running = st.running;
         w.waiting = st.waiting;
@@ -303,7 +301,6 @@ impl Actor for Discovery {
             tick_no: 0,
             // The node joins its seeds itself at start; re-dialling begins one interval later.
             last_rejoin: Some(state_clock_now),
-            last_stats: Default::default(),
         };
         // A first view at once (this node alone), before the actors started after this one.
         state.publish_view(state_clock_now);

@@ -373,6 +373,7 @@ impl Actor for ExternalEngine {
     ) -> Result<(), ActorProcessingErr> {
         ractor::pg::leave(ROUTABLE_GROUP.to_owned(), vec![myself.get_cell()]);
         ractor::pg::leave(SCHEDULER_GROUP.to_owned(), vec![myself.get_cell()]);
+        state.args.board.remove(&state.args.worker);
         for t in state
             .kv_task
             .take()
@@ -392,98 +393,112 @@ impl Actor for ExternalEngine {
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            SchedulerMsg::Submit(wire) => {
-                let Ok(job) = wire.decode() else {
-                    return Ok(());
-                };
-                let owner = job.owner();
-                let mut decoder =
-                    StreamDecoder::new(state.args.worker.clone(), &job, &state.args.eos_ids);
-                let owner_of = owner.clone();
-                let Some(model) = state.model.clone() else {
-                    let ev = decoder.on_end("its model name is not known yet (GET /v1/models)");
-                    deliver(&owner, job.request, ev.into_iter().collect());
-                    return Ok(());
-                };
-                let body = completion_body(&job, &model);
-                let task = tokio::spawn(run_request(
-                    state.http.clone(),
-                    state.url("/v1/completions"),
-                    body,
-                    decoder,
-                    owner,
-                    job.request,
-                ));
-                state.prune();
-                if let Some((_, old)) = state
-                    .running
-                    .insert((job.reply_to.clone(), job.request), (owner_of, task))
-                {
-                    old.abort();
-                }
-            }
-            SchedulerMsg::Cancel(wire) => {
-                if let Ok(key) = wire.decode()
-                    && let Some((_, t)) = state.running.remove(&key)
-                {
-                    t.abort();
-                }
-            }
-            SchedulerMsg::Stats(reply) => {
-                let _ = reply.send(Wire::encode(&state.stats()));
-            }
-            SchedulerMsg::Has(wire, reply) => {
-                state.prune();
-                let has = wire
-                    .decode()
-                    .is_ok_and(|key: (NodeId, RequestId)| state.running.contains_key(&key));
-                let _ = reply.send(Wire::encode(&has));
-            }
-            SchedulerMsg::Tick(_) => {
-                state.prune();
-                let report = state
-                    .health
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .take();
-                let Some(report) = report else {
-                    return Ok(());
-                };
-                if report.ok {
-                    state.failures = 0;
-                    if state.model.is_none() {
-                        state.model = report.model;
-                    }
-                    if let Some(load) = report.load {
-                        state.load = load;
-                    }
-                    let ready = state.model.is_some();
-                    state.set_routable(&myself, ready);
-                } else {
-                    state.failures += 1;
-                    if state.failures >= UNHEALTHY_AFTER && state.routable {
-                        state.set_routable(&myself, false);
-                        // Streams of an engine that stopped answering may hang: hand them
-                        // back rather than wait (those already broken have ended).
-                        state.hand_back_all("its /health stopped answering");
-                    }
-                }
-            }
-            SchedulerMsg::Drain(_) => {
-                state.set_routable(&myself, false);
-                state.draining = true;
-            }
-            SchedulerMsg::HandOffAll(wire) => {
-                let why = wire.decode().unwrap_or_else(|_| "handed off".into());
-                state.hand_back_all(&why);
-            }
-            SchedulerMsg::SetRole(_) => {
-                tracing::warn!(worker = %state.args.worker, "an external engine has no disaggregated role; ignored");
-            }
-            SchedulerMsg::StepDone(_) | SchedulerMsg::CanaryDone(_) | SchedulerMsg::PullDone(_) => {
+        let changes = !matches!(msg, SchedulerMsg::Stats(_) | SchedulerMsg::Has(..));
+        let out = handle_msg(myself, msg, state).await;
+        if changes {
+            let stats = state.stats();
+            state.args.board.publish(stats);
+        }
+        out
+    }
+}
+
+/// One message (see [`ExternalEngine`]'s `handle`, which publishes the stats after it).
+async fn handle_msg(
+    myself: ActorRef<SchedulerMsg>,
+    msg: SchedulerMsg,
+    state: &mut ExternalState,
+) -> Result<(), ActorProcessingErr> {
+    match msg {
+        SchedulerMsg::Submit(wire) => {
+            let Ok(job) = wire.decode() else {
+                return Ok(());
+            };
+            let owner = job.owner();
+            let mut decoder =
+                StreamDecoder::new(state.args.worker.clone(), &job, &state.args.eos_ids);
+            let owner_of = owner.clone();
+            let Some(model) = state.model.clone() else {
+                let ev = decoder.on_end("its model name is not known yet (GET /v1/models)");
+                deliver(&owner, job.request, ev.into_iter().collect());
+                return Ok(());
+            };
+            let body = completion_body(&job, &model);
+            let task = tokio::spawn(run_request(
+                state.http.clone(),
+                state.url("/v1/completions"),
+                body,
+                decoder,
+                owner,
+                job.request,
+            ));
+            state.prune();
+            if let Some((_, old)) = state
+                .running
+                .insert((job.reply_to.clone(), job.request), (owner_of, task))
+            {
+                old.abort();
             }
         }
-        Ok(())
+        SchedulerMsg::Cancel(wire) => {
+            if let Ok(key) = wire.decode()
+                && let Some((_, t)) = state.running.remove(&key)
+            {
+                t.abort();
+            }
+        }
+        SchedulerMsg::Stats(reply) => {
+            let _ = reply.send(Wire::encode(&state.stats()));
+        }
+        SchedulerMsg::Has(wire, reply) => {
+            state.prune();
+            let has = wire
+                .decode()
+                .is_ok_and(|key: (NodeId, RequestId)| state.running.contains_key(&key));
+            let _ = reply.send(Wire::encode(&has));
+        }
+        SchedulerMsg::Tick(_) => {
+            state.prune();
+            let report = state
+                .health
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            let Some(report) = report else {
+                return Ok(());
+            };
+            if report.ok {
+                state.failures = 0;
+                if state.model.is_none() {
+                    state.model = report.model;
+                }
+                if let Some(load) = report.load {
+                    state.load = load;
+                }
+                let ready = state.model.is_some();
+                state.set_routable(&myself, ready);
+            } else {
+                state.failures += 1;
+                if state.failures >= UNHEALTHY_AFTER && state.routable {
+                    state.set_routable(&myself, false);
+                    // Streams of an engine that stopped answering may hang: hand them
+                    // back rather than wait (those already broken have ended).
+                    state.hand_back_all("its /health stopped answering");
+                }
+            }
+        }
+        SchedulerMsg::Drain(_) => {
+            state.set_routable(&myself, false);
+            state.draining = true;
+        }
+        SchedulerMsg::HandOffAll(wire) => {
+            let why = wire.decode().unwrap_or_else(|_| "handed off".into());
+            state.hand_back_all(&why);
+        }
+        SchedulerMsg::SetRole(_) => {
+            tracing::warn!(worker = %state.args.worker, "an external engine has no disaggregated role; ignored");
+        }
+        SchedulerMsg::StepDone(_) | SchedulerMsg::CanaryDone(_) | SchedulerMsg::PullDone(_) => {}
     }
+    Ok(())
 }

@@ -41,6 +41,7 @@ use crate::actors::router::{RouterMsg, find_router};
 use crate::actors::scheduler::SchedulerMsg;
 use crate::kv::block_hashes;
 use crate::request_plane::error::RequestError;
+use crate::request_plane::events::{EventBus, FleetEventKind};
 use crate::request_plane::migration::{
     Decision, GONE_PICKS_MAX, GiveUp, Migration, MigrationPolicy,
 };
@@ -103,6 +104,8 @@ pub struct RequestArgs {
     pub pin: Option<WorkerId>,
     /// This node's counters: requests in flight, migrations.
     pub stats: Arc<NodeStats>,
+    /// This node's fleet event bus: placements, hand-offs, migrations, give-ups.
+    pub bus: EventBus,
 }
 
 /// Request messages (local).
@@ -174,6 +177,10 @@ impl RequestState {
     }
 
     fn fail(&mut self, error: RequestError) {
+        self.args.bus.emit(FleetEventKind::GaveUp {
+            request: self.args.job.request,
+            reason: error.to_string(),
+        });
         let _ = self.args.events.send(error.to_event());
         self.done = true;
         self.release_held();
@@ -333,6 +340,14 @@ impl RequestState {
         if job.remote_kv.is_some() {
             self.pending_kv = None;
         }
+        if let Some(a) = &self.attempt {
+            self.args.bus.emit(FleetEventKind::Placed {
+                request: self.args.job.request,
+                worker: a.worker.clone(),
+                attempt: self.attempts,
+                hand_off: a.hand_off,
+            });
+        }
         Ok(())
     }
 
@@ -400,6 +415,12 @@ impl RequestState {
                 false
             }
             Decision::Place | Decision::Wait { .. } => {
+                self.args.bus.emit(FleetEventKind::Migrated {
+                    request: self.args.job.request,
+                    from: from.clone(),
+                    generated: self.generated.len(),
+                    reason: why.to_owned(),
+                });
                 self.args.stats.count_migration();
                 metrics::counter!("flotilla_migrations_total").increment(1);
                 tracing::warn!(request = %self.args.job.request, trace_id = ?self.args.job.trace_id, ?from, generated = self.generated.len(),
@@ -458,6 +479,11 @@ impl RequestState {
                 // The prefill worker computed the prompt and sent the first token (passed on
                 // already); place the decode attempt, which pulls the KV it holds.
                 tracing::debug!(request = %self.args.job.request, prefill = %kv.worker, tokens = kv.tokens, "prefill handed off");
+                self.args.bus.emit(FleetEventKind::HandedOff {
+                    request: self.args.job.request,
+                    from: kv.worker.clone(),
+                    tokens: kv.tokens,
+                });
                 // A second hand-off (the decode placement was handed off again) replaces the
                 // first: its prefill worker is told to release what it holds for us.
                 self.release_held();

@@ -44,6 +44,7 @@ use crate::actors::kv_publisher::{
     KV_EVENTS_GROUP, KV_PUBLISHER_GROUP, KvEventsMsg, KvPublisherMsg, KvSnapshot,
 };
 use crate::kv::KvEvent;
+use crate::request_plane::events::FleetEventKind;
 use crate::request_plane::protocol::{Placement, RouteRequest};
 use crate::runtime::clock::{Instant, SharedClock};
 use crate::runtime::ids::{EventId, NodeId, RequestId, WorkerId};
@@ -162,6 +163,8 @@ pub struct RouterArgs {
     /// Where the router publishes its workers' prefill queues, when admission on its node
     /// reads them (a gateway with `gateway.ttft_target_ms`); `None`: not published.
     pub queues: Option<load::PrefillQueueView>,
+    /// The node's fleet event bus (workers joining and leaving).
+    pub bus: crate::request_plane::events::EventBus,
 }
 
 impl RouterArgs {
@@ -173,6 +176,7 @@ impl RouterArgs {
             workers: Arc::new(ProcessGroups),
             disagg: DisaggRouting::default(),
             queues: None,
+            bus: Default::default(),
         }
     }
 }
@@ -192,6 +196,7 @@ pub struct RouterState {
     workers: Arc<dyn WorkerSource>,
     disagg: DisaggRouting,
     queues: Option<load::PrefillQueueView>,
+    bus: crate::request_plane::events::EventBus,
 }
 
 /// Workers a router may choose: members of the routable schedulers' group (alive, healthy,
@@ -247,6 +252,7 @@ impl RouterState {
             workers: args.workers,
             disagg: args.disagg,
             queues: args.queues,
+            bus: args.bus,
         })
     }
 
@@ -490,8 +496,16 @@ impl Actor for Router {
             {
                 for w in gone.iter().filter_map(worker_of_scheduler) {
                     state.purge(&w);
+                    state.bus.emit(FleetEventKind::WorkerDown { worker: w });
                 }
                 state.publish_queues();
+            }
+            E::ProcessGroupChanged(ractor::pg::GroupChangeMessage::Join(_, group, came))
+                if group == SCHEDULER_GROUP =>
+            {
+                for worker in came.iter().filter_map(worker_of_scheduler) {
+                    state.bus.emit(FleetEventKind::WorkerUp { worker });
+                }
             }
             _ => {}
         }
@@ -653,6 +667,7 @@ mod tests {
             workers: workers.clone(),
             disagg: DisaggRouting::default(),
             queues: None,
+            bus: Default::default(),
         })
         .unwrap();
         (state, clock, workers)

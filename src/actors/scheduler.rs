@@ -13,11 +13,12 @@
 use crate::worker::scheduler::{
     BlockPool, DisaggWorker, FillChange, Health, KvFill, Outbox, PullOrder, PullResult,
     ROUTABLE_GROUP, SCHEDULER_GROUP, SchedulerConfig, SchedulerCore, SchedulerStats, SeqRequest,
-    SimTransfer, StepResult, StepShape, StepTimeModel, StepWatchdog, WatchdogVerdict,
+    SimTransfer, StatsBoard, StepResult, StepShape, StepTimeModel, StepWatchdog, WatchdogVerdict,
 };
 
 use crate::actors::engine_worker::EngineWorkerMsg;
 use crate::kv::KvEvent;
+use crate::request_plane::events::FleetEventKind;
 use crate::request_plane::protocol::{
     self, Owner, RemoteKv, SubmitRequest, TokenEvent, TokenEventKind,
 };
@@ -105,6 +106,12 @@ pub struct SchedulerArgs {
     /// Send the token ids of stored blocks with the KV events (the replica publishes
     /// vLLM-format events, which carry them).
     pub token_events: bool,
+    /// Where this scheduler publishes its stats (the node's board).
+    pub board: StatsBoard,
+    /// Time: the outbox's grace, the watchdog's deadlines, holds, the admission window.
+    pub clock: crate::runtime::clock::SharedClock,
+    /// The node's fleet event bus (role changes).
+    pub bus: crate::request_plane::events::EventBus,
 }
 
 struct Live {
@@ -428,6 +435,10 @@ impl SchedulerState {
             ractor::pg::join(g.to_owned(), vec![myself.get_cell()]);
         }
         tracing::info!(worker = %self.args.worker, from = %self.role, to = %next, "role changed");
+        self.args.bus.emit(FleetEventKind::RoleChanged {
+            worker: self.args.worker.clone(),
+            role: next,
+        });
         self.role = next;
         self.next_role = None;
         if !self.draining && self.health == Health::Draining {
@@ -829,10 +840,10 @@ impl Actor for Scheduler {
             std::time::Duration::from_millis(500),
         );
         let ticker = myself.send_interval(period, || SchedulerMsg::Tick(Wire::encode(&())));
-        let clock = crate::runtime::clock::system();
+        let clock = args.clock.clone();
         let started_at = clock.now();
         let args_role = args.role;
-        Ok(SchedulerState {
+        let state = SchedulerState {
             outbox: Outbox::new(clock.clone(), args.owner_grace),
             watchdog: StepWatchdog::new(clock.clone(), args.step_timeout, args.canary_interval),
             step_model: StepTimeModel::new(),
@@ -857,7 +868,9 @@ impl Actor for Scheduler {
             draining: false,
             admissions: Default::default(),
             started_at,
-        })
+        };
+        state.args.board.publish(state.stats());
+        Ok(state)
     }
 
     async fn post_stop(
@@ -870,6 +883,7 @@ impl Actor for Scheduler {
         if let Some(t) = state.ticker.take() {
             t.abort();
         }
+        state.args.board.remove(&state.args.worker);
         let lost = TokenEventKind::Lost {
             reason: "the replica stopped".into(),
         };
@@ -891,157 +905,172 @@ impl Actor for Scheduler {
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            SchedulerMsg::Submit(wire) => {
-                let Ok(req) = wire.decode() else {
-                    return Ok(());
-                };
-                let key = (req.reply_to.clone(), req.request);
-                if state.by_request.contains_key(&key) {
-                    return Ok(()); // duplicate submission
-                }
-                let owner = req.owner();
-                if state.health != Health::Ready {
-                    // Routed here just before this replica left routing: place it elsewhere.
-                    let reason = format!("the worker is {}", state.health);
-                    state.emit(&owner, req.request, TokenEventKind::Lost { reason });
-                    state.flush();
-                    return Ok(());
-                }
-                state.next_seq += 1;
-                let seq = SeqId(state.next_seq);
-                // Remote KV must end inside the prompt (the prompt ends with the first token
-                // the prefill worker sampled); otherwise the prompt is computed here.
-                let remote = req
-                    .remote_kv
-                    .filter(|kv| (kv.tokens as usize) < req.prompt.len() && kv.tokens > 0);
-                let added = state.core.add(SeqRequest {
-                    remote_tokens: remote.as_ref().map_or(0, |kv| kv.tokens as usize),
-                    hand_off: req.hand_off,
-                    seq,
-                    prompt: req.prompt,
-                    max_tokens: req.max_tokens as usize,
-                    stop_token_ids: req.stop_token_ids,
-                    eos_token_id: if req.ignore_eos {
-                        None
-                    } else {
-                        state.args.eos_token_id
-                    },
-                    arrival: req.arrival_ms,
-                });
-                match added {
-                    Ok(()) => {
-                        tracing::debug!(worker = %state.args.worker, request = %req.request, trace_id = req.trace_id.as_deref().unwrap_or("-"), "sequence queued");
-                        state.by_request.insert(key, seq);
-                        state.live.insert(
-                            seq,
-                            Live {
-                                request: req.request,
-                                owner,
-                                sampling: req.sampling,
-                                admitted: false,
-                                emitted: 0,
-                                trace_id: req.trace_id,
-                                remote,
-                                queued_at: state.clock.now(),
-                            },
-                        );
-                    }
-                    Err(e) => {
-                        state.emit(
-                            &owner,
-                            req.request,
-                            TokenEventKind::Failed {
-                                message: e.to_string(),
-                                status: 400,
-                            },
-                        );
-                    }
-                }
-                state.kick(&myself)?;
+        let changes = !matches!(msg, SchedulerMsg::Stats(_) | SchedulerMsg::Has(..));
+        let out = handle_msg(myself, msg, state).await;
+        if changes {
+            // Pushed, not pulled: the node's board is what Discovery and admission read.
+            state.args.board.publish(state.stats());
+        }
+        out
+    }
+}
+
+/// One message (see [`Scheduler`]'s `handle`, which publishes the stats after it).
+async fn handle_msg(
+    myself: ActorRef<SchedulerMsg>,
+    msg: SchedulerMsg,
+    state: &mut SchedulerState,
+) -> Result<(), ActorProcessingErr> {
+    match msg {
+        SchedulerMsg::Submit(wire) => {
+            let Ok(req) = wire.decode() else {
+                return Ok(());
+            };
+            let key = (req.reply_to.clone(), req.request);
+            if state.by_request.contains_key(&key) {
+                return Ok(()); // duplicate submission
             }
-            SchedulerMsg::Cancel(wire) => {
-                if let Ok(key) = wire.decode()
-                    && let Some(seq) = state.by_request.get(&key).copied()
-                {
-                    state.drop_seq(seq);
-                    state.forward_kv_events();
-                    state.kick(&myself)?;
-                    state.maybe_switch_role(&myself);
-                }
+            let owner = req.owner();
+            if state.health != Health::Ready {
+                // Routed here just before this replica left routing: place it elsewhere.
+                let reason = format!("the worker is {}", state.health);
+                state.emit(&owner, req.request, TokenEventKind::Lost { reason });
+                state.flush();
+                return Ok(());
             }
-            SchedulerMsg::StepDone(wire) => {
-                let result = wire.decode()?;
-                state.on_step_done(result)?;
-                state.kick(&myself)?;
-                state.maybe_switch_role(&myself);
-            }
-            SchedulerMsg::PullDone(wire) => {
-                let result = wire.decode()?;
-                state.on_pull_done(result)?;
-                state.kick(&myself)?;
-                state.maybe_switch_role(&myself);
-            }
-            SchedulerMsg::SetRole(wire) => {
-                if let Ok(role) = wire.decode()
-                    && (role != state.role || state.next_role.is_some())
-                {
-                    tracing::info!(worker = %state.args.worker, from = %state.role, to = %role, live = state.live.len(), "role change: draining first");
-                    state.next_role = Some(role);
-                    if state.health == Health::Ready {
-                        state.leave_routing(&myself, Health::Draining);
-                    }
-                    state.maybe_switch_role(&myself);
-                }
-            }
-            SchedulerMsg::Stats(reply) => {
-                let _ = reply.send(Wire::encode(&state.stats()));
-            }
-            SchedulerMsg::Has(key, reply) => {
-                let here = key
-                    .decode()
-                    .is_ok_and(|k| state.by_request.contains_key(&k));
-                let _ = reply.send(Wire::encode(&here));
-            }
-            SchedulerMsg::Tick(_) => {
-                if state.args.faults.take_panic(&state.args.worker) {
-                    panic!(
-                        "injected panic in the scheduler of {} (chaos)",
-                        state.args.worker
+            state.next_seq += 1;
+            let seq = SeqId(state.next_seq);
+            // Remote KV must end inside the prompt (the prompt ends with the first token
+            // the prefill worker sampled); otherwise the prompt is computed here.
+            let remote = req
+                .remote_kv
+                .filter(|kv| (kv.tokens as usize) < req.prompt.len() && kv.tokens > 0);
+            let added = state.core.add(SeqRequest {
+                remote_tokens: remote.as_ref().map_or(0, |kv| kv.tokens as usize),
+                hand_off: req.hand_off,
+                seq,
+                prompt: req.prompt,
+                max_tokens: req.max_tokens as usize,
+                stop_token_ids: req.stop_token_ids,
+                eos_token_id: if req.ignore_eos {
+                    None
+                } else {
+                    state.args.eos_token_id
+                },
+                arrival: req.arrival_ms,
+            });
+            match added {
+                Ok(()) => {
+                    tracing::debug!(worker = %state.args.worker, request = %req.request, trace_id = req.trace_id.as_deref().unwrap_or("-"), "sequence queued");
+                    state.by_request.insert(key, seq);
+                    state.live.insert(
+                        seq,
+                        Live {
+                            request: req.request,
+                            owner,
+                            sampling: req.sampling,
+                            admitted: false,
+                            emitted: 0,
+                            trace_id: req.trace_id,
+                            remote,
+                            queued_at: state.clock.now(),
+                        },
                     );
                 }
-                state.fill_kv();
-                state.check_owners();
-                state.expire_held();
-                state.maybe_switch_role(&myself);
-                state.tick(&myself)?;
-                // Work that waits for blocks freed outside a step (a fill_kv released), and
-                // events for a sink that was away, go on here.
-                state.kick(&myself)?;
-                if !state.outbox.is_empty() {
-                    state.flush();
+                Err(e) => {
+                    state.emit(
+                        &owner,
+                        req.request,
+                        TokenEventKind::Failed {
+                            message: e.to_string(),
+                            status: 400,
+                        },
+                    );
                 }
             }
-            SchedulerMsg::CanaryDone(_) => state.watchdog.canary_returned(),
-            SchedulerMsg::Drain(_) => {
-                state.draining = true;
+            state.kick(&myself)?;
+        }
+        SchedulerMsg::Cancel(wire) => {
+            if let Ok(key) = wire.decode()
+                && let Some(seq) = state.by_request.get(&key).copied()
+            {
+                state.drop_seq(seq);
+                state.forward_kv_events();
+                state.kick(&myself)?;
+                state.maybe_switch_role(&myself);
+            }
+        }
+        SchedulerMsg::StepDone(wire) => {
+            let result = wire.decode()?;
+            state.on_step_done(result)?;
+            state.kick(&myself)?;
+            state.maybe_switch_role(&myself);
+        }
+        SchedulerMsg::PullDone(wire) => {
+            let result = wire.decode()?;
+            state.on_pull_done(result)?;
+            state.kick(&myself)?;
+            state.maybe_switch_role(&myself);
+        }
+        SchedulerMsg::SetRole(wire) => {
+            if let Ok(role) = wire.decode()
+                && (role != state.role || state.next_role.is_some())
+            {
+                tracing::info!(worker = %state.args.worker, from = %state.role, to = %role, live = state.live.len(), "role change: draining first");
+                state.next_role = Some(role);
                 if state.health == Health::Ready {
-                    tracing::info!(worker = %state.args.worker, live = state.live.len(), "draining");
                     state.leave_routing(&myself, Health::Draining);
                 }
+                state.maybe_switch_role(&myself);
             }
-            SchedulerMsg::HandOffAll(reason) => {
-                let reason = reason
-                    .decode()
-                    .unwrap_or_else(|_| "the worker is stopping".into());
-                tracing::warn!(worker = %state.args.worker, live = state.live.len(), %reason, "handing every request off");
-                state.drop_all(&TokenEventKind::Lost { reason });
-                state.forward_kv_events();
+        }
+        SchedulerMsg::Stats(reply) => {
+            let _ = reply.send(Wire::encode(&state.stats()));
+        }
+        SchedulerMsg::Has(key, reply) => {
+            let here = key
+                .decode()
+                .is_ok_and(|k| state.by_request.contains_key(&k));
+            let _ = reply.send(Wire::encode(&here));
+        }
+        SchedulerMsg::Tick(_) => {
+            if state.args.faults.take_panic(&state.args.worker) {
+                panic!(
+                    "injected panic in the scheduler of {} (chaos)",
+                    state.args.worker
+                );
+            }
+            state.fill_kv();
+            state.check_owners();
+            state.expire_held();
+            state.maybe_switch_role(&myself);
+            state.tick(&myself)?;
+            // Work that waits for blocks freed outside a step (a fill_kv released), and
+            // events for a sink that was away, go on here.
+            state.kick(&myself)?;
+            if !state.outbox.is_empty() {
                 state.flush();
             }
         }
-        Ok(())
+        SchedulerMsg::CanaryDone(_) => state.watchdog.canary_returned(),
+        SchedulerMsg::Drain(_) => {
+            state.draining = true;
+            if state.health == Health::Ready {
+                tracing::info!(worker = %state.args.worker, live = state.live.len(), "draining");
+                state.leave_routing(&myself, Health::Draining);
+            }
+        }
+        SchedulerMsg::HandOffAll(reason) => {
+            let reason = reason
+                .decode()
+                .unwrap_or_else(|_| "the worker is stopping".into());
+            tracing::warn!(worker = %state.args.worker, live = state.live.len(), %reason, "handing every request off");
+            state.drop_all(&TokenEventKind::Lost { reason });
+            state.forward_kv_events();
+            state.flush();
+        }
     }
+    Ok(())
 }
 
 /// One pull through the node's transport actor (the actor runs it as a task and answers when

@@ -60,6 +60,10 @@ pub struct NodeContext {
     pub transport: Option<Arc<crate::transport::Transport>>,
     /// This node's replicas' own endpoints (HTTP faces, vLLM-format KV event sockets).
     pub endpoints: crate::control::discovery::WorkerEndpoints,
+    /// The stats this node's schedulers publish (read by Discovery without a call).
+    pub worker_stats: crate::worker::scheduler::StatsBoard,
+    /// This node's fleet event bus: the actors that decide write to it.
+    pub events: crate::request_plane::events::EventBus,
 }
 
 impl NodeContext {

@@ -210,6 +210,8 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         fleet: Default::default(),
         prefill_queues: Default::default(),
         endpoints: Default::default(),
+        worker_stats: Default::default(),
+        events: crate::request_plane::events::EventBus::new(node_id.clone()),
     };
     let spec = tree::node_tree(&ctx);
     let (root, root_task) = match Actor::spawn(spec.actor_name.clone(), Supervisor, spec).await {

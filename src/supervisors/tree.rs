@@ -131,6 +131,7 @@ fn external_workers(ctx: &NodeContext) -> Option<SupervisorSpec> {
             block_size: ctx.config.worker.block_size_tokens as u32,
             salt: frontend.salt,
             eos_ids: frontend.tokenizer.eos_ids.clone(),
+            board: ctx.worker_stats.clone(),
         };
         ChildSpec::supervisor(
             SupervisorSpec::new(worker.to_string(), pair_flags)

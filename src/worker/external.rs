@@ -96,6 +96,8 @@ pub struct ExternalArgs {
     pub salt: u64,
     /// The model's end-of-sequence token ids.
     pub eos_ids: Vec<u32>,
+    /// Where the actor publishes the engine's load (the node's board).
+    pub board: crate::worker::scheduler::StatsBoard,
 }
 
 /// The engine's side of one request, pure: streamed chunks in, token events out.

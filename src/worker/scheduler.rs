@@ -179,6 +179,43 @@ pub struct SchedulerStats {
     pub prefill_tokens_per_s: Option<f64>,
 }
 
+/// The stats of a node's replicas as their schedulers last published them: each scheduler
+/// writes its own entry after every message that can change it (a step, a submission, a
+/// tick), so readers (Discovery's heartbeats, the fleet view, admission) never call a
+/// scheduler and never wait behind a long step. Cloned cheaply; one per node.
+#[derive(Clone, Debug, Default)]
+pub struct StatsBoard {
+    tx: std::sync::Arc<
+        tokio::sync::watch::Sender<std::collections::HashMap<WorkerId, SchedulerStats>>,
+    >,
+}
+
+impl StatsBoard {
+    /// Publish `stats` as its worker's entry.
+    pub fn publish(&self, stats: SchedulerStats) {
+        self.tx.send_modify(|m| {
+            m.insert(stats.worker.clone(), stats);
+        });
+    }
+
+    /// Withdraw `worker`'s entry (its scheduler stopped).
+    pub fn remove(&self, worker: &WorkerId) {
+        self.tx.send_if_modified(|m| m.remove(worker).is_some());
+    }
+
+    /// `worker`'s last published stats.
+    pub fn get(&self, worker: &WorkerId) -> Option<SchedulerStats> {
+        self.tx.borrow().get(worker).cloned()
+    }
+
+    /// A receiver that sees every change.
+    pub fn subscribe(
+        &self,
+    ) -> tokio::sync::watch::Receiver<std::collections::HashMap<WorkerId, SchedulerStats>> {
+        self.tx.subscribe()
+    }
+}
+
 /// How a pull of remote KV ended (local message payload).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PullResult {

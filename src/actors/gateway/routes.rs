@@ -43,11 +43,25 @@ pub struct GatewayShared {
     pub prefill_queues: crate::request_plane::router::load::PrefillQueueView,
     /// `Some`: this is a worker's own face (`face.rs`), not the gateway.
     pub face: Option<Arc<super::face::FaceInfo>>,
+    /// This node's fleet event bus, streamed by `GET /v1/fleet/events`.
+    pub bus: crate::request_plane::events::EventBus,
 }
 
 impl GatewayShared {
-    /// The fleet, fresh from this node's Discovery (for `/v1/fleet`, `/health`, `/metrics` and
-    /// the chaos API; admission reads the published view instead).
+    /// The fleet view this node's Discovery last published (each heartbeat tick and on every
+    /// change): what `/health`, `/metrics` and admission read, without a call.
+    ///
+    /// # Errors
+    /// 503 when none is published (Discovery is restarting).
+    pub(crate) fn published_fleet(&self) -> Result<Arc<[NodeView]>, ApiError> {
+        self.fleet.latest().ok_or_else(|| {
+            ApiError::new(ErrorKind::Unavailable, "cluster membership is restarting")
+        })
+    }
+
+    /// The fleet, fresh from this node's Discovery (for `/v1/fleet` and the chaos API, which
+    /// want this node's own entry as of now; Discovery answers from what is published, no
+    /// call to any scheduler).
     ///
     /// # Errors
     /// 503 when this node's Discovery is not running or does not answer.
@@ -78,6 +92,7 @@ pub fn app(shared: Arc<GatewayShared>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/fleet", get(fleet))
+        .route("/v1/fleet/events", get(fleet_events))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(shared);
@@ -93,7 +108,7 @@ pub(super) async fn live() -> Json<serde_json::Value> {
 /// `draining`). `live_worker_nodes` counts worker nodes up; `routable_workers` the replicas a
 /// router may choose.
 async fn health(State(s): State<Arc<GatewayShared>>) -> Response {
-    match s.fresh_fleet().await {
+    match s.published_fleet() {
         Ok(nodes) => {
             let worker_nodes = nodes
                 .iter()
@@ -136,7 +151,7 @@ async fn metrics(State(s): State<Arc<GatewayShared>>) -> Response {
     let mut text = s.metrics.render();
     // Per-worker gauges straight from the fleet view, not kept in the recorder: a worker that
     // left (or a node that is not up) has no lines, and a restarted one shows its new values.
-    if let Ok(nodes) = s.fresh_fleet().await {
+    if let Ok(nodes) = s.published_fleet() {
         text.push_str(&worker_gauges(&nodes));
     }
     (
@@ -200,6 +215,34 @@ fn worker_gauges(nodes: &[NodeView]) -> String {
 async fn fleet(State(s): State<Arc<GatewayShared>>) -> Result<Json<serde_json::Value>, ApiError> {
     let nodes = s.fresh_fleet().await?;
     Ok(Json(json!({ "nodes": nodes })))
+}
+
+/// `GET /v1/fleet/events`: this node's fleet events as they happen, one SSE record each
+/// (`data: {"at_ms":…,"node":…,"event":"placed",…}`; shapes in `request_plane/events.rs`),
+/// with a `: keep-alive` comment every 15 s of quiet. A reader too slow for the bus gets one
+/// record `{"event":"lagged","missed":N}` and goes on from the oldest event still held. The
+/// stream ends when the gateway stops.
+async fn fleet_events(State(s): State<Arc<GatewayShared>>) -> Response {
+    use crate::openai::sse;
+    use tokio::sync::broadcast::error::RecvError;
+    let mut rx = s.bus.subscribe();
+    let events = async_stream::stream! {
+        loop {
+            match rx.recv().await {
+                Ok(ev) => match serde_json::to_value(&ev) {
+                    Ok(v) => yield Ok::<_, std::convert::Infallible>(sse::data(&v)),
+                    Err(e) => tracing::warn!(error = %e, "fleet event not encodable"),
+                },
+                Err(RecvError::Lagged(missed)) => {
+                    yield Ok(sse::data(&json!({"event": "lagged", "missed": missed})));
+                }
+                Err(RecvError::Closed) => break,
+            }
+        }
+    };
+    axum::response::Sse::new(events)
+        .keep_alive(sse::keep_alive(std::time::Duration::from_secs(15)))
+        .into_response()
 }
 
 pub(super) async fn method_not_allowed(

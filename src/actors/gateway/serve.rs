@@ -78,6 +78,8 @@ pub struct Serving {
     pub admission: Admission,
     /// A worker's own face (`face.rs`): every request goes to this worker, no router asked.
     pub pin: Option<crate::runtime::ids::WorkerId>,
+    /// This node's fleet event bus (placements, migrations, give-ups).
+    pub bus: crate::request_plane::events::EventBus,
 }
 
 /// Admission control on this node's flag, this gateway's requests in flight, the fleet view
@@ -351,6 +353,7 @@ async fn spawn_choice(
         policy,
         stats: stats.clone(),
         pin: serving.pin.clone(),
+        bus: serving.bus.clone(),
     };
     let spec = ChildSpec::actor(format!("request-{}", job.request), Some(name), move || {
         (Request, args.clone())

@@ -58,6 +58,8 @@ pub(super) fn discovery(ctx: &NodeContext) -> DiscoveryArgs {
         fleet: ctx.fleet.clone(),
         transport: ctx.transport.clone(),
         endpoints: ctx.endpoints.clone(),
+        worker_stats: ctx.worker_stats.clone(),
+        bus: ctx.events.clone(),
     }
 }
 
@@ -69,6 +71,7 @@ pub(super) fn router(ctx: &NodeContext) -> RouterArgs {
     args.queues = (ctx.config.has_role(NodeRole::Gateway)
         && ctx.config.gateway.ttft_target_ms.is_some())
     .then(|| ctx.prefill_queues.clone());
+    args.bus = ctx.events.clone();
     args
 }
 
@@ -111,6 +114,7 @@ pub(super) fn gateway(ctx: &NodeContext) -> GatewayParts {
                 ttft_target_ms: g.ttft_target_ms,
             },
             pin: None,
+            bus: ctx.events.clone(),
         })
     });
     let chaos = ctx
@@ -130,6 +134,7 @@ pub(super) fn gateway(ctx: &NodeContext) -> GatewayParts {
         fleet: ctx.fleet.clone(),
         prefill_queues: ctx.prefill_queues.clone(),
         face: None,
+        bus: ctx.events.clone(),
     });
     let faces = faces(ctx, &shared);
     let http = ctx.config.has_role(NodeRole::Gateway).then(|| GatewayArgs {
@@ -175,6 +180,7 @@ fn faces(ctx: &NodeContext, gateway: &Arc<GatewayShared>) -> Vec<(u32, GatewayAr
                 stats: gateway.stats.clone(),
                 fleet: gateway.fleet.clone(),
                 prefill_queues: gateway.prefill_queues.clone(),
+                bus: gateway.bus.clone(),
                 face: Some(Arc::new(FaceInfo {
                     worker,
                     block_size: w.block_size_tokens,
@@ -235,6 +241,9 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
         owner_grace: Duration::from_millis(ctx.config.cluster.liveness_timeout_ms),
         sim: ctx.sim_profile.clone().map(|p| (p, w.sim_speedup)),
         stats: ctx.stats.clone(),
+        board: ctx.worker_stats.clone(),
+        clock: ctx.clock.clone(),
+        bus: ctx.events.clone(),
         transport: ctx.transport.clone(),
         role: if k < w.prefill_replicas {
             crate::worker::Role::Prefill
@@ -291,6 +300,12 @@ pub struct ReplicaParams {
     pub sim: Option<(SimProfile, f64)>,
     /// The node's resilience counters (restarts, engine hangs).
     pub stats: Arc<crate::runtime::resilience::NodeStats>,
+    /// Where the scheduler publishes its stats (the node's board).
+    pub board: crate::worker::scheduler::StatsBoard,
+    /// The node's clock.
+    pub clock: crate::runtime::clock::SharedClock,
+    /// The node's fleet event bus.
+    pub bus: crate::request_plane::events::EventBus,
     /// The node's KV transport: the engine allocates and registers its pools through it.
     pub transport: Option<Arc<crate::transport::Transport>>,
     /// The replica's role at start (`worker.role`).

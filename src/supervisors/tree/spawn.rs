@@ -33,8 +33,12 @@ pub(super) fn chaos(ctx: &NodeContext) -> ChildSpec {
     let faults = ctx.faults.clone();
     let cluster = ctx.cluster.clone();
     let clock = ctx.clock.clone();
+    let bus = ctx.events.clone();
     ChildSpec::actor("chaos", Some(ctx.name("chaos")), move || {
-        (Chaos, (faults.clone(), cluster.clone(), clock.clone()))
+        (
+            Chaos,
+            (faults.clone(), cluster.clone(), clock.clone(), bus.clone()),
+        )
     })
     .shutdown(args::shutdown(ctx))
 }
@@ -234,6 +238,9 @@ pub(super) fn scheduler(p: &ReplicaParams) -> ChildSpec {
         transport: p.transport.clone(),
         sim_transfer: p.sim_transfer,
         token_events: p.kv_events.is_some(),
+        board: p.board.clone(),
+        clock: p.clock.clone(),
+        bus: p.bus.clone(),
     };
     ChildSpec::actor("scheduler", Some(p.part_name("scheduler")), move || {
         (Scheduler, args.clone())

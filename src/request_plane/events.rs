@@ -1,0 +1,177 @@
+//! The fleet's event bus: one broadcast channel per node on which the actors that *decide*
+//! something say so — a placement, a hand-off, a migration, a request given up, a fault
+//! installed or cleared, a replica's role change, a worker or node coming and going. Readers
+//! (the gateway's `GET /v1/fleet/events` stream; the live fleet page and the offline
+//! simulator later) subscribe; a reader that falls behind loses the oldest events (it is
+//! told how many), never slows a writer.
+//!
+//! Events are per node: a gateway node sees its requests' placements and migrations and, where
+//! it runs a router, workers joining and leaving; a worker node sees its replicas' role
+//! changes and the faults installed on it. Each event names the node that emitted it.
+
+use crate::control::chaos::FaultKind;
+use crate::runtime::ids::{NodeId, RequestId, WorkerId};
+use crate::worker::Role;
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+
+/// How many events a slow reader may fall behind before it loses the oldest.
+pub const EVENT_BUFFER: usize = 4096;
+
+/// What happened.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum FleetEventKind {
+    /// A request's attempt was placed on `worker` and submitted there (`attempt` counts from
+    /// 1; `hand_off`: a prefill-only attempt whose KV a decode attempt will pull).
+    Placed {
+        request: RequestId,
+        worker: WorkerId,
+        attempt: u32,
+        hand_off: bool,
+    },
+    /// A prefill worker handed the request's KV off (`tokens` of prompt).
+    HandedOff {
+        request: RequestId,
+        from: WorkerId,
+        tokens: u32,
+    },
+    /// The request's worker was lost; it migrates with `generated` tokens.
+    Migrated {
+        request: RequestId,
+        from: Option<WorkerId>,
+        generated: usize,
+        reason: String,
+    },
+    /// The request was given up (its client gets a 503 or an error record).
+    GaveUp {
+        request: RequestId,
+        reason: String,
+    },
+    /// A fault was installed on this node.
+    FaultInstalled {
+        id: u64,
+        #[serde(flatten)]
+        kind: FaultKind,
+        workers: Vec<WorkerId>,
+    },
+    /// A fault was cleared on this node (`expired`: its time was up).
+    FaultCleared {
+        id: u64,
+        expired: bool,
+    },
+    /// A replica switched role.
+    RoleChanged {
+        worker: WorkerId,
+        role: Role,
+    },
+    /// A worker's scheduler joined the fleet (started or restarted).
+    WorkerUp {
+        worker: WorkerId,
+    },
+    /// A worker's scheduler left the fleet (dead, restarting or stopped).
+    WorkerDown {
+        worker: WorkerId,
+    },
+    /// Membership: a node came up, became suspect, or went down.
+    NodeUp {
+        node: NodeId,
+    },
+    NodeSuspect {
+        node: NodeId,
+    },
+    NodeDown {
+        node: NodeId,
+    },
+}
+
+/// One event: when (ms since the Unix epoch), where it was emitted, what.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FleetEvent {
+    /// Wall-clock time of emission, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// The node whose actor emitted it.
+    pub node: NodeId,
+    /// What happened.
+    #[serde(flatten)]
+    pub kind: FleetEventKind,
+}
+
+/// A node's event bus (cloned cheaply; every clone writes to the same channel).
+#[derive(Clone, Debug)]
+pub struct EventBus {
+    node: NodeId,
+    tx: broadcast::Sender<FleetEvent>,
+}
+
+impl EventBus {
+    /// A bus for `node`'s actors.
+    pub fn new(node: NodeId) -> Self {
+        Self {
+            node,
+            tx: broadcast::channel(EVENT_BUFFER).0,
+        }
+    }
+
+    /// Say that `kind` happened (dropped when nobody listens).
+    pub fn emit(&self, kind: FleetEventKind) {
+        let _ = self.tx.send(FleetEvent {
+            at_ms: crate::runtime::clock::unix_ms(),
+            node: self.node.clone(),
+            kind,
+        });
+    }
+
+    /// Every event from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<FleetEvent> {
+        self.tx.subscribe()
+    }
+}
+
+impl Default for EventBus {
+    /// A bus with no node name (tests, tools).
+    fn default() -> Self {
+        Self::new(NodeId::new(""))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_reach_every_subscriber_in_order_with_their_shape() {
+        let bus = EventBus::new(NodeId::new("node-0"));
+        bus.emit(FleetEventKind::WorkerUp {
+            worker: WorkerId::new("node-1/replica-0"),
+        }); // nobody listens: dropped, no error
+        let mut a = bus.subscribe();
+        let mut b = bus.clone().subscribe();
+        bus.emit(FleetEventKind::Placed {
+            request: RequestId(7),
+            worker: WorkerId::new("node-1/replica-0"),
+            attempt: 1,
+            hand_off: false,
+        });
+        bus.emit(FleetEventKind::FaultInstalled {
+            id: 3,
+            kind: FaultKind::Slow { delay_ms: 5 },
+            workers: vec![WorkerId::new("node-1/replica-0")],
+        });
+        for rx in [&mut a, &mut b] {
+            let first = rx.try_recv().expect("placed");
+            assert!(matches!(
+                first.kind,
+                FleetEventKind::Placed { attempt: 1, .. }
+            ));
+            assert_eq!(first.node, NodeId::new("node-0"));
+            let second = rx.try_recv().expect("fault");
+            let v = serde_json::to_value(&second).expect("json");
+            assert_eq!(v["event"], "fault_installed");
+            assert_eq!(v["kind"], "slow");
+            assert_eq!(v["delay_ms"], 5);
+            assert_eq!(v["node"], "node-0");
+            assert!(rx.try_recv().is_err());
+        }
+    }
+}
