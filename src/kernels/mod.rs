@@ -8,6 +8,7 @@
 //! - `cpu/matmul.rs`: `y = x·Wᵀ` (gemm for f32 and large batches, AVX-512 in-register dequant for decode).
 //! - `cpu/simd.rs`: the AVX-512 register-tile kernels behind `cpu/matmul.rs` and attention.
 //! - `cpu/simd_avx2.rs`: their AVX2 + FMA twins for CPUs without AVX-512.
+//! - `cpu/tile.rs`: the register tile (rows × activation rows) those kernels are written for.
 //! - `cpu/norm.rs`: RMSNorm.
 //! - `cpu/rope.rs`: rotary embeddings, adjacent-pair (GGUF) and half-split (HF) layouts.
 //! - `cpu/attention.rs`: paged causal attention with grouped-query heads.

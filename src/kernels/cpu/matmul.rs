@@ -23,6 +23,7 @@ use rayon::prelude::*;
 use super::simd as avx512;
 #[cfg(target_arch = "x86_64")]
 use super::simd_avx2 as avx2;
+use super::tile::{C, R};
 use crate::kernels::quant::{MatrixData, QK, WeightMatrix};
 
 /// From this many activation rows on, quantised weights go through dequantised tiles + gemm.
@@ -186,12 +187,8 @@ fn gemm_f32(
     }
 }
 
-/// Rows of `W` handled per register tile.
-pub(super) const R: usize = 4;
 /// Weight rows dequantised together for the batched (m > 1) path.
 const PANEL: usize = 64;
-/// Activation rows handled per register tile.
-pub(super) const C: usize = 4;
 /// Up to this many activation rows, AVX-512 runs the in-register dequantising kernels (each
 /// block dequantised once per `C` rows; measured faster than the panel path for batches of 8
 /// and 32 on the project's VM); above it, the f32 panel path.

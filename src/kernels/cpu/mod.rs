@@ -9,6 +9,7 @@ pub mod rope;
 pub mod simd;
 #[cfg(target_arch = "x86_64")]
 pub mod simd_avx2;
+pub mod tile;
 
 use rayon::prelude::*;
 

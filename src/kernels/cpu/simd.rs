@@ -6,7 +6,7 @@
 //! unroll into registers (this needs opt-level 3).
 #![allow(clippy::needless_range_loop)]
 
-use super::matmul::{C, R};
+use super::tile::{C, R};
 use crate::kernels::quant::{BlockQ4_1, BlockQ8_0};
 use std::arch::x86_64::*;
 

@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::matmul::{C, R};
+use super::tile::{C, R};
 use crate::kernels::quant::{BlockQ4_1, BlockQ8_0};
 
 /// How many register tiles ahead the weight blocks are prefetched.
