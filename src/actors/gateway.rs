@@ -7,6 +7,17 @@
 //! (no `post_stop`) still releases its listener, through a drop guard in its state. If the server
 //! task ends on its own, the actor fails so its supervisor restarts it; a restart re-binds the
 //! same port (the first bind's port when configured as 0).
+//!
+//! Files, each importing only those above it:
+//! - `state.rs` — [`state::GatewayShared`], the routes' shared state, and the data it holds.
+//! - `edge.rs` — what every request goes through: request ids, JSON bodies, the control API's
+//!   guard; the shared answers (`/live`, readiness, 404, 405).
+//! - `serve.rs` — the OpenAI generation routes (admission, body, validation, streaming).
+//! - `chaos_routes.rs`, `worker_routes.rs` — the control API: faults, a replica's role.
+//! - `face.rs` — a replica's own OpenAI face (`worker.http`).
+//! - `routes.rs` — the apps: the gateway's routes (and `/health`, `/metrics`, `/v1/fleet`,
+//!   `/v1/fleet/events`), or a face's.
+//! - `conn.rs` — the accept loop: connection cap, idle and header deadlines.
 
 pub mod chaos_routes;
 pub mod conn;
@@ -14,6 +25,7 @@ pub mod edge;
 pub mod face;
 pub mod routes;
 pub mod serve;
+pub mod state;
 pub mod worker_routes;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};

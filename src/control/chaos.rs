@@ -27,7 +27,7 @@
 //! The actor is [`crate::actors::chaos`]; this module is its pure part: the fault kinds and
 //! the book, which holds no actor.
 //!
-//! [`ChaosController`]: crate::actors::gateway::chaos_routes::ChaosController
+//! [`ChaosController`]: crate::actors::gateway::state::ChaosController
 
 use crate::runtime::clock::Instant;
 use crate::runtime::ids::{NodeId, WorkerId};

@@ -5,7 +5,7 @@
 //! behind `edge::control_guard` (foreign `Origin`/`Host`: 403); a POST needs
 //! `Content-Type: application/json` (415).
 
-use super::routes::GatewayShared;
+use super::state::{ChaosController, FaultRecord, GatewayShared};
 use crate::actors::chaos::{ChaosMsg, find_chaos};
 use crate::control::chaos::{ActorKind, FaultKind, FaultSpec, Injection, Target};
 use crate::control::discovery::membership::{NodeState, NodeView};
@@ -17,7 +17,6 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,31 +31,6 @@ pub const MAX_DELAY_MS: u64 = 600_000;
 /// Longest partition (ms): 10 minutes. The far side of a cut cannot be reached to heal it
 /// early, so every partition must end by itself.
 pub const MAX_PARTITION_MS: u64 = 600_000;
-
-/// One fault as listed by `GET /chaos/faults`.
-#[derive(Clone, Debug, Serialize)]
-pub struct FaultRecord {
-    /// Id.
-    pub id: u64,
-    /// The fault as posted.
-    pub spec: FaultSpec,
-    /// Workers it hit.
-    pub hit: Vec<WorkerId>,
-    /// Nodes it was sent to.
-    pub nodes: Vec<String>,
-    /// Still installed.
-    pub active: bool,
-    /// When a timed fault ends (each node it hit ends it by itself then; the record follows).
-    #[serde(skip)]
-    pub ends_at: Option<std::time::Instant>,
-}
-
-/// The gateway's fault registry.
-pub struct ChaosController {
-    next_id: AtomicU64,
-    faults: Mutex<Vec<FaultRecord>>,
-    token: Option<String>,
-}
 
 impl ChaosController {
     /// A controller; `token`: the bearer token every call must present, if any.

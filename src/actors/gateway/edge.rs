@@ -11,18 +11,20 @@
 //!   `/chaos/faults`) need `Content-Type: application/json` (or `application/*+json`, any
 //!   parameters): otherwise, or with none, 415 in the OpenAI error shape before any work
 //!   ([`require_json`]). A cross-site HTML form cannot send that type without a CORS preflight.
-//! - **The control API** (`/chaos/*`, and any admin route added to [`control_routes`]'s
+//! - **The control API** (`/chaos/*`, and any admin route added to [`control_routes`](super::routes::control_routes)'s
 //!   router): a foreign `Origin` is refused (403), and when no `chaos.token` is set the `Host`
 //!   must be a loopback name — `localhost`, `127.0.0.0/8`, `[::1]` — or the configured
 //!   `gateway.http_addr` IP, any port (403 otherwise: a DNS-rebinding page's requests carry
 //!   its own host name). A request with no `Host` is refused too ([`check_control`]).
 
-use super::routes::GatewayShared;
+use super::state::GatewayShared;
 use crate::openai::error::{ApiError, ErrorKind};
+use axum::Json;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -216,21 +218,36 @@ pub async fn control_guard(
     }
 }
 
-/// The control API's routes, behind [`control_guard`].
-pub fn control_routes(shared: Arc<GatewayShared>) -> axum::Router<Arc<GatewayShared>> {
-    use super::chaos_routes;
-    axum::Router::new()
-        .route(
-            "/chaos/faults",
-            axum::routing::get(chaos_routes::list).post(chaos_routes::create),
-        )
-        .route(
-            "/chaos/faults/{id}",
-            axum::routing::delete(chaos_routes::delete),
-        )
-        .route(
-            "/v1/workers/role",
-            axum::routing::post(super::worker_routes::set_role),
-        )
-        .route_layer(axum::middleware::from_fn_with_state(shared, control_guard))
+/// `GET /live`: the process answers.
+pub async fn live() -> Json<serde_json::Value> {
+    Json(json!({"status": "alive"}))
+}
+
+/// A readiness answer: 200 when `word` is `ready`, else 503; the body is `fields` with
+/// `status: word` (shared with the workers' faces).
+pub fn readiness(word: &str, mut fields: serde_json::Value) -> Response {
+    let status = if word == "ready" {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    fields["status"] = word.into();
+    (status, Json(fields)).into_response()
+}
+
+/// 405 in the OpenAI error shape.
+pub async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let mut r = ApiError::new(
+        ErrorKind::InvalidRequest,
+        format!("method {method} is not allowed on {}", uri.path()),
+    )
+    .code("method_not_allowed")
+    .into_response();
+    *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    r
+}
+
+/// 404 in the OpenAI error shape.
+pub async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::new(ErrorKind::NotFound, format!("no route for {}", uri.path())).code("not_found")
 }

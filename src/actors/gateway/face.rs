@@ -33,8 +33,8 @@
 //! request, 404 for another model, 413 past `gateway.max_body_bytes`, 503 while the replica
 //! is away.
 
-use super::routes::GatewayShared;
 use super::serve;
+use super::state::{FaceInfo, GatewayShared};
 use crate::control::discovery::membership::{NodeState, WorkerView};
 use crate::openai::error::{ApiError, ErrorKind};
 use crate::openai::request::{RequestKind, check_model, parse_request};
@@ -47,21 +47,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-
-/// What a face knows about its replica.
-#[derive(Debug)]
-pub struct FaceInfo {
-    /// The replica.
-    pub worker: WorkerId,
-    /// Tokens per KV block.
-    pub block_size: usize,
-    /// The vLLM-format KV event socket's address, once bound.
-    pub kv_events: Arc<Mutex<Option<SocketAddr>>>,
-    /// The model file, as `model_path` in `/server_info`.
-    pub model_path: String,
-}
+use std::sync::Arc;
 
 impl FaceInfo {
     fn kv_events_endpoint(&self) -> Option<String> {
@@ -82,7 +68,7 @@ pub fn app(shared: Arc<GatewayShared>) -> Router {
         .route("/v1/chat/completions/render", post(render_chat))
         .route("/v1/completions/render", post(render_completion))
         .route("/tokenize", post(tokenize))
-        .route("/live", get(super::routes::live))
+        .route("/live", get(super::edge::live))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/get_load", get(load))
@@ -90,8 +76,8 @@ pub fn app(shared: Arc<GatewayShared>) -> Router {
         .route("/get_server_info", get(server_info))
         .route("/model_info", get(model_info))
         .route("/get_model_info", get(model_info))
-        .fallback(super::routes::not_found)
-        .method_not_allowed_fallback(super::routes::method_not_allowed)
+        .fallback(super::edge::not_found)
+        .method_not_allowed_fallback(super::edge::method_not_allowed)
         .with_state(shared);
     super::edge::with_request_ids(app)
 }
@@ -129,7 +115,7 @@ async fn health(State(s): State<Arc<GatewayShared>>) -> Response {
     } else {
         "not_ready"
     };
-    super::routes::readiness(word, json!({"worker": f.worker.as_str()}))
+    super::edge::readiness(word, json!({"worker": f.worker.as_str()}))
 }
 
 fn model_id(s: &GatewayShared) -> String {

@@ -2,79 +2,18 @@
 //! the control API (`edge::control_routes`); everything else is a 404 in the OpenAI error
 //! shape. Every response carries `x-request-id` (`edge.rs`).
 
-use crate::actors::discovery;
-use crate::control::discovery::FleetView;
+use super::edge::{control_guard, live, method_not_allowed, not_found, readiness};
+#[doc(no_inline)]
+pub use super::state::GatewayShared;
 use crate::control::discovery::membership::{NodeState, NodeView, WorkerView};
-use crate::openai::error::{ApiError, ErrorKind};
+use crate::openai::error::ApiError;
 use crate::runtime::config::NodeRole;
-use crate::runtime::resilience::NodeStats;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 use std::sync::Arc;
-
-/// What the routes share.
-pub struct GatewayShared {
-    /// Name of this node's Discovery actor (looked up per request, so a restarted Discovery
-    /// is found).
-    pub discovery_name: String,
-    /// Metrics renderer.
-    pub metrics: PrometheusHandle,
-    /// Largest accepted body.
-    pub max_body_bytes: usize,
-    /// A body must be read completely within this (`gateway.request_body_timeout_ms`).
-    pub request_body_timeout: std::time::Duration,
-    /// The configured listen address (`gateway.http_addr`), an allowed `Host` of the control
-    /// API.
-    pub http_addr: std::net::SocketAddr,
-    /// The generation routes' state; `None` when this gateway serves no model (they answer 503).
-    pub serving: Option<Arc<super::serve::Serving>>,
-    /// The chaos API; `None` when disabled (its routes answer 404).
-    pub chaos: Option<Arc<super::chaos_routes::ChaosController>>,
-    /// This node's draining flag and counters.
-    pub stats: Arc<NodeStats>,
-    /// The fleet view this node's Discovery publishes (what admission control reads).
-    pub fleet: FleetView,
-    /// The prefill queues this node's router publishes (what admission reads beside `fleet`).
-    pub prefill_queues: crate::request_plane::router::load::PrefillQueueView,
-    /// `Some`: this is a worker's own face (`face.rs`), not the gateway.
-    pub face: Option<Arc<super::face::FaceInfo>>,
-    /// This node's fleet event bus, streamed by `GET /v1/fleet/events`.
-    pub bus: crate::request_plane::events::EventBus,
-}
-
-impl GatewayShared {
-    /// The fleet view this node's Discovery last published (each heartbeat tick and on every
-    /// change): what `/health`, `/metrics` and admission read, without a call.
-    ///
-    /// # Errors
-    /// 503 when none is published (Discovery is restarting).
-    pub(crate) fn published_fleet(&self) -> Result<Arc<[NodeView]>, ApiError> {
-        self.fleet.latest().ok_or_else(|| {
-            ApiError::new(ErrorKind::Unavailable, "cluster membership is restarting")
-        })
-    }
-
-    /// The fleet, fresh from this node's Discovery (for `/v1/fleet` and the chaos API, which
-    /// want this node's own entry as of now; Discovery answers from what is published, no
-    /// call to any scheduler).
-    ///
-    /// # Errors
-    /// 503 when this node's Discovery is not running or does not answer.
-    pub(crate) async fn fresh_fleet(&self) -> Result<Vec<NodeView>, ApiError> {
-        let discovery = discovery::local(&self.discovery_name).ok_or_else(|| {
-            ApiError::new(ErrorKind::Unavailable, "cluster membership is restarting")
-        })?;
-        discovery::fleet(&discovery).await.map_err(|e| {
-            tracing::warn!(error = %e, "fleet view unavailable");
-            ApiError::new(ErrorKind::Unavailable, "cluster membership is unavailable")
-        })
-    }
-}
 
 /// The gateway's router (no socket: tests drive it with `tower::ServiceExt::oneshot`).
 pub fn app(shared: Arc<GatewayShared>) -> Router {
@@ -87,7 +26,7 @@ pub fn app(shared: Arc<GatewayShared>) -> Router {
         .route("/v1/completions", axum::routing::post(serve::completions))
         .route("/v1/models", get(serve::models))
         .route("/v1/models/{id}", get(serve::model))
-        .merge(super::edge::control_routes(shared.clone()))
+        .merge(control_routes(shared.clone()))
         .route("/live", get(live))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
@@ -97,10 +36,6 @@ pub fn app(shared: Arc<GatewayShared>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(shared);
     super::edge::with_request_ids(app)
-}
-
-pub(super) async fn live() -> Json<serde_json::Value> {
-    Json(json!({"status": "alive"}))
 }
 
 /// Readiness: 200 `ready` when at least one worker in the cluster is routable (alive,
@@ -129,18 +64,6 @@ async fn health(State(s): State<Arc<GatewayShared>>) -> Response {
         }
         Err(e) => e.into_response(),
     }
-}
-
-/// A readiness answer: 200 when `word` is `ready`, else 503; the body is `fields` with
-/// `status: word` (shared with the workers' faces).
-pub(super) fn readiness(word: &str, mut fields: serde_json::Value) -> Response {
-    let status = if word == "ready" {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    fields["status"] = word.into();
-    (status, Json(fields)).into_response()
 }
 
 async fn metrics(State(s): State<Arc<GatewayShared>>) -> Response {
@@ -245,22 +168,23 @@ async fn fleet_events(State(s): State<Arc<GatewayShared>>) -> Response {
         .into_response()
 }
 
-pub(super) async fn method_not_allowed(
-    method: axum::http::Method,
-    uri: axum::http::Uri,
-) -> Response {
-    let mut r = ApiError::new(
-        ErrorKind::InvalidRequest,
-        format!("method {method} is not allowed on {}", uri.path()),
-    )
-    .code("method_not_allowed")
-    .into_response();
-    *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
-    r
-}
-
-pub(super) async fn not_found(uri: axum::http::Uri) -> ApiError {
-    ApiError::new(ErrorKind::NotFound, format!("no route for {}", uri.path())).code("not_found")
+/// The control API's routes (`/chaos/*`, `/v1/workers/role`), behind [`control_guard`].
+pub fn control_routes(shared: Arc<GatewayShared>) -> axum::Router<Arc<GatewayShared>> {
+    use super::chaos_routes;
+    axum::Router::new()
+        .route(
+            "/chaos/faults",
+            axum::routing::get(chaos_routes::list).post(chaos_routes::create),
+        )
+        .route(
+            "/chaos/faults/{id}",
+            axum::routing::delete(chaos_routes::delete),
+        )
+        .route(
+            "/v1/workers/role",
+            axum::routing::post(super::worker_routes::set_role),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(shared, control_guard))
 }
 
 #[cfg(test)]

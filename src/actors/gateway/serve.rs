@@ -17,7 +17,7 @@
 //! record, then the stream ends without `[DONE]`; keep-alive comments are sent every
 //! `gateway.keep_alive_ms` (10 s) while a stream waits for tokens.
 
-use super::routes::GatewayShared;
+use super::state::{GatewayShared, Serving};
 use crate::actors::request::{Job, Request, RequestArgs, RequestMsg};
 use crate::openai::detok::IncrementalDetokenizer;
 use crate::openai::error::{ApiError, ErrorKind};
@@ -27,13 +27,12 @@ use crate::openai::response::{
 };
 use crate::openai::sse;
 use crate::openai::stop::StopMatcher;
-use crate::request_plane::admission::{Admission, AdmissionVerdict};
+use crate::request_plane::admission::AdmissionVerdict;
 use crate::request_plane::error::RequestError;
-use crate::request_plane::frontend::{Frontend, TokRef};
+use crate::request_plane::frontend::TokRef;
 use crate::request_plane::protocol::TokenEventKind;
 use crate::request_plane::router::policy::Policy;
-use crate::request_plane::token_sink::SinkRegistry;
-use crate::runtime::ids::{NodeId, RequestId};
+use crate::runtime::ids::RequestId;
 use crate::runtime::resilience::NodeStats;
 use crate::supervisors::{ChildSpec, Restart, Shutdown, SupervisorMsg};
 use crate::worker::engine::SamplingParams;
@@ -44,43 +43,9 @@ use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response, Sse};
 use ractor::ActorRef;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-
-/// What the generation routes share.
-#[derive(Clone)]
-pub struct Serving {
-    /// The model.
-    pub frontend: Arc<Frontend>,
-    /// This node.
-    pub node: NodeId,
-    /// Where this node's TokenSink delivers.
-    pub registry: SinkRegistry,
-    /// Registered name of the request supervisor.
-    pub request_sup: String,
-    /// Request id counter (shared with Request actors: each migration attempt takes a new id).
-    pub next_id: Arc<AtomicU64>,
-    /// Tokens per KV block (`worker.block_size_tokens`), for the requests' sequence hashes.
-    pub block_size: usize,
-    /// When a request whose worker is lost migrates, waits or gives up
-    /// (`gateway.migration_*`).
-    pub migration: crate::request_plane::migration::MigrationPolicy,
-    /// Time for the Request actors.
-    pub clock: crate::runtime::clock::SharedClock,
-    /// This node's incarnation (its start, ms since the Unix epoch): every submitted sequence
-    /// names it, so that workers can tell a restarted gateway's requests from the orphans of
-    /// the one before.
-    pub incarnation: u64,
-    /// Interval of SSE keep-alive comments while a stream waits (`gateway.keep_alive_ms`).
-    pub keep_alive: Duration,
-    /// Admission thresholds.
-    pub admission: Admission,
-    /// A worker's own face (`face.rs`): every request goes to this worker, no router asked.
-    pub pin: Option<crate::runtime::ids::WorkerId>,
-    /// This node's fleet event bus (placements, migrations, give-ups).
-    pub bus: crate::request_plane::events::EventBus,
-}
 
 /// Admission control on this node's flag, this gateway's requests in flight, the fleet view
 /// Discovery last published and the prefill queues this node's router published (when one

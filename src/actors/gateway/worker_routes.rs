@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::routes::GatewayShared;
+use super::state::GatewayShared;
 use crate::actors::scheduler::SchedulerMsg;
 use crate::openai::error::{ApiError, ErrorKind};
 use crate::runtime::wire::Wire;

@@ -3,11 +3,11 @@
 
 use crate::actors::discovery::DiscoveryArgs;
 use crate::actors::gateway::GatewayArgs;
-use crate::actors::gateway::chaos_routes::ChaosController;
 use crate::actors::gateway::conn::ConnLimits;
-use crate::actors::gateway::face::FaceInfo;
 use crate::actors::gateway::routes::GatewayShared;
-use crate::actors::gateway::serve::Serving;
+use crate::actors::gateway::state::ChaosController;
+use crate::actors::gateway::state::FaceInfo;
+use crate::actors::gateway::state::Serving;
 use crate::actors::router::RouterArgs;
 use crate::control::chaos::FaultBook;
 use crate::control::discovery::membership::Leases;
