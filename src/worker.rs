@@ -9,7 +9,6 @@
 //!   the simulated engine (`engine/sim.rs`), and the chaos filter that wraps either
 //!   (`engine/chaos.rs`).
 //! - `error.rs` — [`WorkerError`]: why a step produced no tokens.
-//! - `role.rs` — [`Role`]: aggregated, prefill or decode (disaggregated serving).
 //! - `external.rs` — an engine outside Flotilla (`router.external_workers`) seen as a
 //!   replica: a scheduler-shaped proxy over HTTP and its KV events over ZMQ.
 //!
@@ -19,8 +18,6 @@
 pub mod engine;
 mod error;
 pub mod external;
-pub mod role;
 pub mod scheduler;
 
 pub use error::WorkerError;
-pub use role::Role;

@@ -22,11 +22,11 @@ use crate::request_plane::events::FleetEventKind;
 use crate::request_plane::protocol::{
     self, Owner, RemoteKv, SubmitRequest, TokenEvent, TokenEventKind,
 };
+use crate::request_plane::role::{Role, role_group};
 use crate::runtime::ids::{NodeId, RequestId, SeqId, WorkerId};
 use crate::runtime::wire::Wire;
 use crate::worker::WorkerError;
 use crate::worker::engine::{SamplingParams, StepBatch, StepSeq};
-use crate::worker::role::{Role, role_group};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
 use std::collections::HashMap;

@@ -13,7 +13,7 @@
 //! dies (crash, chaos `kill_node`) is started again under its name and joins the others; one
 //! that stops cleanly is left stopped.
 //! `--prefill N --decode M` starts N prefill and M decode worker nodes (`worker.role`; see
-//! `worker/role.rs`) instead of aggregated ones: a disaggregated cluster.
+//! `request_plane/role.rs`) instead of aggregated ones: a disaggregated cluster.
 //! On Ctrl-C / SIGTERM each child gets SIGTERM — each node drains (see `node::drain`) — and is
 //! given `STOP_GRACE` to stop in order, then SIGKILL; `up` exits 0 with no child left behind.
 
@@ -57,7 +57,7 @@ pub struct UpOptions {
     pub max_restarts: usize,
     /// `worker.role` of each worker node (node 1, 2, …), for a disaggregated cluster
     /// (`--prefill N --decode M`); empty: every node keeps its configured role.
-    pub worker_roles: Vec<crate::worker::Role>,
+    pub worker_roles: Vec<crate::request_plane::role::Role>,
 }
 
 struct NodeProc {

@@ -24,10 +24,10 @@
 //! gone ([`owner_status`]: replaced by a newer incarnation at once, or missing for the
 //! liveness timeout) aborts the owner's sequences and frees their KV blocks.
 
+pub use crate::kernels::sample::SamplingParams;
 use crate::request_plane::router::policy::Policy;
 use crate::runtime::ids::{NodeId, RequestId, SequenceHash, WorkerId};
 use crate::runtime::wire::Wire;
-use crate::worker::engine::SamplingParams;
 use ractor::ActorRef;
 use ractor_cluster::RactorClusterMessage;
 use serde::{Deserialize, Serialize};

@@ -41,7 +41,7 @@
 //! fits (or that block is not used yet). Steps without decode rows, and every step until the
 //! model has seen enough step shapes, use the token budget alone.
 //!
-//! # Disaggregation (`worker/role.rs`)
+//! # Disaggregation (`request_plane/role.rs`)
 //! - **Hand-off (prefill side).** A submission with `hand_off` runs as usual until its first
 //!   token; unless that token ends it, the sequence then leaves the batch and its blocks stay
 //!   pinned ([`SchedulerCore`]'s held sequences). The scheduler sends the token, then
@@ -94,10 +94,10 @@ pub use watchdog::{Hang, StepWatchdog, WatchdogVerdict};
 #[doc(no_inline)]
 pub use crate::kv::BlockPool;
 
+use crate::request_plane::role::Role;
 use crate::runtime::ids::{SeqId, WorkerId};
 use crate::worker::WorkerError;
 use crate::worker::engine::StepOutput;
-use crate::worker::role::Role;
 use serde::{Deserialize, Serialize};
 
 /// Process group of every Scheduler (one per replica), named `<worker id>/scheduler`: the

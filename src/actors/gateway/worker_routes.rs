@@ -18,8 +18,8 @@ use serde::Deserialize;
 use super::state::GatewayShared;
 use crate::actors::scheduler::SchedulerMsg;
 use crate::openai::error::{ApiError, ErrorKind};
+use crate::request_plane::role::Role;
 use crate::runtime::wire::Wire;
-use crate::worker::Role;
 use crate::worker::scheduler::SCHEDULER_GROUP;
 
 /// Largest body accepted (bytes).

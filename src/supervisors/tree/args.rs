@@ -246,7 +246,7 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
         bus: ctx.events.clone(),
         transport: ctx.transport.clone(),
         role: if k < w.prefill_replicas {
-            crate::worker::Role::Prefill
+            crate::request_plane::role::Role::Prefill
         } else {
             w.role
         },
@@ -309,7 +309,7 @@ pub struct ReplicaParams {
     /// The node's KV transport: the engine allocates and registers its pools through it.
     pub transport: Option<Arc<crate::transport::Transport>>,
     /// The replica's role at start (`worker.role`).
-    pub role: crate::worker::Role,
+    pub role: crate::request_plane::role::Role,
     /// Disaggregation settings (`disagg.*`).
     pub disagg: DisaggWorker,
     /// On a simulated engine: the modelled KV transfer.
