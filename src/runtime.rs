@@ -8,6 +8,7 @@
 //! - `clock.rs` — injected time (`SystemClock`, `ManualClock`).
 //! - `wire.rs` — MessagePack payloads between nodes.
 //! - `metrics.rs` — the Prometheus recorder.
+//! - `role.rs` — `NodeRole`: gateway, router, worker (what a node runs).
 //! - `resilience.rs` — per-node resilience counters and draining flag, panic accounting.
 
 pub mod clock;
@@ -19,4 +20,5 @@ pub mod metrics;
 pub mod node;
 pub mod ports;
 pub mod resilience;
+pub mod role;
 pub mod wire;

@@ -133,19 +133,20 @@ pub struct DisaggRouting {
     pub max_prefill_queue_tokens: u64,
 }
 
-impl From<&crate::runtime::config::DisaggConfig> for DisaggRouting {
-    fn from(c: &crate::runtime::config::DisaggConfig) -> Self {
-        Self {
-            min_prefill_tokens: c.min_prefill_tokens,
-            max_prefill_queue_tokens: c.max_prefill_queue_tokens,
-        }
-    }
+impl DisaggRouting {
+    /// `disagg.min_prefill_tokens` unless configured.
+    pub const DEFAULT_MIN_PREFILL_TOKENS: u32 = 512;
+    /// `disagg.max_prefill_queue_tokens` unless configured.
+    pub const DEFAULT_MAX_PREFILL_QUEUE_TOKENS: u64 = 16_384;
 }
 
 impl Default for DisaggRouting {
-    /// From the configuration's defaults.
+    /// The configuration's defaults (`disagg.*`).
     fn default() -> Self {
-        Self::from(&crate::runtime::config::DisaggConfig::default())
+        Self {
+            min_prefill_tokens: Self::DEFAULT_MIN_PREFILL_TOKENS,
+            max_prefill_queue_tokens: Self::DEFAULT_MAX_PREFILL_QUEUE_TOKENS,
+        }
     }
 }
 

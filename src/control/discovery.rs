@@ -10,7 +10,7 @@
 
 pub mod membership;
 
-use crate::runtime::config::NodeRole;
+use crate::runtime::role::NodeRole;
 use membership::{NodeView, WorkerView};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -10,62 +10,15 @@
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
-use std::fmt;
 use std::net::SocketAddr;
+pub use crate::runtime::role::NodeRole;
+#[doc(no_inline)]
+pub use crate::worker::external::ExternalWorkerConfig;
+use crate::actors::gateway::conn::ConnLimits;
+use crate::actors::router::DisaggRouting;
+use crate::worker::scheduler::DisaggWorker;
 use std::path::Path;
-use std::str::FromStr;
 use std::time::Duration;
-
-/// What a node runs; roles select the branches of the supervision tree.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NodeRole {
-    /// The HTTP gateway (OpenAI API, health, metrics, fleet status).
-    Gateway,
-    /// Request placement.
-    Router,
-    /// Model replicas.
-    Worker,
-    /// Pool sizing. Reserved: [`Config::validate`] refuses it until the planner exists, so
-    /// that a node never accepts a role it would silently not run.
-    Planner,
-}
-
-impl NodeRole {
-    /// Every role, in display order.
-    pub const ALL: [NodeRole; 4] = [
-        NodeRole::Gateway,
-        NodeRole::Router,
-        NodeRole::Worker,
-        NodeRole::Planner,
-    ];
-
-    /// Lower-case name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NodeRole::Gateway => "gateway",
-            NodeRole::Router => "router",
-            NodeRole::Worker => "worker",
-            NodeRole::Planner => "planner",
-        }
-    }
-}
-
-impl fmt::Display for NodeRole {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for NodeRole {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        NodeRole::ALL
-            .into_iter()
-            .find(|r| r.as_str() == s.trim())
-            .ok_or_else(|| format!("unknown role {s:?} (expected gateway, router or worker)"))
-    }
-}
 
 /// The whole configuration.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -118,10 +71,10 @@ pub struct DisaggConfig {
 impl Default for DisaggConfig {
     fn default() -> Self {
         Self {
-            min_prefill_tokens: 512,
-            max_prefill_queue_tokens: 16_384,
-            hold_ms: 30_000,
-            transfer_timeout_ms: 10_000,
+            min_prefill_tokens: DisaggRouting::DEFAULT_MIN_PREFILL_TOKENS,
+            max_prefill_queue_tokens: DisaggRouting::DEFAULT_MAX_PREFILL_QUEUE_TOKENS,
+            hold_ms: DisaggWorker::DEFAULT_HOLD_MS,
+            transfer_timeout_ms: DisaggWorker::DEFAULT_TRANSFER_TIMEOUT_MS,
         }
     }
 }
@@ -196,26 +149,6 @@ impl Default for RouterConfig {
             external_workers: Vec::new(),
         }
     }
-}
-
-/// One external engine (`[[router.external_workers]]`).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ExternalWorkerConfig {
-    /// Name, unique among this node's external workers: the worker id is `<node>/<name>`.
-    pub name: String,
-    /// The engine's OpenAI-compatible base URL, `http://` only, e.g. `http://10.0.0.7:8000`
-    /// (it must serve
-    /// `POST /v1/completions` with token-id prompts and vLLM's `return_token_ids`, and
-    /// `GET /health`).
-    pub url: String,
-    /// Its vLLM-format KV event socket (ZMQ PUB), e.g. `tcp://10.0.0.7:5557`; without one
-    /// the router places on this engine by load only.
-    #[serde(default)]
-    pub kv_events: Option<String>,
-    /// The model name to send; default: the first id of the engine's `GET /v1/models`.
-    #[serde(default)]
-    pub model: Option<String>,
 }
 
 /// The chaos API (fault injection), off by default.
@@ -901,3 +834,28 @@ impl Config {
 
 #[cfg(test)]
 mod tests;
+
+impl From<&DisaggConfig> for DisaggRouting {
+    fn from(c: &DisaggConfig) -> Self {
+        Self {
+            min_prefill_tokens: c.min_prefill_tokens,
+            max_prefill_queue_tokens: c.max_prefill_queue_tokens,
+        }
+    }
+}
+
+impl From<&DisaggConfig> for DisaggWorker {
+    fn from(c: &DisaggConfig) -> Self {
+        DisaggWorker::new(c.hold_ms, c.transfer_timeout_ms)
+    }
+}
+
+impl From<&GatewayConfig> for ConnLimits {
+    fn from(g: &GatewayConfig) -> Self {
+        Self {
+            header_timeout: Duration::from_millis(g.request_header_timeout_ms),
+            idle_timeout: Duration::from_millis(g.idle_timeout_ms),
+            max_connections: g.max_connections,
+        }
+    }
+}

@@ -66,7 +66,7 @@ impl NodeError {
 fn engine_device(config: &Config) -> Result<(crate::kernels::Device, usize), NodeError> {
     use crate::kernels::{Device, cuda};
     let w = &config.worker;
-    if !config.has_role(crate::runtime::config::NodeRole::Worker)
+    if !config.has_role(crate::runtime::role::NodeRole::Worker)
         || w.engine != crate::runtime::config::EngineKind::Cpu
     {
         return Ok((Device::Cpu, 0));
@@ -135,7 +135,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     crate::runtime::resilience::install_panic_hook();
     let config = Arc::new(config);
     let node_id = NodeId::new(config.node.name());
-    let model = if config.has_role(crate::runtime::config::NodeRole::Worker) {
+    let model = if config.has_role(crate::runtime::role::NodeRole::Worker) {
         let path = crate::model::resolve_model_path(config.worker.model_path.as_deref())?;
         let loaded = crate::model::load_model(&path)?;
         tracing::info!(model = %path.display(), "model loaded");
@@ -144,8 +144,8 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         None
     };
     // Gateways tokenize; so do workers with their own HTTP faces.
-    let frontend = if config.has_role(crate::runtime::config::NodeRole::Gateway)
-        || (config.has_role(crate::runtime::config::NodeRole::Worker)
+    let frontend = if config.has_role(crate::runtime::role::NodeRole::Gateway)
+        || (config.has_role(crate::runtime::role::NodeRole::Worker)
             && config.worker.http.is_some())
     {
         let path = crate::model::resolve_model_path(config.worker.model_path.as_deref())?;
@@ -178,7 +178,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     // engines allocate their pools through it), after the cluster listener (so that its own
     // port is taken before the transport binds one).
     let faults = crate::control::chaos::FaultBook::default();
-    let transport = if config.has_role(crate::runtime::config::NodeRole::Worker) {
+    let transport = if config.has_role(crate::runtime::role::NodeRole::Worker) {
         Some(Arc::new(
             crate::transport::Transport::start(
                 node_id.as_str(),

@@ -56,7 +56,7 @@ mod spawn;
 pub use args::{ReplicaParams, first_request_id};
 
 use super::spec::{ChildSpec, Strategy, SupervisorFlags, SupervisorSpec};
-use crate::runtime::config::NodeRole;
+use crate::runtime::role::NodeRole;
 use crate::runtime::context::NodeContext;
 use std::time::Duration;
 

@@ -236,20 +236,28 @@ pub struct DisaggWorker {
     pub hold_margin: std::time::Duration,
 }
 
-impl From<&crate::runtime::config::DisaggConfig> for DisaggWorker {
-    fn from(c: &crate::runtime::config::DisaggConfig) -> Self {
+impl DisaggWorker {
+    /// `disagg.hold_ms` unless configured.
+    pub const DEFAULT_HOLD_MS: u64 = 30_000;
+    /// `disagg.transfer_timeout_ms` unless configured.
+    pub const DEFAULT_TRANSFER_TIMEOUT_MS: u64 = 10_000;
+    /// How long before the prefill worker's hold ends a decode worker gives up its pull.
+    pub const HOLD_MARGIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+    /// The settings for a hold and a transfer timeout (ms).
+    pub fn new(hold_ms: u64, transfer_timeout_ms: u64) -> Self {
         Self {
-            hold: std::time::Duration::from_millis(c.hold_ms),
-            transfer_timeout: std::time::Duration::from_millis(c.transfer_timeout_ms),
-            hold_margin: std::time::Duration::from_secs(2),
+            hold: std::time::Duration::from_millis(hold_ms),
+            transfer_timeout: std::time::Duration::from_millis(transfer_timeout_ms),
+            hold_margin: Self::HOLD_MARGIN,
         }
     }
 }
 
 impl Default for DisaggWorker {
-    /// From the configuration's defaults.
+    /// The configuration's defaults (`disagg.*`).
     fn default() -> Self {
-        Self::from(&crate::runtime::config::DisaggConfig::default())
+        Self::new(Self::DEFAULT_HOLD_MS, Self::DEFAULT_TRANSFER_TIMEOUT_MS)
     }
 }
 

@@ -10,7 +10,7 @@ use crate::actors::chaos::{ChaosMsg, find_chaos};
 use crate::control::chaos::{ActorKind, FaultKind, FaultSpec, Injection, Target};
 use crate::control::discovery::membership::{NodeState, NodeView};
 use crate::openai::error::{ApiError, ErrorKind};
-use crate::runtime::config::NodeRole;
+use crate::runtime::role::NodeRole;
 use crate::runtime::ids::WorkerId;
 use crate::runtime::wire::Wire;
 use axum::Json;

@@ -42,17 +42,6 @@ pub struct ConnLimits {
     pub max_connections: usize,
 }
 
-impl ConnLimits {
-    /// The limits of `gateway`.
-    pub fn of(gateway: &crate::runtime::config::GatewayConfig) -> Self {
-        Self {
-            header_timeout: Duration::from_millis(gateway.request_header_timeout_ms),
-            idle_timeout: Duration::from_millis(gateway.idle_timeout_ms),
-            max_connections: gateway.max_connections,
-        }
-    }
-}
-
 /// Keeps `flotilla_http_connections_open` up to date for one connection.
 struct OpenConn;
 

@@ -7,7 +7,7 @@ use super::edge::{control_guard, live, method_not_allowed, not_found, readiness}
 pub use super::state::GatewayShared;
 use crate::control::discovery::membership::{NodeState, NodeView, WorkerView};
 use crate::openai::error::ApiError;
-use crate::runtime::config::NodeRole;
+use crate::runtime::role::NodeRole;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;

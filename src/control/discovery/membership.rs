@@ -6,7 +6,7 @@
 //! name). Down peers stay listed for `retention`, then are forgotten.
 
 use crate::runtime::clock::Instant;
-use crate::runtime::config::NodeRole;
+use crate::runtime::role::NodeRole;
 use crate::runtime::ids::NodeId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

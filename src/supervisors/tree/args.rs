@@ -15,7 +15,7 @@ use crate::model::LoadedModel;
 use crate::request_plane::admission::Admission;
 use crate::request_plane::migration::MigrationPolicy;
 use crate::request_plane::token_sink::SinkRegistry;
-use crate::runtime::config::NodeRole;
+use crate::runtime::role::NodeRole;
 use crate::runtime::context::NodeContext;
 use crate::runtime::ids::WorkerId;
 use crate::supervisors::{Shutdown, SupervisorFlags};
@@ -141,7 +141,7 @@ pub(super) fn gateway(ctx: &NodeContext) -> GatewayParts {
         addr: g.http_addr,
         bound: ctx.http_addr.clone(),
         shared,
-        limits: ConnLimits::of(g),
+        limits: ConnLimits::from(g),
     });
     GatewayParts {
         registry,
@@ -196,7 +196,7 @@ fn faces(ctx: &NodeContext, gateway: &Arc<GatewayShared>) -> Vec<(u32, GatewayAr
                 addr,
                 bound: ends.http,
                 shared,
-                limits: ConnLimits::of(&ctx.config.gateway),
+                limits: ConnLimits::from(&ctx.config.gateway),
             };
             (k, args)
         })

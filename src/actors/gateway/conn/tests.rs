@@ -26,7 +26,7 @@ fn limits_come_from_the_gateway_config() {
         max_connections: 7,
         ..Default::default()
     };
-    let l = ConnLimits::of(&g);
+    let l = ConnLimits::from(&g);
     assert_eq!(l.header_timeout, Duration::from_millis(1_500));
     assert_eq!(l.idle_timeout, Duration::from_millis(2_500));
     assert_eq!(l.max_connections, 7);
