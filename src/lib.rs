@@ -20,7 +20,10 @@
 //! - `openai/` — the OpenAI wire protocol, pure: request parsing, responses, SSE, stop strings,
 //!   detokenizer, the error shape.
 //! - `model/` — GGUF / Hugging Face loading, tokenizer, chat template, forward pass.
-//! - `runtime/` — the node process, cluster, config, ids, clock, wire payloads, metrics.
+//! - `node/` — the composition root: one node process (start, ready line, drain, stop), the
+//!   typed configuration, the context the supervision tree is built from.
+//! - `runtime/` — the ground floor: cluster, ids, clock, wire payloads, metrics, ports,
+//!   resilience counters.
 //! - `cli/` — the `flotilla` subcommands: up, node, status, generate, chaos, bench, profile,
 //!   soak, transport, cuda.
 
@@ -30,6 +33,7 @@ pub mod control;
 pub mod kernels;
 pub mod kv;
 pub mod model;
+pub mod node;
 pub mod openai;
 pub mod request_plane;
 pub mod runtime;

@@ -3,7 +3,7 @@
 use clap::{Args, Parser, Subcommand};
 use figment::Figment;
 use figment::providers::Serialized;
-use flotilla::runtime::config::{Config, NodeRole};
+use flotilla::node::config::{Config, NodeRole};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -202,17 +202,17 @@ async fn run_node(a: NodeArgs) -> anyhow::Result<std::process::ExitCode> {
         flotilla::model::resolve_model_path(Some(m))?;
     }
     let cfg = Config::load_with(a.config.as_deref(), node_overrides(&a)?)?;
-    let node = flotilla::runtime::node::start(cfg).await?;
+    let node = flotilla::node::start(cfg).await?;
     let ready = node.ready_line();
     println!(
         "{}{}",
-        flotilla::runtime::node::READY_PREFIX,
+        flotilla::node::READY_PREFIX,
         serde_json::to_string(&ready)?
     );
     tracing::info!(node = %ready.node, cluster = %ready.cluster_addr, http = ?ready.http_addr, "node ready");
     match node.wait(shutdown_signal()).await {
-        flotilla::runtime::node::NodeExit::Stopped => Ok(std::process::ExitCode::SUCCESS),
-        flotilla::runtime::node::NodeExit::Escalated => Ok(std::process::ExitCode::from(1)),
+        flotilla::node::NodeExit::Stopped => Ok(std::process::ExitCode::SUCCESS),
+        flotilla::node::NodeExit::Escalated => Ok(std::process::ExitCode::from(1)),
     }
 }
 

@@ -8,9 +8,9 @@ use crate::poll::{free_port, poll_until};
 use flotilla::actors::discovery::{self, DiscoveryMsg};
 use flotilla::control::discovery::membership::NodeState;
 use flotilla::control::discovery::role_group;
+use flotilla::node::config::{Config, NodeRole};
+use flotilla::node::{self, NodeError};
 use flotilla::runtime::cluster::ClusterError;
-use flotilla::runtime::config::{Config, NodeRole};
-use flotilla::runtime::node::{self, NodeError};
 use std::time::Duration;
 
 fn config(name: &str, port: u16, roles: &[NodeRole], join: Option<u16>, cookie: &str) -> Config {

@@ -24,8 +24,8 @@ use crate::control::discovery::{
 use crate::request_plane::events::FleetEventKind;
 use crate::runtime::clock::SharedClock;
 use crate::runtime::cluster::SessionEvent;
-use crate::runtime::role::NodeRole;
 use crate::runtime::ids::NodeId;
+use crate::runtime::role::NodeRole;
 use crate::runtime::wire::Wire;
 use membership::{
     ActorView, Leases, Membership, MembershipEvent, NodeInfo, NodeState, NodeView, WorkerView,

@@ -17,7 +17,7 @@
 //! On Ctrl-C / SIGTERM each child gets SIGTERM — each node drains (see `node::drain`) — and is
 //! given `STOP_GRACE` to stop in order, then SIGKILL; `up` exits 0 with no child left behind.
 
-use crate::runtime::node::{READY_PREFIX, ReadyLine};
+use crate::node::{READY_PREFIX, ReadyLine};
 use figment::Figment;
 use figment::providers::Serialized;
 use std::net::SocketAddr;
@@ -232,7 +232,7 @@ fn preflight(opts: &UpOptions, cookie: &str) -> anyhow::Result<PathBuf> {
             m.display().to_string(),
         ));
     }
-    let config = crate::runtime::config::Config::load_with(opts.config.as_deref(), o)?;
+    let config = crate::node::config::Config::load_with(opts.config.as_deref(), o)?;
     Ok(crate::model::resolve_model_path(
         config.worker.model_path.as_deref(),
     )?)

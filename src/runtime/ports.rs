@@ -97,8 +97,8 @@ pub fn free_loopback_ports(n: usize) -> std::io::Result<Vec<u16>> {
 #[must_use]
 pub fn is_port_taken(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
-        c.downcast_ref::<crate::runtime::node::NodeError>()
-            .is_some_and(crate::runtime::node::NodeError::is_port_taken)
+        c.downcast_ref::<crate::node::NodeError>()
+            .is_some_and(crate::node::NodeError::is_port_taken)
     })
 }
 
@@ -142,7 +142,7 @@ mod tests {
         .await
         .map(|_| ())
         .unwrap_err();
-        let e = anyhow::Error::from(crate::runtime::node::NodeError::from(cluster));
+        let e = anyhow::Error::from(crate::node::NodeError::from(cluster));
         assert!(is_port_taken(&e), "{e:#}");
         assert_eq!(
             format!("{e:#}").matches("in use").count(),
@@ -154,7 +154,7 @@ mod tests {
             .await
             .map(|_| ())
             .unwrap_err();
-        let e = anyhow::Error::from(crate::runtime::node::NodeError::from(tcp));
+        let e = anyhow::Error::from(crate::node::NodeError::from(tcp));
         assert!(is_port_taken(&e), "{e:#}");
         assert_eq!(
             format!("{e:#}").matches("cannot listen").count(),

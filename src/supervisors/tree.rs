@@ -56,8 +56,8 @@ mod spawn;
 pub use args::{ReplicaParams, first_request_id};
 
 use super::spec::{ChildSpec, Strategy, SupervisorFlags, SupervisorSpec};
+use crate::node::context::NodeContext;
 use crate::runtime::role::NodeRole;
-use crate::runtime::context::NodeContext;
 use std::time::Duration;
 
 /// Restart budget of each replica: at most this many restarts within this window.
@@ -231,7 +231,7 @@ mod tests {
 
     #[test]
     fn each_level_has_its_own_budget_and_a_crash_loop_escalates_sooner() {
-        let s = crate::runtime::config::Config::default().supervision;
+        let s = crate::node::config::Config::default().supervision;
         let node = (s.node_max_restarts, Duration::from_millis(s.node_period_ms));
         let inner = (s.max_restarts, Duration::from_millis(s.period_ms));
         for b in [inner, REPLICA_BUDGET, ROUTER_BUDGET, REQUEST_BUDGET] {

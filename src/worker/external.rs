@@ -63,8 +63,8 @@
 #[cfg(doc)]
 use crate::kv::vllm::Translator;
 use crate::request_plane::protocol::{FinishReason, SubmitRequest, TokenEventKind};
-use serde::{Deserialize, Serialize};
 use crate::runtime::ids::WorkerId;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::time::Duration;
 

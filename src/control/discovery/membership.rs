@@ -6,8 +6,8 @@
 //! name). Down peers stay listed for `retention`, then are forgotten.
 
 use crate::runtime::clock::Instant;
-use crate::runtime::role::NodeRole;
 use crate::runtime::ids::NodeId;
+use crate::runtime::role::NodeRole;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -12,12 +12,12 @@ use crate::actors::router::RouterArgs;
 use crate::control::chaos::FaultBook;
 use crate::control::discovery::membership::Leases;
 use crate::model::LoadedModel;
+use crate::node::context::NodeContext;
 use crate::request_plane::admission::Admission;
 use crate::request_plane::migration::MigrationPolicy;
 use crate::request_plane::token_sink::SinkRegistry;
-use crate::runtime::role::NodeRole;
-use crate::runtime::context::NodeContext;
 use crate::runtime::ids::WorkerId;
+use crate::runtime::role::NodeRole;
 use crate::supervisors::{Shutdown, SupervisorFlags};
 use crate::worker::engine::EngineConfig;
 use crate::worker::engine::sim::SimProfile;
@@ -164,7 +164,7 @@ fn faces(ctx: &NodeContext, gateway: &Arc<GatewayShared>) -> Vec<(u32, GatewayAr
         .map(|k| {
             let worker = WorkerId::new(ctx.name(&format!("replica-{k}")));
             let ends = ctx.endpoints.entry(worker.as_str());
-            let addr = crate::runtime::config::WorkerConfig::replica_addr(base, k);
+            let addr = crate::node::config::WorkerConfig::replica_addr(base, k);
             let serving = Arc::new(Serving {
                 pin: Some(worker.clone()),
                 ..serving.as_ref().clone()
@@ -254,7 +254,7 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
         kv_events: w
             .kv_events_addr
             .map(|base| crate::actors::kv_publisher::VllmEventsConfig {
-                addr: crate::runtime::config::WorkerConfig::replica_addr(base, k),
+                addr: crate::node::config::WorkerConfig::replica_addr(base, k),
                 block_size: w.block_size_tokens as u32,
                 layout: w.kv_events_layout,
                 bound: ctx

@@ -7,16 +7,16 @@
 //! names; every section has a `Default`; [`Config::validate`] runs once at start and names
 //! the offending field.
 
+use crate::actors::gateway::conn::ConnLimits;
+use crate::actors::router::DisaggRouting;
+pub use crate::runtime::role::NodeRole;
+#[doc(no_inline)]
+pub use crate::worker::external::ExternalWorkerConfig;
+use crate::worker::scheduler::DisaggWorker;
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
-pub use crate::runtime::role::NodeRole;
-#[doc(no_inline)]
-pub use crate::worker::external::ExternalWorkerConfig;
-use crate::actors::gateway::conn::ConnLimits;
-use crate::actors::router::DisaggRouting;
-use crate::worker::scheduler::DisaggWorker;
 use std::path::Path;
 use std::time::Duration;
 

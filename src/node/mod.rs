@@ -1,8 +1,17 @@
-//! One node process: its NodeServer, its supervision tree, and how it starts and stops.
+//! The composition root: one node process — its NodeServer, its supervision tree, and how it
+//! starts and stops — and what the tree is built from.
+//! - `config.rs` — the typed configuration tree (TOML + env + `--set`); it builds the planes'
+//!   own settings (`From` impls).
+//! - `context.rs` — [`context::NodeContext`]: what the node's supervision tree
+//!   (`supervisors/tree.rs`) is built from.
+//! - this file — start, the ready line, drain, ordered stop.
 
+pub mod config;
+pub mod context;
+
+use crate::node::config::Config;
+use crate::node::context::NodeContext;
 use crate::runtime::cluster::{self, ClusterError};
-use crate::runtime::config::Config;
-use crate::runtime::context::NodeContext;
 use crate::runtime::ids::NodeId;
 use crate::runtime::resilience::NodeStats;
 use crate::supervisors::{Supervisor, SupervisorMsg, tree};
@@ -67,7 +76,7 @@ fn engine_device(config: &Config) -> Result<(crate::kernels::Device, usize), Nod
     use crate::kernels::{Device, cuda};
     let w = &config.worker;
     if !config.has_role(crate::runtime::role::NodeRole::Worker)
-        || w.engine != crate::runtime::config::EngineKind::Cpu
+        || w.engine != crate::node::config::EngineKind::Cpu
     {
         return Ok((Device::Cpu, 0));
     }
@@ -145,8 +154,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     };
     // Gateways tokenize; so do workers with their own HTTP faces.
     let frontend = if config.has_role(crate::runtime::role::NodeRole::Gateway)
-        || (config.has_role(crate::runtime::role::NodeRole::Worker)
-            && config.worker.http.is_some())
+        || (config.has_role(crate::runtime::role::NodeRole::Worker) && config.worker.http.is_some())
     {
         let path = crate::model::resolve_model_path(config.worker.model_path.as_deref())?;
         let fe = crate::request_plane::frontend::Frontend::load(
@@ -159,8 +167,8 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         None
     };
     let sim_profile = match config.worker.engine {
-        crate::runtime::config::EngineKind::Cpu => None,
-        crate::runtime::config::EngineKind::Sim => Some(match &config.worker.sim_profile {
+        crate::node::config::EngineKind::Cpu => None,
+        crate::node::config::EngineKind::Sim => Some(match &config.worker.sim_profile {
             Some(p) => crate::worker::engine::sim::SimProfile::load(p)
                 .map_err(|e| NodeError::Tree(e.to_string()))?,
             None => Default::default(),

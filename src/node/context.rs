@@ -6,9 +6,9 @@
 use crate::control::discovery::FleetView;
 use crate::control::discovery::membership::MembershipEvent;
 use crate::model::LoadedModel;
+use crate::node::config::Config;
 use crate::runtime::clock::SharedClock;
 use crate::runtime::cluster::ClusterHandle;
-use crate::runtime::config::Config;
 use crate::runtime::ids::NodeId;
 use crate::runtime::resilience::NodeStats;
 use std::sync::{Arc, Mutex};
