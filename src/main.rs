@@ -257,7 +257,7 @@ async fn main() -> std::process::ExitCode {
         .map(|_| std::process::ExitCode::SUCCESS),
         Cmd::Node(a) => match run_node(a).await {
             // A taken cluster / transport port: `up` picked it and tries other ports.
-            Err(e) if flotilla::runtime::ports::is_port_taken(&e) => {
+            Err(e) if flotilla::node::is_port_taken(&e) => {
                 eprintln!("flotilla: error: {e:#}");
                 return std::process::ExitCode::from(flotilla::runtime::ports::PORT_TAKEN_EXIT);
             }

@@ -346,8 +346,20 @@ pub async fn drain(ctx: &NodeContext, grace: Duration) {
     }
 }
 
+/// Whether `e`, a node's start-up error, is a port it was told to bind (cluster, KV
+/// transport) being taken: the node then exits with [`PORT_TAKEN_EXIT`](crate::runtime::ports::PORT_TAKEN_EXIT).
+#[must_use]
+pub fn is_port_taken(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<NodeError>()
+            .is_some_and(NodeError::is_port_taken)
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn start_errors_read_plainly() {
         let inner: ractor::ActorProcessingErr =
@@ -362,5 +374,40 @@ mod tests {
             super::plain_start_error(&e),
             "child http_gateway failed to start: gateway cannot listen on 127.0.0.1:1: in use"
         );
+    }
+
+    #[tokio::test]
+    async fn a_taken_cluster_or_transport_port_is_told_apart() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let cluster = crate::runtime::cluster::start_node_server(
+            crate::runtime::ids::NodeId::from("n"),
+            addr,
+            "c".into(),
+            1 << 20,
+        )
+        .await
+        .map(|_| ())
+        .unwrap_err();
+        let e = anyhow::Error::from(NodeError::from(cluster));
+        assert!(is_port_taken(&e), "{e:#}");
+        assert_eq!(
+            format!("{e:#}").matches("in use").count(),
+            1,
+            "said once: {e:#}"
+        );
+        let served = crate::transport::tcp::ServedRegions::default();
+        let tcp = crate::transport::tcp::TcpServer::start(&addr.to_string(), served)
+            .await
+            .map(|_| ())
+            .unwrap_err();
+        let e = anyhow::Error::from(NodeError::from(tcp));
+        assert!(is_port_taken(&e), "{e:#}");
+        assert_eq!(
+            format!("{e:#}").matches("cannot listen").count(),
+            1,
+            "said once: {e:#}"
+        );
+        assert!(!is_port_taken(&anyhow::anyhow!("other")));
     }
 }

@@ -44,11 +44,35 @@ use std::fmt::Display;
 use serde_json::{Map, Value, json};
 
 use super::request::RequestKind;
+use serde::{Deserialize, Serialize};
 
 #[cfg(test)]
 mod tests;
 
-pub use crate::request_plane::protocol::FinishReason;
+/// Why a sequence (one choice) finished: one type from the batch former through the wire to
+/// the HTTP answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// EOS or a stop token was sampled (reported as the update's token, never shown as text),
+    /// or the gateway matched a stop string.
+    Stop,
+    /// `max_tokens` generated.
+    Length,
+    /// The context limit (`max_model_len`, or the KV pool's capacity if smaller) was reached.
+    ContextLimit,
+}
+
+impl FinishReason {
+    /// The OpenAI `finish_reason` string: the context limit reads `"length"`, as in OpenAI's
+    /// API and vLLM.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length | FinishReason::ContextLimit => "length",
+        }
+    }
+}
 
 /// Token counts of a request, summed over its choices.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -189,30 +189,8 @@ pub fn owner_status(owner: &Owner) -> OwnerStatus {
     status
 }
 
-/// Why a sequence (one choice) finished: one type from the batch former through the wire to
-/// the HTTP answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    /// EOS or a stop token was sampled (reported as the update's token, never shown as text),
-    /// or the gateway matched a stop string.
-    Stop,
-    /// `max_tokens` generated.
-    Length,
-    /// The context limit (`max_model_len`, or the KV pool's capacity if smaller) was reached.
-    ContextLimit,
-}
-
-impl FinishReason {
-    /// The OpenAI `finish_reason` string: the context limit reads `"length"`, as in OpenAI's
-    /// API and vLLM.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length | FinishReason::ContextLimit => "length",
-        }
-    }
-}
+#[doc(no_inline)]
+pub use crate::openai::response::FinishReason;
 
 /// What happened to a request on its worker.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -92,16 +92,6 @@ pub fn free_loopback_ports(n: usize) -> std::io::Result<Vec<u16>> {
         .collect()
 }
 
-/// Whether `e`, a node's start-up error, is a port it was told to bind (cluster, KV
-/// transport) being taken: the node then exits with [`PORT_TAKEN_EXIT`].
-#[must_use]
-pub fn is_port_taken(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<crate::node::NodeError>()
-            .is_some_and(crate::node::NodeError::is_port_taken)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,40 +117,5 @@ mod tests {
         );
         assert_eq!(pick_ranges((1024, 65_535)), vec![]);
         assert_eq!(pick_ranges((10_000, 60_999)), vec![(61_000, 65_535)]);
-    }
-
-    #[tokio::test]
-    async fn a_taken_cluster_or_transport_port_is_told_apart() {
-        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = taken.local_addr().unwrap();
-        let cluster = crate::runtime::cluster::start_node_server(
-            crate::runtime::ids::NodeId::from("n"),
-            addr,
-            "c".into(),
-            1 << 20,
-        )
-        .await
-        .map(|_| ())
-        .unwrap_err();
-        let e = anyhow::Error::from(crate::node::NodeError::from(cluster));
-        assert!(is_port_taken(&e), "{e:#}");
-        assert_eq!(
-            format!("{e:#}").matches("in use").count(),
-            1,
-            "said once: {e:#}"
-        );
-        let served = crate::transport::tcp::ServedRegions::default();
-        let tcp = crate::transport::tcp::TcpServer::start(&addr.to_string(), served)
-            .await
-            .map(|_| ())
-            .unwrap_err();
-        let e = anyhow::Error::from(crate::node::NodeError::from(tcp));
-        assert!(is_port_taken(&e), "{e:#}");
-        assert_eq!(
-            format!("{e:#}").matches("cannot listen").count(),
-            1,
-            "said once: {e:#}"
-        );
-        assert!(!is_port_taken(&anyhow::anyhow!("other")));
     }
 }

@@ -12,8 +12,26 @@
 //! it at the task boundary) — passes through the hook [`install_panic_hook`] sets, which
 //! counts and logs it before the default hook runs. So no panic goes unseen.
 
-use crate::control::discovery::membership::NodeCounters;
+use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// What the resilience loop did on one node: every counter counts since the node's process
+/// started (its `incarnation`, shown beside them in `/v1/fleet`) and goes back to 0 when the
+/// node restarts, except `node_restarts`, which the launcher carries across restarts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeCounters {
+    /// Requests this gateway migrated to another worker.
+    pub migrations: u64,
+    /// Children restarted by this node's supervisors.
+    pub restarts: u64,
+    /// Panics caught anywhere in the process (actors and bare tasks).
+    pub panics: u64,
+    /// Engine hangs its schedulers' watchdogs detected.
+    pub engine_hangs: u64,
+    /// Times `flotilla up` started this node again after it died (across incarnations).
+    #[serde(default)]
+    pub node_restarts: u64,
+}
 
 /// Panics seen by the panic hook. Process-wide: the hook runs on whatever thread panicked
 /// and cannot tell which node (if any) the panicking code belonged to, so every node of the

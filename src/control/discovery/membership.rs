@@ -121,23 +121,8 @@ pub struct NodeInfo {
     pub regions: Vec<crate::transport::RegionDescriptor>,
 }
 
-/// What the resilience loop did on one node: every counter counts since the node's process
-/// started (its `incarnation`, shown beside them in `/v1/fleet`) and goes back to 0 when the
-/// node restarts, except `node_restarts`, which the launcher carries across restarts.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeCounters {
-    /// Requests this gateway migrated to another worker.
-    pub migrations: u64,
-    /// Children restarted by this node's supervisors.
-    pub restarts: u64,
-    /// Panics caught anywhere in the process (actors and bare tasks).
-    pub panics: u64,
-    /// Engine hangs its schedulers' watchdogs detected.
-    pub engine_hangs: u64,
-    /// Times `flotilla up` started this node again after it died (across incarnations).
-    #[serde(default)]
-    pub node_restarts: u64,
-}
+#[doc(no_inline)]
+pub use crate::runtime::resilience::NodeCounters;
 
 /// A node as shown in `/v1/fleet`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
