@@ -19,8 +19,8 @@
 //!
 //! [`Backend`] is the CPU's op boundary: activations are host f32 slices and
 //! `model/forward.rs` calls one op at a time. A GPU keeps a whole step's activations on the
-//! device instead, so the GPU path has its own pass (`cuda/pass.rs`, the same ops in the same
-//! order) and [`Device`] says which of the two an engine runs.
+//! device instead, so the GPU path has its own pass (`model/device_forward.rs` over `cuda/pass.rs`'s
+//! `DeviceOps`, the same ops in the same order) and [`Device`] says which of the two an engine runs.
 
 pub mod cpu;
 pub mod cuda;
@@ -79,4 +79,16 @@ pub enum Device {
     /// The GPU pass on the host through the kernels' CPU twins (`cuda/pass.rs` `HostOps`):
     /// slow; it checks the GPU path's bookkeeping where no GPU is.
     CudaTwin { precision: cuda::GemmPrecision },
+}
+
+/// One sequence's slice of the batch.
+#[derive(Debug, Clone, Copy)]
+pub struct ForwardSeq<'a> {
+    /// New tokens, at positions `start_pos..start_pos + tokens.len()`.
+    pub tokens: &'a [u32],
+    pub start_pos: usize,
+    /// Covers positions `0..start_pos + tokens.len()`.
+    pub block_table: &'a [crate::runtime::ids::BlockId],
+    /// Compute the logits of this sequence's last token.
+    pub want_logits: bool,
 }

@@ -48,17 +48,8 @@ pub enum ForwardError {
     },
 }
 
-/// One sequence's slice of the batch.
-#[derive(Debug, Clone, Copy)]
-pub struct ForwardSeq<'a> {
-    /// New tokens, at positions `start_pos..start_pos + tokens.len()`.
-    pub tokens: &'a [u32],
-    pub start_pos: usize,
-    /// Covers positions `0..start_pos + tokens.len()`.
-    pub block_table: &'a [BlockId],
-    /// Compute the logits of this sequence's last token.
-    pub want_logits: bool,
-}
+#[doc(no_inline)]
+pub use crate::kernels::ForwardSeq;
 
 /// Checks a batch against the model and the cache. Sequences of one batch must not write the
 /// same KV slots (distinct blocks for the new positions); that is the caller's contract.

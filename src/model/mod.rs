@@ -15,6 +15,7 @@
 pub mod chat_template;
 pub mod config;
 pub mod dequant;
+pub mod device_forward;
 pub mod forward;
 pub mod gguf;
 pub mod hf;

@@ -17,6 +17,7 @@
 
 mod chaos;
 mod error;
+pub mod gpu;
 pub mod sim;
 mod transformer;
 mod types;

@@ -11,10 +11,10 @@
 //!   max / log-sum-exp for sampling.
 //! - `twin.rs`: the CPU twins, tested against `kernels/cpu/`.
 //! - `plan.rs`: a batch flattened into the index arrays the kernels read.
-//! - `pass.rs`: the forward pass, written once over the [`pass::DeviceOps`] trait, and
-//!   [`pass::HostOps`], its implementation on the CPU twins (tests run the whole pass there).
-//! - `engine.rs`: [`engine::GpuEngine`], a replica's weights, KV pools and workspace on a
-//!   device, behind [`engine::DeviceRunner`] for [`crate::worker::Engine`].
+//! - `pass.rs`: the operations a forward pass needs of a device, the [`pass::DeviceOps`]
+//!   trait, and [`pass::HostOps`], its implementation on the CPU twins (tests run the whole
+//!   pass there). The pass itself is the model's (`model/device_forward.rs`) and the engine
+//!   that runs it a worker's (`worker/engine/gpu.rs`): kernels are ops; engines use them.
 //! - `device.rs` (feature `cuda`): `CudaOps`, the pass's operations as kernel launches and
 //!   cuBLAS calls through `cudarc`.
 //! - [`probe`]: which CUDA libraries load here (without the `cuda` cargo feature: none);
@@ -33,7 +33,6 @@
 
 #[cfg(feature = "cuda")]
 pub mod device;
-pub mod engine;
 pub mod pass;
 pub mod plan;
 pub mod twin;

@@ -6,7 +6,7 @@
 //! the logits of each flagged sequence's last token, in batch order), so the GPU pass and the
 //! CPU pass compute the same thing.
 
-use crate::model::forward::ForwardSeq;
+use crate::kernels::ForwardSeq;
 
 /// One step's index arrays (the integer types are the kernels' parameter types).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -21,7 +21,6 @@ use rayon::prelude::*;
 use super::StepEngine;
 use super::error::EngineError;
 use super::types::{EngineInfo, SampledToken, StepBatch, StepOutput};
-use crate::kernels::cuda::engine::DeviceRunner;
 use crate::kernels::sample::{SeqSampler, log_prob};
 use crate::kernels::{Backend, Device, Rope};
 use crate::model::forward::{ForwardSeq, forward, validate_for};
@@ -29,6 +28,7 @@ use crate::model::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache};
 use crate::model::weights::ModelWeights;
 use crate::runtime::ids::SeqId;
 use crate::transport::{KvLayout, KvMemory, Transport};
+use crate::worker::engine::gpu::DeviceRunner;
 
 /// Engine construction parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,7 +118,7 @@ fn device_runner(
     weights: &Arc<ModelWeights>,
     config: EngineConfig,
 ) -> Result<Box<dyn DeviceRunner>, EngineError> {
-    use crate::kernels::cuda::engine::GpuEngine;
+    use crate::worker::engine::gpu::GpuEngine;
     let geometry = (config.num_blocks, config.block_size);
     let cfg = |e: String| EngineError::Config(format!("the GPU engine cannot start: {e}"));
     match config.device {

@@ -11,10 +11,11 @@
 
 use std::sync::Arc;
 
-use super::pass::{DeviceModel, DeviceOps, GemmPrecision, Workspace, forward_pass};
-use super::plan::StepPlan;
-use super::twin;
 use crate::kernels::Rope;
+use crate::kernels::cuda::pass::{DeviceOps, GemmPrecision};
+use crate::kernels::cuda::plan::StepPlan;
+use crate::kernels::cuda::twin;
+use crate::model::device_forward::{DeviceModel, Workspace, forward_pass};
 use crate::model::forward::ForwardSeq;
 use crate::model::weights::ModelWeights;
 use crate::transport::{KvMemory, MemoryLease};
