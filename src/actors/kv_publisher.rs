@@ -20,6 +20,7 @@ use std::collections::{HashMap, HashSet};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
 
+use crate::actors::router::{ROUTER_GROUP, RouterMsg};
 use crate::control::chaos::FaultBook;
 use crate::kv::vllm::{VllmBatch, from_flotilla};
 use crate::kv::zmq::ZmqPublisher;
@@ -60,9 +61,13 @@ pub enum KvPublisherMsg {
     /// Local: the token ids of the `Stored` events about to be sent, by event id (cast just
     /// before [`KvPublisherMsg::Events`]; only when the vLLM-format socket is on).
     EventTokens(Wire<Vec<(EventId, Vec<u32>)>>),
-    /// Every registered block (call; routers use it to resync).
+    /// Every registered block (call; tools and tests).
     #[rpc]
     Snapshot(RpcReplyPort<Wire<KvSnapshot>>),
+    /// Every registered block, cast back as [`RouterMsg::Resynced`] to the router registered
+    /// under this name in [`ROUTER_GROUP`] (a cast both ways: a router resyncing waits on
+    /// nothing; an answer to a router that has gone is dropped).
+    SnapshotFor(Wire<String>),
 }
 
 /// The KV event publisher actor.
@@ -180,6 +185,15 @@ pub struct KvPublisherState {
 }
 
 impl KvPublisherState {
+    /// Every block the mirror holds, parents first, with the last event id applied.
+    fn snapshot(&self) -> KvSnapshot {
+        KvSnapshot {
+            worker: self.worker.clone(),
+            last_event: self.mirror.last_event(),
+            blocks: parents_first(self.mirror.blocks().values().copied().collect()),
+        }
+    }
+
     /// The events that reach the subscribers: all of them unless a `drop_kv_events` fault
     /// on this worker drops some.
     fn filter_dropped(&self, events: Vec<KvEvent>) -> Vec<KvEvent> {
@@ -294,12 +308,16 @@ impl Actor for KvEventPublisher {
                 }
             }
             KvPublisherMsg::Snapshot(reply) => {
-                let snap = KvSnapshot {
-                    worker: state.worker.clone(),
-                    last_event: state.mirror.last_event(),
-                    blocks: parents_first(state.mirror.blocks().values().copied().collect()),
+                let _ = reply.send(Wire::encode(&state.snapshot()));
+            }
+            KvPublisherMsg::SnapshotFor(wire) => {
+                let Ok(router) = wire.decode() else {
+                    return Ok(());
                 };
-                let _ = reply.send(Wire::encode(&snap));
+                if let Some(cell) = crate::runtime::cluster::member_named(ROUTER_GROUP, &router) {
+                    let router: ActorRef<RouterMsg> = cell.into();
+                    let _ = router.cast(RouterMsg::Resynced(Wire::encode(&state.snapshot())));
+                }
             }
         }
         Ok(())

@@ -398,20 +398,19 @@ impl RouterState {
         }
     }
 
-    /// Ask `worker`'s KV event publisher for a snapshot; the reply comes back as `Resynced`.
+    /// Ask `worker`'s KV event publisher for a snapshot, cast back as `Resynced` (no task, no
+    /// call: a lost answer is asked again after [`RESYNC_RETRY_MS`]).
     fn ask_snapshot(&mut self, worker: WorkerId, myself: &ActorRef<RouterMsg>, now: u64) {
         self.resyncs.insert(worker.clone(), now);
-        let me = myself.clone();
-        tokio::spawn(async move {
-            let name = format!("{worker}/kv_publisher");
-            let Some(kvm) = crate::runtime::cluster::member_named(KV_PUBLISHER_GROUP, &name) else {
-                return; // gone: purged when its scheduler leaves
-            };
-            let kvm: ActorRef<KvPublisherMsg> = kvm.into();
-            if let Ok(w) = ractor::call_t!(kvm, KvPublisherMsg::Snapshot, RESYNC_RETRY_MS) {
-                let _ = me.cast(RouterMsg::Resynced(w));
-            }
-        });
+        let name = format!("{worker}/kv_publisher");
+        let Some(kvm) = crate::runtime::cluster::member_named(KV_PUBLISHER_GROUP, &name) else {
+            return; // gone: purged when its scheduler leaves
+        };
+        let Some(me) = myself.get_name() else {
+            return; // an unnamed router cannot be answered (never in a node's tree)
+        };
+        let kvm: ActorRef<KvPublisherMsg> = kvm.into();
+        let _ = kvm.cast(KvPublisherMsg::SnapshotFor(Wire::encode(&me)));
     }
 
     fn on_snapshot(&mut self, snap: KvSnapshot) {
