@@ -119,9 +119,10 @@ pub enum RequestMsg {
     WorkerLost(RequestId),
     /// Internal: try placing again (a migration found no worker and waited).
     Retry,
-    /// Internal: nothing heard from this attempt for [`STALL_CHECK_MS`]: ask the scheduler
-    /// whether it still has it.
-    CheckStall(RequestId),
+    /// Internal, every [`WORKER_CHECK_INTERVAL_MS`] of an attempt: whether its scheduler is
+    /// still in the group (the monitor's backup) and, after [`STALL_CHECK_MS`] without an
+    /// event (and each further `STALL_CHECK_MS` of silence), whether it still has the attempt.
+    CheckWorker(RequestId),
 }
 
 impl ractor::Message for RequestMsg {}
@@ -141,8 +142,10 @@ struct Attempt {
     admitted: bool,
     /// Tokens received from this attempt (the next expected index).
     received: u32,
-    /// When the last event of this attempt arrived (ms since the Unix epoch).
-    last_event_ms: Arc<AtomicU64>,
+    /// When the last event of this attempt arrived (wall ms, on the request's clock).
+    last_event_ms: u64,
+    /// When its last stall check was asked (wall ms; 0: never).
+    last_check_ms: u64,
     /// A prefill-only attempt (disaggregated): it ends with a hand-off.
     hand_off: bool,
 }
@@ -309,20 +312,20 @@ impl RequestState {
                 }
             }
         });
-        let last_event_ms = Arc::new(AtomicU64::new(crate::runtime::clock::unix_ms()));
-        let watchdog = watch(
-            scheduler.get_id(),
-            id,
-            last_event_ms.clone(),
-            myself.clone(),
-        );
+        // The attempt's check, on the actor's own timer: is its scheduler still in the group
+        // (the process-group monitor says so at once; this backs it up), and has it been
+        // quiet for too long?
+        let ticker = myself
+            .send_interval(Duration::from_millis(WORKER_CHECK_INTERVAL_MS), move || {
+                RequestMsg::CheckWorker(id)
+            });
         if scheduler
             .cast(SchedulerMsg::Submit(Wire::encode(&job)))
             .is_err()
         {
             self.args.registry.unregister(id);
             forwarder.abort();
-            watchdog.abort();
+            ticker.abort();
             release();
             return Err(RequestError::WorkerGone(worker));
         }
@@ -330,11 +333,12 @@ impl RequestState {
             id,
             worker,
             scheduler: scheduler.get_id(),
-            tasks: vec![forwarder, watchdog],
+            tasks: vec![forwarder, ticker],
             first_token_seen: false,
             admitted: false,
             received: 0,
-            last_event_ms,
+            last_event_ms: self.args.clock.wall_ms(),
+            last_check_ms: 0,
             hand_off: job.hand_off,
         });
         if job.remote_kv.is_some() {
@@ -430,6 +434,27 @@ impl RequestState {
         }
     }
 
+    /// The attempt's periodic check (see [`RequestMsg::CheckWorker`]).
+    async fn check_worker(&mut self, myself: &ActorRef<RequestMsg>) -> bool {
+        let Some(a) = self.attempt.as_mut() else {
+            return true;
+        };
+        let alive = ractor::pg::get_members(&SCHEDULER_GROUP.to_owned())
+            .iter()
+            .any(|c| c.get_id() == a.scheduler);
+        if !alive {
+            return self
+                .migrate(myself, "the worker serving this request was lost")
+                .await;
+        }
+        let now = self.args.clock.wall_ms();
+        if now.saturating_sub(a.last_event_ms.max(a.last_check_ms)) < STALL_CHECK_MS {
+            return true;
+        }
+        a.last_check_ms = now;
+        self.check_stall(myself).await
+    }
+
     /// The attempt has been quiet: if its scheduler no longer has it (its last events were
     /// lost), resume elsewhere. A scheduler that does not answer is left to the step watchdog.
     async fn check_stall(&mut self, myself: &ActorRef<RequestMsg>) -> bool {
@@ -455,8 +480,7 @@ impl RequestState {
     /// Pass one event of the current attempt on; returns false when the request is over.
     async fn on_event(&mut self, myself: &ActorRef<RequestMsg>, ev: TokenEventKind) -> bool {
         if let Some(a) = self.attempt.as_mut() {
-            a.last_event_ms
-                .store(crate::runtime::clock::unix_ms(), Ordering::Relaxed);
+            a.last_event_ms = self.args.clock.wall_ms();
             if let TokenEventKind::Token { index, .. } = ev {
                 if index != a.received {
                     // Events were lost between the worker and here: resume from what was
@@ -541,37 +565,6 @@ impl RequestState {
         }
         true
     }
-}
-
-/// Watch the scheduler an attempt was submitted to: when it leaves the schedulers' group
-/// (node down: its session dropped; replica killed or restarted: a new actor), report it;
-/// after [`STALL_CHECK_MS`] without an event, ask for a stall check (and again after each
-/// further `STALL_CHECK_MS` of silence).
-fn watch(
-    scheduler: ractor::ActorId,
-    attempt: RequestId,
-    last_event_ms: Arc<AtomicU64>,
-    me: ActorRef<RequestMsg>,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut last_check = 0u64;
-        loop {
-            tokio::time::sleep(Duration::from_millis(WORKER_CHECK_INTERVAL_MS)).await;
-            let alive = ractor::pg::get_members(&SCHEDULER_GROUP.to_owned())
-                .iter()
-                .any(|c| c.get_id() == scheduler);
-            if !alive {
-                let _ = me.cast(RequestMsg::WorkerLost(attempt));
-                break;
-            }
-            let now = crate::runtime::clock::unix_ms();
-            let quiet_since = last_event_ms.load(Ordering::Relaxed).max(last_check);
-            if now.saturating_sub(quiet_since) >= STALL_CHECK_MS {
-                last_check = now;
-                let _ = me.cast(RequestMsg::CheckStall(attempt));
-            }
-        }
-    })
 }
 
 impl Actor for Request {
@@ -672,8 +665,8 @@ impl Actor for Request {
                     .await
             }
             RequestMsg::WorkerLost(_) => true,
-            RequestMsg::CheckStall(id) if Some(id) == current => state.check_stall(&myself).await,
-            RequestMsg::CheckStall(_) => true,
+            RequestMsg::CheckWorker(id) if Some(id) == current => state.check_worker(&myself).await,
+            RequestMsg::CheckWorker(_) => true,
             RequestMsg::Retry if current.is_none() && !state.done => {
                 state.place_or_retry(&myself).await
             }

@@ -348,7 +348,7 @@ impl SchedulerState {
         let d = self.args.disagg;
         let left_ms = kv
             .held_until_ms
-            .saturating_sub(crate::runtime::clock::unix_ms())
+            .saturating_sub(self.clock.wall_ms())
             .saturating_sub(d.hold_margin.as_millis() as u64);
         let budget = d
             .transfer_timeout
@@ -620,7 +620,7 @@ impl SchedulerState {
                     region: self.region(),
                     blocks: h.blocks.iter().map(|b| b.0).collect(),
                     tokens: h.tokens as u32,
-                    held_until_ms: crate::runtime::clock::unix_ms() + hold.as_millis() as u64,
+                    held_until_ms: self.clock.wall_ms() + hold.as_millis() as u64,
                 };
                 self.emit(&to, req, TokenEventKind::HandOff(Box::new(kv)));
                 if let Some(l) = self.live.remove(&u.seq) {

@@ -8,10 +8,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 pub use tokio::time::Instant;
 
-/// A source of monotonic time.
+/// A source of time: monotonic instants for durations and deadlines, and wall-clock
+/// milliseconds for what must mean the same on every node (a request's arrival, the end of a
+/// hold, the last event heard).
 pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
     /// The current instant.
     fn now(&self) -> Instant;
+
+    /// Wall-clock milliseconds since the Unix epoch.
+    fn wall_ms(&self) -> u64;
 }
 
 /// Shared handle to a clock.
@@ -25,19 +30,29 @@ impl Clock for SystemClock {
     fn now(&self) -> Instant {
         Instant::now()
     }
+
+    fn wall_ms(&self) -> u64 {
+        unix_ms()
+    }
 }
 
-/// A clock that only moves when told to: for pure-logic tests.
+/// A clock that only moves when told to: for pure-logic tests. Its wall clock starts at the
+/// real one when it is made and moves with [`ManualClock::advance`] only.
 #[derive(Debug, Clone)]
 pub struct ManualClock {
     now: Arc<Mutex<Instant>>,
+    start: Instant,
+    start_wall_ms: u64,
 }
 
 impl ManualClock {
     /// A manual clock starting at the current instant.
     pub fn new() -> Self {
+        let start = Instant::now();
         Self {
-            now: Arc::new(Mutex::new(Instant::now())),
+            now: Arc::new(Mutex::new(start)),
+            start,
+            start_wall_ms: unix_ms(),
         }
     }
 
@@ -58,6 +73,10 @@ impl Clock for ManualClock {
     fn now(&self) -> Instant {
         *self.now.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    fn wall_ms(&self) -> u64 {
+        self.start_wall_ms + self.now().saturating_duration_since(self.start).as_millis() as u64
+    }
 }
 
 /// Wall-clock milliseconds since the Unix epoch (for identities and leases that must mean the
@@ -72,4 +91,23 @@ pub fn unix_ms() -> u64 {
 /// The default shared clock.
 pub fn system() -> SharedClock {
     Arc::new(SystemClock)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manual_clock_moves_both_its_instants_and_its_wall_only_when_told() {
+        let c = ManualClock::new();
+        let (t0, w0) = (c.now(), c.wall_ms());
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!((c.now(), c.wall_ms()), (t0, w0));
+        c.advance(Duration::from_millis(1_500));
+        assert_eq!(c.now() - t0, Duration::from_millis(1_500));
+        assert_eq!(c.wall_ms() - w0, 1_500);
+        let shared: SharedClock = Arc::new(c.clone());
+        assert_eq!(shared.wall_ms(), c.wall_ms());
+        assert!(SystemClock.wall_ms() >= w0);
+    }
 }
