@@ -393,7 +393,7 @@ impl Actor for ExternalEngine {
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let changes = !matches!(msg, SchedulerMsg::Stats(_) | SchedulerMsg::Has(..));
+        let changes = msg.may_change_stats();
         let out = handle_msg(myself, msg, state).await;
         if changes {
             let stats = state.stats();

@@ -62,6 +62,14 @@ pub enum SchedulerMsg {
     SetRole(Wire<Role>),
 }
 
+impl SchedulerMsg {
+    /// Whether handling this message can change what a scheduler publishes on its node's
+    /// board (every message but the two queries).
+    pub fn may_change_stats(&self) -> bool {
+        !matches!(self, SchedulerMsg::Stats(_) | SchedulerMsg::Has(..))
+    }
+}
+
 /// Spawn inputs of a Scheduler.
 #[derive(Clone, Debug)]
 pub struct SchedulerArgs {
@@ -905,7 +913,7 @@ impl Actor for Scheduler {
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let changes = !matches!(msg, SchedulerMsg::Stats(_) | SchedulerMsg::Has(..));
+        let changes = msg.may_change_stats();
         let out = handle_msg(myself, msg, state).await;
         if changes {
             // Pushed, not pulled: the node's board is what Discovery and admission read.
