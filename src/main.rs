@@ -223,7 +223,7 @@ async fn main() -> std::process::ExitCode {
     let result = match cli.cmd {
         Cmd::Up(mut a) => flotilla::cli::up::up(flotilla::cli::up::UpOptions {
             worker_roles: {
-                use flotilla::request_plane::role::Role;
+                use flotilla::runtime::role::Role;
                 let (p, d) = (a.prefill.unwrap_or(0), a.decode.unwrap_or(0));
                 if p + d > 0 {
                     a.nodes = 1 + p + d;

@@ -13,8 +13,6 @@
 //! - `frontend.rs` — the model's face: tokenizer, chat template, context length.
 //! - `migration.rs` — [`migration::Migration`]: when a request whose worker was lost
 //!   migrates again, waits for a worker or is given up.
-//! - `role.rs` — [`role::Role`]: what a replica does in disaggregated serving (aggregated,
-//!   prefill, decode), and the process groups that say it; spoken by routers and workers.
 //! - `router.rs` — KV-aware placement (`router/index.rs`: prefix index fed by KV events;
 //!   `router/load.rs`: the active load the router placed; `router/policy.rs`: cost and
 //!   selection).
@@ -26,6 +24,5 @@ pub mod events;
 pub mod frontend;
 pub mod migration;
 pub mod protocol;
-pub mod role;
 pub mod router;
 pub mod token_sink;

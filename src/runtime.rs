@@ -6,7 +6,7 @@
 //! - `clock.rs` — injected time (`SystemClock`, `ManualClock`).
 //! - `wire.rs` — MessagePack payloads between nodes.
 //! - `metrics.rs` — the Prometheus recorder.
-//! - `role.rs` — `NodeRole`: gateway, router, worker (what a node runs).
+//! - `role.rs` — `NodeRole` (what a node runs) and `Role` (what a replica does: aggregated, prefill, decode).
 //! - `resilience.rs` — per-node resilience counters and draining flag, panic accounting.
 
 pub mod clock;

@@ -15,9 +15,9 @@ use flotilla::model::{LoadedModel, load_model, resolve_model_path};
 use flotilla::request_plane::protocol::{
     FinishReason, Owner, RemoteKv, SubmitRequest, TokenEventKind, TokenSinkMsg, sink_name,
 };
-use flotilla::request_plane::role::Role;
 use flotilla::request_plane::token_sink::SinkRegistry;
 use flotilla::runtime::ids::{NodeId, RequestId, WorkerId};
+use flotilla::runtime::role::Role;
 use flotilla::runtime::wire::Wire;
 use flotilla::supervisors::tree::{ReplicaParams, replica};
 use flotilla::supervisors::{Shutdown, Strategy, Supervisor, SupervisorFlags};

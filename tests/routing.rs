@@ -393,7 +393,7 @@ async fn a_simulated_fleet_disaggregates_with_modelled_transfer_times() {
         .map(|w| {
             (
                 w["id"].as_str().unwrap().to_owned(),
-                w["role"].as_str().unwrap().to_owned(),
+                w["role"].as_str().unwrap_or_default().to_owned(),
             )
         })
         .collect();

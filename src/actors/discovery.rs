@@ -28,7 +28,8 @@ use crate::runtime::ids::NodeId;
 use crate::runtime::role::NodeRole;
 use crate::runtime::wire::Wire;
 use membership::{
-    ActorView, Leases, Membership, MembershipEvent, NodeInfo, NodeState, NodeView, WorkerView,
+    ActorView, Leases, Membership, MembershipEvent, NodeInfo, NodeState, NodeView, WorkerHealth,
+    WorkerView,
 };
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::{NodeServerMessage, RactorClusterMessage};
@@ -208,8 +209,12 @@ fn fill_worker_stats(workers: &mut [WorkerView], board: &crate::worker::schedule
         w.in_flight = st.running + st.waiting;
         w.kv_blocks_used = st.kv_blocks_used;
         w.kv_blocks_total = st.kv_blocks_total;
-        w.health = st.health.to_string();
-        w.role = st.role.to_string();
+        w.health = match st.health {
+            crate::worker::scheduler::Health::Ready => WorkerHealth::Ready,
+            crate::worker::scheduler::Health::Draining => WorkerHealth::Draining,
+            crate::worker::scheduler::Health::Unhealthy => WorkerHealth::Unhealthy,
+        };
+        w.role = Some(st.role);
         w.kv_held = st.held;
         w.kv_pulls_pending = st.pulls_pending;
         w.kv_blocks_pulled = st.blocks_pulled;

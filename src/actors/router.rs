@@ -46,10 +46,10 @@ use crate::actors::kv_publisher::{
 use crate::kv::KvEvent;
 use crate::request_plane::events::FleetEventKind;
 use crate::request_plane::protocol::{Placement, RouteRequest};
-use crate::request_plane::role::Role;
-use crate::request_plane::role::role_group;
 use crate::runtime::clock::{Instant, SharedClock};
 use crate::runtime::ids::{EventId, NodeId, RequestId, WorkerId};
+use crate::runtime::role::Role;
+use crate::runtime::role::role_group;
 use crate::runtime::wire::Wire;
 use crate::worker::scheduler::{ROUTABLE_GROUP, SCHEDULER_GROUP};
 use index::{ApplyOutcome, PrefixIndex};

@@ -22,8 +22,8 @@ use crate::request_plane::events::FleetEventKind;
 use crate::request_plane::protocol::{
     self, Owner, RemoteKv, SubmitRequest, TokenEvent, TokenEventKind,
 };
-use crate::request_plane::role::{Role, role_group};
 use crate::runtime::ids::{NodeId, RequestId, SeqId, WorkerId};
+use crate::runtime::role::{Role, role_group};
 use crate::runtime::wire::Wire;
 use crate::worker::WorkerError;
 use crate::worker::engine::{SamplingParams, StepBatch, StepSeq};

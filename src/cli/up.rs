@@ -57,7 +57,7 @@ pub struct UpOptions {
     pub max_restarts: usize,
     /// `worker.role` of each worker node (node 1, 2, …), for a disaggregated cluster
     /// (`--prefill N --decode M`); empty: every node keeps its configured role.
-    pub worker_roles: Vec<crate::request_plane::role::Role>,
+    pub worker_roles: Vec<crate::runtime::role::Role>,
 }
 
 struct NodeProc {

@@ -407,7 +407,7 @@ pub struct WorkerConfig {
     pub sim_speedup: f64,
     /// The replicas' role in disaggregated serving: `aggregated`, `prefill` or `decode`
     /// (`request_plane/role.rs`).
-    pub role: crate::request_plane::role::Role,
+    pub role: crate::runtime::role::Role,
     /// Of this node's replicas, the first this many are `prefill` whatever `role` says (a
     /// mixed node: e.g. a simulated fleet of 16 replicas in one process with 4 prefill ones).
     pub prefill_replicas: u32,
@@ -491,7 +491,7 @@ impl Default for WorkerConfig {
             cuda_gemm: Default::default(),
             sim_profile: None,
             sim_speedup: 1.0,
-            role: crate::request_plane::role::Role::Aggregated,
+            role: crate::runtime::role::Role::Aggregated,
             prefill_replicas: 0,
             sim_transfer_gbps: 25.0,
             sim_transfer_latency_us: 50,

@@ -118,7 +118,7 @@ impl Admission {
                 .iter()
                 .filter(|n| n.state == NodeState::Up)
                 .flat_map(|n| &n.workers)
-                .filter(|w| w.health.is_empty() || w.health == "ready")
+                .filter(|w| w.health.may_route())
                 .map(|w| predicted_wait_ms(w, queues))
                 .min();
             if let Some(least) = least
@@ -164,6 +164,7 @@ fn predicted_wait_ms(w: &WorkerView, queues: Option<&HashMap<WorkerId, u64>>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::control::discovery::membership::WorkerHealth;
     use crate::runtime::ids::NodeId;
 
     const A: Admission = Admission {
@@ -256,10 +257,10 @@ mod tests {
         );
     }
 
-    fn waiting(ms: Option<u64>, health: &str) -> WorkerView {
+    fn waiting(ms: Option<u64>, health: WorkerHealth) -> WorkerView {
         WorkerView {
             prefill_wait_ms: ms,
-            health: health.into(),
+            health,
             ..worker(0, 16, 0)
         }
     }
@@ -272,7 +273,10 @@ mod tests {
         };
         let late = [node(
             NodeState::Up,
-            vec![waiting(Some(2_500), "ready"), waiting(Some(4_100), "ready")],
+            vec![
+                waiting(Some(2_500), WorkerHealth::Ready),
+                waiting(Some(4_100), WorkerHealth::Ready),
+            ],
         )];
         assert_eq!(
             a.decide(false, 0, Some(&late)),
@@ -292,7 +296,10 @@ mod tests {
         .message();
         assert!(m.contains("2500 ms") && m.contains("2000 ms"), "{m}");
         // Retry-After is the excess, rounded up, capped.
-        let very = [node(NodeState::Up, vec![waiting(Some(9_001), "ready")])];
+        let very = [node(
+            NodeState::Up,
+            vec![waiting(Some(9_001), WorkerHealth::Ready)],
+        )];
         assert!(matches!(
             a.decide(false, 0, Some(&very)),
             AdmissionVerdict::Shed {
@@ -302,7 +309,7 @@ mod tests {
         ));
         let endless = [node(
             NodeState::Up,
-            vec![waiting(Some(1_000_000_000), "ready")],
+            vec![waiting(Some(1_000_000_000), WorkerHealth::Ready)],
         )];
         assert!(matches!(
             a.decide(false, 0, Some(&endless)),
@@ -312,10 +319,13 @@ mod tests {
             }
         ));
         // One worker in time, or one without a model yet: admitted.
-        for free in [waiting(Some(1_999), "ready"), waiting(None, "ready")] {
+        for free in [
+            waiting(Some(1_999), WorkerHealth::Ready),
+            waiting(None, WorkerHealth::Ready),
+        ] {
             let fleet = [node(
                 NodeState::Up,
-                vec![waiting(Some(2_500), "ready"), free],
+                vec![waiting(Some(2_500), WorkerHealth::Ready), free],
             )];
             assert_eq!(a.decide(false, 0, Some(&fleet)), AdmissionVerdict::Admit);
         }
@@ -323,9 +333,9 @@ mod tests {
         let fleet = [node(
             NodeState::Up,
             vec![
-                waiting(Some(2_500), "ready"),
-                waiting(Some(0), "draining"),
-                waiting(Some(0), "unhealthy"),
+                waiting(Some(2_500), WorkerHealth::Ready),
+                waiting(Some(0), WorkerHealth::Draining),
+                waiting(Some(0), WorkerHealth::Unhealthy),
             ],
         )];
         assert!(matches!(
@@ -346,7 +356,7 @@ mod tests {
         let rated = |id: &str, ms: Option<u64>, rate: Option<u64>| WorkerView {
             id: id.into(),
             prefill_tokens_per_s: rate,
-            ..waiting(ms, "ready")
+            ..waiting(ms, WorkerHealth::Ready)
         };
         // 16 000 tokens routed to a worker that prefills 4 000 tokens/s: 4 s, past 1.5 s.
         let queues: HashMap<WorkerId, u64> = [

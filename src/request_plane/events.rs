@@ -10,8 +10,8 @@
 //! changes and the faults installed on it. Each event names the node that emitted it.
 
 use crate::control::chaos::FaultKind;
-use crate::request_plane::role::Role;
 use crate::runtime::ids::{NodeId, RequestId, WorkerId};
+use crate::runtime::role::Role;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 

@@ -94,8 +94,8 @@ pub use watchdog::{Hang, StepWatchdog, WatchdogVerdict};
 #[doc(no_inline)]
 pub use crate::kv::BlockPool;
 
-use crate::request_plane::role::Role;
 use crate::runtime::ids::{SeqId, WorkerId};
+use crate::runtime::role::Role;
 use crate::worker::WorkerError;
 use crate::worker::engine::StepOutput;
 use serde::{Deserialize, Serialize};

@@ -35,7 +35,7 @@
 
 use super::serve;
 use super::state::{FaceInfo, GatewayShared};
-use crate::control::discovery::membership::{NodeState, WorkerView};
+use crate::control::discovery::membership::{NodeState, WorkerHealth, WorkerView};
 use crate::openai::error::{ApiError, ErrorKind};
 use crate::openai::request::{RequestKind, check_model, parse_request};
 use crate::runtime::ids::WorkerId;
@@ -110,7 +110,7 @@ async fn health(State(s): State<Arc<GatewayShared>>) -> Response {
         "draining"
     } else if routable {
         "ready"
-    } else if view(&s, &f.worker).is_some_and(|w| w.health == "unhealthy") {
+    } else if view(&s, &f.worker).is_some_and(|w| w.health == WorkerHealth::Unhealthy) {
         "unhealthy"
     } else {
         "not_ready"

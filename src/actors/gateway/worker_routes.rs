@@ -18,7 +18,7 @@ use serde::Deserialize;
 use super::state::GatewayShared;
 use crate::actors::scheduler::SchedulerMsg;
 use crate::openai::error::{ApiError, ErrorKind};
-use crate::request_plane::role::Role;
+use crate::runtime::role::Role;
 use crate::runtime::wire::Wire;
 use crate::worker::scheduler::SCHEDULER_GROUP;
 

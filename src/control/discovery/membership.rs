@@ -7,7 +7,7 @@
 
 use crate::runtime::clock::Instant;
 use crate::runtime::ids::NodeId;
-use crate::runtime::role::NodeRole;
+use crate::runtime::role::{NodeRole, Role};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -33,6 +33,31 @@ pub struct ActorView {
     pub state: String,
 }
 
+/// A worker's health in the fleet view (JSON: the snake-case name; `""` while unknown).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerHealth {
+    /// Its scheduler has published nothing yet (restarting, or just started).
+    #[default]
+    #[serde(rename = "")]
+    Unknown,
+    /// Routable.
+    Ready,
+    /// Finishing its requests, not routable.
+    Draining,
+    /// Its watchdog found the engine hung; the replica is being restarted.
+    Unhealthy,
+    /// Its node is not up (suspect or down): nobody can reach it.
+    Unreachable,
+}
+
+impl WorkerHealth {
+    /// Routable as far as the fleet view knows (ready, or not known to be otherwise).
+    pub fn may_route(self) -> bool {
+        matches!(self, WorkerHealth::Ready | WorkerHealth::Unknown)
+    }
+}
+
 /// One worker (replica) of a node, with its load as of the node's last heartbeat.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct WorkerView {
@@ -55,15 +80,13 @@ pub struct WorkerView {
     /// KV blocks in its pool.
     #[serde(default)]
     pub kv_blocks_total: usize,
-    /// `ready` (routable), `draining` (finishing its requests, not routable) or `unhealthy`
-    /// (its watchdog found the engine hung; the replica is being restarted); empty when its
-    /// scheduler did not answer.
+    /// Its health as the fleet view shows it.
     #[serde(default)]
-    pub health: String,
-    /// `aggregated`, `prefill` or `decode` (disaggregated serving); empty when its scheduler
-    /// did not answer.
+    pub health: WorkerHealth,
+    /// `aggregated`, `prefill` or `decode` (disaggregated serving); `null` while its
+    /// scheduler has published nothing (restarting).
     #[serde(default)]
-    pub role: String,
+    pub role: Option<Role>,
     /// Prefill role: sequences handed off whose KV blocks are held for a decode worker's pull.
     #[serde(default)]
     pub kv_held: usize,
@@ -326,7 +349,7 @@ impl Membership {
                     .cloned()
                     .map(|mut w| {
                         if e.state != NodeState::Up {
-                            w.health = "unreachable".into();
+                            w.health = WorkerHealth::Unreachable;
                         }
                         w
                     })

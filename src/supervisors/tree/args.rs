@@ -246,7 +246,7 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
         bus: ctx.events.clone(),
         transport: ctx.transport.clone(),
         role: if k < w.prefill_replicas {
-            crate::request_plane::role::Role::Prefill
+            crate::runtime::role::Role::Prefill
         } else {
             w.role
         },
@@ -309,7 +309,7 @@ pub struct ReplicaParams {
     /// The node's KV transport: the engine allocates and registers its pools through it.
     pub transport: Option<Arc<crate::transport::Transport>>,
     /// The replica's role at start (`worker.role`).
-    pub role: crate::request_plane::role::Role,
+    pub role: crate::runtime::role::Role,
     /// Disaggregation settings (`disagg.*`).
     pub disagg: DisaggWorker,
     /// On a simulated engine: the modelled KV transfer.
