@@ -252,8 +252,9 @@ impl Actor for Subscriber {
         msg: Self::Msg,
         s: &mut Self::State,
     ) -> Result<(), ractor::ActorProcessingErr> {
-        let flotilla::actors::kv_publisher::KvEventsMsg::Publish(w) = msg;
-        s.lock().unwrap().extend(w.decode().unwrap());
+        if let flotilla::actors::kv_publisher::KvEventsMsg::Publish(w) = msg {
+            s.lock().unwrap().extend(w.decode().unwrap());
+        }
         Ok(())
     }
 }

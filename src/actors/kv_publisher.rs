@@ -20,7 +20,6 @@ use std::collections::{HashMap, HashSet};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
 
-use crate::actors::router::{ROUTER_GROUP, RouterMsg};
 use crate::control::chaos::FaultBook;
 use crate::kv::vllm::{VllmBatch, from_flotilla};
 use crate::kv::zmq::ZmqPublisher;
@@ -40,6 +39,9 @@ pub const KV_PUBLISHER_GROUP: &str = "flotilla.kv_publishers";
 pub enum KvEventsMsg {
     /// Events of one worker, in event-id order (cast).
     Publish(Wire<Vec<KvEvent>>),
+    /// One worker's snapshot, to the relay whose router asked for it
+    /// ([`KvPublisherMsg::SnapshotFor`]; cast).
+    Snapshot(Wire<KvSnapshot>),
 }
 
 /// Every registered block of a worker, as of `last_event`.
@@ -64,9 +66,9 @@ pub enum KvPublisherMsg {
     /// Every registered block (call; tools and tests).
     #[rpc]
     Snapshot(RpcReplyPort<Wire<KvSnapshot>>),
-    /// Every registered block, cast back as [`RouterMsg::Resynced`] to the router registered
-    /// under this name in [`ROUTER_GROUP`] (a cast both ways: a router resyncing waits on
-    /// nothing; an answer to a router that has gone is dropped).
+    /// Every registered block, cast back as [`KvEventsMsg::Snapshot`] to the member of
+    /// [`KV_EVENTS_GROUP`] registered under this name — the asking router's relay (a cast both
+    /// ways: a router resyncing waits on nothing; an answer to one that has gone is dropped).
     SnapshotFor(Wire<String>),
 }
 
@@ -311,12 +313,12 @@ impl Actor for KvEventPublisher {
                 let _ = reply.send(Wire::encode(&state.snapshot()));
             }
             KvPublisherMsg::SnapshotFor(wire) => {
-                let Ok(router) = wire.decode() else {
+                let Ok(relay) = wire.decode() else {
                     return Ok(());
                 };
-                if let Some(cell) = crate::runtime::cluster::member_named(ROUTER_GROUP, &router) {
-                    let router: ActorRef<RouterMsg> = cell.into();
-                    let _ = router.cast(RouterMsg::Resynced(Wire::encode(&state.snapshot())));
+                if let Some(cell) = crate::runtime::cluster::member_named(KV_EVENTS_GROUP, &relay) {
+                    let relay: ActorRef<KvEventsMsg> = cell.into();
+                    let _ = relay.cast(KvEventsMsg::Snapshot(Wire::encode(&state.snapshot())));
                 }
             }
         }

@@ -166,6 +166,9 @@ pub struct RouterArgs {
     pub queues: Option<load::PrefillQueueView>,
     /// The node's fleet event bus (workers joining and leaving).
     pub bus: crate::request_plane::events::EventBus,
+    /// Registered name of this router's [`KvEventsRelay`]: publishers send the snapshots it
+    /// asks for there.
+    pub relay: Option<String>,
 }
 
 impl RouterArgs {
@@ -178,6 +181,7 @@ impl RouterArgs {
             disagg: DisaggRouting::default(),
             queues: None,
             bus: Default::default(),
+            relay: None,
         }
     }
 }
@@ -198,6 +202,7 @@ pub struct RouterState {
     disagg: DisaggRouting,
     queues: Option<load::PrefillQueueView>,
     bus: crate::request_plane::events::EventBus,
+    relay: Option<String>,
 }
 
 /// Workers a router may choose: members of the routable schedulers' group (alive, healthy,
@@ -254,6 +259,7 @@ impl RouterState {
             disagg: args.disagg,
             queues: args.queues,
             bus: args.bus,
+            relay: args.relay,
         })
     }
 
@@ -378,13 +384,13 @@ impl RouterState {
         }))
     }
 
-    fn on_events(&mut self, events: Vec<KvEvent>, myself: &ActorRef<RouterMsg>, now: u64) {
+    fn on_events(&mut self, events: Vec<KvEvent>, now: u64) {
         for ev in &events {
             match self.index.apply(ev) {
                 ApplyOutcome::NeedsResync { worker, reason } => {
                     tracing::warn!(%worker, ?reason, "KV event stream inconsistent; resyncing from a snapshot");
                     metrics::counter!("flotilla_router_resyncs_total").increment(1);
-                    self.ask_snapshot(worker, myself, now);
+                    self.ask_snapshot(worker, now);
                 }
                 ApplyOutcome::Applied => {
                     metrics::counter!("flotilla_router_kv_events_total", "outcome" => "applied")
@@ -400,17 +406,17 @@ impl RouterState {
 
     /// Ask `worker`'s KV event publisher for a snapshot, cast back as `Resynced` (no task, no
     /// call: a lost answer is asked again after [`RESYNC_RETRY_MS`]).
-    fn ask_snapshot(&mut self, worker: WorkerId, myself: &ActorRef<RouterMsg>, now: u64) {
+    fn ask_snapshot(&mut self, worker: WorkerId, now: u64) {
         self.resyncs.insert(worker.clone(), now);
         let name = format!("{worker}/kv_publisher");
         let Some(kvm) = crate::runtime::cluster::member_named(KV_PUBLISHER_GROUP, &name) else {
             return; // gone: purged when its scheduler leaves
         };
-        let Some(me) = myself.get_name() else {
-            return; // an unnamed router cannot be answered (never in a node's tree)
+        let Some(relay) = &self.relay else {
+            return; // a router without a relay hears no events, so needs no snapshot
         };
         let kvm: ActorRef<KvPublisherMsg> = kvm.into();
-        let _ = kvm.cast(KvPublisherMsg::SnapshotFor(Wire::encode(&me)));
+        let _ = kvm.cast(KvPublisherMsg::SnapshotFor(Wire::encode(relay)));
     }
 
     fn on_snapshot(&mut self, snap: KvSnapshot) {
@@ -436,9 +442,9 @@ impl RouterState {
         }
     }
 
-    fn tick(&mut self, myself: &ActorRef<RouterMsg>, now: u64) {
+    fn tick(&mut self, now: u64) {
         for w in self.housekeeping(now) {
-            self.ask_snapshot(w, myself, now);
+            self.ask_snapshot(w, now);
         }
     }
 
@@ -514,7 +520,7 @@ impl Actor for Router {
 
     async fn handle(
         &self,
-        myself: ActorRef<Self::Msg>,
+        _myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
@@ -543,7 +549,7 @@ impl Actor for Router {
             }
             RouterMsg::KvEvents(wire) => {
                 if let Ok(events) = wire.decode() {
-                    state.on_events(events, &myself, now);
+                    state.on_events(events, now);
                 }
             }
             RouterMsg::Resynced(wire) => {
@@ -551,7 +557,7 @@ impl Actor for Router {
                     state.on_snapshot(snap);
                 }
             }
-            RouterMsg::Tick(_) => state.tick(&myself, now),
+            RouterMsg::Tick(_) => state.tick(now),
         }
         if changes_load {
             state.publish_queues();
@@ -597,9 +603,12 @@ impl Actor for KvEventsRelay {
         msg: Self::Msg,
         router: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let KvEventsMsg::Publish(events) = msg;
+        let to_router = match msg {
+            KvEventsMsg::Publish(events) => RouterMsg::KvEvents(events),
+            KvEventsMsg::Snapshot(snapshot) => RouterMsg::Resynced(snapshot),
+        };
         router
-            .cast(RouterMsg::KvEvents(events))
+            .cast(to_router)
             .map_err(|e| format!("router gone: {e}"))?;
         Ok(())
     }
@@ -668,6 +677,7 @@ mod tests {
             disagg: DisaggRouting::default(),
             queues: None,
             bus: Default::default(),
+            relay: None,
         })
         .unwrap();
         (state, clock, workers)

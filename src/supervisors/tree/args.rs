@@ -72,6 +72,7 @@ pub(super) fn router(ctx: &NodeContext) -> RouterArgs {
         && ctx.config.gateway.ttft_target_ms.is_some())
     .then(|| ctx.prefill_queues.clone());
     args.bus = ctx.events.clone();
+    args.relay = Some(ctx.name("kv_event_relay"));
     args
 }
 
