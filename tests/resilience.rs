@@ -630,6 +630,10 @@ async fn chaos_refuses_impossible_faults() {
             "actor",
         ),
         (
+            json!({"kind": "kill_actor", "actor": "nobody", "target": "any_busy"}),
+            "actor",
+        ),
+        (
             json!({"kind": "fill_kv", "fraction": 1.5, "target": "any_busy"}),
             "fraction",
         ),

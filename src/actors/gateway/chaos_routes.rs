@@ -237,6 +237,19 @@ pub async fn create(
         let body =
             super::serve::read_body(&headers, body, MAX_FAULT_BYTES, s.request_body_timeout)
                 .await?;
+        // An unknown actor of `kill_actor` is named as the parameter at fault.
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body)
+            && v["kind"] == "kill_actor"
+            && let Some(actor) = v["actor"].as_str()
+            && !ActorKind::ALL.iter().any(|k| k.as_str() == actor)
+        {
+            let known: Vec<&str> = ActorKind::ALL.iter().map(|k| k.as_str()).collect();
+            return Err(ApiError::new(
+                ErrorKind::InvalidRequest,
+                format!("unknown actor {actor:?}; expected one of {known:?}"),
+            )
+            .param("actor"));
+        }
         let mut spec: FaultSpec = serde_json::from_slice(&body).map_err(|e| {
             ApiError::new(
                 ErrorKind::InvalidRequest,
