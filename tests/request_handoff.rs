@@ -3,6 +3,9 @@
 //! off survives a decode pick whose worker is gone, and a second hand-off releases the first
 //! prefill worker's blocks instead of leaving them pinned until its hold ends.
 
+#[path = "common/poll.rs"]
+mod poll;
+
 use flotilla::actors::request::{Request, RequestArgs, RequestMsg};
 use flotilla::actors::router::{ROUTER_GROUP, RouterMsg};
 use flotilla::actors::scheduler::SchedulerMsg;
@@ -323,16 +326,12 @@ async fn a_second_hand_off_releases_the_first() {
     assert_eq!(kv.worker, WorkerId::new("p2/replica-0"));
     let first_id = first.lock().unwrap().jobs[0].request;
     let second_id = second.lock().unwrap().jobs[0].request;
-    eventually(|| first.lock().unwrap().cancels.contains(&first_id)).await;
-    eventually(|| second.lock().unwrap().cancels.contains(&second_id)).await;
-}
-
-async fn eventually(done: impl Fn() -> bool) {
-    for _ in 0..200 {
-        if done() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+    for (log, id) in [(&first, first_id), (&second, second_id)] {
+        poll::poll_until(
+            Duration::from_secs(5),
+            "the prefill worker told to release its blocks",
+            || async { log.lock().unwrap().cancels.contains(&id).then_some(()) },
+        )
+        .await;
     }
-    panic!("a prefill worker was never told to release its blocks");
 }

@@ -112,7 +112,7 @@ pub struct DiscoveryState {
 }
 
 impl DiscoveryState {
-    async fn refresh_me(&mut self, me: &ActorCell) {
+    fn refresh_me(&mut self, me: &ActorCell) {
         let http = self
             .args
             .http_addr
@@ -356,7 +356,7 @@ impl Actor for Discovery {
             });
             state.session_sub = Some((id, task));
         }
-        state.refresh_me(&myself.get_cell()).await;
+        state.refresh_me(&myself.get_cell());
         state.publish_view(state.args.clock.now());
         Ok(())
     }
@@ -406,7 +406,7 @@ impl Actor for Discovery {
             }
             DiscoveryMsg::Tick(_) => {
                 state.tick_no += 1;
-                state.refresh_me(&myself.get_cell()).await;
+                state.refresh_me(&myself.get_cell());
                 let hb = Wire::encode(state.membership.me());
                 for cell in ractor::pg::get_members(&DISCOVERY_GROUP.to_owned()) {
                     if cell.get_id().is_local() {
@@ -445,7 +445,7 @@ impl Actor for Discovery {
                 }
             }
             DiscoveryMsg::GetFleet(reply) => {
-                state.refresh_me(&myself.get_cell()).await;
+                state.refresh_me(&myself.get_cell());
                 let view = state.membership.view(now);
                 let _ = reply.send(Wire::encode(&view));
                 state.args.fleet.publish(view);

@@ -237,24 +237,11 @@ pub async fn create(
         let body =
             super::serve::read_body(&headers, body, MAX_FAULT_BYTES, s.request_body_timeout)
                 .await?;
-        // An unknown actor of `kill_actor` is named as the parameter at fault.
-        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body)
-            && v["kind"] == "kill_actor"
-            && let Some(actor) = v["actor"].as_str()
-            && !ActorKind::ALL.iter().any(|k| k.as_str() == actor)
-        {
-            let known: Vec<&str> = ActorKind::ALL.iter().map(|k| k.as_str()).collect();
-            return Err(ApiError::new(
-                ErrorKind::InvalidRequest,
-                format!("unknown actor {actor:?}; expected one of {known:?}"),
-            )
-            .param("actor"));
-        }
         let mut spec: FaultSpec = serde_json::from_slice(&body).map_err(|e| {
-            ApiError::new(
+            unknown_actor(&body).unwrap_or_else(|| ApiError::new(
                 ErrorKind::InvalidRequest,
                 format!("invalid fault ({e}); expected {{\"kind\": \"slow\"|\"fail_engine\"|\"hang\"|\"kill_actor\"|\"kill_node\"|\"panic\"|\"panic_task\"|\"drop_kv_events\"|\"fill_kv\"|\"partition\"|\"delay_kv_transfer\"|\"drop_kv_transfer\", …, \"target\": {{\"worker\": ID}} | {{\"node\": ID}} | \"any_busy\"}}"),
-            )
+            ))
         })?;
         if let FaultKind::Slow { delay_ms } | FaultKind::DelayKvTransfer { delay_ms } = spec.kind
             && delay_ms > MAX_DELAY_MS
@@ -365,6 +352,24 @@ pub async fn create(
     }
     .await;
     result.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A fault that did not parse because `kill_actor` names no known actor: that error, with the
+/// parameter at fault (read only on the error path).
+fn unknown_actor(body: &[u8]) -> Option<ApiError> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let actor = v["actor"].as_str()?;
+    if v["kind"] != "kill_actor" || ActorKind::ALL.iter().any(|k| k.as_str() == actor) {
+        return None;
+    }
+    let known: Vec<&str> = ActorKind::ALL.iter().map(|k| k.as_str()).collect();
+    Some(
+        ApiError::new(
+            ErrorKind::InvalidRequest,
+            format!("unknown actor {actor:?}; expected one of {known:?}"),
+        )
+        .param("actor"),
+    )
 }
 
 /// `GET /chaos/faults`.
