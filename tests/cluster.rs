@@ -168,3 +168,42 @@ async fn a_malformed_heartbeat_is_counted_not_fatal() {
     );
     a.stop().await;
 }
+
+/// Two nodes that dial each other at the same moment (as a node does when a third one tells it
+/// of a newcomer that is joining it) both join: ractor_cluster keeps one connection and closes
+/// the other before it authenticates, and that close is not a refused cookie. Seen in CI: a
+/// node of `flotilla up` exited with "does --cookie match" on a simultaneous connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_dialling_each_other_at_once_both_join() {
+    use flotilla::runtime::cluster::{join, session_count, start_node_server};
+    use flotilla::runtime::ids::NodeId;
+    crate::poll::init_tracing();
+    for round in 0..20 {
+        let (pa, pb) = (free_port(), free_port());
+        let addr = |p: u16| format!("127.0.0.1:{p}");
+        let a = start_node_server(
+            NodeId::new(format!("sim-a{round}")),
+            addr(pa).parse().unwrap(),
+            "c".into(),
+            1 << 20,
+        )
+        .await
+        .unwrap();
+        let b = start_node_server(
+            NodeId::new(format!("sim-b{round}")),
+            addr(pb).parse().unwrap(),
+            "c".into(),
+            1 << 20,
+        )
+        .await
+        .unwrap();
+        let t = Duration::from_secs(5);
+        let (to_a, to_b) = (addr(pa), addr(pb));
+        let (ab, ba) = tokio::join!(join(&a.server, &to_b, t), join(&b.server, &to_a, t));
+        assert!(ab.is_ok(), "round {round}: a joining b: {ab:?}");
+        assert!(ba.is_ok(), "round {round}: b joining a: {ba:?}");
+        assert_eq!(session_count(&a.server).await.unwrap(), 1, "round {round}");
+        a.server.stop(None);
+        b.server.stop(None);
+    }
+}

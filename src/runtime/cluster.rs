@@ -228,6 +228,8 @@ pub struct SessionPeer {
     pub addr: String,
     /// Whether the peer dialled us.
     pub incoming: bool,
+    /// The address the peer listens on (`host:port`, as it advertises it), once known.
+    pub listens_on: Option<String>,
 }
 
 impl From<&NodeServerSessionInformation> for SessionPeer {
@@ -236,6 +238,7 @@ impl From<&NodeServerSessionInformation> for SessionPeer {
             name: s.peer_name.as_ref().map(|n| n.name.clone()),
             addr: s.peer_addr.clone(),
             incoming: s.is_server,
+            listens_on: s.peer_name.as_ref().map(|n| n.connection_string.clone()),
         }
     }
 }
@@ -279,8 +282,15 @@ pub fn subscribe(
     Ok((id, rx))
 }
 
-/// Connect to `seed` and wait until the session is ready (authenticated and state exchanged).
-/// A session that closes before authenticating is [`ClusterError::AuthFailed`].
+/// Connect to `seed` and wait until a session with it is ready (authenticated and state
+/// exchanged).
+///
+/// The ready session need not be the one this call opened: when the seed dials this node at
+/// the same moment (it learned of us from a third node: transitive mode), ractor_cluster keeps
+/// one of the two connections by name order and closes the other, before or just after it
+/// authenticates. So the close of this call's session is an error only when no other session
+/// with the seed is open either: [`ClusterError::AuthFailed`] when it closed before
+/// authenticating.
 ///
 /// # Errors
 /// [`ClusterError::AuthFailed`] when the seed refuses this node's cookie;
@@ -294,40 +304,56 @@ pub async fn join(
         .await
         .map(|a| a.collect())
         .unwrap_or_default();
+    let is_seed = |addr: &str| {
+        addr.parse::<SocketAddr>()
+            .map(|a| seed_addr.contains(&a))
+            .unwrap_or(addr == seed)
+    };
     let (sub, mut rx) = subscribe(server, "join")?;
+    let unreachable = |last_error: &str| ClusterError::Unreachable {
+        seeds: vec![seed.to_owned()],
+        timeout_ms: timeout.as_millis() as u64,
+        last_error: last_error.to_owned(),
+    };
     let result = async {
         ractor_cluster::client_connect(server, seed)
             .await
-            .map_err(|e| ClusterError::Unreachable {
-                seeds: vec![seed.to_owned()],
-                timeout_ms: timeout.as_millis() as u64,
-                last_error: e.to_string(),
-            })?;
-        let ours = |p: &SessionPeer| {
-            !p.incoming
-                && p.addr
-                    .parse::<SocketAddr>()
-                    .map(|a| seed_addr.contains(&a))
-                    .unwrap_or(p.addr == seed)
-        };
+            .map_err(|e| unreachable(&e.to_string()))?;
+        // The session this call opened.
+        let ours = |p: &SessionPeer| !p.incoming && is_seed(&p.addr);
+        // Any session with the seed, in either direction.
+        let with_seed = |p: &SessionPeer| ours(p) || p.listens_on.as_deref().is_some_and(is_seed);
         let mut authenticated = false;
         let wait = async {
             while let Some(ev) = rx.recv().await {
                 match ev {
                     SessionEvent::Authenticated(p) if ours(&p) => authenticated = true,
-                    SessionEvent::Ready(p) if ours(&p) => return Ok(()),
+                    SessionEvent::Ready(p) if with_seed(&p) => return Ok(()),
                     SessionEvent::Disconnected(p) if ours(&p) => {
-                        return Err(if authenticated {
-                            ClusterError::Unreachable {
-                                seeds: vec![seed.to_owned()],
-                                timeout_ms: timeout.as_millis() as u64,
-                                last_error: "session closed after authentication".into(),
+                        if !open_session_listening_on(server, &is_seed).await {
+                            return Err(if authenticated {
+                                unreachable("session closed after authentication")
+                            } else {
+                                ClusterError::AuthFailed {
+                                    seed: seed.to_owned(),
+                                }
+                            });
+                        }
+                        // The seed kept its own connection to us: wait for that one (or
+                        // find it already ready when no event comes).
+                        let ready = async {
+                            while let Some(ev) = rx.recv().await {
+                                if matches!(&ev, SessionEvent::Ready(p) if with_seed(p)) {
+                                    return;
+                                }
                             }
+                        };
+                        let _ = tokio::time::timeout(SIMULTANEOUS_GRACE, ready).await;
+                        return if open_session_listening_on(server, &is_seed).await {
+                            Ok(())
                         } else {
-                            ClusterError::AuthFailed {
-                                seed: seed.to_owned(),
-                            }
-                        });
+                            Err(unreachable("both connections with the seed closed"))
+                        };
                     }
                     _ => {}
                 }
@@ -336,16 +362,30 @@ pub async fn join(
         };
         match tokio::time::timeout(timeout, wait).await {
             Ok(r) => r,
-            Err(_) => Err(ClusterError::Unreachable {
-                seeds: vec![seed.to_owned()],
-                timeout_ms: timeout.as_millis() as u64,
-                last_error: "handshake timed out".into(),
-            }),
+            Err(_) => Err(unreachable("handshake timed out")),
         }
     }
     .await;
     let _ = server.cast(NodeServerMessage::UnsubscribeToEvents(sub));
     result
+}
+
+/// How long [`join`] waits for the seed's own connection to become ready after the seed
+/// closed ours in a simultaneous connect (a handshake takes a few milliseconds on one host).
+const SIMULTANEOUS_GRACE: Duration = Duration::from_secs(1);
+
+/// Whether a session with a peer that listens on an address `is_seed` accepts is open.
+async fn open_session_listening_on(
+    server: &ActorRef<NodeServerMessage>,
+    is_seed: &impl Fn(&str) -> bool,
+) -> bool {
+    ractor::call_t!(server, NodeServerMessage::GetSessions, 2_000).is_ok_and(|sessions| {
+        sessions.values().any(|s| {
+            s.peer_name
+                .as_ref()
+                .is_some_and(|n| is_seed(&n.connection_string))
+        })
+    })
 }
 
 /// Join through any of `seeds`, retrying refused connections (a seed may still be starting)
