@@ -78,6 +78,7 @@ mod fill;
 mod outbox;
 mod step_model;
 mod watchdog;
+mod worker_core;
 
 #[cfg(test)]
 mod tests;
@@ -90,6 +91,10 @@ pub use fill::{FILL_SEQ, FillChange, KvFill};
 pub use outbox::Outbox;
 pub use step_model::{StepCost, StepShape, StepTimeModel};
 pub use watchdog::{Hang, StepWatchdog, WatchdogVerdict};
+pub use worker_core::{
+    ADMIT_RATE_WINDOW, EngineHung, InjectedFaults, PullJob, PullWork, RequestKey, WorkerCore,
+    WorkerCoreConfig, WorkerCoreError, WorkerEffect,
+};
 
 #[doc(no_inline)]
 pub use crate::kv::BlockPool;

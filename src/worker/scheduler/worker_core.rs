@@ -1,0 +1,1194 @@
+//! [`WorkerCore`]: everything one replica's scheduler decides, as a pure state machine.
+//!
+//! The [`Scheduler`](crate::actors::scheduler::Scheduler) actor feeds it inputs — a
+//! submission, a cancel, a step or a pull that came back, a tick, a role change, a drain —
+//! and carries out the [`WorkerEffect`]s it asks for: run a step on the engine, pull remote KV,
+//! release a sequence's engine state, confirm a pull to the prefill worker, forward KV events,
+//! join or leave a process group, ping the engine. Token events wait in the core's
+//! [`Outbox`] until the actor flushes it with its delivery function. Time comes from the
+//! injected [`Clock`](crate::runtime::clock::Clock) only, and the chaos faults aimed at this
+//! replica arrive as data ([`InjectedFaults`]), so a test (or the offline simulator) drives
+//! the whole worker under a [`ManualClock`](crate::runtime::clock::ManualClock), without an
+//! actor, an engine or a socket.
+//!
+//! What it holds: the batch former and its block pool ([`SchedulerCore`]), the requests it
+//! serves by id, the hand-offs it holds (prefill role) and the pulls it waits for (decode
+//! role), the step watchdog, the step-time model, the chaos `fill_kv` blocks, the role and
+//! health, and the admission window behind `prefill_wait_ms`.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use super::{
+    DisaggWorker, FillChange, Hang, Health, KvFill, Outbox, PullOrder, PullResult, ROUTABLE_GROUP,
+    SCHEDULER_GROUP, SchedulerCore, SchedulerError, SchedulerStats, SeqRequest, SimTransfer,
+    StepResult, StepShape, StepTimeModel, StepWatchdog, WatchdogVerdict,
+};
+use crate::kv::KvEvent;
+use crate::request_plane::protocol::{
+    Owner, OwnerStatus, RemoteKv, SubmitRequest, TokenEvent, TokenEventKind,
+};
+use crate::runtime::clock::{Instant, SharedClock};
+use crate::runtime::ids::{NodeId, RequestId, SeqId, WorkerId};
+use crate::runtime::role::{Role, role_group};
+use crate::transport::RegionDescriptor;
+use crate::worker::WorkerError;
+use crate::worker::engine::{SamplingParams, StepBatch, StepSeq};
+
+/// Window of the measured admission rate.
+pub const ADMIT_RATE_WINDOW: Duration = Duration::from_secs(5);
+
+/// A request's key at a worker: its gateway node and its (attempt's) request id.
+pub type RequestKey = (NodeId, RequestId);
+
+/// What a [`WorkerCore`] is built from (the rest of the scheduler's arguments are the
+/// actor's: names, the transport, the node's board and bus).
+#[derive(Clone, Debug)]
+pub struct WorkerCoreConfig {
+    /// This replica.
+    pub worker: WorkerId,
+    /// End-of-sequence token (a request may ask to ignore it).
+    pub eos_token_id: Option<u32>,
+    /// Tokens per KV block (the modelled transfer time of a pull).
+    pub block_size: usize,
+    /// The replica's role at start.
+    pub role: Role,
+    /// Disaggregation: how long a hand-off is held, the pull's time limit.
+    pub disagg: DisaggWorker,
+    /// A step longer than this (engine time) is a hang.
+    pub step_timeout: Duration,
+    /// An idle engine is pinged this often.
+    pub canary_interval: Duration,
+    /// How long an owner may be missing before its sequences are aborted.
+    pub owner_grace: Duration,
+    /// Pulls go through the node's transport (when the hand-off names a region).
+    pub has_transport: bool,
+    /// On a simulated engine: the modelled transfer time of a pull.
+    pub sim_transfer: Option<SimTransfer>,
+}
+
+/// The chaos faults aimed at this replica, as the actor reads them before each input.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct InjectedFaults {
+    /// `slow`: the engine sleeps this long before each step (not engine time).
+    pub step_delay: Duration,
+    /// `hang`: the engine does not answer.
+    pub hang: bool,
+    /// `fill_kv`: the fraction of the pool to hold.
+    pub fill_kv: Option<f64>,
+}
+
+/// How a pull is carried out.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PullWork {
+    /// It cannot be: answer [`WorkerCore::pull_done`] with this error at once.
+    Fail(String),
+    /// Through the node's transport: these `(remote, local)` block pairs from `from`, within
+    /// `budget`.
+    Transport {
+        from: RegionDescriptor,
+        pairs: Vec<(u32, u32)>,
+        budget: Duration,
+    },
+    /// Simulated: the transfer takes this long.
+    Sim(Duration),
+}
+
+/// A pull to start; its result comes back through [`WorkerCore::pull_done`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct PullJob {
+    pub seq: SeqId,
+    /// Blocks it brings.
+    pub blocks: usize,
+    pub work: PullWork,
+}
+
+/// What the core asks its driver to do, in order.
+#[derive(Clone, Debug)]
+pub enum WorkerEffect {
+    /// Run this step on the engine; answer with [`WorkerCore::step_done`].
+    Step { step: u64, batch: StepBatch },
+    /// Pull remote KV; answer with [`WorkerCore::pull_done`].
+    Pull(PullJob),
+    /// The sequence is gone: the engine may free what it keeps for it.
+    Release(SeqId),
+    /// A pull of the prefill worker's KV returned: tell that worker to release its blocks.
+    ConfirmPull { prefill: WorkerId, key: RequestKey },
+    /// KV events of the pool (and the token ids of stored blocks, when the pool keeps them),
+    /// for the replica's KV event publisher.
+    KvEvents {
+        events: Vec<KvEvent>,
+        tokens: Vec<(crate::runtime::ids::EventId, Vec<u32>)>,
+    },
+    /// Join this process group.
+    Join(&'static str),
+    /// Leave this process group.
+    Leave(&'static str),
+    /// The role changed (for the fleet's event bus).
+    RoleChanged(Role),
+    /// Ping the engine; answer with [`WorkerCore::canary_done`].
+    Ping,
+}
+
+/// The engine missed a deadline: the replica must restart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{what} did not return within the step timeout ({timeout_ms} ms): engine hung")]
+pub struct EngineHung {
+    pub what: Hang,
+    pub timeout_ms: u64,
+}
+
+/// Errors of the core's inputs: the batch former's (a broken invariant) or a hung engine.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerCoreError {
+    #[error(transparent)]
+    Scheduler(#[from] SchedulerError),
+    #[error(transparent)]
+    Hung(#[from] EngineHung),
+    /// The engine of this replica is gone (its actor died): the replica must restart.
+    #[error(transparent)]
+    EngineGone(#[from] WorkerError),
+}
+
+struct Live {
+    request: RequestId,
+    owner: Owner,
+    sampling: SamplingParams,
+    admitted: bool,
+    /// Tokens emitted so far (the next token's index).
+    emitted: u32,
+    /// `SubmitRequest::trace_id`.
+    trace_id: Option<String>,
+    /// Disaggregated decode: the prefill worker's KV to pull.
+    remote: Option<RemoteKv>,
+    /// When it was queued here (its wait for admission counts from this).
+    queued_at: Instant,
+}
+
+/// A handed-off sequence's pinned blocks.
+struct Held {
+    request: RequestId,
+    owner: Owner,
+    until: Instant,
+}
+
+struct StepTiming {
+    shape: StepShape,
+    started: Instant,
+    clean: bool,
+}
+
+/// One replica's scheduling state (see the module doc).
+pub struct WorkerCore {
+    cfg: WorkerCoreConfig,
+    core: SchedulerCore,
+    clock: SharedClock,
+    faults: InjectedFaults,
+    effects: Vec<WorkerEffect>,
+    live: HashMap<SeqId, Live>,
+    by_request: HashMap<RequestKey, SeqId>,
+    next_seq: u64,
+    steps: u64,
+    outbox: Outbox<Owner, TokenEvent>,
+    health: Health,
+    watchdog: StepWatchdog,
+    fill: KvFill,
+    step_model: StepTimeModel,
+    step_timing: Option<StepTiming>,
+    held: HashMap<SeqId, Held>,
+    /// Pulls in flight: whom to confirm to (prefill worker, its request key) when each returns.
+    pulls: HashMap<SeqId, (WorkerId, RequestKey)>,
+    blocks_pulled: u64,
+    pull_fallbacks: u64,
+    role: Role,
+    /// A role change waiting for the replica to be empty.
+    next_role: Option<Role>,
+    /// The node is draining: never routable again.
+    draining: bool,
+    /// When sequences were admitted, over the last [`ADMIT_RATE_WINDOW`].
+    admissions: VecDeque<Instant>,
+    started_at: Instant,
+}
+
+impl WorkerCore {
+    /// A replica with `core` (the batch former and its pool), ready and routable: the first
+    /// effects join the schedulers' group, the role's group and the routable group.
+    pub fn new(cfg: WorkerCoreConfig, core: SchedulerCore, clock: SharedClock) -> Self {
+        let started_at = clock.now();
+        let mut effects = vec![WorkerEffect::Join(SCHEDULER_GROUP)];
+        if let Some(g) = role_group(cfg.role) {
+            effects.push(WorkerEffect::Join(g));
+        }
+        effects.push(WorkerEffect::Join(ROUTABLE_GROUP));
+        Self {
+            outbox: Outbox::new(clock.clone(), cfg.owner_grace),
+            watchdog: StepWatchdog::new(clock.clone(), cfg.step_timeout, cfg.canary_interval),
+            step_model: StepTimeModel::new(),
+            step_timing: None,
+            fill: KvFill::default(),
+            faults: InjectedFaults::default(),
+            effects,
+            live: HashMap::new(),
+            by_request: HashMap::new(),
+            next_seq: 0,
+            steps: 0,
+            health: Health::Ready,
+            held: HashMap::new(),
+            pulls: HashMap::new(),
+            blocks_pulled: 0,
+            pull_fallbacks: 0,
+            role: cfg.role,
+            next_role: None,
+            draining: false,
+            admissions: VecDeque::new(),
+            started_at,
+            clock,
+            core,
+            cfg,
+        }
+    }
+
+    /// The effects asked for since the last call, in order.
+    pub fn take_effects(&mut self) -> Vec<WorkerEffect> {
+        std::mem::take(&mut self.effects)
+    }
+
+    /// The chaos faults aimed at this replica now (read by the driver before each input).
+    pub fn set_faults(&mut self, faults: InjectedFaults) {
+        self.faults = faults;
+    }
+
+    /// This replica.
+    pub fn worker(&self) -> &WorkerId {
+        &self.cfg.worker
+    }
+
+    /// Requests queued, running or held here.
+    pub fn num_live(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Whether the request `key` is here (queued, running or held).
+    pub fn has(&self, key: &RequestKey) -> bool {
+        self.by_request.contains_key(key)
+    }
+
+    /// Whether token events wait to be delivered.
+    pub fn has_undelivered(&self) -> bool {
+        !self.outbox.is_empty()
+    }
+
+    /// The batch former (read-only: its pool, its queues).
+    pub fn scheduler(&self) -> &SchedulerCore {
+        &self.core
+    }
+
+    fn emit(&mut self, to: &Owner, request: RequestId, kind: TokenEventKind) {
+        self.outbox.push(to, TokenEvent { request, kind });
+    }
+
+    /// Hands every pending event to `deliver`, one batch per owner. Events for an owner that
+    /// cannot be reached are kept and retried until `status` finds the owner gone; then its
+    /// sequences are aborted.
+    pub fn flush(
+        &mut self,
+        deliver: impl FnMut(&Owner, Vec<TokenEvent>) -> Result<(), Vec<TokenEvent>>,
+        status: impl FnMut(&Owner) -> OwnerStatus,
+    ) {
+        let gone = self.outbox.flush(deliver, status);
+        for owner in gone {
+            self.abort_owner(&owner);
+        }
+    }
+
+    /// Queue a request. A replica that is not ready answers `Lost` (routed here just before
+    /// it left routing: the request is placed elsewhere); a request the batch former refuses
+    /// gets `Failed` (400). Duplicates are ignored.
+    ///
+    /// # Errors
+    /// A broken invariant of the batch former while starting steps.
+    pub fn submit(&mut self, req: SubmitRequest) -> Result<(), WorkerCoreError> {
+        let key = (req.reply_to.clone(), req.request);
+        if self.by_request.contains_key(&key) {
+            return Ok(()); // duplicate submission
+        }
+        let owner = req.owner();
+        if self.health != Health::Ready {
+            let reason = format!("the worker is {}", self.health);
+            self.emit(&owner, req.request, TokenEventKind::Lost { reason });
+            return Ok(());
+        }
+        self.next_seq += 1;
+        let seq = SeqId(self.next_seq);
+        // Remote KV must end inside the prompt (the prompt ends with the first token the
+        // prefill worker sampled); otherwise the prompt is computed here.
+        let remote = req
+            .remote_kv
+            .filter(|kv| (kv.tokens as usize) < req.prompt.len() && kv.tokens > 0);
+        let added = self.core.add(SeqRequest {
+            remote_tokens: remote.as_ref().map_or(0, |kv| kv.tokens as usize),
+            hand_off: req.hand_off,
+            seq,
+            prompt: req.prompt,
+            max_tokens: req.max_tokens as usize,
+            stop_token_ids: req.stop_token_ids,
+            eos_token_id: if req.ignore_eos {
+                None
+            } else {
+                self.cfg.eos_token_id
+            },
+            arrival: req.arrival_ms,
+        });
+        match added {
+            Ok(()) => {
+                tracing::debug!(worker = %self.cfg.worker, request = %req.request, trace_id = req.trace_id.as_deref().unwrap_or("-"), "sequence queued");
+                self.by_request.insert(key, seq);
+                self.live.insert(
+                    seq,
+                    Live {
+                        request: req.request,
+                        owner,
+                        sampling: req.sampling,
+                        admitted: false,
+                        emitted: 0,
+                        trace_id: req.trace_id,
+                        remote,
+                        queued_at: self.clock.now(),
+                    },
+                );
+            }
+            Err(e) => {
+                self.emit(
+                    &owner,
+                    req.request,
+                    TokenEventKind::Failed {
+                        message: e.to_string(),
+                        status: 400,
+                    },
+                );
+            }
+        }
+        self.kick()
+    }
+
+    /// Cancel the request `key` (unknown keys are ignored): its blocks are freed at once.
+    ///
+    /// # Errors
+    /// A broken invariant of the batch former while starting steps.
+    pub fn cancel(&mut self, key: &RequestKey) -> Result<(), WorkerCoreError> {
+        if let Some(seq) = self.by_request.get(key).copied() {
+            self.drop_seq(seq);
+            self.forward_kv_events();
+            self.kick()?;
+            self.maybe_switch_role();
+        }
+        Ok(())
+    }
+
+    /// A step came back from the engine. `region` describes where this replica's KV can be
+    /// read from (asked only when a sequence is handed off).
+    ///
+    /// # Errors
+    /// The engine is gone (the replica must restart: every sequence was told `Lost`), or a
+    /// broken invariant of the batch former.
+    pub fn step_done(
+        &mut self,
+        result: StepResult,
+        region: impl Fn() -> Option<RegionDescriptor>,
+    ) -> Result<(), WorkerCoreError> {
+        self.on_step_done(result, region)?;
+        self.kick()?;
+        self.maybe_switch_role();
+        Ok(())
+    }
+
+    /// A pull returned: the sequence decodes (or recomputes what it lacks), and the prefill
+    /// worker is told to release its blocks.
+    ///
+    /// # Errors
+    /// A broken invariant of the batch former.
+    pub fn pull_done(&mut self, r: PullResult) -> Result<(), WorkerCoreError> {
+        let ok = r.outcome.is_ok();
+        let w = self.cfg.worker.to_string();
+        match &r.outcome {
+            Ok(blocks) => {
+                self.blocks_pulled += *blocks as u64;
+                metrics::counter!("flotilla_disagg_pulled_blocks_total", "worker" => w)
+                    .increment(*blocks as u64);
+            }
+            Err(why) => {
+                self.pull_fallbacks += 1;
+                metrics::counter!("flotilla_disagg_pull_fallbacks_total", "worker" => w)
+                    .increment(1);
+                tracing::warn!(worker = %self.cfg.worker, seq = %r.seq, %why, "KV pull failed; recomputing the prompt here");
+            }
+        }
+        self.core.pull_done(r.seq, ok)?;
+        if let Some((prefill, key)) = self.pulls.remove(&r.seq) {
+            self.effects
+                .push(WorkerEffect::ConfirmPull { prefill, key });
+        }
+        self.forward_kv_events();
+        self.kick()?;
+        self.maybe_switch_role();
+        Ok(())
+    }
+
+    /// Change this replica's role: it leaves routing, finishes what it runs, then switches and
+    /// is routable again.
+    pub fn set_role(&mut self, role: Role) {
+        if role == self.role && self.next_role.is_none() {
+            return;
+        }
+        tracing::info!(worker = %self.cfg.worker, from = %self.role, to = %role, live = self.live.len(), "role change: draining first");
+        self.next_role = Some(role);
+        if self.health == Health::Ready {
+            self.leave_routing(Health::Draining);
+        }
+        self.maybe_switch_role();
+    }
+
+    /// Stop taking new work (leave routing for good); running requests go on.
+    pub fn drain(&mut self) {
+        self.draining = true;
+        if self.health == Health::Ready {
+            tracing::info!(worker = %self.cfg.worker, live = self.live.len(), "draining");
+            self.leave_routing(Health::Draining);
+        }
+    }
+
+    /// Hand off every request here: each is told `Lost` with `reason` and migrates.
+    pub fn hand_off_all(&mut self, reason: String) {
+        tracing::warn!(worker = %self.cfg.worker, live = self.live.len(), %reason, "handing every request off");
+        self.drop_all(&TokenEventKind::Lost { reason });
+        self.forward_kv_events();
+    }
+
+    /// The replica stops: every live request hears it and migrates with what it has.
+    pub fn stop(&mut self) {
+        let lost = TokenEventKind::Lost {
+            reason: "the replica stopped".into(),
+        };
+        let live: Vec<(Owner, RequestId)> = self
+            .live
+            .values()
+            .map(|l| (l.owner.clone(), l.request))
+            .collect();
+        for (to, req) in live {
+            self.emit(&to, req, lost.clone());
+        }
+    }
+
+    /// The canary's ping came back.
+    pub fn canary_done(&mut self) {
+        self.watchdog.canary_returned();
+    }
+
+    /// Periodic: chaos `fill_kv`, owners gone (`status`), holds ended, a pending role change,
+    /// the watchdog and canary, and work that waits for blocks freed outside a step.
+    ///
+    /// # Errors
+    /// [`EngineHung`] when the engine missed a deadline: the replica has left routing and
+    /// the schedulers' group, and must restart. Or a broken invariant of the batch former.
+    pub fn tick(
+        &mut self,
+        status: impl FnMut(&Owner) -> OwnerStatus,
+    ) -> Result<(), WorkerCoreError> {
+        self.fill_kv();
+        self.check_owners(status);
+        self.expire_held();
+        self.maybe_switch_role();
+        match self.watchdog.check() {
+            WatchdogVerdict::Healthy => {}
+            WatchdogVerdict::Ping => self.effects.push(WorkerEffect::Ping),
+            WatchdogVerdict::Hung(what) => {
+                self.leave_routing(Health::Unhealthy);
+                self.effects.push(WorkerEffect::Leave(SCHEDULER_GROUP));
+                return Err(EngineHung {
+                    what,
+                    timeout_ms: self.watchdog.step_timeout().as_millis() as u64,
+                }
+                .into());
+            }
+        }
+        self.kick()
+    }
+
+    /// Abort every sequence of `owner` (gone): free their KV blocks, forget their events.
+    fn abort_owner(&mut self, owner: &Owner) {
+        self.outbox.forget(owner);
+        let orphans: Vec<SeqId> = self
+            .live
+            .iter()
+            .filter(|(_, l)| l.owner == *owner)
+            .map(|(s, _)| *s)
+            .collect();
+        tracing::warn!(worker = %self.cfg.worker, %owner, sequences = orphans.len(),
+            "the owner of these sequences is gone; aborting them");
+        metrics::counter!("flotilla_orphaned_sequences_aborted_total")
+            .increment(orphans.len() as u64);
+        let held: Vec<SeqId> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.owner == *owner)
+            .map(|(s, _)| *s)
+            .collect();
+        for s in orphans.into_iter().chain(held) {
+            self.drop_seq(s);
+        }
+        self.forward_kv_events();
+    }
+
+    /// Abort the sequences of every owner that is gone (sequences that emit nothing, e.g.
+    /// waiting ones, are found too).
+    fn check_owners(&mut self, mut status: impl FnMut(&Owner) -> OwnerStatus) {
+        let mut owners: Vec<Owner> = self
+            .live
+            .values()
+            .map(|l| l.owner.clone())
+            .chain(self.held.values().map(|h| h.owner.clone()))
+            .collect();
+        owners.sort();
+        owners.dedup();
+        for owner in owners {
+            if self.outbox.is_gone(&owner, status(&owner)) {
+                self.abort_owner(&owner);
+            }
+        }
+        let live = &self.live;
+        self.outbox
+            .retain_missing(|o| live.values().any(|l| l.owner == *o));
+    }
+
+    fn drop_seq(&mut self, seq: SeqId) {
+        self.core.cancel(seq);
+        if let Some(l) = self.live.remove(&seq) {
+            tracing::debug!(worker = %self.cfg.worker, request = %l.request, trace_id = l.trace_id.as_deref().unwrap_or("-"), "sequence dropped");
+            self.by_request.remove(&(l.owner.node, l.request));
+        }
+        if let Some(h) = self.held.remove(&seq) {
+            tracing::debug!(worker = %self.cfg.worker, request = %h.request, "handed-off blocks released");
+            self.by_request.remove(&(h.owner.node, h.request));
+        }
+        self.effects.push(WorkerEffect::Release(seq));
+    }
+
+    /// Releases handed-off blocks whose hold ended without a confirmation.
+    fn expire_held(&mut self) {
+        let now = self.clock.now();
+        let expired: Vec<SeqId> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.until <= now)
+            .map(|(s, _)| *s)
+            .collect();
+        if expired.is_empty() {
+            return;
+        }
+        tracing::info!(worker = %self.cfg.worker, sequences = expired.len(), "hand-off holds expired unconfirmed; releasing their blocks");
+        metrics::counter!("flotilla_disagg_holds_expired_total").increment(expired.len() as u64);
+        for s in expired {
+            self.drop_seq(s);
+        }
+        self.forward_kv_events();
+    }
+
+    fn note_admission(&mut self) {
+        let now = self.clock.now();
+        while self
+            .admissions
+            .front()
+            .is_some_and(|t| now.saturating_duration_since(*t) > ADMIT_RATE_WINDOW)
+        {
+            self.admissions.pop_front();
+        }
+        self.admissions.push_back(now);
+    }
+
+    /// Starts the pull of a sequence admitted with remote KV.
+    fn start_pull(&mut self, order: PullOrder) {
+        let seq = order.seq;
+        let Some(live) = self.live.get_mut(&seq) else {
+            let _ = self.core.pull_done(seq, false);
+            return;
+        };
+        live.admitted = true;
+        let kv = live.remote.take();
+        let (to, req) = (live.owner.clone(), live.request);
+        self.note_admission();
+        let worker = self.cfg.worker.clone();
+        self.emit(
+            &to,
+            req,
+            TokenEventKind::Admitted {
+                worker,
+                cached_tokens: order.cached_tokens as u32,
+            },
+        );
+        let n = order.blocks.len();
+        let Some(kv) = kv else {
+            self.effects.push(WorkerEffect::Pull(PullJob {
+                seq,
+                blocks: n,
+                work: PullWork::Fail("no remote KV".into()),
+            }));
+            return;
+        };
+        self.pulls
+            .insert(seq, (kv.worker.clone(), (to.node.clone(), kv.request)));
+        let pairs: Vec<(u32, u32)> = order
+            .blocks
+            .iter()
+            .filter_map(|&(i, b)| kv.blocks.get(i).map(|&r| (r, b.0)))
+            .collect();
+        // The pull must end before the prefill worker's hold does (its clock; the nodes'
+        // clocks are assumed within `hold_margin` of each other).
+        let d = self.cfg.disagg;
+        let left_ms = kv
+            .held_until_ms
+            .saturating_sub(self.clock.wall_ms())
+            .saturating_sub(d.hold_margin.as_millis() as u64);
+        let budget = d.transfer_timeout.min(Duration::from_millis(left_ms));
+        let work = if pairs.len() != n {
+            PullWork::Fail(format!(
+                "the hand-off names {} blocks; {n} needed",
+                kv.blocks.len()
+            ))
+        } else if budget.is_zero() {
+            PullWork::Fail("the prefill worker's hold ends too soon".into())
+        } else {
+            match (kv.region, self.cfg.has_transport, self.cfg.sim_transfer) {
+                (Some(from), true, _) => PullWork::Transport {
+                    from,
+                    pairs,
+                    budget,
+                },
+                (None, _, Some(sim)) => PullWork::Sim(sim.time(n, self.cfg.block_size)),
+                _ => PullWork::Fail("no transport to pull the KV with".into()),
+            }
+        };
+        self.effects.push(WorkerEffect::Pull(PullJob {
+            seq,
+            blocks: n,
+            work,
+        }));
+    }
+
+    /// Carries out a pending role change once nothing runs or is held here.
+    fn maybe_switch_role(&mut self) {
+        let Some(next) = self.next_role else {
+            return;
+        };
+        if !self.live.is_empty() || !self.held.is_empty() || self.core.num_pulling() > 0 {
+            return;
+        }
+        if let Some(g) = role_group(self.role) {
+            self.effects.push(WorkerEffect::Leave(g));
+        }
+        if let Some(g) = role_group(next) {
+            self.effects.push(WorkerEffect::Join(g));
+        }
+        tracing::info!(worker = %self.cfg.worker, from = %self.role, to = %next, "role changed");
+        self.effects.push(WorkerEffect::RoleChanged(next));
+        self.role = next;
+        self.next_role = None;
+        if !self.draining && self.health == Health::Draining {
+            self.health = Health::Ready;
+            self.effects.push(WorkerEffect::Join(ROUTABLE_GROUP));
+        }
+    }
+
+    fn forward_kv_events(&mut self) {
+        let events: Vec<KvEvent> = self.core.drain_kv_events();
+        if events.is_empty() {
+            return;
+        }
+        let tokens = self.core.pool_mut().drain_event_tokens();
+        self.effects.push(WorkerEffect::KvEvents { events, tokens });
+    }
+
+    /// Start the next step if none is running and there is work.
+    fn kick(&mut self) -> Result<(), WorkerCoreError> {
+        while !self.watchdog.step_in_flight() && self.core.has_unfinished() {
+            let mut batch = self.core.schedule_with(self.step_model.cost().as_ref())?;
+            for order in std::mem::take(&mut batch.pulls) {
+                self.start_pull(order);
+            }
+            let mut seqs = Vec::with_capacity(batch.entries.len());
+            for e in &batch.entries {
+                let Some(live) = self.live.get_mut(&e.seq) else {
+                    continue;
+                };
+                if let Some(cached) = e.cached_tokens
+                    && !live.admitted
+                {
+                    live.admitted = true;
+                    tracing::debug!(worker = %self.cfg.worker, request = %live.request, trace_id = live.trace_id.as_deref().unwrap_or("-"), cached, "sequence admitted");
+                    let (to, req) = (live.owner.clone(), live.request);
+                    self.note_admission();
+                    let worker = self.cfg.worker.clone();
+                    self.emit(
+                        &to,
+                        req,
+                        TokenEventKind::Admitted {
+                            worker,
+                            cached_tokens: cached as u32,
+                        },
+                    );
+                }
+                let live = &self.live[&e.seq];
+                seqs.push(StepSeq {
+                    seq_id: e.seq,
+                    tokens: e.token_ids.clone(),
+                    start_pos: e.start_pos,
+                    block_table: e.block_table.clone(),
+                    sampling: live.sampling.clone(),
+                    sample: e.sample,
+                });
+            }
+            if seqs.is_empty() {
+                // Nothing could run (e.g. all admissions wait for blocks): close the step.
+                self.core.on_step_output(&[])?;
+                break;
+            }
+            self.steps += 1;
+            if let Some(prefill) = batch.stall_capped {
+                let worker = self.cfg.worker.to_string();
+                metrics::counter!("flotilla_scheduler_stall_capped_steps_total", "worker" => worker.clone())
+                    .increment(1);
+                metrics::gauge!("flotilla_scheduler_prefill_cap_tokens", "worker" => worker)
+                    .set(prefill as f64);
+            }
+            // The engine's chaos filter sleeps a `slow` delay before the step: not engine time
+            // (the watchdog allows for it; the step-time model does not learn from the step).
+            let delay = self.faults.step_delay;
+            self.step_timing = Some(StepTiming {
+                shape: StepShape::of(
+                    batch
+                        .entries
+                        .iter()
+                        .map(|e| (e.start_pos, e.token_ids.len())),
+                ),
+                started: self.clock.now(),
+                clean: delay.is_zero() && !self.faults.hang,
+            });
+            self.watchdog.step_started(delay);
+            self.effects.push(WorkerEffect::Step {
+                step: self.steps,
+                batch: StepBatch { seqs },
+            });
+        }
+        Ok(())
+    }
+
+    fn on_step_done(
+        &mut self,
+        result: StepResult,
+        region: impl Fn() -> Option<RegionDescriptor>,
+    ) -> Result<(), WorkerCoreError> {
+        self.watchdog.step_returned();
+        let timing = self.step_timing.take();
+        if let (Some(t), Ok(_)) = (timing, &result.output) {
+            self.learn_step_time(t);
+        }
+        let out = match result.output {
+            Ok(out) => out,
+            Err(err) => {
+                // No KV was written. An engine that is gone (its actor died) takes the replica
+                // down: every sequence is lost and migrates, and the supervisor restarts the
+                // replica. An engine that answered with an error fails the step's sequences.
+                tracing::error!(worker = %self.cfg.worker, error = %err, "engine step failed");
+                let gone = err.takes_replica_down();
+                let kind = if gone {
+                    TokenEventKind::Lost {
+                        reason: "the engine of its worker died".into(),
+                    }
+                } else {
+                    TokenEventKind::Failed {
+                        message: "the engine failed".into(),
+                        status: 500,
+                    }
+                };
+                self.drop_all(&kind);
+                let _ = self.core.on_step_output(&[]);
+                if gone {
+                    return Err(err.into());
+                }
+                return Ok(());
+            }
+        };
+        let logprobs: HashMap<SeqId, f32> =
+            out.tokens.iter().map(|t| (t.seq_id, t.logprob)).collect();
+        let sampled: Vec<(SeqId, u32)> = out.tokens.iter().map(|t| (t.seq_id, t.token)).collect();
+        let updates = self.core.on_step_output(&sampled)?;
+        for u in updates {
+            let Some(l) = self.live.get_mut(&u.seq) else {
+                continue;
+            };
+            let index = l.emitted;
+            l.emitted += 1;
+            let (to, req) = (l.owner.clone(), l.request);
+            let finish = u.finished;
+            let logprob = logprobs.get(&u.seq).copied().unwrap_or(0.0);
+            self.emit(
+                &to,
+                req,
+                TokenEventKind::Token {
+                    id: u.token,
+                    logprob,
+                    finish,
+                    index,
+                },
+            );
+            if let Some(h) = u.handed_off {
+                // Disaggregated prefill: the first token went out above; the KV waits,
+                // pinned, for the decode worker's pull.
+                let now = self.clock.now();
+                let hold = self.cfg.disagg.hold;
+                let kv = RemoteKv {
+                    worker: self.cfg.worker.clone(),
+                    request: req,
+                    region: region(),
+                    blocks: h.blocks.iter().map(|b| b.0).collect(),
+                    tokens: h.tokens as u32,
+                    held_until_ms: self.clock.wall_ms() + hold.as_millis() as u64,
+                };
+                self.emit(&to, req, TokenEventKind::HandOff(Box::new(kv)));
+                if let Some(l) = self.live.remove(&u.seq) {
+                    self.held.insert(
+                        u.seq,
+                        Held {
+                            request: l.request,
+                            owner: l.owner,
+                            until: now + hold,
+                        },
+                    );
+                }
+                metrics::counter!("flotilla_disagg_hand_offs_total", "worker" => self.cfg.worker.to_string())
+                    .increment(1);
+                continue;
+            }
+            if finish.is_some() {
+                if let Some(l) = self.live.remove(&u.seq) {
+                    tracing::debug!(worker = %self.cfg.worker, request = %l.request, trace_id = l.trace_id.as_deref().unwrap_or("-"), tokens = l.emitted, "sequence finished");
+                    self.by_request.remove(&(l.owner.node, l.request));
+                }
+                self.effects.push(WorkerEffect::Release(u.seq));
+            }
+        }
+        self.forward_kv_events();
+        Ok(())
+    }
+
+    /// Feeds a step that came back to the step-time model, unless an injected delay or hang
+    /// may have lengthened it (one active when it started or now).
+    fn learn_step_time(&mut self, t: StepTiming) {
+        if !t.clean || !self.faults.step_delay.is_zero() || self.faults.hang {
+            return;
+        }
+        let ms = self.clock.now().duration_since(t.started).as_secs_f64() * 1000.0;
+        self.step_model.observe(t.shape, ms);
+        let w = self.cfg.worker.to_string();
+        metrics::histogram!("flotilla_scheduler_step_duration_seconds", "worker" => w.clone())
+            .record(ms / 1000.0);
+        if let Some(c) = self.step_model.cost() {
+            for (term, v) in [
+                ("base", c.base_ms),
+                ("per_token", c.per_token_ms),
+                ("per_kpair", c.per_kpair_ms),
+            ] {
+                metrics::gauge!("flotilla_scheduler_step_model_ms", "worker" => w.clone(), "term" => term)
+                    .set(v);
+            }
+        }
+    }
+
+    /// Chaos `fill_kv`: hold the asked fraction of the pool while the fault lasts.
+    fn fill_kv(&mut self) {
+        let fraction = self.faults.fill_kv;
+        let worker = &self.cfg.worker;
+        match self.fill.apply(fraction, self.core.pool_mut()) {
+            Ok(FillChange::Unchanged) => {}
+            Ok(FillChange::Occupied(n)) => {
+                tracing::warn!(%worker, blocks = n, "chaos: KV blocks occupied")
+            }
+            Ok(FillChange::Released) => {
+                tracing::warn!(%worker, "chaos: KV blocks released");
+                self.forward_kv_events();
+            }
+            Err(e) if fraction.is_some() => {
+                tracing::warn!(%worker, error = %e, "chaos: fill_kv failed")
+            }
+            Err(e) => {
+                tracing::error!(%worker, error = %e, "chaos: fill_kv release failed");
+                tracing::warn!(%worker, "chaos: KV blocks released");
+                self.forward_kv_events();
+            }
+        }
+    }
+
+    /// Send `kind` to every live request and drop them all (held hand-offs are released).
+    fn drop_all(&mut self, kind: &TokenEventKind) {
+        let held: Vec<SeqId> = self.held.keys().copied().collect();
+        for s in held {
+            self.drop_seq(s);
+        }
+        let all: Vec<SeqId> = self.live.keys().copied().collect();
+        for s in all {
+            if let Some(l) = self.live.get(&s) {
+                let (to, req) = (l.owner.clone(), l.request);
+                self.emit(&to, req, kind.clone());
+            }
+            self.drop_seq(s);
+        }
+    }
+
+    /// Leave routing (drain, hang, role change): routers stop choosing this replica at once.
+    fn leave_routing(&mut self, health: Health) {
+        self.health = health;
+        self.effects.push(WorkerEffect::Leave(ROUTABLE_GROUP));
+    }
+
+    /// [`SchedulerStats::prefill_wait_ms`]: the longest of the compute queue through the
+    /// step-time model, the oldest unadmitted request's sojourn, and the unadmitted requests
+    /// over the admission rate measured in the last [`ADMIT_RATE_WINDOW`] (Little's law).
+    fn prefill_wait_ms(&self) -> Option<f64> {
+        let compute = self.step_model.cost().map(|c| {
+            let budget = self.core.config().max_num_batched_tokens;
+            c.drain_ms(self.core.queued_prefill_tokens(), budget)
+        });
+        let now = self.clock.now();
+        let (waiting, sojourn) = self
+            .live
+            .values()
+            .filter(|l| !l.admitted)
+            .map(|l| now.saturating_duration_since(l.queued_at).as_secs_f64() * 1e3)
+            .fold((0usize, None::<f64>), |(n, max), ms| {
+                (n + 1, Some(max.map_or(ms, |m| m.max(ms))))
+            });
+        let window = now
+            .saturating_duration_since(self.started_at)
+            .min(ADMIT_RATE_WINDOW)
+            .as_secs_f64();
+        let recent = self
+            .admissions
+            .iter()
+            .filter(|t| now.saturating_duration_since(**t) <= ADMIT_RATE_WINDOW)
+            .count();
+        let little = (recent > 0 && window > 0.0 && waiting > 0)
+            .then(|| waiting as f64 / (recent as f64 / window) * 1e3);
+        [compute, sojourn, little]
+            .into_iter()
+            .flatten()
+            .reduce(f64::max)
+    }
+
+    /// What this replica publishes on its node's board.
+    pub fn stats(&self) -> SchedulerStats {
+        let usage = self.core.kv_usage();
+        SchedulerStats {
+            worker: self.cfg.worker.clone(),
+            waiting: self.core.num_waiting(),
+            running: self.core.num_running(),
+            queued_prefill_tokens: self.core.queued_prefill_tokens(),
+            kv_blocks_total: usage.total_blocks,
+            kv_blocks_used: usage.used_blocks,
+            steps: self.steps,
+            health: self.health,
+            role: self.role,
+            held: self.held.len(),
+            pulls_pending: self.core.num_pulling(),
+            blocks_pulled: self.blocks_pulled,
+            pull_fallbacks: self.pull_fallbacks,
+            prefill_wait_ms: self.prefill_wait_ms(),
+            prefill_tokens_per_s: self.step_model.cost().and_then(|c| {
+                let budget = self.core.config().max_num_batched_tokens;
+                let ms = c.drain_ms(budget, budget);
+                (ms > 0.0).then(|| budget as f64 / ms * 1e3)
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::BlockPool;
+    use crate::runtime::clock::ManualClock;
+    use crate::worker::engine::{SampledToken, StepOutput};
+    use crate::worker::scheduler::SchedulerConfig;
+    use std::sync::Arc;
+
+    fn core(clock: &ManualClock, role: Role) -> WorkerCore {
+        let pool = BlockPool::new(64, 4, 7).unwrap();
+        let batcher = SchedulerCore::new(SchedulerConfig::default(), pool).unwrap();
+        WorkerCore::new(
+            WorkerCoreConfig {
+                worker: WorkerId::new("n/replica-0"),
+                eos_token_id: None,
+                block_size: 4,
+                role,
+                disagg: DisaggWorker::default(),
+                step_timeout: Duration::from_secs(2),
+                canary_interval: Duration::from_secs(10),
+                owner_grace: Duration::from_secs(3),
+                has_transport: false,
+                sim_transfer: None,
+            },
+            batcher,
+            Arc::new(clock.clone()),
+        )
+    }
+
+    fn job(id: u64, max_tokens: u32) -> SubmitRequest {
+        SubmitRequest {
+            request: RequestId(id),
+            reply_to: NodeId::new("gw"),
+            prompt: (1..=10).collect(),
+            max_tokens,
+            sampling: SamplingParams::default(),
+            stop_token_ids: vec![],
+            ignore_eos: true,
+            owner_incarnation: 1,
+            arrival_ms: 0,
+            trace_id: None,
+            hand_off: false,
+            remote_kv: None,
+        }
+    }
+
+    /// The step the core asked for, answered with token 42 for every sampling row.
+    fn answer(effects: &[WorkerEffect]) -> Option<StepResult> {
+        effects.iter().find_map(|e| match e {
+            WorkerEffect::Step { step, batch } => Some(StepResult {
+                step: *step,
+                output: Ok(StepOutput {
+                    tokens: batch
+                        .seqs
+                        .iter()
+                        .filter(|s| s.sample)
+                        .map(|s| SampledToken {
+                            seq_id: s.seq_id,
+                            token: 42,
+                            logprob: 0.0,
+                        })
+                        .collect(),
+                }),
+            }),
+            _ => None,
+        })
+    }
+
+    fn delivered(core: &mut WorkerCore) -> Vec<TokenEventKind> {
+        let mut out = Vec::new();
+        core.flush(
+            |_, events| {
+                out.extend(events.into_iter().map(|e| e.kind));
+                Ok(())
+            },
+            |_| OwnerStatus::Present,
+        );
+        out
+    }
+
+    #[test]
+    fn a_request_runs_to_its_last_token_and_frees_its_blocks() {
+        let clock = ManualClock::new();
+        let mut w = core(&clock, Role::Aggregated);
+        let joined = w.take_effects();
+        assert!(
+            joined
+                .iter()
+                .any(|e| matches!(e, WorkerEffect::Join(ROUTABLE_GROUP)))
+        );
+        w.submit(job(1, 3)).unwrap();
+        let mut tokens = 0;
+        while let Some(step) = answer(&w.take_effects()) {
+            clock.advance(Duration::from_millis(5));
+            w.step_done(step, || None).unwrap();
+            tokens += delivered(&mut w)
+                .iter()
+                .filter(|e| matches!(e, TokenEventKind::Token { .. }))
+                .count();
+        }
+        assert_eq!(tokens, 3);
+        assert_eq!(w.num_live(), 0);
+        assert!(!w.has(&(NodeId::new("gw"), RequestId(1))));
+        let stats = w.stats();
+        assert_eq!(stats.steps, 3);
+        assert_eq!(stats.running + stats.waiting, 0);
+    }
+
+    #[test]
+    fn an_engine_that_never_answers_is_found_hung_on_the_injected_clock() {
+        let clock = ManualClock::new();
+        let mut w = core(&clock, Role::Aggregated);
+        w.submit(job(1, 5)).unwrap();
+        assert!(answer(&w.take_effects()).is_some(), "a step was started");
+        clock.advance(Duration::from_secs(1));
+        w.tick(|_| OwnerStatus::Present).unwrap();
+        clock.advance(Duration::from_millis(1_100));
+        let hung = w.tick(|_| OwnerStatus::Present);
+        assert!(matches!(hung, Err(WorkerCoreError::Hung(_))), "{hung:?}");
+        let left: Vec<_> = w
+            .take_effects()
+            .into_iter()
+            .filter_map(|e| match e {
+                WorkerEffect::Leave(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(left, vec![ROUTABLE_GROUP, SCHEDULER_GROUP]);
+        assert_eq!(w.stats().health, Health::Unhealthy);
+    }
+
+    #[test]
+    fn a_hand_off_is_held_until_its_hold_ends_on_the_injected_clock() {
+        let clock = ManualClock::new();
+        let mut w = core(&clock, Role::Prefill);
+        let mut j = job(1, 8);
+        j.hand_off = true;
+        w.submit(j).unwrap();
+        let step = answer(&w.take_effects()).unwrap();
+        w.step_done(step, || None).unwrap();
+        let events = delivered(&mut w);
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, TokenEventKind::HandOff(_)))
+        );
+        assert_eq!(w.stats().held, 1);
+        let used = w.stats().kv_blocks_used;
+        assert!(used > 0);
+        clock.advance(DisaggWorker::default().hold - Duration::from_millis(1));
+        w.tick(|_| OwnerStatus::Present).unwrap();
+        assert_eq!(w.stats().held, 1, "still held before the hold ends");
+        clock.advance(Duration::from_millis(1));
+        w.tick(|_| OwnerStatus::Present).unwrap();
+        assert_eq!(w.stats().held, 0);
+        assert!(
+            w.take_effects()
+                .iter()
+                .any(|e| matches!(e, WorkerEffect::Release(_)))
+        );
+    }
+
+    #[test]
+    fn a_missing_owner_loses_its_sequences_after_the_grace() {
+        let clock = ManualClock::new();
+        let mut w = core(&clock, Role::Aggregated);
+        w.submit(job(1, 50)).unwrap();
+        let mut pending = answer(&w.take_effects());
+        w.tick(|_| OwnerStatus::Missing).unwrap(); // first seen missing now
+        for _ in 0..3 {
+            assert_eq!(w.num_live(), 1, "kept within the grace");
+            clock.advance(Duration::from_secs(1));
+            if let Some(step) = pending.take() {
+                w.step_done(step, || None).unwrap();
+            }
+            w.tick(|_| OwnerStatus::Missing).unwrap();
+            pending = answer(&w.take_effects());
+        }
+        assert_eq!(w.num_live(), 0, "aborted after owner_grace");
+    }
+}
