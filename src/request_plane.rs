@@ -13,6 +13,9 @@
 //! - `frontend.rs` — the model's face: tokenizer, chat template, context length.
 //! - `migration.rs` — [`migration::Migration`]: when a request whose worker was lost
 //!   migrates again, waits for a worker or is given up.
+//! - `request.rs` — [`request::RequestCore`]: one request from placement to its last token
+//!   (route, submit, cancel, release, deliver, wait, migrate), as effects for the Request
+//!   actor to carry out.
 //! - `router.rs` — KV-aware placement (`router/index.rs`: prefix index fed by KV events;
 //!   `router/load.rs`: the active load the router placed; `router/policy.rs`: cost and
 //!   selection).
@@ -24,5 +27,6 @@ pub mod events;
 pub mod frontend;
 pub mod migration;
 pub mod protocol;
+pub mod request;
 pub mod router;
 pub mod token_sink;

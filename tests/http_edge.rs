@@ -87,7 +87,7 @@ fn assert_refused(status: u16, ctype: &str, v: &Value, param: &str) {
 fn worker_lines(logs: &Logs, id: &str) -> Vec<String> {
     logs.matching(id)
         .into_iter()
-        .filter(|l| l.contains("flotilla::actors::scheduler"))
+        .filter(|l| l.contains("flotilla::worker::scheduler"))
         .collect()
 }
 
@@ -99,7 +99,7 @@ async fn refusals_and_request_ids() {
         &["worker.kv_blocks=128", "chaos.enabled=true"],
         &[(
             "FLOTILLA_LOG",
-            "info,flotilla::actors::gateway=debug,flotilla::actors::scheduler=debug,ractor_cluster=error,ractor=warn",
+            "info,flotilla::actors::gateway=debug,flotilla::worker::scheduler=debug,ractor_cluster=error,ractor=warn",
         )],
     );
     let chat_url = c.url("/v1/chat/completions");

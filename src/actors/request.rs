@@ -2,6 +2,9 @@
 //! `request_sup`. It owns the request from placement to the last token: asks a Router for a
 //! worker, submits to that worker's Scheduler, receives the tokens through this node's
 //! TokenSink and hands them to the HTTP handler, and on the way out releases the placement.
+//! What to do when is decided by the pure
+//! [`RequestCore`](crate::request_plane::request::RequestCore); this actor carries out its
+//! effects (router calls, submissions, cancels, timers, deliveries).
 //!
 //! # Attempts and migration
 //! Each placement is an **attempt** with its own request id (taken from the gateway's id
@@ -30,6 +33,9 @@
 //! `flotilla_migration_resume_gap_seconds` (last token before the loss → first token after it,
 //! as the client sees it).
 //!
+//! A quiet attempt is checked without blocking the actor: the "do you still have it" call to
+//! the scheduler runs as a task that answers with a message.
+//!
 //! # Cancellation
 //! When the client goes away the handler's stream is dropped, which casts
 //! [`RequestMsg::Cancel`] (and the event channel closes, which is detected on the next
@@ -39,38 +45,32 @@
 
 use crate::actors::router::{RouterMsg, find_router};
 use crate::actors::scheduler::SchedulerMsg;
-use crate::kv::block_hashes;
 use crate::request_plane::error::RequestError;
-use crate::request_plane::events::{EventBus, FleetEventKind};
-use crate::request_plane::migration::{
-    Decision, GONE_PICKS_MAX, GiveUp, Migration, MigrationPolicy,
-};
-use crate::request_plane::protocol::{
-    Placement, RemoteKv, RouteRequest, SubmitRequest, TokenEventKind,
-};
+use crate::request_plane::events::EventBus;
+use crate::request_plane::migration::MigrationPolicy;
+use crate::request_plane::protocol::{SubmitRequest, TokenEventKind};
+use crate::request_plane::request::{RequestCore, RequestCoreConfig, RequestEffect};
 use crate::request_plane::router::policy::Policy;
 use crate::request_plane::token_sink::SinkRegistry;
-use crate::runtime::clock::{Instant, SharedClock};
-use crate::runtime::ids::{NodeId, RequestId, WorkerId};
+use crate::runtime::clock::SharedClock;
+use crate::runtime::ids::{RequestId, WorkerId};
 use crate::runtime::resilience::NodeStats;
 use crate::runtime::wire::Wire;
 use crate::worker::scheduler::SCHEDULER_GROUP;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+
+pub use crate::request_plane::request::STALL_CHECK_MS;
 
 /// How long placement may take before the request fails with 503 (ms).
 pub const ROUTE_TIMEOUT_MS: u64 = 5_000;
 /// How often a Request re-checks that its scheduler still exists (ms), besides being told at
 /// once when it leaves the schedulers' group (a process-group monitor).
 pub const WORKER_CHECK_INTERVAL_MS: u64 = 1_000;
-/// Silence after which a Request asks its scheduler whether it still has the request (ms).
-/// Events lost on the way (a token sink killed with messages in its mailbox) are found this
-/// way, or sooner by a gap in the token indices.
-pub const STALL_CHECK_MS: u64 = 5_000;
 
 /// What to generate: exactly what is submitted to the chosen worker's scheduler
 /// (`reply_to` is this gateway node). `request` is the id of the first attempt.
@@ -123,6 +123,8 @@ pub enum RequestMsg {
     /// still in the group (the monitor's backup) and, after [`STALL_CHECK_MS`] without an
     /// event (and each further `STALL_CHECK_MS` of silence), whether it still has the attempt.
     CheckWorker(RequestId),
+    /// Internal: the scheduler's answer to whether it still has this attempt.
+    HasAnswer(RequestId, bool),
 }
 
 impl ractor::Message for RequestMsg {}
@@ -131,42 +133,23 @@ impl ractor::Message for RequestMsg {}
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Request;
 
-/// One placement of the request.
-struct Attempt {
+/// The current attempt's listening side: its scheduler (for the group monitor) and its tasks
+/// (the event forwarder, the check timer).
+struct Listening {
     id: RequestId,
-    worker: WorkerId,
     scheduler: ractor::ActorId,
     tasks: Vec<JoinHandle<()>>,
-    first_token_seen: bool,
-    /// The worker admitted it (its prefill began): a loss from here on counts against it.
-    admitted: bool,
-    /// Tokens received from this attempt (the next expected index).
-    received: u32,
-    /// When the last event of this attempt arrived (wall ms, on the request's clock).
-    last_event_ms: u64,
-    /// When its last stall check was asked (wall ms; 0: never).
-    last_check_ms: u64,
-    /// A prefill-only attempt (disaggregated): it ends with a hand-off.
-    hand_off: bool,
 }
 
-/// Request state.
+/// Request state: the core, and what carrying out its effects needs.
 pub struct RequestState {
     args: RequestArgs,
-    attempt: Option<Attempt>,
-    /// Tokens delivered to the handler, in order.
-    generated: Vec<u32>,
-    migration: Migration,
-    admitted_sent: bool,
-    done: bool,
-    last_token_at: Option<Instant>,
-    /// Attempts placed so far (the first one uses the job's request id).
-    attempts: u32,
-    /// KV handed off by a prefill worker, for the next (decode) attempt to pull.
-    pending_kv: Option<RemoteKv>,
-    /// The prefill worker holding this request's KV, and its request id there: released
-    /// (a `Cancel`) when the request ends or its decode attempt is given up.
-    held: Option<(WorkerId, RequestId)>,
+    core: RequestCore,
+    listening: Option<Listening>,
+    /// The core asked to stop.
+    stop: bool,
+    /// The actor is in `post_stop`.
+    stopping: bool,
 }
 
 fn scheduler_of(worker: &WorkerId) -> Option<ActorRef<SchedulerMsg>> {
@@ -175,132 +158,109 @@ fn scheduler_of(worker: &WorkerId) -> Option<ActorRef<SchedulerMsg>> {
 }
 
 impl RequestState {
-    fn node(&self) -> NodeId {
-        self.args.job.reply_to.clone()
-    }
-
-    fn fail(&mut self, error: RequestError) {
-        self.args.bus.emit(FleetEventKind::GaveUp {
-            request: self.args.job.request,
-            reason: error.to_string(),
-        });
-        let _ = self.args.events.send(error.to_event());
-        self.done = true;
-        self.release_held();
-    }
-
-    /// Tells the prefill worker holding this request's KV to release it (idempotent there:
-    /// the decode worker confirms the same way once its pull is over).
-    fn release_held(&mut self) {
-        self.pending_kv = None;
-        if let Some((worker, id)) = self.held.take()
-            && let Some(s) = scheduler_of(&worker)
-        {
-            let _ = s.cast(SchedulerMsg::Cancel(Wire::encode(&(self.node(), id))));
-        }
-    }
-
-    /// The router this request tells about its placements (none when pinned).
-    fn router(&self) -> Option<ActorRef<RouterMsg>> {
-        if self.args.pin.is_some() {
-            None
-        } else {
-            find_router()
-        }
-    }
-
-    /// End the current attempt: cancel it at its scheduler (if `cancel`), release the
-    /// placement, stop listening for its events. Idempotent.
-    fn end_attempt(&mut self, cancel: bool) {
-        let Some(a) = self.attempt.take() else {
-            return;
-        };
-        let key = (self.node(), a.id);
-        if cancel && let Some(s) = scheduler_of(&a.worker) {
-            let _ = s.cast(SchedulerMsg::Cancel(Wire::encode(&key)));
-        }
-        if cancel {
-            self.release_held();
-        }
-        if let Some(r) = self.router() {
-            let _ = r.cast(RouterMsg::Release(Wire::encode(&key)));
-        }
-        self.args.registry.unregister(a.id);
-        for t in a.tasks {
-            t.abort();
-        }
-    }
-
-    /// The job of the next attempt: the prompt plus what was delivered, the rest of the budget.
-    fn next_job(&self, id: RequestId) -> Job {
-        let mut job = self.args.job.clone();
-        job.request = id;
-        job.prompt.extend_from_slice(&self.generated);
-        job.max_tokens = job.max_tokens.saturating_sub(self.generated.len() as u32);
-        job.sampling.offset = self.generated.len() as u64;
-        job
-    }
-
-    /// Place a new attempt and start listening for its events and its worker's presence.
-    async fn place(&mut self, myself: &ActorRef<RequestMsg>) -> Result<(), RequestError> {
-        let id = if self.attempts == 0 {
-            self.args.job.request
-        } else {
-            RequestId(self.args.ids.fetch_add(1, Ordering::Relaxed))
-        };
-        self.attempts += 1;
-        let mut job = self.next_job(id);
-        let router = match &self.args.pin {
-            Some(_) => None,
-            None => Some(find_router().ok_or(RequestError::NoRouter)?),
-        };
-        let req = RouteRequest {
-            node: job.reply_to.clone(),
-            request: id,
-            prompt_tokens: job.prompt.len() as u32,
-            seq_hashes: block_hashes(&job.prompt, self.args.block_size, self.args.salt)
-                .into_iter()
-                .map(|(_, s)| s)
-                .collect(),
-            policy: self.args.policy,
-            avoid: self.migration.avoid().to_vec(),
-            remote_prefill: self.pending_kv.is_none(),
-        };
-        let pick = match (&router, &self.args.pin) {
-            (Some(router), _) => ractor::call_t!(
-                router,
-                RouterMsg::Route,
-                ROUTE_TIMEOUT_MS,
-                Wire::encode(&req)
-            )
-            .map_err(|_| RequestError::RouterTimeout)?
-            .decode()
-            .map_err(|_| RequestError::RouterReply)?,
-            (None, pin) => pin.clone().map(|worker| Placement {
-                worker,
-                hand_off: false,
-            }),
-        };
-        let pick = pick.ok_or(RequestError::NoWorkers)?;
-        let worker = pick.worker;
-        // The KV a prefill worker handed off stays this request's until a decode attempt is
-        // submitted with it: a pick that finds its worker gone routes again with it.
-        if pick.hand_off {
-            job.hand_off = true;
-        } else {
-            job.remote_kv = self.pending_kv.clone();
-        }
-        let release = || {
-            if let Some(router) = &router {
-                let _ = router.cast(RouterMsg::Release(Wire::encode(&(
-                    job.reply_to.clone(),
-                    id,
-                ))));
+    /// Carry out what the core asked for, feeding back the answers (a route, a submission,
+    /// a handler gone) until it asks for nothing more.
+    async fn apply(&mut self, myself: &ActorRef<RequestMsg>) {
+        loop {
+            let effects = self.core.take_effects();
+            if effects.is_empty() {
+                break;
             }
-        };
-        let Some(scheduler) = scheduler_of(&worker) else {
-            release();
-            return Err(RequestError::WorkerGone(worker));
+            for effect in effects {
+                self.carry_out(myself, effect).await;
+            }
+        }
+        if self.stop && !self.stopping {
+            myself.stop(None);
+        }
+    }
+
+    async fn carry_out(&mut self, myself: &ActorRef<RequestMsg>, effect: RequestEffect) {
+        match effect {
+            RequestEffect::Route(req) => {
+                let pick = match find_router() {
+                    None => Err(RequestError::NoRouter),
+                    Some(router) => ractor::call_t!(
+                        router,
+                        RouterMsg::Route,
+                        ROUTE_TIMEOUT_MS,
+                        Wire::encode(&req)
+                    )
+                    .map_err(|_| RequestError::RouterTimeout)
+                    .and_then(|w| w.decode().map_err(|_| RequestError::RouterReply)),
+                };
+                self.core.picked(pick);
+            }
+            RequestEffect::Submit { worker, job } => {
+                let reached = self.submit(myself, &worker, &job);
+                self.core.submitted(reached);
+            }
+            RequestEffect::Unlisten(id) => {
+                self.args.registry.unregister(id);
+                if let Some(l) = self.listening.take_if(|l| l.id == id) {
+                    for t in l.tasks {
+                        t.abort();
+                    }
+                }
+            }
+            RequestEffect::Cancel { worker, key } => {
+                if let Some(s) = scheduler_of(&worker) {
+                    let _ = s.cast(SchedulerMsg::Cancel(Wire::encode(&key)));
+                }
+            }
+            RequestEffect::ReleasePlacement(key) => {
+                if let Some(r) = find_router() {
+                    let _ = r.cast(RouterMsg::Release(Wire::encode(&key)));
+                }
+            }
+            RequestEffect::FirstToken(key) => {
+                if let Some(r) = find_router() {
+                    let _ = r.cast(RouterMsg::FirstToken(Wire::encode(&key)));
+                }
+            }
+            RequestEffect::AskHas { worker, key } => {
+                // A scheduler that is gone is reported by the membership watch.
+                if let Some(s) = scheduler_of(&worker) {
+                    let me = myself.clone();
+                    let id = key.1;
+                    tokio::spawn(async move {
+                        if let Ok(w) =
+                            ractor::call_t!(s, SchedulerMsg::Has, 2_000, Wire::encode(&key))
+                            && let Ok(has) = w.decode()
+                        {
+                            let _ = me.cast(RequestMsg::HasAnswer(id, has));
+                        }
+                    });
+                }
+            }
+            RequestEffect::Deliver(ev) => {
+                if self.args.events.send(ev).is_err() {
+                    self.core.handler_gone();
+                }
+            }
+            RequestEffect::RetryAt(until) => {
+                let wait = until.saturating_duration_since(self.args.clock.now());
+                myself.send_after(wait, || RequestMsg::Retry);
+            }
+            RequestEffect::Fleet(event) => {
+                if matches!(
+                    event,
+                    crate::request_plane::events::FleetEventKind::Migrated { .. }
+                ) {
+                    self.args.stats.count_migration();
+                }
+                self.args.bus.emit(event);
+            }
+            RequestEffect::Stop => self.stop = true,
+        }
+    }
+
+    /// Listen for the attempt's events and its worker's presence, then submit. Whether the
+    /// submission reached the worker's scheduler.
+    fn submit(&mut self, myself: &ActorRef<RequestMsg>, worker: &WorkerId, job: &Job) -> bool {
+        let id = job.request;
+        let Some(scheduler) = scheduler_of(worker) else {
+            return false;
         };
         // Listen before submitting so that no event can be missed.
         let mut rx = self.args.registry.register(id);
@@ -320,249 +280,19 @@ impl RequestState {
                 RequestMsg::CheckWorker(id)
             });
         if scheduler
-            .cast(SchedulerMsg::Submit(Wire::encode(&job)))
+            .cast(SchedulerMsg::Submit(Wire::encode(job)))
             .is_err()
         {
             self.args.registry.unregister(id);
             forwarder.abort();
             ticker.abort();
-            release();
-            return Err(RequestError::WorkerGone(worker));
+            return false;
         }
-        self.attempt = Some(Attempt {
+        self.listening = Some(Listening {
             id,
-            worker,
             scheduler: scheduler.get_id(),
             tasks: vec![forwarder, ticker],
-            first_token_seen: false,
-            admitted: false,
-            received: 0,
-            last_event_ms: self.args.clock.wall_ms(),
-            last_check_ms: 0,
-            hand_off: job.hand_off,
         });
-        if job.remote_kv.is_some() {
-            self.pending_kv = None;
-        }
-        if let Some(a) = &self.attempt {
-            self.args.bus.emit(FleetEventKind::Placed {
-                request: self.args.job.request,
-                worker: a.worker.clone(),
-                attempt: self.attempts,
-                hand_off: a.hand_off,
-            });
-        }
-        Ok(())
-    }
-
-    /// Place (first attempt or a migration); on failure, wait and retry or fail the request,
-    /// as the migration rule says.
-    async fn place_or_retry(&mut self, myself: &ActorRef<RequestMsg>) -> bool {
-        let mut gone_picks = 0;
-        let error = loop {
-            match self.place(myself).await {
-                Ok(()) => return true,
-                // The router chose a worker that left a moment ago: route again at once,
-                // avoiding it (a pinned request has no other worker to go to).
-                Err(RequestError::WorkerGone(worker))
-                    if self.args.pin.is_none() && gone_picks < GONE_PICKS_MAX =>
-                {
-                    gone_picks += 1;
-                    metrics::counter!("flotilla_route_retries_total").increment(1);
-                    tracing::debug!(request = %self.args.job.request, %worker, "the chosen worker went away; routing again");
-                    self.migration.avoid_worker(worker);
-                }
-                Err(error) => break error,
-            }
-        };
-        let now = self.args.clock.now();
-        match self.migration.on_place_failed(now, error.is_retryable()) {
-            Decision::Wait { until } => {
-                myself.send_after(until.saturating_duration_since(now), || RequestMsg::Retry);
-                true
-            }
-            Decision::Place => true, // not produced by a failed placement
-            Decision::Fail(GiveUp::FirstPlacement) => {
-                self.fail(error);
-                false
-            }
-            Decision::Fail(why) => {
-                metrics::counter!("flotilla_migration_failures_total").increment(1);
-                tracing::warn!(request = %self.args.job.request, trace_id = ?self.args.job.trace_id, %error, %why, "migration failed");
-                self.fail(RequestError::GaveUp {
-                    cause: error.to_string(),
-                    why,
-                });
-                false
-            }
-        }
-    }
-
-    /// The worker is gone: re-place the request with what it has generated, unless the
-    /// migration rule gives it up.
-    async fn migrate(&mut self, myself: &ActorRef<RequestMsg>, why: &str) -> bool {
-        let from = self.attempt.as_ref().map(|a| a.worker.clone());
-        let ran = self.attempt.as_ref().is_some_and(|a| a.admitted);
-        self.end_attempt(true);
-        let now = self.args.clock.now();
-        match self
-            .migration
-            .on_loss(now, self.generated.len(), ran, from.clone())
-        {
-            Decision::Fail(give_up) => {
-                metrics::counter!("flotilla_migration_failures_total").increment(1);
-                tracing::warn!(request = %self.args.job.request, trace_id = ?self.args.job.trace_id, ?from, %why, %give_up, "request given up");
-                self.fail(RequestError::GaveUp {
-                    cause: why.to_owned(),
-                    why: give_up,
-                });
-                false
-            }
-            Decision::Place | Decision::Wait { .. } => {
-                self.args.bus.emit(FleetEventKind::Migrated {
-                    request: self.args.job.request,
-                    from: from.clone(),
-                    generated: self.generated.len(),
-                    reason: why.to_owned(),
-                });
-                self.args.stats.count_migration();
-                metrics::counter!("flotilla_migrations_total").increment(1);
-                tracing::warn!(request = %self.args.job.request, trace_id = ?self.args.job.trace_id, ?from, generated = self.generated.len(),
-                    stalled = self.migration.stalled(), %why, "migrating");
-                self.place_or_retry(myself).await
-            }
-        }
-    }
-
-    /// The attempt's periodic check (see [`RequestMsg::CheckWorker`]).
-    async fn check_worker(&mut self, myself: &ActorRef<RequestMsg>) -> bool {
-        let Some(a) = self.attempt.as_mut() else {
-            return true;
-        };
-        let alive = ractor::pg::get_members(&SCHEDULER_GROUP.to_owned())
-            .iter()
-            .any(|c| c.get_id() == a.scheduler);
-        if !alive {
-            return self
-                .migrate(myself, "the worker serving this request was lost")
-                .await;
-        }
-        let now = self.args.clock.wall_ms();
-        if now.saturating_sub(a.last_event_ms.max(a.last_check_ms)) < STALL_CHECK_MS {
-            return true;
-        }
-        a.last_check_ms = now;
-        self.check_stall(myself).await
-    }
-
-    /// The attempt has been quiet: if its scheduler no longer has it (its last events were
-    /// lost), resume elsewhere. A scheduler that does not answer is left to the step watchdog.
-    async fn check_stall(&mut self, myself: &ActorRef<RequestMsg>) -> bool {
-        let Some(a) = &self.attempt else {
-            return true;
-        };
-        let Some(s) = scheduler_of(&a.worker) else {
-            return true; // the membership watch reports the loss
-        };
-        let key = (self.node(), a.id);
-        match ractor::call_t!(s, SchedulerMsg::Has, 2_000, Wire::encode(&key)) {
-            Ok(w) if w.decode().ok() == Some(false) => {
-                self.migrate(
-                    myself,
-                    "the worker no longer has this request (events lost)",
-                )
-                .await
-            }
-            _ => true,
-        }
-    }
-
-    /// Pass one event of the current attempt on; returns false when the request is over.
-    async fn on_event(&mut self, myself: &ActorRef<RequestMsg>, ev: TokenEventKind) -> bool {
-        if let Some(a) = self.attempt.as_mut() {
-            a.last_event_ms = self.args.clock.wall_ms();
-            if let TokenEventKind::Token { index, .. } = ev {
-                if index != a.received {
-                    // Events were lost between the worker and here: resume from what was
-                    // delivered, elsewhere or on the same worker.
-                    let why = format!("token events lost (expected {}, got {index})", a.received);
-                    return self.migrate(myself, &why).await;
-                }
-                a.received += 1;
-            }
-            if matches!(ev, TokenEventKind::Admitted { .. }) {
-                a.admitted = true;
-            }
-        }
-        match ev {
-            TokenEventKind::Lost { reason } => return self.migrate(myself, &reason).await,
-            TokenEventKind::HandOff(kv) => {
-                if !self.attempt.as_ref().is_some_and(|a| a.hand_off) {
-                    return true; // not asked for: ignored
-                }
-                // The prefill worker computed the prompt and sent the first token (passed on
-                // already); place the decode attempt, which pulls the KV it holds.
-                tracing::debug!(request = %self.args.job.request, prefill = %kv.worker, tokens = kv.tokens, "prefill handed off");
-                self.args.bus.emit(FleetEventKind::HandedOff {
-                    request: self.args.job.request,
-                    from: kv.worker.clone(),
-                    tokens: kv.tokens,
-                });
-                // A second hand-off (the decode placement was handed off again) replaces the
-                // first: its prefill worker is told to release what it holds for us.
-                self.release_held();
-                self.held = Some((kv.worker.clone(), kv.request));
-                self.pending_kv = Some(*kv);
-                self.end_attempt(false);
-                // Tokens have reached the client: a placement that finds no worker waits
-                // for one (as a migration does) instead of failing the request.
-                self.migration.on_hand_off(self.args.clock.now());
-                return self.place_or_retry(myself).await;
-            }
-            TokenEventKind::Admitted { .. } if self.admitted_sent => return true,
-            TokenEventKind::Admitted { .. } => self.admitted_sent = true,
-            TokenEventKind::Token { id, .. } => {
-                if let Some(a) = &self.attempt
-                    && !a.first_token_seen
-                    && let Some(r) = self.router()
-                {
-                    let _ = r.cast(RouterMsg::FirstToken(Wire::encode(&(self.node(), a.id))));
-                }
-                if let Some(a) = self.attempt.as_mut() {
-                    a.first_token_seen = true;
-                }
-                self.generated.push(id);
-                let now = self.args.clock.now();
-                if self.migration.on_resumed()
-                    && let Some(last) = self.last_token_at
-                {
-                    metrics::histogram!("flotilla_migration_resume_gap_seconds")
-                        .record((now - last).as_secs_f64());
-                }
-                self.last_token_at = Some(now);
-            }
-            TokenEventKind::Failed { .. } => {}
-        }
-        let last = matches!(
-            ev,
-            TokenEventKind::Failed { .. }
-                | TokenEventKind::Token {
-                    finish: Some(_),
-                    ..
-                }
-        );
-        if self.args.events.send(ev).is_err() {
-            // The handler is gone: the client disconnected.
-            self.end_attempt(true);
-            self.done = true;
-            return false;
-        }
-        if last {
-            self.end_attempt(false);
-            self.release_held();
-            self.done = true;
-            return false;
-        }
         true
     }
 }
@@ -580,18 +310,24 @@ impl Actor for Request {
         args.stats.request_started();
         // Told at once when a scheduler leaves (removed when this actor stops).
         ractor::pg::monitor(SCHEDULER_GROUP.to_owned(), myself.get_cell());
-        let migration = Migration::new(args.migration, args.job.request.0);
+        let core = RequestCore::new(
+            RequestCoreConfig {
+                job: args.job.clone(),
+                block_size: args.block_size,
+                salt: args.salt,
+                policy: args.policy,
+                pin: args.pin.clone(),
+                migration: args.migration,
+            },
+            args.ids.clone(),
+            args.clock.clone(),
+        );
         Ok(RequestState {
             args,
-            attempt: None,
-            generated: Vec::new(),
-            migration,
-            admitted_sent: false,
-            done: false,
-            last_token_at: None,
-            attempts: 0,
-            pending_kv: None,
-            held: None,
+            core,
+            listening: None,
+            stop: false,
+            stopping: false,
         })
     }
 
@@ -600,27 +336,20 @@ impl Actor for Request {
         myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        if !state.place_or_retry(&myself).await {
-            myself.stop(None);
-        }
+        state.core.start();
+        state.apply(&myself).await;
         Ok(())
     }
 
     async fn post_stop(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         state.args.stats.request_ended();
-        let running = !state.done;
-        state.end_attempt(running);
-        if running {
-            // Stopped from outside (node shutdown) while running: tell the handler.
-            let _ = state
-                .args
-                .events
-                .send(RequestError::ShuttingDown.to_event());
-        }
+        state.core.stopped();
+        state.stopping = true; // already stopping: nothing to stop
+        state.apply(&myself).await;
         Ok(())
     }
 
@@ -636,10 +365,10 @@ impl Actor for Request {
             gone,
         )) = event
             && group == SCHEDULER_GROUP
-            && let Some(a) = &state.attempt
-            && gone.iter().any(|c| c.get_id() == a.scheduler)
+            && let Some(l) = &state.listening
+            && gone.iter().any(|c| c.get_id() == l.scheduler)
         {
-            let _ = myself.cast(RequestMsg::WorkerLost(a.id));
+            let _ = myself.cast(RequestMsg::WorkerLost(l.id));
         }
         Ok(())
     }
@@ -650,31 +379,25 @@ impl Actor for Request {
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let current = state.attempt.as_ref().map(|a| a.id);
-        let go_on = match msg {
-            RequestMsg::Event(id, ev) if Some(id) == current => state.on_event(&myself, ev).await,
-            RequestMsg::Event(..) => true, // an older attempt: ignored
-            RequestMsg::Cancel => {
-                state.end_attempt(true);
-                state.done = true;
-                false
+        match msg {
+            RequestMsg::Event(id, ev) => state.core.event(id, ev),
+            RequestMsg::Cancel => state.core.cancel(),
+            RequestMsg::WorkerLost(id) => state.core.worker_lost(id),
+            RequestMsg::CheckWorker(id) => {
+                let alive = state.listening.as_ref().is_some_and(|l| {
+                    l.id == id
+                        && ractor::pg::get_members(&SCHEDULER_GROUP.to_owned())
+                            .iter()
+                            .any(|c| c.get_id() == l.scheduler)
+                });
+                if state.listening.as_ref().is_some_and(|l| l.id == id) {
+                    state.core.check(id, alive);
+                }
             }
-            RequestMsg::WorkerLost(id) if Some(id) == current => {
-                state
-                    .migrate(&myself, "the worker serving this request was lost")
-                    .await
-            }
-            RequestMsg::WorkerLost(_) => true,
-            RequestMsg::CheckWorker(id) if Some(id) == current => state.check_worker(&myself).await,
-            RequestMsg::CheckWorker(_) => true,
-            RequestMsg::Retry if current.is_none() && !state.done => {
-                state.place_or_retry(&myself).await
-            }
-            RequestMsg::Retry => true,
-        };
-        if !go_on {
-            myself.stop(None);
+            RequestMsg::HasAnswer(id, has) => state.core.has_answer(id, has),
+            RequestMsg::Retry => state.core.retry(),
         }
+        state.apply(&myself).await;
         Ok(())
     }
 }

@@ -271,6 +271,39 @@ impl RouterState {
             .as_millis() as u64
     }
 
+    /// Place a request now (on the router's clock): the pure entry of
+    /// [`RouterMsg::Route`], for drivers without an actor (tests, the offline simulator).
+    ///
+    /// # Errors
+    /// The request names a policy whose selector cannot be built.
+    pub fn place(&mut self, req: RouteRequest) -> Result<Option<Placement>, ActorProcessingErr> {
+        let now = self.now_ms();
+        self.route(req, now)
+    }
+
+    /// A placed request's first token came ([`RouterMsg::FirstToken`]).
+    pub fn first_token(&mut self, node: NodeId, request: RequestId) {
+        let now = self.now_ms();
+        self.load
+            .on_first_token(&RequestKey::new(node, request), now);
+    }
+
+    /// A placed request ended ([`RouterMsg::Release`]).
+    pub fn release(&mut self, node: NodeId, request: RequestId) {
+        self.load.on_finished(&RequestKey::new(node, request));
+    }
+
+    /// KV events of the workers ([`RouterMsg::KvEvents`]).
+    pub fn kv_events(&mut self, events: Vec<KvEvent>) {
+        let now = self.now_ms();
+        self.on_events(events, now);
+    }
+
+    /// Requests placed and not yet released.
+    pub fn placed(&self) -> usize {
+        self.load.len()
+    }
+
     /// Make sure a selector for `policy` exists.
     fn ensure_selector(&mut self, policy: Policy) -> Result<(), ActorProcessingErr> {
         if !self.selectors.contains_key(&policy) {

@@ -1,0 +1,586 @@
+//! [`RequestCore`]: everything the per-request actor decides, as a pure state machine around
+//! the [`Migration`] rule.
+//!
+//! The [`Request`](crate::actors::request::Request) actor feeds it what happens — the
+//! router's pick, whether a submission reached its scheduler, the attempt's token events, a
+//! lost worker, a periodic check, the answer to "do you still have it", a retry timer, the
+//! client going away — and carries out the [`RequestEffect`]s it asks for: route, submit,
+//! cancel, release the placement, tell the router of the first token, ask the worker, deliver
+//! an event to the HTTP handler, wait until an instant, emit a fleet event, stop. Time comes
+//! from the injected [`Clock`](crate::runtime::clock::Clock) only, so a test (or the offline
+//! simulator) drives a request from admission to its last token, migrations included, under a
+//! [`ManualClock`](crate::runtime::clock::ManualClock) with no actor and no socket.
+//!
+//! The rules (attempts, migration, hand-off, stall checks, cancellation) are described in the
+//! actor's module doc, [`crate::actors::request`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::kv::block_hashes;
+use crate::request_plane::error::RequestError;
+use crate::request_plane::events::FleetEventKind;
+use crate::request_plane::migration::{
+    Decision, GONE_PICKS_MAX, GiveUp, Migration, MigrationPolicy,
+};
+use crate::request_plane::protocol::{
+    Placement, RemoteKv, RouteRequest, SubmitRequest, TokenEventKind,
+};
+use crate::request_plane::router::policy::Policy;
+use crate::runtime::clock::{Instant, SharedClock};
+use crate::runtime::ids::{NodeId, RequestId, WorkerId};
+
+/// Silence after which a request asks its worker whether it still has the request (ms).
+/// Events lost on the way (a token sink killed with messages in its mailbox) are found this
+/// way, or sooner by a gap in the token indices.
+pub const STALL_CHECK_MS: u64 = 5_000;
+
+/// A request's key at a worker and at the router: its gateway node and its attempt's id.
+pub type AttemptKey = (NodeId, RequestId);
+
+/// What a [`RequestCore`] is built from.
+#[derive(Clone, Debug)]
+pub struct RequestCoreConfig {
+    /// What to generate, exactly as submitted (`reply_to` is this gateway node); `request` is
+    /// the id of the first attempt.
+    pub job: SubmitRequest,
+    /// Tokens per KV block and the model's hash salt: the prompt's sequence hashes for the
+    /// router's prefix index.
+    pub block_size: usize,
+    /// See `block_size`.
+    pub salt: u64,
+    /// Routing policy for this request (`None`: the router's).
+    pub policy: Option<Policy>,
+    /// Every attempt goes to this worker, without asking a router.
+    pub pin: Option<WorkerId>,
+    /// When to migrate, wait or give up.
+    pub migration: MigrationPolicy,
+}
+
+/// What the core asks its driver to do, in order.
+#[derive(Clone, Debug)]
+pub enum RequestEffect {
+    /// Ask a router for a worker; answer with [`RequestCore::picked`].
+    Route(RouteRequest),
+    /// Listen for the events of attempt `job.request`, then submit `job` to `worker`; answer
+    /// with [`RequestCore::submitted`].
+    Submit {
+        worker: WorkerId,
+        job: Box<SubmitRequest>,
+    },
+    /// Stop listening for the events of this attempt (it ended).
+    Unlisten(RequestId),
+    /// Cancel at the worker's scheduler: it frees the sequence's (or the hand-off's) blocks.
+    Cancel { worker: WorkerId, key: AttemptKey },
+    /// Release the placement at the router.
+    ReleasePlacement(AttemptKey),
+    /// Tell the router the attempt's first token came (its prefill is over).
+    FirstToken(AttemptKey),
+    /// Ask `worker` whether it still has `key`; answer with [`RequestCore::has_answer`]
+    /// (no answer: the step watchdog deals with a worker that does not answer).
+    AskHas { worker: WorkerId, key: AttemptKey },
+    /// Pass this event to the HTTP handler; when the handler is gone, answer with
+    /// [`RequestCore::handler_gone`].
+    Deliver(TokenEventKind),
+    /// Call [`RequestCore::retry`] at this instant.
+    RetryAt(Instant),
+    /// For the node's fleet event bus.
+    Fleet(FleetEventKind),
+    /// The request is over: the driver stops.
+    Stop,
+}
+
+/// One placement of the request.
+#[derive(Clone, Debug)]
+struct Attempt {
+    id: RequestId,
+    worker: WorkerId,
+    first_token_seen: bool,
+    /// The worker admitted it (its prefill began): a loss from here on counts against it.
+    admitted: bool,
+    /// Tokens received from this attempt (the next expected index).
+    received: u32,
+    /// When the last event of this attempt arrived (wall ms).
+    last_event_ms: u64,
+    /// When its last stall check was asked (wall ms; 0: never).
+    last_check_ms: u64,
+    /// A prefill-only attempt (disaggregated): it ends with a hand-off.
+    hand_off: bool,
+}
+
+/// A placement in progress: asked the router, or submitting.
+#[derive(Clone, Debug)]
+struct Placing {
+    job: SubmitRequest,
+    /// The chosen worker, once picked.
+    worker: Option<WorkerId>,
+}
+
+/// One request's state (see the module doc).
+pub struct RequestCore {
+    cfg: RequestCoreConfig,
+    clock: SharedClock,
+    /// The gateway's request id counter (each attempt after the first takes a fresh id).
+    ids: Arc<AtomicU64>,
+    effects: Vec<RequestEffect>,
+    attempt: Option<Attempt>,
+    placing: Option<Placing>,
+    /// Picks routed again in this placement because their worker was gone.
+    gone_picks: u32,
+    /// Tokens delivered to the handler, in order.
+    generated: Vec<u32>,
+    migration: Migration,
+    admitted_sent: bool,
+    done: bool,
+    last_token_at: Option<Instant>,
+    /// Attempts placed so far (the first one uses the job's request id).
+    attempts: u32,
+    /// KV handed off by a prefill worker, for the next (decode) attempt to pull.
+    pending_kv: Option<RemoteKv>,
+    /// The prefill worker holding this request's KV, and its request id there.
+    held: Option<(WorkerId, RequestId)>,
+}
+
+impl RequestCore {
+    /// A request not yet placed; [`RequestCore::start`] places it.
+    pub fn new(cfg: RequestCoreConfig, ids: Arc<AtomicU64>, clock: SharedClock) -> Self {
+        let migration = Migration::new(cfg.migration, cfg.job.request.0);
+        Self {
+            cfg,
+            clock,
+            ids,
+            effects: Vec::new(),
+            attempt: None,
+            placing: None,
+            gone_picks: 0,
+            generated: Vec::new(),
+            migration,
+            admitted_sent: false,
+            done: false,
+            last_token_at: None,
+            attempts: 0,
+            pending_kv: None,
+            held: None,
+        }
+    }
+
+    /// The effects asked for since the last call, in order.
+    pub fn take_effects(&mut self) -> Vec<RequestEffect> {
+        std::mem::take(&mut self.effects)
+    }
+
+    /// The first attempt's id (the request's id for the client and the logs).
+    pub fn id(&self) -> RequestId {
+        self.cfg.job.request
+    }
+
+    /// The current attempt and its worker.
+    pub fn current(&self) -> Option<(RequestId, &WorkerId)> {
+        self.attempt.as_ref().map(|a| (a.id, &a.worker))
+    }
+
+    /// Whether the request is over.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Tokens delivered so far.
+    pub fn generated(&self) -> &[u32] {
+        &self.generated
+    }
+
+    fn node(&self) -> NodeId {
+        self.cfg.job.reply_to.clone()
+    }
+
+    /// Place the first attempt.
+    pub fn start(&mut self) {
+        self.place_or_retry();
+    }
+
+    /// The client is gone or the handler is done: cancel downstream and stop.
+    pub fn cancel(&mut self) {
+        self.end_attempt(true);
+        self.done = true;
+        self.effects.push(RequestEffect::Stop);
+    }
+
+    /// The driver stops (from outside, e.g. a node shutting down): a request still running
+    /// tells its handler.
+    pub fn stopped(&mut self) {
+        let running = !self.done;
+        self.end_attempt(running);
+        if running {
+            self.done = true;
+            self.effects.push(RequestEffect::Deliver(
+                RequestError::ShuttingDown.to_event(),
+            ));
+        }
+    }
+
+    /// The router's answer to [`RequestEffect::Route`].
+    pub fn picked(&mut self, pick: Result<Option<Placement>, RequestError>) {
+        if self.placing.is_none() {
+            return;
+        }
+        let pick = match pick.and_then(|p| p.ok_or(RequestError::NoWorkers)) {
+            Ok(p) => p,
+            Err(e) => {
+                self.placing = None;
+                return self.place_failed(e);
+            }
+        };
+        let pending_kv = self.pending_kv.clone();
+        let Some(placing) = self.placing.as_mut() else {
+            return;
+        };
+        // The KV a prefill worker handed off stays this request's until a decode attempt is
+        // submitted with it: a pick that finds its worker gone routes again with it.
+        if pick.hand_off {
+            placing.job.hand_off = true;
+        } else {
+            placing.job.remote_kv = pending_kv;
+        }
+        placing.worker = Some(pick.worker.clone());
+        let job = placing.job.clone();
+        self.effects.push(RequestEffect::Submit {
+            worker: pick.worker,
+            job: Box::new(job),
+        });
+    }
+
+    /// Whether the submission of [`RequestEffect::Submit`] reached the worker's scheduler
+    /// (false: the worker left a moment ago; the driver stopped listening).
+    pub fn submitted(&mut self, reached: bool) {
+        let Some(Placing {
+            job,
+            worker: Some(worker),
+        }) = self.placing.take()
+        else {
+            return;
+        };
+        if !reached {
+            if self.cfg.pin.is_none() {
+                self.effects
+                    .push(RequestEffect::ReleasePlacement((self.node(), job.request)));
+            }
+            // The router chose a worker that left a moment ago: route again at once, avoiding
+            // it (a pinned request has no other worker to go to).
+            if self.cfg.pin.is_none() && self.gone_picks < GONE_PICKS_MAX {
+                self.gone_picks += 1;
+                metrics::counter!("flotilla_route_retries_total").increment(1);
+                tracing::debug!(request = %self.id(), %worker, "the chosen worker went away; routing again");
+                self.migration.avoid_worker(worker);
+                return self.place();
+            }
+            return self.place_failed(RequestError::WorkerGone(worker));
+        }
+        if job.remote_kv.is_some() {
+            self.pending_kv = None;
+        }
+        self.attempt = Some(Attempt {
+            id: job.request,
+            worker: worker.clone(),
+            first_token_seen: false,
+            admitted: false,
+            received: 0,
+            last_event_ms: self.clock.wall_ms(),
+            last_check_ms: 0,
+            hand_off: job.hand_off,
+        });
+        self.effects
+            .push(RequestEffect::Fleet(FleetEventKind::Placed {
+                request: self.id(),
+                worker,
+                attempt: self.attempts,
+                hand_off: job.hand_off,
+            }));
+    }
+
+    /// The scheduler serving attempt `id` left the schedulers' group.
+    pub fn worker_lost(&mut self, id: RequestId) {
+        if self.current().is_some_and(|(a, _)| a == id) {
+            self.migrate("the worker serving this request was lost");
+        }
+    }
+
+    /// Periodic check of attempt `id`: whether its scheduler is still in the group (`alive`,
+    /// the backup of the group monitor), and after [`STALL_CHECK_MS`] of silence (and each
+    /// further `STALL_CHECK_MS`) ask the worker whether it still has the attempt.
+    pub fn check(&mut self, id: RequestId, alive: bool) {
+        if self.current().is_none_or(|(a, _)| a != id) {
+            return;
+        }
+        if !alive {
+            return self.migrate("the worker serving this request was lost");
+        }
+        let now = self.clock.wall_ms();
+        let node = self.node();
+        let Some(a) = self.attempt.as_mut() else {
+            return;
+        };
+        if now.saturating_sub(a.last_event_ms.max(a.last_check_ms)) < STALL_CHECK_MS {
+            return;
+        }
+        a.last_check_ms = now;
+        let ask = RequestEffect::AskHas {
+            worker: a.worker.clone(),
+            key: (node, a.id),
+        };
+        self.effects.push(ask);
+    }
+
+    /// The worker's answer to [`RequestEffect::AskHas`] for attempt `id`: if it no longer
+    /// has the attempt (its last events were lost), resume elsewhere.
+    pub fn has_answer(&mut self, id: RequestId, has: bool) {
+        if !has && self.current().is_some_and(|(a, _)| a == id) {
+            self.migrate("the worker no longer has this request (events lost)");
+        }
+    }
+
+    /// A migration that found no worker waited: try placing again.
+    pub fn retry(&mut self) {
+        if self.attempt.is_none() && self.placing.is_none() && !self.done {
+            self.place_or_retry();
+        }
+    }
+
+    /// The HTTP handler is gone (a [`RequestEffect::Deliver`] could not be sent): the client
+    /// disconnected.
+    pub fn handler_gone(&mut self) {
+        if self.done {
+            return;
+        }
+        self.end_attempt(true);
+        self.done = true;
+        self.effects.push(RequestEffect::Stop);
+    }
+
+    /// An event of attempt `id` (events of older attempts are ignored).
+    pub fn event(&mut self, id: RequestId, ev: TokenEventKind) {
+        if self.done || self.current().is_none_or(|(a, _)| a != id) {
+            return;
+        }
+        let now_ms = self.clock.wall_ms();
+        if let Some(a) = self.attempt.as_mut() {
+            a.last_event_ms = now_ms;
+            if let TokenEventKind::Token { index, .. } = ev {
+                if index != a.received {
+                    // Events were lost between the worker and here: resume from what was
+                    // delivered, elsewhere or on the same worker.
+                    let why = format!("token events lost (expected {}, got {index})", a.received);
+                    return self.migrate(&why);
+                }
+                a.received += 1;
+            }
+            if matches!(ev, TokenEventKind::Admitted { .. }) {
+                a.admitted = true;
+            }
+        }
+        match ev {
+            TokenEventKind::Lost { reason } => return self.migrate(&reason),
+            TokenEventKind::HandOff(kv) => {
+                if !self.attempt.as_ref().is_some_and(|a| a.hand_off) {
+                    return; // not asked for: ignored
+                }
+                // The prefill worker computed the prompt and sent the first token (passed on
+                // already); place the decode attempt, which pulls the KV it holds.
+                tracing::debug!(request = %self.id(), prefill = %kv.worker, tokens = kv.tokens, "prefill handed off");
+                self.effects
+                    .push(RequestEffect::Fleet(FleetEventKind::HandedOff {
+                        request: self.id(),
+                        from: kv.worker.clone(),
+                        tokens: kv.tokens,
+                    }));
+                // A second hand-off (the decode placement was handed off again) replaces the
+                // first: its prefill worker is told to release what it holds for us.
+                self.release_held();
+                self.held = Some((kv.worker.clone(), kv.request));
+                self.pending_kv = Some(*kv);
+                self.end_attempt(false);
+                // Tokens have reached the client: a placement that finds no worker waits
+                // for one (as a migration does) instead of failing the request.
+                self.migration.on_hand_off(self.clock.now());
+                return self.place_or_retry();
+            }
+            TokenEventKind::Admitted { .. } if self.admitted_sent => return,
+            TokenEventKind::Admitted { .. } => self.admitted_sent = true,
+            TokenEventKind::Token { id: token, .. } => {
+                let node = self.node();
+                if let Some(a) = self.attempt.as_mut() {
+                    if !a.first_token_seen && self.cfg.pin.is_none() {
+                        self.effects.push(RequestEffect::FirstToken((node, a.id)));
+                    }
+                    a.first_token_seen = true;
+                }
+                self.generated.push(token);
+                let now = self.clock.now();
+                if self.migration.on_resumed()
+                    && let Some(last) = self.last_token_at
+                {
+                    metrics::histogram!("flotilla_migration_resume_gap_seconds")
+                        .record((now - last).as_secs_f64());
+                }
+                self.last_token_at = Some(now);
+            }
+            TokenEventKind::Failed { .. } => {}
+        }
+        let last = matches!(
+            ev,
+            TokenEventKind::Failed { .. }
+                | TokenEventKind::Token {
+                    finish: Some(_),
+                    ..
+                }
+        );
+        self.effects.push(RequestEffect::Deliver(ev));
+        if last {
+            self.end_attempt(false);
+            self.release_held();
+            self.done = true;
+            self.effects.push(RequestEffect::Stop);
+        }
+    }
+
+    fn fail(&mut self, error: RequestError) {
+        self.effects
+            .push(RequestEffect::Fleet(FleetEventKind::GaveUp {
+                request: self.id(),
+                reason: error.to_string(),
+            }));
+        self.effects.push(RequestEffect::Deliver(error.to_event()));
+        self.done = true;
+        self.release_held();
+        self.effects.push(RequestEffect::Stop);
+    }
+
+    /// Tells the prefill worker holding this request's KV to release it (idempotent there:
+    /// the decode worker confirms the same way once its pull is over).
+    fn release_held(&mut self) {
+        self.pending_kv = None;
+        if let Some((worker, id)) = self.held.take() {
+            let key = (self.node(), id);
+            self.effects.push(RequestEffect::Cancel { worker, key });
+        }
+    }
+
+    /// End the current attempt: cancel it at its scheduler (if `cancel`), release the
+    /// placement, stop listening for its events. Idempotent.
+    fn end_attempt(&mut self, cancel: bool) {
+        let Some(a) = self.attempt.take() else {
+            return;
+        };
+        let key = (self.node(), a.id);
+        if cancel {
+            self.effects.push(RequestEffect::Cancel {
+                worker: a.worker,
+                key: key.clone(),
+            });
+            self.release_held();
+        }
+        if self.cfg.pin.is_none() {
+            self.effects.push(RequestEffect::ReleasePlacement(key));
+        }
+        self.effects.push(RequestEffect::Unlisten(a.id));
+    }
+
+    /// The job of the next attempt: the prompt plus what was delivered, the rest of the budget.
+    fn next_job(&self, id: RequestId) -> SubmitRequest {
+        let mut job = self.cfg.job.clone();
+        job.request = id;
+        job.prompt.extend_from_slice(&self.generated);
+        job.max_tokens = job.max_tokens.saturating_sub(self.generated.len() as u32);
+        job.sampling.offset = self.generated.len() as u64;
+        job
+    }
+
+    /// Place (first attempt or a migration); a failure waits and retries or fails the
+    /// request, as the migration rule says.
+    fn place_or_retry(&mut self) {
+        self.gone_picks = 0;
+        self.place();
+    }
+
+    /// Start a new attempt: ask the router (or take the pinned worker).
+    fn place(&mut self) {
+        let id = if self.attempts == 0 {
+            self.cfg.job.request
+        } else {
+            RequestId(self.ids.fetch_add(1, Ordering::Relaxed))
+        };
+        self.attempts += 1;
+        let job = self.next_job(id);
+        let route = RouteRequest {
+            node: job.reply_to.clone(),
+            request: id,
+            prompt_tokens: job.prompt.len() as u32,
+            seq_hashes: block_hashes(&job.prompt, self.cfg.block_size, self.cfg.salt)
+                .into_iter()
+                .map(|(_, s)| s)
+                .collect(),
+            policy: self.cfg.policy,
+            avoid: self.migration.avoid().to_vec(),
+            remote_prefill: self.pending_kv.is_none(),
+        };
+        self.placing = Some(Placing { job, worker: None });
+        match self.cfg.pin.clone() {
+            Some(worker) => self.picked(Ok(Some(Placement {
+                worker,
+                hand_off: false,
+            }))),
+            None => self.effects.push(RequestEffect::Route(route)),
+        }
+    }
+
+    fn place_failed(&mut self, error: RequestError) {
+        let now = self.clock.now();
+        match self.migration.on_place_failed(now, error.is_retryable()) {
+            Decision::Wait { until } => self.effects.push(RequestEffect::RetryAt(until)),
+            Decision::Place => {} // not produced by a failed placement
+            Decision::Fail(GiveUp::FirstPlacement) => self.fail(error),
+            Decision::Fail(why) => {
+                metrics::counter!("flotilla_migration_failures_total").increment(1);
+                tracing::warn!(request = %self.id(), trace_id = ?self.cfg.job.trace_id, %error, %why, "migration failed");
+                self.fail(RequestError::GaveUp {
+                    cause: error.to_string(),
+                    why,
+                });
+            }
+        }
+    }
+
+    /// The worker is gone: re-place the request with what it has generated, unless the
+    /// migration rule gives it up.
+    fn migrate(&mut self, why: &str) {
+        let from = self.attempt.as_ref().map(|a| a.worker.clone());
+        let ran = self.attempt.as_ref().is_some_and(|a| a.admitted);
+        self.end_attempt(true);
+        let now = self.clock.now();
+        match self
+            .migration
+            .on_loss(now, self.generated.len(), ran, from.clone())
+        {
+            Decision::Fail(give_up) => {
+                metrics::counter!("flotilla_migration_failures_total").increment(1);
+                tracing::warn!(request = %self.id(), trace_id = ?self.cfg.job.trace_id, ?from, %why, %give_up, "request given up");
+                self.fail(RequestError::GaveUp {
+                    cause: why.to_owned(),
+                    why: give_up,
+                });
+            }
+            Decision::Place | Decision::Wait { .. } => {
+                self.effects
+                    .push(RequestEffect::Fleet(FleetEventKind::Migrated {
+                        request: self.id(),
+                        from: from.clone(),
+                        generated: self.generated.len(),
+                        reason: why.to_owned(),
+                    }));
+                metrics::counter!("flotilla_migrations_total").increment(1);
+                tracing::warn!(request = %self.id(), trace_id = ?self.cfg.job.trace_id, ?from, generated = self.generated.len(),
+                    stalled = self.migration.stalled(), %why, "migrating");
+                self.place_or_retry();
+            }
+        }
+    }
+}
