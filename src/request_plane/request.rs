@@ -584,3 +584,222 @@ impl RequestCore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::clock::{Clock, ManualClock};
+    use std::time::Duration;
+
+    fn core(clock: &ManualClock, pin: Option<&str>) -> RequestCore {
+        let job = SubmitRequest {
+            request: RequestId(1),
+            reply_to: NodeId::new("gw"),
+            prompt: (1..=20).collect(),
+            max_tokens: 10,
+            sampling: Default::default(),
+            stop_token_ids: vec![],
+            ignore_eos: true,
+            owner_incarnation: 1,
+            arrival_ms: clock.wall_ms(),
+            trace_id: None,
+            hand_off: false,
+            remote_kv: None,
+        };
+        RequestCore::new(
+            RequestCoreConfig {
+                job,
+                block_size: 4,
+                salt: 1,
+                policy: None,
+                pin: pin.map(WorkerId::new),
+                migration: MigrationPolicy::default(),
+            },
+            Arc::new(AtomicU64::new(100)),
+            Arc::new(clock.clone()),
+        )
+    }
+
+    fn w(s: &str) -> WorkerId {
+        WorkerId::new(s)
+    }
+
+    fn token(index: u32) -> TokenEventKind {
+        TokenEventKind::Token {
+            id: 500 + index,
+            logprob: 0.0,
+            finish: None,
+            index,
+        }
+    }
+
+    /// Route to `worker` and submit there; the attempt's id.
+    fn place_on(c: &mut RequestCore, worker: &str) -> RequestId {
+        let effects = c.take_effects();
+        assert!(
+            matches!(effects.last(), Some(RequestEffect::Route(_))),
+            "{effects:?}"
+        );
+        c.picked(Ok(Some(Placement {
+            worker: w(worker),
+            hand_off: false,
+        })));
+        let id = match c.take_effects().as_slice() {
+            [RequestEffect::Submit { worker: to, job }] if *to == w(worker) => job.request,
+            other => panic!("{other:?}"),
+        };
+        c.submitted(true);
+        id
+    }
+
+    #[test]
+    fn a_pinned_request_asks_no_router() {
+        let clock = ManualClock::new();
+        let mut c = core(&clock, Some("n/replica-0"));
+        c.start();
+        let effects = c.take_effects();
+        assert!(
+            matches!(effects.as_slice(), [RequestEffect::Submit { worker, .. }] if *worker == w("n/replica-0")),
+            "{effects:?}"
+        );
+        c.submitted(true);
+        c.event(RequestId(1), token(0));
+        c.cancel();
+        let effects = c.take_effects();
+        assert!(
+            !effects.iter().any(|e| matches!(
+                e,
+                RequestEffect::ReleasePlacement(_) | RequestEffect::FirstToken(_)
+            )),
+            "{effects:?}"
+        );
+        assert!(matches!(effects.last(), Some(RequestEffect::Stop)));
+    }
+
+    #[test]
+    fn no_worker_for_the_first_placement_is_a_503_at_once() {
+        let clock = ManualClock::new();
+        let mut c = core(&clock, None);
+        c.start();
+        let _ = c.take_effects();
+        c.picked(Ok(None));
+        let effects = c.take_effects();
+        let status = effects.iter().find_map(|e| match e {
+            RequestEffect::Deliver(TokenEventKind::Failed { status, .. }) => Some(*status),
+            _ => None,
+        });
+        assert_eq!(status, Some(503), "{effects:?}");
+        assert!(matches!(effects.last(), Some(RequestEffect::Stop)));
+        assert!(c.is_done());
+    }
+
+    #[test]
+    fn a_quiet_attempt_is_asked_and_moves_when_its_worker_forgot_it() {
+        let clock = ManualClock::new();
+        let mut c = core(&clock, None);
+        c.start();
+        let first = place_on(&mut c, "a/replica-0");
+        let _ = c.take_effects();
+        c.event(first, token(0));
+        c.event(first, token(1));
+        let _ = c.take_effects();
+        clock.advance(Duration::from_millis(STALL_CHECK_MS - 1));
+        c.check(first, true);
+        assert!(c.take_effects().is_empty(), "not quiet long enough");
+        clock.advance(Duration::from_millis(1));
+        c.check(first, true);
+        let effects = c.take_effects();
+        assert!(
+            matches!(effects.as_slice(), [RequestEffect::AskHas { worker, key }] if *worker == w("a/replica-0") && key.1 == first),
+            "{effects:?}"
+        );
+        c.has_answer(first, false);
+        let effects = c.take_effects();
+        let route = effects.iter().find_map(|e| match e {
+            RequestEffect::Route(r) => Some(r.clone()),
+            _ => None,
+        });
+        let route = route.expect("placed again");
+        assert_ne!(route.request, first, "a new attempt id");
+        assert_eq!(
+            route.prompt_tokens, 22,
+            "the prompt plus the two tokens delivered"
+        );
+        assert!(effects.iter().any(
+            |e| matches!(e, RequestEffect::Cancel { worker, .. } if *worker == w("a/replica-0"))
+        ));
+        assert!(
+            effects
+                .iter()
+                .any(|e| matches!(e, RequestEffect::Unlisten(id) if *id == first))
+        );
+        // An answer about the old attempt changes nothing any more.
+        c.has_answer(first, false);
+        assert!(c.take_effects().is_empty());
+    }
+
+    #[test]
+    fn a_hand_off_places_the_decode_attempt_with_the_kv_and_releases_it_at_the_end() {
+        let clock = ManualClock::new();
+        let mut c = core(&clock, None);
+        c.start();
+        let _ = c.take_effects();
+        c.picked(Ok(Some(Placement {
+            worker: w("p/replica-0"),
+            hand_off: true,
+        })));
+        let prefill = match c.take_effects().as_slice() {
+            [RequestEffect::Submit { job, .. }] if job.hand_off => job.request,
+            other => panic!("{other:?}"),
+        };
+        c.submitted(true);
+        c.event(prefill, token(0));
+        let kv = RemoteKv {
+            worker: w("p/replica-0"),
+            request: prefill,
+            region: None,
+            blocks: vec![1, 2, 3, 4, 5],
+            tokens: 20,
+            held_until_ms: clock.wall_ms() + 30_000,
+        };
+        c.event(prefill, TokenEventKind::HandOff(Box::new(kv.clone())));
+        let effects = c.take_effects();
+        let route = effects.iter().find_map(|e| match e {
+            RequestEffect::Route(r) => Some(r.clone()),
+            _ => None,
+        });
+        assert!(!route.expect("decode placement").remote_prefill);
+        c.picked(Ok(Some(Placement {
+            worker: w("d/replica-0"),
+            hand_off: false,
+        })));
+        let decode = match c.take_effects().as_slice() {
+            [RequestEffect::Submit { job, .. }] => {
+                assert_eq!(
+                    job.remote_kv.as_ref(),
+                    Some(&kv),
+                    "the decode attempt pulls it"
+                );
+                job.request
+            }
+            other => panic!("{other:?}"),
+        };
+        c.submitted(true);
+        c.event(
+            decode,
+            TokenEventKind::Token {
+                id: 7,
+                logprob: 0.0,
+                finish: Some(crate::request_plane::protocol::FinishReason::Length),
+                index: 0,
+            },
+        );
+        let effects = c.take_effects();
+        assert!(
+            effects.iter().any(|e| matches!(e, RequestEffect::Cancel { worker, key } if *worker == w("p/replica-0") && key.1 == prefill)),
+            "the prefill worker is told to release its blocks: {effects:?}"
+        );
+        assert!(c.is_done());
+        assert_eq!(c.generated(), &[500, 7]);
+    }
+}
