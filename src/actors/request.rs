@@ -133,8 +133,8 @@ impl ractor::Message for RequestMsg {}
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Request;
 
-/// The current attempt's listening side: its scheduler (for the group monitor) and its tasks
-/// (the event forwarder, the check timer).
+/// The current attempt's listening side: its scheduler (for the group monitor) and its check
+/// timer.
 struct Listening {
     id: RequestId,
     scheduler: ractor::ActorId,
@@ -262,16 +262,13 @@ impl RequestState {
         let Some(scheduler) = scheduler_of(worker) else {
             return false;
         };
-        // Listen before submitting so that no event can be missed.
-        let mut rx = self.args.registry.register(id);
+        // Listen before submitting so that no event can be missed: the node's token sink
+        // casts each event of this attempt straight into this actor's mailbox.
         let me = myself.clone();
-        let forwarder = tokio::spawn(async move {
-            while let Some(ev) = rx.recv().await {
-                if me.cast(RequestMsg::Event(id, ev)).is_err() {
-                    break;
-                }
-            }
-        });
+        self.args.registry.register_with(
+            id,
+            Box::new(move |ev| me.cast(RequestMsg::Event(id, ev)).is_ok()),
+        );
         // The attempt's check, on the actor's own timer: is its scheduler still in the group
         // (the process-group monitor says so at once; this backs it up), and has it been
         // quiet for too long?
@@ -284,14 +281,13 @@ impl RequestState {
             .is_err()
         {
             self.args.registry.unregister(id);
-            forwarder.abort();
             ticker.abort();
             return false;
         }
         self.listening = Some(Listening {
             id,
             scheduler: scheduler.get_id(),
-            tasks: vec![forwarder, ticker],
+            tasks: vec![ticker],
         });
         true
     }

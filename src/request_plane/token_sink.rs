@@ -2,6 +2,11 @@
 //! [`TokenSink`](crate::actors::token_sink::TokenSink) actor hands each token event, keyed by
 //! request id ([`SinkRegistry`]). Events for unknown requests (finished, cancelled) are
 //! dropped.
+//!
+//! A request registers a [`Receiver`]: a function that takes one event and says whether its
+//! request is still there. The Request actor's receiver casts the event straight into its
+//! mailbox (no channel and no forwarding task between the sink and the actor); a channel's
+//! sender is one too ([`SinkRegistry::register`]).
 
 use crate::request_plane::protocol::{TokenEvent, TokenEventKind};
 use crate::runtime::ids::RequestId;
@@ -9,18 +14,26 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
+/// Takes one event of its request; false when the request is gone (then it is forgotten).
+pub type Receiver = Box<dyn Fn(TokenEventKind) -> bool + Send + Sync>;
+
 /// Receivers of this node's in-flight requests, shared by the sink and whoever submits.
 #[derive(Clone, Default)]
 pub struct SinkRegistry {
-    inner: Arc<Mutex<HashMap<RequestId, mpsc::UnboundedSender<TokenEventKind>>>>,
+    inner: Arc<Mutex<HashMap<RequestId, Receiver>>>,
 }
 
 impl SinkRegistry {
-    /// Register the receiver of `request`'s events; returns the receiving end.
+    /// Register a channel as the receiver of `request`'s events; returns the receiving end.
     pub fn register(&self, request: RequestId) -> mpsc::UnboundedReceiver<TokenEventKind> {
         let (tx, rx) = mpsc::unbounded_channel();
-        self.lock().insert(request, tx);
+        self.register_with(request, Box::new(move |ev| tx.send(ev).is_ok()));
         rx
+    }
+
+    /// Register `receiver` for `request`'s events (replacing any earlier one).
+    pub fn register_with(&self, request: RequestId, receiver: Receiver) {
+        self.lock().insert(request, receiver);
     }
 
     /// Forget `request` (its receiver is dropped).
@@ -38,9 +51,7 @@ impl SinkRegistry {
         self.len() == 0
     }
 
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<RequestId, mpsc::UnboundedSender<TokenEventKind>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RequestId, Receiver>> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -48,8 +59,8 @@ impl SinkRegistry {
     pub fn deliver(&self, events: Vec<TokenEvent>) {
         let mut map = self.lock();
         for ev in events {
-            if let Some(tx) = map.get(&ev.request)
-                && tx.send(ev.kind).is_err()
+            if let Some(receive) = map.get(&ev.request)
+                && !receive(ev.kind)
             {
                 // The receiver is gone (client left): forget it.
                 map.remove(&ev.request);
