@@ -63,6 +63,7 @@
 
 pub mod events;
 pub mod eviction;
+pub mod faults;
 pub mod hash;
 mod lease;
 pub mod pool;

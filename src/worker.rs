@@ -1,7 +1,8 @@
 //! A worker replica: the scheduler that forms batches and the engine that runs them.
 //! The actors that drive a replica (scheduler, engine worker, external engine) are in
 //! [`crate::actors`]; this module holds their pure parts.
-//! - `scheduler.rs` — continuous batching, chunked prefill, paged KV: the batch former
+//! - `scheduler.rs` — continuous batching, chunked prefill, paged KV: the replica's decisions
+//!   as a pure state machine (`WorkerCore`, `worker_core.rs`), the batch former
 //!   ([`SchedulerCore`], `batch.rs`), the step watchdog (`watchdog.rs`), the per-owner outbox
 //!   of token events (`outbox.rs`), the step-time model (`step_model.rs`) and the chaos
 //!   `fill_kv` holder of blocks (`fill.rs`).
@@ -9,6 +10,8 @@
 //!   the simulated engine (`engine/sim.rs`), and the chaos filter that wraps either
 //!   (`engine/chaos.rs`).
 //! - `error.rs` — [`WorkerError`]: why a step produced no tokens.
+//! - `faults.rs` — [`WorkerFaults`](faults::WorkerFaults): the chaos faults aimed at this
+//!   node's replicas, as their schedulers and engines read them (written by the Chaos actor).
 //! - `external.rs` — an engine outside Flotilla (`router.external_workers`) seen as a
 //!   replica: a scheduler-shaped proxy over HTTP and its KV events over ZMQ.
 //!
@@ -18,6 +21,7 @@
 pub mod engine;
 mod error;
 pub mod external;
+pub mod faults;
 pub mod scheduler;
 
 pub use error::WorkerError;

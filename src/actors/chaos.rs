@@ -292,7 +292,7 @@ mod tests {
             .decode()
             .expect("decode");
         assert!(ok);
-        assert_eq!(book.step_delay(&w), Duration::from_millis(50));
+        assert_eq!(book.workers.step_delay(&w), Duration::from_millis(50));
         first.kill();
         h.await.expect("stopped");
 
@@ -302,13 +302,13 @@ mod tests {
         clock.advance(Duration::from_millis(999));
         tokio::time::sleep(EXPIRY_TICK * 3).await;
         assert_eq!(
-            book.step_delay(&w),
+            book.workers.step_delay(&w),
             Duration::from_millis(50),
             "not before its time"
         );
         clock.advance(Duration::from_millis(1));
         let mut left = 100;
-        while book.step_delay(&w) != Duration::ZERO {
+        while book.workers.step_delay(&w) != Duration::ZERO {
             left -= 1;
             assert!(
                 left > 0,

@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
 
-use crate::control::chaos::FaultBook;
+use crate::kv::faults::KvEventFaults;
 use crate::kv::vllm::{VllmBatch, from_flotilla};
 use crate::kv::zmq::ZmqPublisher;
 use crate::kv::{EventReplay, KvEvent, KvEventData, SnapshotBlock};
@@ -95,7 +95,7 @@ pub struct KvPublisherArgs {
     /// The replica.
     pub worker: WorkerId,
     /// The node's faults (`drop_kv_events`).
-    pub faults: FaultBook,
+    pub faults: KvEventFaults,
     /// The vLLM-format socket, if any.
     pub vllm: Option<VllmEventsConfig>,
 }
@@ -182,7 +182,7 @@ impl VllmSide {
 pub struct KvPublisherState {
     worker: WorkerId,
     mirror: EventReplay,
-    faults: FaultBook,
+    faults: KvEventFaults,
     vllm: Option<VllmSide>,
 }
 
@@ -201,7 +201,7 @@ impl KvPublisherState {
     fn filter_dropped(&self, events: Vec<KvEvent>) -> Vec<KvEvent> {
         events
             .into_iter()
-            .filter(|_| !self.faults.drop_kv_event(&self.worker))
+            .filter(|_| !self.faults.drop_event(&self.worker))
             .collect()
     }
 }

@@ -13,9 +13,9 @@
 //! [`crate::worker::scheduler`].
 
 use crate::worker::scheduler::{
-    BlockPool, DisaggWorker, InjectedFaults, PullJob, PullResult, PullWork, SCHEDULER_GROUP,
-    SchedulerConfig, SchedulerCore, SchedulerStats, SimTransfer, StatsBoard, StepResult,
-    WorkerCore, WorkerCoreConfig, WorkerCoreError, WorkerEffect,
+    BlockPool, DisaggWorker, PullJob, PullResult, PullWork, SCHEDULER_GROUP, SchedulerConfig,
+    SchedulerCore, SchedulerStats, SimTransfer, StatsBoard, StepResult, WorkerCore,
+    WorkerCoreConfig, WorkerCoreError, WorkerEffect,
 };
 
 use crate::actors::engine_worker::EngineWorkerMsg;
@@ -88,10 +88,11 @@ pub struct SchedulerArgs {
     pub salt: u64,
     /// End-of-sequence token.
     pub eos_token_id: Option<u32>,
-    /// Faults injected on this node (chaos): the scheduler reads the ones aimed at itself
-    /// (`panic`, `fill_kv`), the `slow` delay its watchdog allows for, and ends `hang`s when
-    /// it restarts the replica; the engine's chaos filter applies the rest.
-    pub faults: crate::control::chaos::FaultBook,
+    /// The chaos faults aimed at this node's replicas (the worker boundary's filter): the
+    /// scheduler reads its own (`panic`, `fill_kv`, the `slow` delay its watchdog allows for)
+    /// and ends `hang`s when it restarts the replica; the engine's chaos filter applies the
+    /// rest.
+    pub faults: crate::worker::faults::WorkerFaults,
     /// Step watchdog: a step (engine time, not injected delay) longer than this is a hang.
     pub step_timeout: std::time::Duration,
     /// An idle replica pings its engine this often.
@@ -256,12 +257,8 @@ impl SchedulerState {
 
     /// The faults aimed at this replica now.
     fn read_faults(&mut self) {
-        let (f, w) = (&self.args.faults, &self.args.worker);
-        self.core.set_faults(InjectedFaults {
-            step_delay: f.step_delay(w),
-            hang: f.hangs(w),
-            fill_kv: f.fill_kv(w),
-        });
+        let faults = self.args.faults.injected(&self.args.worker);
+        self.core.set_faults(faults);
     }
 }
 

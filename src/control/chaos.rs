@@ -4,15 +4,17 @@
 //! workers from the fleet view and send it to the Chaos actor of each affected node (process
 //! group [`CHAOS_GROUP`], name `<node>/chaos`). One-shot kinds (`kill_actor`, `kill_node`,
 //! `panic_task`) and `partition` act in the Chaos actor; the others are recorded in the node's
-//! [`FaultBook`] and applied where they act:
-//! - the engine's chaos filter ([`ChaosEngine`](crate::worker::engine::ChaosEngine)) applies
-//!   `slow` (a delay before every engine step), `fail_engine` (the step fails after a number
-//!   of further steps; every sequence of the step then fails with an error record) and `hang`
-//!   (steps and canary pings are not answered);
-//! - the KV event publisher ([`KvEventPublisher`](crate::actors::kv_publisher::KvEventPublisher)) drops a
+//! [`FaultBook`], which writes each into the filter type of the boundary where it acts (the
+//! boundary owns that type and reads nothing else of chaos):
+//! - [`WorkerFaults`](crate::worker::faults::WorkerFaults), the replicas': the engine's
+//!   chaos filter ([`ChaosEngine`](crate::worker::engine::ChaosEngine)) applies `slow` (a
+//!   delay before every engine step), `fail_engine` (the step fails after a number of further
+//!   steps; every sequence of the step then fails with an error record) and `hang` (steps and
+//!   canary pings are not answered); the scheduler holds blocks of its pool beside the batch
+//!   former (`fill_kv`) and panics (`panic`);
+//! - [`KvEventFaults`](crate::kv::faults::KvEventFaults), the KV event publishers': the
+//!   publisher ([`KvEventPublisher`](crate::actors::kv_publisher::KvEventPublisher)) drops a
 //!   fraction of the events on their way to the routers (`drop_kv_events`);
-//! - the scheduler holds blocks of its pool beside the batch former (`fill_kv`) and panics
-//!   (`panic`);
 //! - the node's KV transport ([`TransferFaults`](crate::transport::TransferFaults)) delays
 //!   (`delay_kv_transfer`) or fails (`drop_kv_transfer`) its pulls, and refuses pulls across a
 //!   `partition`.
@@ -257,16 +259,22 @@ pub struct Injection {
 /// Fault id → (workers hit, what it does).
 type Faults = HashMap<u64, (Vec<WorkerId>, FaultKind)>;
 
-/// The faults active in this process, by fault id; read by the filters that apply them (the
-/// engines' chaos filter, the KV event publishers, the schedulers).
+/// The faults active in this process, by fault id, and the filters of the boundaries where
+/// they act, which the book writes into as faults come and go: the replicas'
+/// ([`WorkerFaults`](crate::worker::faults::WorkerFaults)), the KV event publishers'
+/// ([`KvEventFaults`](crate::kv::faults::KvEventFaults)) and the transport's
+/// ([`TransferFaults`](crate::transport::TransferFaults)). Each boundary reads only its own.
 #[derive(Clone, Default, Debug)]
 pub struct FaultBook {
     inner: Arc<Mutex<Faults>>,
     /// The node transport's filters (`delay_kv_transfer`, `drop_kv_transfer`, partitions),
     /// kept in step with the book by the Chaos actor.
     pub transfer: crate::transport::TransferFaults,
-    /// The generator of `drop_kv_events` (seeded by the last such fault's seed).
-    rng: Arc<Mutex<Option<rand::rngs::StdRng>>>,
+    /// The replicas' filter (`slow`, `hang`, `fail_engine`, `panic`, `fill_kv`), read by
+    /// their schedulers and engines.
+    pub workers: crate::worker::faults::WorkerFaults,
+    /// The KV event publishers' filter (`drop_kv_events`).
+    pub kv_events: crate::kv::faults::KvEventFaults,
     /// When each timed fault ends, on the clock of whoever applied it (the node's Chaos
     /// actor). Kept in the book, not in a timer, so a fault outlives neither a restart of the
     /// Chaos actor nor the gateway that created it: [`FaultBook::expire`] clears it.
@@ -316,16 +324,32 @@ impl FaultBook {
         ids
     }
 
-    /// Record an injection with no end of its own (`seed` seeds randomised kinds).
+    /// Record an injection with no end of its own (`seed` seeds randomised kinds), and write
+    /// it into the filter of the boundary where it acts.
     pub fn apply(&self, inj: Injection) {
-        if matches!(inj.kind, FaultKind::DropKvEvents { .. }) {
-            use rand::SeedableRng;
-            let rng = rand::rngs::StdRng::seed_from_u64(inj.seed.unwrap_or(inj.id));
-            *self.rng.lock().unwrap_or_else(|p| p.into_inner()) = Some(rng);
+        use crate::worker::faults::ReplicaFault;
+        let seed = inj.seed.unwrap_or(inj.id);
+        for w in &inj.workers {
+            let fault = match inj.kind {
+                FaultKind::Slow { delay_ms } => {
+                    Some(ReplicaFault::Slow(Duration::from_millis(delay_ms)))
+                }
+                FaultKind::Hang => Some(ReplicaFault::Hang),
+                FaultKind::FailEngine { after_steps } => Some(ReplicaFault::FailAfter(after_steps)),
+                FaultKind::Panic => Some(ReplicaFault::Panic),
+                FaultKind::FillKv { fraction } => Some(ReplicaFault::FillKv(fraction)),
+                FaultKind::DropKvEvents { rate } => {
+                    self.kv_events.set(inj.id, w, rate, seed);
+                    None
+                }
+                _ => None,
+            };
+            if let Some(f) = fault {
+                self.workers.set(inj.id, w, f);
+            }
         }
         if let FaultKind::DropKvTransfer { rate } = inj.kind {
-            self.transfer
-                .set_drop(Some((rate, inj.seed.unwrap_or(inj.id))));
+            self.transfer.set_drop(Some((rate, seed)));
         }
         self.lock().insert(inj.id, (inj.workers, inj.kind));
         self.sync_transfer(None);
@@ -355,37 +379,6 @@ impl FaultBook {
         }
     }
 
-    /// The fraction of `worker`'s pool a `fill_kv` fault occupies, if any.
-    pub fn fill_kv(&self, worker: &WorkerId) -> Option<f64> {
-        self.lock()
-            .values()
-            .filter(|(ws, _)| ws.contains(worker))
-            .filter_map(|(_, k)| match k {
-                FaultKind::FillKv { fraction } => Some(*fraction),
-                _ => None,
-            })
-            .reduce(f64::max)
-    }
-
-    /// Whether `worker`'s next KV event is dropped (`drop_kv_events`).
-    pub fn drop_kv_event(&self, worker: &WorkerId) -> bool {
-        let rate: f64 = self
-            .lock()
-            .values()
-            .filter(|(ws, _)| ws.contains(worker))
-            .map(|(_, k)| match k {
-                FaultKind::DropKvEvents { rate } => *rate,
-                _ => 0.0,
-            })
-            .fold(0.0, f64::max);
-        if rate <= 0.0 {
-            return false;
-        }
-        let mut g = self.rng.lock().unwrap_or_else(|p| p.into_inner());
-        let rng = g.get_or_insert_with(|| rand::SeedableRng::seed_from_u64(0));
-        rand::Rng::random_bool(rng, rate.min(1.0))
-    }
-
     /// Remove a fault; false when unknown.
     pub fn clear(&self, id: u64) -> bool {
         self.remove(id).is_some()
@@ -398,71 +391,10 @@ impl FaultBook {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id);
         let (_, kind) = self.lock().remove(&id)?;
+        self.workers.clear(id);
+        self.kv_events.clear(id);
         self.sync_transfer(Some(&kind));
         Some(kind)
-    }
-
-    /// Total added delay before `worker`'s next step.
-    pub fn step_delay(&self, worker: &WorkerId) -> Duration {
-        let ms: u64 = self
-            .lock()
-            .values()
-            .filter(|(ws, _)| ws.contains(worker))
-            .map(|(_, k)| match k {
-                FaultKind::Slow { delay_ms } => *delay_ms,
-                _ => 0,
-            })
-            .sum();
-        Duration::from_millis(ms)
-    }
-
-    /// Whether `worker`'s engine is hung.
-    pub fn hangs(&self, worker: &WorkerId) -> bool {
-        self.lock()
-            .values()
-            .any(|(ws, k)| *k == FaultKind::Hang && ws.contains(worker))
-    }
-
-    /// Whether `worker`'s scheduler must panic now (consumes the fault for that worker).
-    pub fn take_panic(&self, worker: &WorkerId) -> bool {
-        let mut book = self.lock();
-        let mut hit = false;
-        for (ws, k) in book.values_mut() {
-            if *k == FaultKind::Panic && ws.contains(worker) {
-                ws.retain(|w| w != worker);
-                hit = true;
-            }
-        }
-        book.retain(|_, (ws, _)| !ws.is_empty());
-        hit
-    }
-
-    /// End every hang of `worker` (its replica restarts).
-    pub fn end_hangs(&self, worker: &WorkerId) {
-        let mut book = self.lock();
-        for (ws, k) in book.values_mut() {
-            if *k == FaultKind::Hang {
-                ws.retain(|w| w != worker);
-            }
-        }
-    }
-
-    /// Whether `worker`'s next step must fail (counts the step down otherwise).
-    pub fn step_fails(&self, worker: &WorkerId) -> bool {
-        let mut book = self.lock();
-        let mut fail = false;
-        for (ws, k) in book.values_mut() {
-            if let FaultKind::FailEngine { after_steps } = k
-                && ws.contains(worker)
-            {
-                if *after_steps == 0 {
-                    fail = true;
-                } else {
-                    *after_steps -= 1;
-                }
-            }
-        }
-        fail
     }
 }
 
@@ -500,13 +432,28 @@ mod tests {
             seed: None,
             duration_ms: None,
         });
-        assert_eq!(book.step_delay(&a), Duration::from_millis(5));
-        assert_eq!(book.step_delay(&b), Duration::ZERO);
-        assert!(!book.step_fails(&b), "one step still succeeds");
-        assert!(book.step_fails(&b));
-        assert!(!book.step_fails(&a));
+        // Each fault is written into the filter of the boundary where it acts.
+        let workers = &book.workers;
+        assert_eq!(workers.step_delay(&a), Duration::from_millis(5));
+        assert_eq!(workers.step_delay(&b), Duration::ZERO);
+        assert!(!workers.step_fails(&b), "one step still succeeds");
+        assert!(workers.step_fails(&b));
+        assert!(!workers.step_fails(&a));
         assert!(book.clear(1) && !book.clear(1));
-        assert_eq!(book.step_delay(&a), Duration::ZERO);
+        assert_eq!(workers.step_delay(&a), Duration::ZERO);
+        book.apply(Injection {
+            node: "n".into(),
+            id: 3,
+            kind: FaultKind::DropKvEvents { rate: 1.0 },
+            workers: vec![a.clone()],
+            seed: Some(1),
+            duration_ms: None,
+        });
+        assert!(book.kv_events.drop_event(&a) && !book.kv_events.drop_event(&b));
+        assert!(book.clear(3));
+        assert!(!book.kv_events.drop_event(&a), "cleared in the filter too");
+        assert!(book.clear(2));
+        assert!(!workers.step_fails(&b));
     }
 
     #[test]

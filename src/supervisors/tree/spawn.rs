@@ -116,7 +116,7 @@ pub(super) fn face(ctx: &NodeContext, k: u32, http: &GatewayArgs) -> ChildSpec {
 /// A replica's KV-event publisher and snapshot server.
 pub(super) fn kv_publisher(p: &ReplicaParams) -> ChildSpec {
     let worker = p.worker.clone();
-    let faults = p.faults.clone();
+    let faults = p.faults.kv_events.clone();
     let vllm = p.kv_events.clone();
     ChildSpec::actor(
         "kv_publisher",
@@ -142,7 +142,7 @@ pub(super) fn external_kv_publisher(
     a: &crate::worker::external::ExternalArgs,
 ) -> ChildSpec {
     let worker = a.worker.clone();
-    let faults = ctx.faults.clone();
+    let faults = ctx.faults.kv_events.clone();
     ChildSpec::actor(
         "kv_publisher",
         Some(a.kv_publisher_name.clone()),
@@ -186,7 +186,7 @@ pub(super) fn engine(p: &ReplicaParams) -> ChildSpec {
                     config: p.engine,
                     transport: p.transport.clone().map(|t| (t, p.worker.to_string())),
                 },
-                faults: p.faults.clone(),
+                faults: p.faults.workers.clone(),
                 worker: p.worker.clone(),
             };
             ChildSpec::actor("engine", name, move || {
@@ -206,7 +206,7 @@ pub(super) fn engine(p: &ReplicaParams) -> ChildSpec {
                     vocab_size: p.model.config().vocab_size,
                     max_context: p.model.config().max_context,
                 },
-                faults: p.faults.clone(),
+                faults: p.faults.workers.clone(),
                 worker: p.worker.clone(),
             };
             ChildSpec::actor("engine", name, move || {
@@ -228,7 +228,7 @@ pub(super) fn scheduler(p: &ReplicaParams) -> ChildSpec {
         block_size: p.engine.block_size,
         salt: p.model.config().block_hash_salt(),
         eos_token_id: p.model.tokenizer.eos_ids.first().copied(),
-        faults: p.faults.clone(),
+        faults: p.faults.workers.clone(),
         step_timeout: p.step_timeout,
         canary_interval: p.canary_interval,
         owner_grace: p.owner_grace,

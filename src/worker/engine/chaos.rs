@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use super::{EngineError, EngineInfo, StepBatch, StepEngine, StepOutput};
-use crate::control::chaos::FaultBook;
 use crate::runtime::ids::{SeqId, WorkerId};
+use crate::worker::faults::WorkerFaults;
 
 /// How often a hung engine looks whether its hang ended.
 const HANG_POLL: Duration = Duration::from_millis(20);
@@ -21,22 +21,22 @@ const DELAY_SLICE: Duration = Duration::from_millis(50);
 pub struct ChaosArgs<C> {
     /// The wrapped engine's spawn inputs.
     pub inner: C,
-    /// The node's fault book.
-    pub faults: FaultBook,
+    /// The faults aimed at this node's replicas.
+    pub faults: WorkerFaults,
     /// The worker this engine belongs to (faults name workers).
     pub worker: WorkerId,
 }
 
-/// An engine whose steps obey the faults the node's [`FaultBook`] holds for its worker.
+/// An engine whose steps obey the faults [`WorkerFaults`] holds for its worker.
 #[derive(Debug)]
 pub struct ChaosEngine<E> {
     inner: E,
-    faults: FaultBook,
+    faults: WorkerFaults,
     worker: WorkerId,
 }
 
 /// Sleeps `worker`'s `slow` delay as it stands now; returns early once the fault is cleared.
-async fn slow_down(faults: &FaultBook, worker: &WorkerId) {
+async fn slow_down(faults: &WorkerFaults, worker: &WorkerId) {
     let delay = faults.step_delay(worker);
     if delay.is_zero() {
         return;
@@ -49,7 +49,7 @@ async fn slow_down(faults: &FaultBook, worker: &WorkerId) {
 }
 
 /// Waits while a `hang` fault holds `worker`, as a wedged device would.
-async fn wait_while_hung(faults: &FaultBook, worker: &WorkerId) {
+async fn wait_while_hung(faults: &WorkerFaults, worker: &WorkerId) {
     while faults.hangs(worker) {
         tokio::time::sleep(HANG_POLL).await;
     }
@@ -97,7 +97,7 @@ impl<E: StepEngine> StepEngine for ChaosEngine<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::chaos::{FaultKind, Injection};
+    use crate::worker::faults::ReplicaFault;
 
     /// Counts the steps it ran; answers at once.
     #[derive(Debug, Default)]
@@ -136,8 +136,8 @@ mod tests {
         fn release(&mut self, _seq: SeqId) {}
     }
 
-    fn engine() -> (FaultBook, WorkerId, ChaosEngine<Counting>) {
-        let (faults, worker) = (FaultBook::default(), WorkerId::new("n/r0"));
+    fn engine() -> (WorkerFaults, WorkerId, ChaosEngine<Counting>) {
+        let (faults, worker) = (WorkerFaults::default(), WorkerId::new("n/r0"));
         let e = ChaosEngine {
             inner: Counting::default(),
             faults: faults.clone(),
@@ -146,15 +146,8 @@ mod tests {
         (faults, worker, e)
     }
 
-    fn inject(faults: &FaultBook, id: u64, kind: FaultKind, worker: &WorkerId) {
-        faults.apply(Injection {
-            id,
-            node: "n".into(),
-            kind,
-            workers: vec![worker.clone()],
-            seed: None,
-            duration_ms: None,
-        });
+    fn inject(faults: &WorkerFaults, id: u64, fault: ReplicaFault, worker: &WorkerId) {
+        faults.set(id, worker, fault);
     }
 
     #[tokio::test(start_paused = true)]
@@ -174,12 +167,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn fail_engine_fails_steps_after_the_ones_it_spares() {
         let (faults, worker, mut e) = engine();
-        inject(
-            &faults,
-            1,
-            FaultKind::FailEngine { after_steps: 1 },
-            &worker,
-        );
+        inject(&faults, 1, ReplicaFault::FailAfter(1), &worker);
         assert!(e.step(StepBatch::default()).await.is_ok());
         assert_eq!(
             e.step(StepBatch::default()).await,
@@ -193,11 +181,21 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn slow_delays_each_step_and_clearing_it_ends_the_delay() {
         let (faults, worker, mut e) = engine();
-        inject(&faults, 1, FaultKind::Slow { delay_ms: 200 }, &worker);
+        inject(
+            &faults,
+            1,
+            ReplicaFault::Slow(Duration::from_millis(200)),
+            &worker,
+        );
         let t0 = tokio::time::Instant::now();
         assert!(e.step(StepBatch::default()).await.is_ok());
         assert_eq!(t0.elapsed(), Duration::from_millis(200));
-        inject(&faults, 2, FaultKind::Slow { delay_ms: 600_000 }, &worker);
+        inject(
+            &faults,
+            2,
+            ReplicaFault::Slow(Duration::from_millis(600_000)),
+            &worker,
+        );
         let clear = tokio::spawn({
             let faults = faults.clone();
             async move {
@@ -215,7 +213,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_hang_holds_steps_and_pings_until_it_ends() {
         let (faults, worker, mut e) = engine();
-        inject(&faults, 1, FaultKind::Hang, &worker);
+        inject(&faults, 1, ReplicaFault::Hang, &worker);
         let end = tokio::spawn({
             let (faults, worker) = (faults.clone(), worker.clone());
             async move {
@@ -227,7 +225,7 @@ mod tests {
         e.ping().await;
         assert!(t0.elapsed() >= Duration::from_millis(500));
         end.await.expect("end");
-        inject(&faults, 2, FaultKind::Hang, &worker);
+        inject(&faults, 2, ReplicaFault::Hang, &worker);
         let step = tokio::time::timeout(Duration::from_secs(5), e.step(StepBatch::default()));
         assert!(step.await.is_err(), "a hung engine does not answer");
         assert_eq!(e.inner.steps, 0);
