@@ -5,9 +5,11 @@
 //! node's [`FaultBook`] (`control/chaos.rs`, which says where each one acts).
 
 use crate::control::chaos::{ActorKind, CHAOS_GROUP, FaultBook, FaultKind, Injection, actor_name};
+use crate::kv::faults::KvEventFaults;
 use crate::request_plane::events::{EventBus, FleetEventKind};
 use crate::runtime::ids::WorkerId;
 use crate::runtime::wire::Wire;
+use crate::worker::faults::{ReplicaFault, WorkerFaults};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
 use std::collections::HashMap;
@@ -33,12 +35,55 @@ pub enum ChaosMsg {
 /// How often the Chaos actor ends timed faults: their resolution.
 pub const EXPIRY_TICK: Duration = Duration::from_millis(100);
 
-/// The Chaos actor; its arguments are the node's fault book, its cluster handle and its clock.
+/// The Chaos actor; its arguments are the node's fault book, the boundaries' fault filters,
+/// its cluster handle, its clock and its event bus.
 /// Timed faults end here, on the node that holds them, whoever created them and whether or
 /// not this actor restarted meanwhile: their end is in the book ([`FaultBook::apply_at`]),
 /// and every tick clears those whose time is up.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Chaos;
+
+/// The filters of the boundaries where lasting faults act, each owned by its boundary: the
+/// replicas' ([`WorkerFaults`]: `slow`, `hang`, `fail_engine`, `panic`, `fill_kv`, read by
+/// their engines and schedulers) and the KV event publishers' ([`KvEventFaults`]:
+/// `drop_kv_events`). The Chaos actor writes a fault into them when it is installed and
+/// clears it when it is cleared or ends (the transport's filter is kept by the book).
+#[derive(Clone, Default, Debug)]
+pub struct FaultFilters {
+    /// The replicas' filter.
+    pub workers: WorkerFaults,
+    /// The KV event publishers' filter.
+    pub kv_events: KvEventFaults,
+}
+
+impl FaultFilters {
+    /// Write `inj` into the filter of the boundary where it acts (kinds that act elsewhere
+    /// are left alone).
+    pub fn install(&self, inj: &Injection) {
+        let seed = inj.seed.unwrap_or(inj.id);
+        for w in &inj.workers {
+            let fault = match inj.kind {
+                FaultKind::Slow { delay_ms } => ReplicaFault::Slow(Duration::from_millis(delay_ms)),
+                FaultKind::Hang => ReplicaFault::Hang,
+                FaultKind::FailEngine { after_steps } => ReplicaFault::FailAfter(after_steps),
+                FaultKind::Panic => ReplicaFault::Panic,
+                FaultKind::FillKv { fraction } => ReplicaFault::FillKv(fraction),
+                FaultKind::DropKvEvents { rate } => {
+                    self.kv_events.set(inj.id, w, rate, seed);
+                    continue;
+                }
+                _ => continue,
+            };
+            self.workers.set(inj.id, w, fault);
+        }
+    }
+
+    /// Fault `id` ends everywhere.
+    pub fn clear(&self, id: u64) {
+        self.workers.clear(id);
+        self.kv_events.clear(id);
+    }
+}
 
 /// A partition in force on this node: the peers it cut (name, listen address) and one side
 /// of the cut.
@@ -47,6 +92,7 @@ type ActivePartition = (Vec<(String, String)>, Vec<String>);
 /// Chaos actor state.
 pub struct ChaosState {
     book: FaultBook,
+    filters: FaultFilters,
     bus: EventBus,
     clock: crate::runtime::clock::SharedClock,
     cluster: crate::runtime::cluster::ClusterHandle,
@@ -87,12 +133,16 @@ impl ChaosState {
                 let nodes = nodes.clone();
                 self.partition(&inj, &nodes).await;
             }
-            _ => self.book.apply_at(inj, self.clock.now()),
+            _ => {
+                self.filters.install(&inj);
+                self.book.apply_at(inj, self.clock.now());
+            }
         }
     }
 
     fn clear(&mut self, id: u64) {
         let healed = self.heal(id);
+        self.filters.clear(id);
         if self.book.clear(id) || healed {
             tracing::warn!(fault = id, "chaos: fault cleared");
             self.bus
@@ -104,6 +154,7 @@ impl ChaosState {
     fn expire(&mut self) {
         for (id, kind) in self.book.expire(self.clock.now()) {
             tracing::warn!(fault = id, "chaos: fault expired");
+            self.filters.clear(id);
             self.bus
                 .emit(FleetEventKind::FaultCleared { id, expired: true });
             if matches!(kind, FaultKind::Partition { .. }) && !self.partitions.contains_key(&id) {
@@ -160,6 +211,7 @@ impl Actor for Chaos {
     type State = ChaosState;
     type Arguments = (
         FaultBook,
+        FaultFilters,
         crate::runtime::cluster::ClusterHandle,
         crate::runtime::clock::SharedClock,
         EventBus,
@@ -168,12 +220,13 @@ impl Actor for Chaos {
     async fn pre_start(
         &self,
         myself: ActorRef<Self::Msg>,
-        (book, cluster, clock, bus): Self::Arguments,
+        (book, filters, cluster, clock, bus): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         ractor::pg::join(CHAOS_GROUP.to_owned(), vec![myself.get_cell()]);
         myself.send_interval(EXPIRY_TICK, || ChaosMsg::Tick(Wire::encode(&())));
         Ok(ChaosState {
             book,
+            filters,
             bus,
             clock,
             cluster,
@@ -270,12 +323,19 @@ mod tests {
         .await
         .expect("node server");
         let book = FaultBook::default();
+        let filters = FaultFilters::default();
         let clock = ManualClock::new();
         let bus = EventBus::new(crate::runtime::ids::NodeId::new("chaos-expiry-test"));
         let mut events = bus.subscribe();
         let args = || {
             let clock: crate::runtime::clock::SharedClock = Arc::new(clock.clone());
-            (book.clone(), cluster.clone(), clock, bus.clone())
+            (
+                book.clone(),
+                filters.clone(),
+                cluster.clone(),
+                clock,
+                bus.clone(),
+            )
         };
         let w = WorkerId::new("chaos-expiry-test/replica-0");
         let (first, h) = Actor::spawn(None, Chaos, args()).await.expect("chaos");
@@ -292,7 +352,7 @@ mod tests {
             .decode()
             .expect("decode");
         assert!(ok);
-        assert_eq!(book.workers.step_delay(&w), Duration::from_millis(50));
+        assert_eq!(filters.workers.step_delay(&w), Duration::from_millis(50));
         first.kill();
         h.await.expect("stopped");
 
@@ -302,13 +362,13 @@ mod tests {
         clock.advance(Duration::from_millis(999));
         tokio::time::sleep(EXPIRY_TICK * 3).await;
         assert_eq!(
-            book.workers.step_delay(&w),
+            filters.workers.step_delay(&w),
             Duration::from_millis(50),
             "not before its time"
         );
         clock.advance(Duration::from_millis(1));
         let mut left = 100;
-        while book.workers.step_delay(&w) != Duration::ZERO {
+        while filters.workers.step_delay(&w) != Duration::ZERO {
             left -= 1;
             assert!(
                 left > 0,
@@ -338,5 +398,45 @@ mod tests {
         second.stop(None);
         h2.await.expect("stopped");
         cluster.server.stop(None);
+    }
+
+    #[test]
+    fn each_fault_is_written_into_its_boundarys_filter_and_cleared_there() {
+        let f = FaultFilters::default();
+        let (a, b) = (WorkerId::new("n/a"), WorkerId::new("n/b"));
+        let inj = |id, kind, workers: Vec<WorkerId>| Injection {
+            node: "n".into(),
+            id,
+            kind,
+            workers,
+            seed: Some(1),
+            duration_ms: None,
+        };
+        f.install(&inj(1, FaultKind::Slow { delay_ms: 5 }, vec![a.clone()]));
+        f.install(&inj(
+            2,
+            FaultKind::FailEngine { after_steps: 0 },
+            vec![b.clone()],
+        ));
+        f.install(&inj(
+            3,
+            FaultKind::DropKvEvents { rate: 1.0 },
+            vec![a.clone()],
+        ));
+        f.install(&inj(
+            4,
+            FaultKind::FillKv { fraction: 0.5 },
+            vec![a.clone(), b.clone()],
+        ));
+        assert_eq!(f.workers.step_delay(&a), Duration::from_millis(5));
+        assert!(f.workers.step_fails(&b) && !f.workers.step_fails(&a));
+        assert!(f.kv_events.drop_event(&a) && !f.kv_events.drop_event(&b));
+        assert_eq!(f.workers.fill_kv(&b), Some(0.5));
+        for id in 1..=4 {
+            f.clear(id);
+        }
+        assert_eq!(f.workers.injected(&a), Default::default());
+        assert!(!f.workers.step_fails(&b));
+        assert!(!f.kv_events.drop_event(&a));
     }
 }

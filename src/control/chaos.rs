@@ -4,8 +4,8 @@
 //! workers from the fleet view and send it to the Chaos actor of each affected node (process
 //! group [`CHAOS_GROUP`], name `<node>/chaos`). One-shot kinds (`kill_actor`, `kill_node`,
 //! `panic_task`) and `partition` act in the Chaos actor; the others are recorded in the node's
-//! [`FaultBook`], which writes each into the filter type of the boundary where it acts (the
-//! boundary owns that type and reads nothing else of chaos):
+//! [`FaultBook`] (ids, ends) and written by the Chaos actor into the filter type of the
+//! boundary where each acts (the boundary owns that type and reads nothing else of chaos):
 //! - [`WorkerFaults`](crate::worker::faults::WorkerFaults), the replicas': the engine's
 //!   chaos filter ([`ChaosEngine`](crate::worker::engine::ChaosEngine)) applies `slow` (a
 //!   delay before every engine step), `fail_engine` (the step fails after a number of further
@@ -259,22 +259,16 @@ pub struct Injection {
 /// Fault id → (workers hit, what it does).
 type Faults = HashMap<u64, (Vec<WorkerId>, FaultKind)>;
 
-/// The faults active in this process, by fault id, and the filters of the boundaries where
-/// they act, which the book writes into as faults come and go: the replicas'
-/// ([`WorkerFaults`](crate::worker::faults::WorkerFaults)), the KV event publishers'
-/// ([`KvEventFaults`](crate::kv::faults::KvEventFaults)) and the transport's
-/// ([`TransferFaults`](crate::transport::TransferFaults)). Each boundary reads only its own.
+/// The faults active in this process, by fault id, with their ends; it keeps the transport's
+/// filter ([`TransferFaults`](crate::transport::TransferFaults)) in step. The Chaos actor
+/// writes the others into their boundaries' filters
+/// ([`FaultFilters`](crate::actors::chaos::FaultFilters)).
 #[derive(Clone, Default, Debug)]
 pub struct FaultBook {
     inner: Arc<Mutex<Faults>>,
     /// The node transport's filters (`delay_kv_transfer`, `drop_kv_transfer`, partitions),
     /// kept in step with the book by the Chaos actor.
     pub transfer: crate::transport::TransferFaults,
-    /// The replicas' filter (`slow`, `hang`, `fail_engine`, `panic`, `fill_kv`), read by
-    /// their schedulers and engines.
-    pub workers: crate::worker::faults::WorkerFaults,
-    /// The KV event publishers' filter (`drop_kv_events`).
-    pub kv_events: crate::kv::faults::KvEventFaults,
     /// When each timed fault ends, on the clock of whoever applied it (the node's Chaos
     /// actor). Kept in the book, not in a timer, so a fault outlives neither a restart of the
     /// Chaos actor nor the gateway that created it: [`FaultBook::expire`] clears it.
@@ -324,32 +318,11 @@ impl FaultBook {
         ids
     }
 
-    /// Record an injection with no end of its own (`seed` seeds randomised kinds), and write
-    /// it into the filter of the boundary where it acts.
+    /// Record an injection with no end of its own (`seed` seeds randomised kinds).
     pub fn apply(&self, inj: Injection) {
-        use crate::worker::faults::ReplicaFault;
-        let seed = inj.seed.unwrap_or(inj.id);
-        for w in &inj.workers {
-            let fault = match inj.kind {
-                FaultKind::Slow { delay_ms } => {
-                    Some(ReplicaFault::Slow(Duration::from_millis(delay_ms)))
-                }
-                FaultKind::Hang => Some(ReplicaFault::Hang),
-                FaultKind::FailEngine { after_steps } => Some(ReplicaFault::FailAfter(after_steps)),
-                FaultKind::Panic => Some(ReplicaFault::Panic),
-                FaultKind::FillKv { fraction } => Some(ReplicaFault::FillKv(fraction)),
-                FaultKind::DropKvEvents { rate } => {
-                    self.kv_events.set(inj.id, w, rate, seed);
-                    None
-                }
-                _ => None,
-            };
-            if let Some(f) = fault {
-                self.workers.set(inj.id, w, f);
-            }
-        }
         if let FaultKind::DropKvTransfer { rate } = inj.kind {
-            self.transfer.set_drop(Some((rate, seed)));
+            self.transfer
+                .set_drop(Some((rate, inj.seed.unwrap_or(inj.id))));
         }
         self.lock().insert(inj.id, (inj.workers, inj.kind));
         self.sync_transfer(None);
@@ -391,8 +364,6 @@ impl FaultBook {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id);
         let (_, kind) = self.lock().remove(&id)?;
-        self.workers.clear(id);
-        self.kv_events.clear(id);
         self.sync_transfer(Some(&kind));
         Some(kind)
     }
@@ -432,28 +403,9 @@ mod tests {
             seed: None,
             duration_ms: None,
         });
-        // Each fault is written into the filter of the boundary where it acts.
-        let workers = &book.workers;
-        assert_eq!(workers.step_delay(&a), Duration::from_millis(5));
-        assert_eq!(workers.step_delay(&b), Duration::ZERO);
-        assert!(!workers.step_fails(&b), "one step still succeeds");
-        assert!(workers.step_fails(&b));
-        assert!(!workers.step_fails(&a));
+        assert_eq!(book.active(), vec![1, 2]);
         assert!(book.clear(1) && !book.clear(1));
-        assert_eq!(workers.step_delay(&a), Duration::ZERO);
-        book.apply(Injection {
-            node: "n".into(),
-            id: 3,
-            kind: FaultKind::DropKvEvents { rate: 1.0 },
-            workers: vec![a.clone()],
-            seed: Some(1),
-            duration_ms: None,
-        });
-        assert!(book.kv_events.drop_event(&a) && !book.kv_events.drop_event(&b));
-        assert!(book.clear(3));
-        assert!(!book.kv_events.drop_event(&a), "cleared in the filter too");
-        assert!(book.clear(2));
-        assert!(!workers.step_fails(&b));
+        assert_eq!(book.active(), vec![2]);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! [`KvEventFaults`]: the chaos `drop_kv_events` faults aimed at this node's replicas, as the
 //! filter their KV event publishers read — the KV event boundary's own type. The node's Chaos
-//! actor writes into it (through its book, `control/chaos.rs`).
+//! actor writes into it (`FaultFilters`, `actors/chaos.rs`).
 //!
 //! Each fault drops a fraction of a replica's events on their way to the routers; the largest
 //! rate in force counts. Drops are drawn from one generator seeded by the latest fault's seed,

@@ -37,8 +37,12 @@ pub struct NodeContext {
     pub clock: SharedClock,
     /// The model, loaded once per process, when this node runs workers.
     pub model: Option<Arc<LoadedModel>>,
-    /// Faults injected on this node (read by schedulers, written by the Chaos actor).
+    /// Faults injected on this node: the book (ids, ends, the transport's filter), kept by
+    /// the Chaos actor.
     pub faults: crate::control::chaos::FaultBook,
+    /// The filters of the boundaries where they act (replicas, KV event publishers), written
+    /// by the Chaos actor and read each by its own boundary.
+    pub fault_filters: crate::actors::chaos::FaultFilters,
     /// The model's tokenizer, template and limits, when this node runs a gateway.
     pub frontend: Option<Arc<crate::request_plane::frontend::Frontend>>,
     /// Where this node's real engines run (`worker.backend` resolved at start; replica `k`

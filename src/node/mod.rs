@@ -209,6 +209,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         clock: crate::runtime::clock::system(),
         model,
         faults,
+        fault_filters: Default::default(),
         frontend,
         transport,
         sim_profile,

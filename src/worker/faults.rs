@@ -1,8 +1,8 @@
 //! [`WorkerFaults`]: the chaos faults aimed at this node's replicas, as the filter their
 //! schedulers and engines read — the worker boundary's own type (as the transport's
 //! [`TransferFaults`](crate::transport::TransferFaults) is the transport's). The node's
-//! Chaos actor writes into it (through its book, `control/chaos.rs`); nothing here knows of
-//! the book or the chaos API.
+//! Chaos actor writes into it (`FaultFilters`, `actors/chaos.rs`); nothing here knows of the
+//! fault book or the chaos API.
 //!
 //! Per replica, the faults in force by fault id: `slow` (a delay before each engine step,
 //! summed over faults), `hang` (the engine answers nothing), `fail_engine` (the step fails once

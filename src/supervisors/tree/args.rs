@@ -1,6 +1,7 @@
 //! Configuration → actor arguments: everything the tree's children are started with, built
 //! from the node's [`NodeContext`]. No actor is named or spawned here (see `spawn.rs`).
 
+use crate::actors::chaos::FaultFilters;
 use crate::actors::discovery::DiscoveryArgs;
 use crate::actors::gateway::GatewayArgs;
 use crate::actors::gateway::conn::ConnLimits;
@@ -9,7 +10,6 @@ use crate::actors::gateway::state::ChaosController;
 use crate::actors::gateway::state::FaceInfo;
 use crate::actors::gateway::state::Serving;
 use crate::actors::router::RouterArgs;
-use crate::control::chaos::FaultBook;
 use crate::control::discovery::membership::Leases;
 use crate::model::LoadedModel;
 use crate::node::context::NodeContext;
@@ -236,7 +236,7 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
         },
         flags,
         shutdown: shutdown(ctx),
-        faults: ctx.faults.clone(),
+        faults: ctx.fault_filters.clone(),
         step_timeout: Duration::from_millis(w.step_timeout_ms),
         canary_interval: Duration::from_millis(w.canary_interval_ms),
         owner_grace: Duration::from_millis(ctx.config.cluster.liveness_timeout_ms),
@@ -288,8 +288,8 @@ pub struct ReplicaParams {
     pub flags: SupervisorFlags,
     /// Shutdown of each part.
     pub shutdown: Shutdown,
-    /// Faults injected on this node.
-    pub faults: FaultBook,
+    /// The filters of the faults injected on this node (its parts read their own).
+    pub faults: FaultFilters,
     /// How long sequences' owner may be missing before they are aborted
     /// (`cluster.liveness_timeout_ms`).
     pub owner_grace: Duration,

@@ -31,13 +31,20 @@ pub(super) fn discovery(ctx: &NodeContext) -> ChildSpec {
 /// Installs and clears injected faults on this node.
 pub(super) fn chaos(ctx: &NodeContext) -> ChildSpec {
     let faults = ctx.faults.clone();
+    let filters = ctx.fault_filters.clone();
     let cluster = ctx.cluster.clone();
     let clock = ctx.clock.clone();
     let bus = ctx.events.clone();
     ChildSpec::actor("chaos", Some(ctx.name("chaos")), move || {
         (
             Chaos,
-            (faults.clone(), cluster.clone(), clock.clone(), bus.clone()),
+            (
+                faults.clone(),
+                filters.clone(),
+                cluster.clone(),
+                clock.clone(),
+                bus.clone(),
+            ),
         )
     })
     .shutdown(args::shutdown(ctx))
@@ -142,7 +149,7 @@ pub(super) fn external_kv_publisher(
     a: &crate::worker::external::ExternalArgs,
 ) -> ChildSpec {
     let worker = a.worker.clone();
-    let faults = ctx.faults.kv_events.clone();
+    let faults = ctx.fault_filters.kv_events.clone();
     ChildSpec::actor(
         "kv_publisher",
         Some(a.kv_publisher_name.clone()),
