@@ -21,7 +21,7 @@ build: deps model
 
 run: build
 	@echo "flotilla: $${CARGO_TARGET_DIR:-target}/release/flotilla (not on PATH: cargo install --path . puts it there)"
-	$${CARGO_TARGET_DIR:-target}/release/flotilla up --chaos --nodes $(NODES) --http $(HTTP) --model $(MODEL)
+	@$${CARGO_TARGET_DIR:-target}/release/flotilla up --chaos --nodes $(NODES) --http $(HTTP) --model $(MODEL)
 
 # The official OpenAI Python client, for the client-compatibility tests.
 OPENAI_VERSION := 3.57.0
