@@ -30,8 +30,8 @@ use flotilla::request_plane::router::policy::SelectorConfig;
 use flotilla::runtime::clock::{Clock, Instant, ManualClock, SharedClock};
 use flotilla::runtime::ids::{NodeId, RequestId, WorkerId};
 use flotilla::runtime::role::Role;
-use flotilla::worker::engine::sim::SimProfile;
-use flotilla::worker::engine::{SampledToken, StepBatch, StepOutput};
+use flotilla::worker::engine::sim::{self, SimEngineArgs, SimProfile};
+use flotilla::worker::engine::{StepBatch, StepOutput};
 use flotilla::worker::scheduler::{
     DisaggWorker, ROUTABLE_GROUP, SchedulerConfig, SchedulerCore, StepResult, WorkerCore,
     WorkerCoreConfig, WorkerEffect,
@@ -100,7 +100,7 @@ struct Fleet {
     /// Attempt id → the request (the gateway's sink registry).
     listening: HashMap<RequestId, RequestId>,
     ids: Arc<AtomicU64>,
-    profile: SimProfile,
+    sim: SimEngineArgs,
     fleet_events: Vec<FleetEventKind>,
     pool_blocks: usize,
 }
@@ -133,7 +133,14 @@ impl Fleet {
             requests: BTreeMap::new(),
             listening: HashMap::new(),
             ids: Arc::new(AtomicU64::new(1_000)),
-            profile: SimProfile::h100_vllm(),
+            sim: SimEngineArgs {
+                profile: SimProfile::h100_vllm(),
+                speedup: 1.0,
+                num_blocks: 256,
+                block_size: BLOCK,
+                vocab_size: 49_152,
+                max_context: 8_192,
+            },
             fleet_events: Vec::new(),
             pool_blocks: 256,
         };
@@ -279,20 +286,19 @@ impl Fleet {
         verdict
     }
 
-    /// The simulated engine: the profile's step time, a token per sampling row.
+    /// The simulated engine's step (`sim::model_step`: the profile's time, paid on the
+    /// manual clock), with each token a function of its position (the sim engine's own
+    /// placeholders also depend on the sequence id, which a migration changes).
     fn run_step(&self, batch: &StepBatch) -> (Duration, StepOutput) {
-        let ms = self.profile.step_ms(batch, self.pool_blocks);
-        let tokens = batch
-            .seqs
-            .iter()
-            .filter(|s| s.sample)
-            .map(|s| SampledToken {
-                seq_id: s.seq_id,
-                token: token_at(s.start_pos + s.tokens.len()),
-                logprob: 0.0,
-            })
-            .collect();
-        (Duration::from_secs_f64(ms / 1e3), StepOutput { tokens })
+        let (time, mut output) = sim::model_step(&self.sim, batch);
+        for (t, s) in output
+            .tokens
+            .iter_mut()
+            .zip(batch.seqs.iter().filter(|s| s.sample))
+        {
+            t.token = token_at(s.start_pos + s.tokens.len());
+        }
+        (time, output)
     }
 
     /// Carry every effect out until none is left (no time passes).

@@ -231,6 +231,25 @@ pub fn placeholder(seq: u64, pos: usize) -> u32 {
     FIRST_TOKEN + ((pos as u64 * 31 + seq) % u64::from(TOKEN_RANGE)) as u32
 }
 
+/// One step as the model says, with no clock: how long it takes (the profile's time divided
+/// by the speed-up) and the tokens it samples. [`SimEngine`] waits that long on its virtual
+/// clock; a driver without actors (a test, an offline simulator) advances its own
+/// [`ManualClock`](crate::runtime::clock::ManualClock) by it instead.
+pub fn model_step(args: &SimEngineArgs, batch: &StepBatch) -> (Duration, StepOutput) {
+    let ms = args.profile.step_ms(batch, args.num_blocks) / args.speedup;
+    let tokens = batch
+        .seqs
+        .iter()
+        .filter(|q| q.sample)
+        .map(|q| SampledToken {
+            seq_id: q.seq_id,
+            token: placeholder(q.seq_id.0, q.start_pos + q.tokens.len()),
+            logprob: 0.0,
+        })
+        .collect();
+    (Duration::from_secs_f64(ms / 1000.0), StepOutput { tokens })
+}
+
 impl StepEngine for SimEngine {
     type Config = SimEngineArgs;
 
@@ -261,23 +280,10 @@ impl StepEngine for SimEngine {
     }
 
     async fn step(&mut self, batch: StepBatch) -> Result<StepOutput, EngineError> {
-        let s = &self.args;
-        let ms = s.profile.step_ms(&batch, s.num_blocks) / s.speedup;
-        let end = self
-            .clock
-            .book(Instant::now(), Duration::from_secs_f64(ms / 1000.0));
+        let (length, output) = model_step(&self.args, &batch);
+        let end = self.clock.book(Instant::now(), length);
         self.clock.wait(end).await;
-        let tokens = batch
-            .seqs
-            .iter()
-            .filter(|q| q.sample)
-            .map(|q| SampledToken {
-                seq_id: q.seq_id,
-                token: placeholder(q.seq_id.0, q.start_pos + q.tokens.len()),
-                logprob: 0.0,
-            })
-            .collect();
-        Ok(StepOutput { tokens })
+        Ok(output)
     }
 
     async fn logits(&mut self, _batch: StepBatch) -> Result<Vec<Vec<f32>>, EngineError> {
