@@ -380,13 +380,10 @@ impl Actor for Request {
             RequestMsg::Cancel => state.core.cancel(),
             RequestMsg::WorkerLost(id) => state.core.worker_lost(id),
             RequestMsg::CheckWorker(id) => {
-                let alive = state.listening.as_ref().is_some_and(|l| {
-                    l.id == id
-                        && ractor::pg::get_members(&SCHEDULER_GROUP.to_owned())
-                            .iter()
-                            .any(|c| c.get_id() == l.scheduler)
-                });
-                if state.listening.as_ref().is_some_and(|l| l.id == id) {
+                if let Some(l) = state.listening.as_ref().filter(|l| l.id == id) {
+                    let alive = ractor::pg::get_members(&SCHEDULER_GROUP.to_owned())
+                        .iter()
+                        .any(|c| c.get_id() == l.scheduler);
                     state.core.check(id, alive);
                 }
             }

@@ -90,12 +90,17 @@ impl WorkerFaults {
     }
 
     /// What `worker`'s scheduler needs to know now (see [`InjectedFaults`]).
+    /// One lock per call: the scheduler reads this before every message.
     pub fn injected(&self, worker: &WorkerId) -> InjectedFaults {
-        InjectedFaults {
-            step_delay: self.step_delay(worker),
-            hang: self.hangs(worker),
-            fill_kv: self.fill_kv(worker),
-        }
+        self.fold(worker, InjectedFaults::default(), |mut i, f| {
+            match f {
+                ReplicaFault::Slow(d) => i.step_delay += *d,
+                ReplicaFault::Hang => i.hang = true,
+                ReplicaFault::FillKv(x) => i.fill_kv = Some(i.fill_kv.map_or(*x, |m| m.max(*x))),
+                ReplicaFault::FailAfter(_) | ReplicaFault::Panic => {}
+            }
+            i
+        })
     }
 
     /// Whether `worker`'s scheduler must panic now (takes the panic: it happens once).

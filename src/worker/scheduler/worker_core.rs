@@ -593,6 +593,22 @@ impl WorkerCore {
         self.forward_kv_events();
     }
 
+    /// A sequence was admitted with `cached_tokens` from the prefix cache: counted in the
+    /// admission window, and its owner told.
+    fn admitted(&mut self, to: &Owner, request: RequestId, cached_tokens: usize) {
+        self.note_admission();
+        let worker = self.cfg.worker.clone();
+        let cached_tokens = cached_tokens as u32;
+        self.emit(
+            to,
+            request,
+            TokenEventKind::Admitted {
+                worker,
+                cached_tokens,
+            },
+        );
+    }
+
     fn note_admission(&mut self) {
         let now = self.clock.now();
         while self
@@ -615,16 +631,7 @@ impl WorkerCore {
         live.admitted = true;
         let kv = live.remote.take();
         let (to, req) = (live.owner.clone(), live.request);
-        self.note_admission();
-        let worker = self.cfg.worker.clone();
-        self.emit(
-            &to,
-            req,
-            TokenEventKind::Admitted {
-                worker,
-                cached_tokens: order.cached_tokens as u32,
-            },
-        );
+        self.admitted(&to, req, order.cached_tokens);
         let n = order.blocks.len();
         let Some(kv) = kv else {
             self.effects.push(WorkerEffect::Pull(PullJob {
@@ -725,16 +732,7 @@ impl WorkerCore {
                     live.admitted = true;
                     tracing::debug!(worker = %self.cfg.worker, request = %live.request, trace_id = live.trace_id.as_deref().unwrap_or("-"), cached, "sequence admitted");
                     let (to, req) = (live.owner.clone(), live.request);
-                    self.note_admission();
-                    let worker = self.cfg.worker.clone();
-                    self.emit(
-                        &to,
-                        req,
-                        TokenEventKind::Admitted {
-                            worker,
-                            cached_tokens: cached as u32,
-                        },
-                    );
+                    self.admitted(&to, req, cached);
                 }
                 let live = &self.live[&e.seq];
                 seqs.push(StepSeq {
