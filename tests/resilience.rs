@@ -466,12 +466,18 @@ async fn b17_panics_are_contained_and_counted() {
     wait_routable(&c, 2).await;
     // A gateway actor named on a worker target: that node runs none, so nothing would be
     // killed: refused, naming the node.
-    let (s, _, t) = post(
-        &c.url("/chaos/faults"),
-        &json!({"kind": "kill_actor", "actor": "http_gateway", "target": {"worker": "node-1/replica-0"}}),
-    )
+    // (The fleet view the chaos API resolves targets from follows the routable group by up to
+    // a heartbeat: until it lists the rebuilt replica, the answer is "matches no live worker".)
+    let t = crate::poll::poll_until(Duration::from_secs(10), "the rebuilt replica in the fleet view", || async {
+        let (s, _, t) = post(
+            &c.url("/chaos/faults"),
+            &json!({"kind": "kill_actor", "actor": "http_gateway", "target": {"worker": "node-1/replica-0"}}),
+        )
+        .await;
+        assert_eq!(s, 400, "{t}");
+        (!t.contains("matches no live worker")).then_some(t)
+    })
     .await;
-    assert_eq!(s, 400, "{t}");
     assert!(t.contains("node node-1 runs no http_gateway"), "{t}");
     // The gateway's HTTP actor killed: its supervisor starts it again on the same address.
     chaos(
