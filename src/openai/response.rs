@@ -306,20 +306,22 @@ impl StreamState {
         (!c.finished).then_some(c)
     }
 
-    fn chunk(&self, choice: Value) -> Value {
-        json!({
-            "id": self.meta.id,
-            "object": object_name(self.kind, true),
-            "created": self.meta.created,
-            "model": self.meta.model,
-            "choices": [choice],
+    /// Render one chunk around `choice`: the shared fields borrowed, written straight into
+    /// the JSON text (no intermediate `Value` tree: this runs once per streamed token).
+    fn chunk<C: Serialize>(&self, choice: C) -> Chunk {
+        Chunk::render(&ChunkOut {
+            id: &self.meta.id,
+            object: object_name(self.kind, true),
+            created: self.meta.created,
+            model: &self.meta.model,
+            choices: [choice],
         })
     }
 
     /// A role-only first chunk (`{"role":"assistant","content":""}`) for a chat choice that has
     /// sent nothing yet, e.g. to start the stream before the first token. `None` on
     /// completions or when the role was already sent.
-    pub fn role_chunk(&mut self, index: u32) -> Option<Value> {
+    pub fn role_chunk(&mut self, index: u32) -> Option<Chunk> {
         if self.kind != RequestKind::Chat {
             return None;
         }
@@ -328,13 +330,17 @@ impl StreamState {
             return None;
         }
         c.role_sent = true;
-        let choice = json!({
-            "index": index,
-            "delta": {"role": "assistant", "content": ""},
-            "logprobs": null,
-            "finish_reason": null,
-        });
-        Some(self.chunk(choice))
+        Some(self.chunk(ChoiceOut {
+            index,
+            delta: Some(Delta {
+                role: Some("assistant"),
+                content: Some(""),
+            }),
+            text: None,
+            logprobs: None,
+            finish_reason: None,
+            token_ids: None,
+        }))
     }
 
     /// A content chunk carrying `text` (and `logprobs`, when the request asked for them) for
@@ -344,7 +350,7 @@ impl StreamState {
         index: u32,
         text: &str,
         logprobs: Option<&[TokenLogprob]>,
-    ) -> Option<Value> {
+    ) -> Option<Chunk> {
         self.delta_with_ids(index, text, logprobs, &[])
     }
 
@@ -357,7 +363,7 @@ impl StreamState {
         text: &str,
         logprobs: Option<&[TokenLogprob]>,
         token_ids: &[u32],
-    ) -> Option<Value> {
+    ) -> Option<Chunk> {
         let kind = self.kind;
         let with_ids = self.token_ids;
         let logprobs = logprobs.filter(|l| !l.is_empty());
@@ -367,73 +373,134 @@ impl StreamState {
         let c = self.open(index)?;
         let offset = c.chars_sent;
         c.chars_sent += text.chars().count();
-        let mut choice = match kind {
+        let choice = match kind {
             RequestKind::Chat => {
-                let delta = if c.role_sent {
-                    json!({"content": text})
-                } else {
-                    json!({"role": "assistant", "content": text})
-                };
+                let role = (!c.role_sent).then_some("assistant");
                 c.role_sent = true;
-                json!({
-                    "index": index,
-                    "delta": delta,
-                    "logprobs": logprobs.map(chat_logprobs),
-                    "finish_reason": null,
-                })
+                ChoiceOut {
+                    index,
+                    delta: Some(Delta {
+                        role,
+                        content: Some(text),
+                    }),
+                    text: None,
+                    logprobs: logprobs.map(chat_logprobs),
+                    finish_reason: None,
+                    token_ids: with_ids.then_some(token_ids),
+                }
             }
-            RequestKind::Completion => json!({
-                "index": index,
-                "text": text,
-                "logprobs": logprobs.map(|l| completion_logprobs(l, offset)),
-                "finish_reason": null,
-            }),
+            RequestKind::Completion => ChoiceOut {
+                index,
+                delta: None,
+                text: Some(text),
+                logprobs: logprobs.map(|l| completion_logprobs(l, offset)),
+                finish_reason: None,
+                token_ids: with_ids.then_some(token_ids),
+            },
         };
-        if with_ids {
-            choice["token_ids"] = json!(token_ids);
-        }
         Some(self.chunk(choice))
     }
 
     /// The finish chunk of choice `index`: empty delta, `finish_reason` set.
-    pub fn finish(&mut self, index: u32, reason: FinishReason) -> Option<Value> {
+    pub fn finish(&mut self, index: u32, reason: FinishReason) -> Option<Chunk> {
         let kind = self.kind;
         let c = self.open(index)?;
         c.finished = true;
-        let mut choice = match kind {
+        let (delta, text) = match kind {
             RequestKind::Chat => {
                 let delta = if c.role_sent {
-                    json!({})
+                    Delta::default()
                 } else {
-                    json!({"role": "assistant", "content": ""})
+                    Delta {
+                        role: Some("assistant"),
+                        content: Some(""),
+                    }
                 };
                 c.role_sent = true;
-                json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": reason.as_str()})
+                (Some(delta), None)
             }
-            RequestKind::Completion => {
-                json!({"index": index, "text": "", "logprobs": null, "finish_reason": reason.as_str()})
-            }
+            RequestKind::Completion => (None, Some("")),
         };
-        if self.token_ids {
-            choice["token_ids"] = json!([]);
-        }
-        Some(self.chunk(choice))
+        Some(self.chunk(ChoiceOut {
+            index,
+            delta,
+            text,
+            logprobs: None,
+            finish_reason: Some(reason.as_str()),
+            token_ids: self.token_ids.then_some(&[]),
+        }))
     }
 
     /// The usage chunk (`choices: []`), once, only with `include_usage` and only after every
     /// choice has finished.
-    pub fn usage(&mut self, usage: &Usage) -> Option<Value> {
+    pub fn usage(&mut self, usage: &Usage) -> Option<Chunk> {
         if !self.include_usage || self.usage_sent || !self.all_finished() {
             return None;
         }
         self.usage_sent = true;
-        Some(json!({
+        Some(Chunk::render(&json!({
             "id": self.meta.id,
             "object": object_name(self.kind, true),
             "created": self.meta.created,
             "model": self.meta.model,
             "choices": [],
             "usage": usage.to_json(),
-        }))
+        })))
     }
+}
+
+/// One streamed chunk, rendered: a compact JSON object on one line (compact JSON escapes
+/// every newline inside strings, so it fits one SSE `data:` line).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chunk(String);
+
+impl Chunk {
+    fn render<T: Serialize>(body: &T) -> Self {
+        // Serializing these structs and `Value`s cannot fail: every map key is a string.
+        Self(serde_json::to_string(body).unwrap_or_else(|_| String::from("{}")))
+    }
+
+    /// The JSON text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The chunk parsed back into a `Value` (for tests and tools).
+    pub fn to_value(&self) -> Value {
+        serde_json::from_str(&self.0).unwrap_or(Value::Null)
+    }
+}
+
+/// A streamed chunk's envelope, in the key order of the OpenAI reference.
+#[derive(Serialize)]
+struct ChunkOut<'a, C> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [C; 1],
+}
+
+/// One choice of a streamed chunk: chat chunks carry `delta`, completions `text`; `logprobs`
+/// and `finish_reason` are always present (`null` until set); `token_ids` only when asked.
+#[derive(Serialize)]
+struct ChoiceOut<'a> {
+    index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delta: Option<Delta<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
+    logprobs: Option<Value>,
+    finish_reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_ids: Option<&'a [u32]>,
+}
+
+/// A chat chunk's `delta`: `{}` on a finish chunk, `role` only in a choice's first chunk.
+#[derive(Default, Serialize)]
+struct Delta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
 }

@@ -19,6 +19,7 @@ use axum::response::sse::{Event, KeepAlive};
 use serde_json::Value;
 
 use crate::openai::error::ApiError;
+use crate::openai::response::Chunk;
 
 #[cfg(test)]
 mod tests;
@@ -26,6 +27,11 @@ mod tests;
 /// One data record carrying `json` on a single line.
 pub fn data(json: &Value) -> Event {
     Event::default().data(json.to_string())
+}
+
+/// One data record carrying a rendered streaming chunk.
+pub fn chunk(chunk: &Chunk) -> Event {
+    Event::default().data(chunk.as_str())
 }
 
 /// One data record carrying the OpenAI error object of `err`.

@@ -545,19 +545,19 @@ fn stream(st: Started, keep_alive: Duration) -> Response {
             };
             let lp = (!p.logprobs.is_empty()).then_some(p.logprobs.as_slice());
             if let Some(chunk) = state.delta_with_ids(i, &p.text, lp, &p.token_ids) {
-                yield Ok(sse::data(&chunk));
+                yield Ok(sse::chunk(&chunk));
             }
             if let Some(reason) = st.choices[i as usize].finish {
                 if let Some(r) = st.guard.0.get(i as usize) {
                     let _ = r.cast(RequestMsg::Cancel);
                 }
                 if let Some(chunk) = state.finish(i, reason) {
-                    yield Ok(sse::data(&chunk));
+                    yield Ok(sse::chunk(&chunk));
                 }
             }
         }
         if let Some(chunk) = state.usage(&usage_of(&st)) {
-            yield Ok(sse::data(&chunk));
+            yield Ok(sse::chunk(&chunk));
         }
         record(route, "ok", &st);
         yield Ok(sse::done());

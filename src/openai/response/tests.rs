@@ -178,19 +178,27 @@ fn check_stream(chunks: &[Value], kind: RequestKind, n: usize, include_usage: bo
 fn chat_stream_rules() {
     let mut s = StreamState::new(RequestKind::Chat, meta(RequestKind::Chat), 2, true);
     let mut out = Vec::new();
-    out.extend(s.delta(0, "Hel", None));
-    out.extend(s.delta(1, "", None)); // nothing to send
-    out.extend(s.delta(0, "lo", None));
+    out.extend(s.delta(0, "Hel", None).as_ref().map(Chunk::to_value));
+    out.extend(s.delta(1, "", None).as_ref().map(Chunk::to_value)); // nothing to send
+    out.extend(s.delta(0, "lo", None).as_ref().map(Chunk::to_value));
     assert!(
         s.usage(&USAGE).is_none(),
         "not before every choice finished"
     );
-    out.extend(s.finish(0, FinishReason::Length));
+    out.extend(
+        s.finish(0, FinishReason::Length)
+            .as_ref()
+            .map(Chunk::to_value),
+    );
     assert!(s.delta(0, "late", None).is_none());
     assert!(s.finish(0, FinishReason::Stop).is_none());
-    out.extend(s.finish(1, FinishReason::Stop)); // finished before any content
+    out.extend(
+        s.finish(1, FinishReason::Stop)
+            .as_ref()
+            .map(Chunk::to_value),
+    ); // finished before any content
     assert!(s.all_finished());
-    out.extend(s.usage(&USAGE));
+    out.extend(s.usage(&USAGE).as_ref().map(Chunk::to_value));
     assert!(s.usage(&USAGE).is_none(), "once");
     assert_eq!(out.len(), 5);
     assert_eq!(
@@ -217,10 +225,14 @@ fn chat_stream_rules() {
 #[test]
 fn role_chunk_then_content() {
     let mut s = StreamState::new(RequestKind::Chat, meta(RequestKind::Chat), 1, false);
-    let mut out: Vec<Value> = s.role_chunk(0).into_iter().collect();
+    let mut out: Vec<Value> = s.role_chunk(0).iter().map(Chunk::to_value).collect();
     assert!(s.role_chunk(0).is_none());
-    out.extend(s.delta(0, "a", None));
-    out.extend(s.finish(0, FinishReason::Stop));
+    out.extend(s.delta(0, "a", None).as_ref().map(Chunk::to_value));
+    out.extend(
+        s.finish(0, FinishReason::Stop)
+            .as_ref()
+            .map(Chunk::to_value),
+    );
     assert!(
         s.usage(&USAGE).is_none(),
         "no usage chunk without include_usage"
@@ -248,10 +260,14 @@ fn completion_stream_rules() {
         top: vec![],
     }];
     let mut out = Vec::new();
-    out.extend(s.delta(0, "日本", None));
-    out.extend(s.delta(0, "b", Some(&lp)));
-    out.extend(s.finish(0, FinishReason::Stop));
-    out.extend(s.usage(&USAGE));
+    out.extend(s.delta(0, "日本", None).as_ref().map(Chunk::to_value));
+    out.extend(s.delta(0, "b", Some(&lp)).as_ref().map(Chunk::to_value));
+    out.extend(
+        s.finish(0, FinishReason::Stop)
+            .as_ref()
+            .map(Chunk::to_value),
+    );
+    out.extend(s.usage(&USAGE).as_ref().map(Chunk::to_value));
     assert_eq!(
         check_stream(&out, RequestKind::Completion, 1, true),
         vec!["日本b".to_owned()]
@@ -296,13 +312,43 @@ fn token_ids_ride_on_every_choice_when_asked() {
         false,
     )
     .with_token_ids();
-    let a = s.delta_with_ids(0, "Hi", None, &[7]).unwrap();
+    let a = s.delta_with_ids(0, "Hi", None, &[7]).unwrap().to_value();
     assert_eq!(a["choices"][0]["token_ids"], json!([7]));
     // The end-of-sequence token has no text but still gets its chunk.
-    let eos = s.delta_with_ids(0, "", None, &[2]).unwrap();
+    let eos = s.delta_with_ids(0, "", None, &[2]).unwrap().to_value();
     assert_eq!(eos["choices"][0]["token_ids"], json!([2]));
     assert_eq!(eos["choices"][0]["text"], "");
-    let fin = s.finish(0, FinishReason::Stop).unwrap();
+    let fin = s.finish(0, FinishReason::Stop).unwrap().to_value();
     assert_eq!(fin["choices"][0]["token_ids"], json!([]));
     assert_eq!(fin["choices"][0]["finish_reason"], "stop");
+}
+
+#[test]
+fn chunks_are_written_in_the_reference_key_order() {
+    let mut s = StreamState::new(RequestKind::Chat, meta(RequestKind::Chat), 1, false);
+    let m = meta(RequestKind::Chat);
+    let head = format!(
+        r#"{{"id":"{}","object":"chat.completion.chunk","created":{},"model":"{}","choices":"#,
+        m.id, m.created, m.model
+    );
+    let first = s.delta(0, "a\n\"b", None).unwrap();
+    assert_eq!(
+        first.as_str(),
+        format!(
+            r#"{head}[{{"index":0,"delta":{{"role":"assistant","content":"a\n\"b"}},"logprobs":null,"finish_reason":null}}]}}"#
+        )
+    );
+    assert!(!first.as_str().contains('\n'), "one SSE data line");
+    let next = s.delta(0, "c", None).unwrap();
+    assert_eq!(
+        next.as_str(),
+        format!(
+            r#"{head}[{{"index":0,"delta":{{"content":"c"}},"logprobs":null,"finish_reason":null}}]}}"#
+        )
+    );
+    let fin = s.finish(0, FinishReason::Stop).unwrap();
+    assert_eq!(
+        fin.as_str(),
+        format!(r#"{head}[{{"index":0,"delta":{{}},"logprobs":null,"finish_reason":"stop"}}]}}"#)
+    );
 }
