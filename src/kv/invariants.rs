@@ -10,8 +10,12 @@ use crate::runtime::ids::BlockId;
 impl BlockPool {
     /// Checks every structural invariant; the error names the first one broken.
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
-        let total = self.blocks.len();
-        let mut on_free = vec![0u32; total];
+        let touched = self.blocks.len();
+        let total = self.num_blocks;
+        if touched > total {
+            return Err(format!("{touched} blocks used of a pool of {total}"));
+        }
+        let mut on_free = vec![0u32; touched];
         for b in &self.free {
             on_free[b.0 as usize] += 1;
         }
@@ -54,7 +58,8 @@ impl BlockPool {
                 return Err(format!("sequence {seq}: last_seq_hash mismatch"));
             }
         }
-        let (mut nfree, mut nevict, mut nused, mut nreg) = (0, 0, 0, 0);
+        // Blocks never handed out are free.
+        let (mut nfree, mut nevict, mut nused, mut nreg) = (total - touched, 0, 0, 0);
         for (i, m) in self.blocks.iter().enumerate() {
             let b = BlockId(i as u32);
             let expect_refs = refs.get(&b).copied().unwrap_or(0);

@@ -107,6 +107,9 @@ pub struct BlockPool {
     pub(super) salt: u64,
     pub(super) worker: WorkerId,
     pub(super) policy: EvictionPolicy,
+    /// Blocks in the pool; `blocks` holds the metadata of those handed out at least once
+    /// (ids `0..blocks.len()`), the rest are free and untouched.
+    pub(super) num_blocks: usize,
     pub(super) blocks: Vec<BlockMeta>,
     /// Stack of free blocks (pops the lowest id first on a fresh pool).
     pub(super) free: Vec<BlockId>,
@@ -144,8 +147,9 @@ impl BlockPool {
             salt,
             worker: WorkerId::default(),
             policy: EvictionPolicy::for_pool(num_blocks),
-            blocks: vec![BlockMeta::default(); num_blocks],
-            free: (0..num_blocks as u32).rev().map(BlockId).collect(),
+            num_blocks,
+            blocks: Vec::new(),
+            free: Vec::new(),
             evictable: BTreeSet::new(),
             index: HashMap::new(),
             dups: HashMap::new(),
@@ -184,7 +188,12 @@ impl BlockPool {
     }
 
     pub fn num_blocks(&self) -> usize {
-        self.blocks.len()
+        self.num_blocks
+    }
+
+    /// Free blocks: released ones, and those never handed out yet.
+    fn free_len(&self) -> usize {
+        self.free.len() + (self.num_blocks - self.blocks.len())
     }
 
     pub fn salt(&self) -> u64 {
@@ -241,7 +250,7 @@ impl BlockPool {
             .iter()
             .filter(|(b, _)| self.blocks[b.0 as usize].ref_count == 0)
             .count();
-        let available = self.free.len() + self.evictable.len() - pinned_evictable;
+        let available = self.free_len() + self.evictable.len() - pinned_evictable;
         if fresh > available {
             return Err(PoolError::OutOfBlocks {
                 needed: fresh,
@@ -293,7 +302,7 @@ impl BlockPool {
             .table
             .len();
         let needed = self.blocks_for(num_slots).saturating_sub(have);
-        let available = self.free.len() + self.evictable.len();
+        let available = self.free_len() + self.evictable.len();
         if needed > available {
             return Err(PoolError::OutOfBlocks {
                 needed,
@@ -478,8 +487,8 @@ impl BlockPool {
 
     /// Block counts.
     pub fn usage(&self) -> PoolUsage {
-        let total = self.blocks.len();
-        let free = self.free.len();
+        let total = self.num_blocks;
+        let free = self.free_len();
         let cached = self.evictable.len();
         PoolUsage {
             total_blocks: total,
@@ -596,10 +605,20 @@ impl BlockPool {
 
     /// A free block with refcount 1, evicting one if the free list is empty.
     fn take_block(&mut self, removed: &mut Vec<SequenceHash>) -> Option<BlockId> {
-        if self.free.is_empty() && !self.evict_one(removed) {
+        if self.free_len() == 0 && !self.evict_one(removed) {
             return None;
         }
-        let b = self.free.pop()?;
+        // Released blocks first (last released, first reused); then one never handed out,
+        // in id order (a pool's metadata grows with the blocks it has used, so an idle
+        // replica of a large simulated fleet costs no memory).
+        let b = match self.free.pop() {
+            Some(b) => b,
+            None if self.blocks.len() < self.num_blocks => {
+                self.blocks.push(BlockMeta::default());
+                BlockId((self.blocks.len() - 1) as u32)
+            }
+            None => return None,
+        };
         self.blocks[b.0 as usize].ref_count = 1;
         Some(b)
     }
