@@ -6,6 +6,7 @@
 //! - `chaos.rs` — `flotilla chaos`: a client of the gateway's chaos API.
 //! - `bench/` — `flotilla bench`: replay a trace or dataset, report latency, goodput, prefix hits.
 //! - `profile.rs` — `flotilla profile`: time the CPU engine, write the sim engine's profile.
+//! - `sim.rs` — `flotilla sim`: a workload on a simulated fleet (`crate::sim`), reported as `bench` does.
 //! - `soak.rs` — `flotilla chaos soak`: kills under load, then proof that nothing was lost.
 //! - `transport.rs` — `flotilla transport`: a peer serving a KV region; the transfer benchmark.
 //! - `client.rs` — the streaming OpenAI client the tools and tests share.
@@ -21,6 +22,7 @@ pub mod client;
 pub mod cuda;
 pub mod generate;
 pub mod profile;
+pub mod sim;
 pub mod soak;
 pub mod status;
 pub mod transport;

@@ -37,6 +37,7 @@ pub mod node;
 pub mod openai;
 pub mod request_plane;
 pub mod runtime;
+pub mod sim;
 pub mod supervisors;
 pub mod transport;
 pub mod worker;

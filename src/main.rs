@@ -32,6 +32,9 @@ enum Cmd {
     Chaos(flotilla::cli::chaos::ChaosArgs),
     /// Replay a trace or dataset against a gateway; report latency, goodput, prefix hits.
     Bench(flotilla::cli::bench::BenchArgs),
+    /// Replay a trace or dataset on a simulated fleet (the fleet's own routing, scheduling and
+    /// KV code on a virtual clock); report it as `bench` does.
+    Sim(flotilla::cli::sim::SimArgs),
     /// Measure the CPU engine and write a timing profile for the simulated engine.
     Profile(flotilla::cli::profile::ProfileArgs),
     /// KV transfer between processes: serve a test region, or benchmark the backends.
@@ -269,6 +272,11 @@ async fn main() -> std::process::ExitCode {
             .and_then(|r| r)
             .map(|_| std::process::ExitCode::SUCCESS),
         Cmd::Profile(a) => tokio::task::spawn_blocking(move || flotilla::cli::profile::run(a))
+            .await
+            .map_err(anyhow::Error::from)
+            .and_then(|r| r)
+            .map(|_| std::process::ExitCode::SUCCESS),
+        Cmd::Sim(a) => tokio::task::spawn_blocking(move || flotilla::cli::sim::run(a))
             .await
             .map_err(anyhow::Error::from)
             .and_then(|r| r)

@@ -826,6 +826,57 @@ impl Config {
         }
     }
 
+    /// Gateway admission (`gateway.busy_kv_ratio`, `busy_waiting`, `max_in_flight`,
+    /// `ttft_target_ms`): what a live gateway and `flotilla sim` both judge requests by.
+    pub fn admission(&self) -> crate::request_plane::admission::Admission {
+        let g = &self.gateway;
+        crate::request_plane::admission::Admission {
+            busy_kv_ratio: g.busy_kv_ratio,
+            busy_waiting: g.busy_waiting,
+            max_in_flight: g.max_in_flight,
+            ttft_target_ms: g.ttft_target_ms,
+        }
+    }
+
+    /// Migration bounds of a request (`gateway.migration_*`).
+    pub fn migration_policy(&self) -> crate::request_plane::migration::MigrationPolicy {
+        let g = &self.gateway;
+        crate::request_plane::migration::MigrationPolicy {
+            limit: g.migration_limit,
+            deadline: Duration::from_millis(g.migration_deadline_ms),
+            backoff_base: Duration::from_millis(g.migration_backoff_base_ms),
+            backoff_max: Duration::from_millis(g.migration_backoff_max_ms),
+        }
+    }
+
+    /// A replica's batch limits (`worker.max_num_seqs`, `max_num_batched_tokens`,
+    /// `max_model_len_tokens` capped by the model's context `model_context`, and
+    /// `scheduler.max_decode_stall_ms`).
+    pub fn scheduler_config(
+        &self,
+        model_context: usize,
+    ) -> crate::worker::scheduler::SchedulerConfig {
+        let w = &self.worker;
+        crate::worker::scheduler::SchedulerConfig {
+            max_num_seqs: w.max_num_seqs,
+            max_num_batched_tokens: w.max_num_batched_tokens,
+            max_model_len: w.max_model_len_tokens.min(model_context),
+            max_decode_stall_ms: self.scheduler.max_decode_stall_ms,
+        }
+    }
+
+    /// The sim engine's modelled KV transfer (`worker.sim_transfer_*`,
+    /// `sim_kv_bytes_per_token`, `sim_speedup`).
+    pub fn sim_transfer(&self) -> crate::worker::scheduler::SimTransfer {
+        let w = &self.worker;
+        crate::worker::scheduler::SimTransfer {
+            bytes_per_token: w.sim_kv_bytes_per_token,
+            gbps: w.sim_transfer_gbps,
+            latency: Duration::from_micros(w.sim_transfer_latency_us),
+            speedup: w.sim_speedup,
+        }
+    }
+
     /// Whether this node runs `role`.
     pub fn has_role(&self, role: NodeRole) -> bool {
         self.node.roles.contains(&role)

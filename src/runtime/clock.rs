@@ -56,6 +56,16 @@ impl ManualClock {
         }
     }
 
+    /// A manual clock whose wall clock starts at `wall_ms` (ms since the Unix epoch) instead
+    /// of the real time: runs that must repeat byte for byte (the offline simulator) start
+    /// every clock at the same wall time.
+    pub fn at_wall_ms(wall_ms: u64) -> Self {
+        Self {
+            start_wall_ms: wall_ms,
+            ..Self::new()
+        }
+    }
+
     /// Move time forward by `by`.
     pub fn advance(&self, by: Duration) {
         let mut now = self.now.lock().unwrap_or_else(|p| p.into_inner());

@@ -102,7 +102,7 @@ impl Dataset {
     }
 }
 
-/// Options of `flotilla bench`.
+/// Options of `flotilla bench`: where to send the workload, and the workload.
 #[derive(Clone, Debug, clap::Args)]
 pub struct BenchArgs {
     /// Gateway base URL (or `host:port`).
@@ -112,6 +112,40 @@ pub struct BenchArgs {
         default_value = "http://127.0.0.1:8080"
     )]
     pub gateway: String,
+    /// Run the workload once per value: `policy=round_robin,kv` (only `policy`).
+    #[arg(long)]
+    pub compare: Option<String>,
+    /// `model` of the requests [default: the first of `GET /v1/models`].
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Send trace prompts as text (one single-token word of the model's vocabulary per token
+    /// id: `text.rs`) instead of token ids, for gateways that take only text on
+    /// `/v1/completions` (SGLang's and vLLM's routers).
+    #[arg(long)]
+    pub text_prompts: bool,
+    /// The model whose tokenizer `--text-prompts` uses [default: `FLOTILLA_MODEL`, else the
+    /// embedded default model's file].
+    #[arg(long)]
+    pub tokenizer_model: Option<std::path::PathBuf>,
+    /// Longest wait for one request, stream included (s).
+    #[arg(long, default_value_t = 600)]
+    pub request_timeout_s: u64,
+    /// Longest wait for the fleet to go idle before a run (s).
+    #[arg(long, default_value_t = 300)]
+    pub idle_timeout_s: u64,
+    /// Open a new connection for every request (no keep-alive), e.g. for a server whose
+    /// listener lacks TCP_NODELAY, where a reused connection can stall on a delayed ACK.
+    #[arg(long)]
+    pub fresh_connections: bool,
+    /// The workload, its arrivals, objectives and outputs (shared with `flotilla sim`).
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+}
+
+/// The workload options `flotilla bench` and `flotilla sim` share: what is sent, when, the
+/// objectives it is judged by, and where the report goes.
+#[derive(Clone, Debug, clap::Args)]
+pub struct WorkloadArgs {
     /// Trace file: Mooncake `.jsonl` or Azure `.csv`, plain or `.gz`. Give either `--trace`
     /// or `--dataset`.
     #[arg(long, conflicts_with = "dataset", required_unless_present = "dataset")]
@@ -152,9 +186,6 @@ pub struct BenchArgs {
     /// Sessions at once with `--arrival fixed` (closed loop).
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
-    /// Run the workload once per value: `policy=round_robin,kv` (only `policy`).
-    #[arg(long)]
-    pub compare: Option<String>,
     /// Write `report.json`, `latency_cdf.svg` and `requests.jsonl` (one line per request and
     /// run: session, turn, send time, TTFT, E2E, tokens, cached and ideal cached tokens) into
     /// this folder.
@@ -166,18 +197,6 @@ pub struct BenchArgs {
     /// Inter-token objective on each request's TPOT (ms).
     #[arg(long, default_value_t = 200.0)]
     pub slo_itl_ms: f64,
-    /// `model` of the requests [default: the first of `GET /v1/models`].
-    #[arg(long)]
-    pub model: Option<String>,
-    /// Send trace prompts as text (one single-token word of the model's vocabulary per token
-    /// id: `text.rs`) instead of token ids, for gateways that take only text on
-    /// `/v1/completions` (SGLang's and vLLM's routers).
-    #[arg(long)]
-    pub text_prompts: bool,
-    /// The model whose tokenizer `--text-prompts` uses [default: `FLOTILLA_MODEL`, else the
-    /// embedded default model's file].
-    #[arg(long)]
-    pub tokenizer_model: Option<std::path::PathBuf>,
     /// Largest `max_tokens` (outputs longer in the workload are capped).
     #[arg(long, default_value_t = 256)]
     pub max_output_tokens: u32,
@@ -190,16 +209,6 @@ pub struct BenchArgs {
     /// Prefix salt of the first run [default: random, printed].
     #[arg(long)]
     pub salt: Option<u64>,
-    /// Longest wait for one request, stream included (s).
-    #[arg(long, default_value_t = 600)]
-    pub request_timeout_s: u64,
-    /// Longest wait for the fleet to go idle before a run (s).
-    #[arg(long, default_value_t = 300)]
-    pub idle_timeout_s: u64,
-    /// Open a new connection for every request (no keep-alive), e.g. for a server whose
-    /// listener lacks TCP_NODELAY, where a reused connection can stall on a delayed ACK.
-    #[arg(long)]
-    pub fresh_connections: bool,
     /// synthetic-sessions: sessions.
     #[arg(long, default_value_t = 32)]
     pub sessions: usize,
@@ -268,7 +277,7 @@ pub fn parse_compare(spec: &str) -> anyhow::Result<Vec<Variant>> {
 }
 
 /// Check the numeric options.
-fn validate(a: &BenchArgs) -> anyhow::Result<()> {
+pub fn validate(a: &WorkloadArgs) -> anyhow::Result<()> {
     ensure!(
         a.speedup > 0.0 && a.speedup.is_finite(),
         "--speedup must be > 0"
@@ -312,7 +321,7 @@ fn load_dataset_trace(
 ///
 /// # Errors
 /// The dataset or trace cannot be read or parsed.
-pub fn load_workload(a: &BenchArgs) -> anyhow::Result<Workload> {
+pub fn load_workload(a: &WorkloadArgs) -> anyhow::Result<Workload> {
     let caps = Caps {
         max_input: a.max_input_tokens,
         max_output: a.max_output_tokens,
@@ -360,7 +369,7 @@ pub fn load_workload(a: &BenchArgs) -> anyhow::Result<Workload> {
 /// # Errors
 /// `--arrival trace` with a workload that has no timestamps.
 pub fn arrival_offsets(
-    a: &BenchArgs,
+    a: &WorkloadArgs,
     kind: ArrivalKind,
     w: &Workload,
 ) -> anyhow::Result<Option<Vec<f64>>> {
@@ -384,7 +393,7 @@ pub fn arrival_offsets(
 }
 
 /// Lines about the workload for stderr: size, what the caps changed, hit-rate ceilings.
-fn describe_workload(w: &Workload, ideal: f64, a: &BenchArgs, salt: u64) -> String {
+pub fn describe_workload(w: &Workload, ideal: f64, a: &WorkloadArgs, salt: u64) -> String {
     let adj = &w.adjustments;
     let mut s = format!(
         "workload {}: {} sessions, {} requests; {} prompts cut to {} tokens, {} outputs capped \
@@ -414,7 +423,7 @@ fn describe_workload(w: &Workload, ideal: f64, a: &BenchArgs, salt: u64) -> Stri
 }
 
 /// Write `report.json` and `latency_cdf.svg` into `dir`.
-fn write_outputs(
+pub fn write_outputs(
     dir: &Path,
     runs: &[RunStats],
     samples: &[(String, Samples)],
@@ -446,8 +455,8 @@ fn write_outputs(
 /// Invalid options, `--out` not writable, the workload cannot be loaded, the
 /// gateway cannot be reached, or the outputs cannot be written.
 pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
-    validate(&a)?;
-    if let Some(dir) = &a.out {
+    validate(&a.workload)?;
+    if let Some(dir) = &a.workload.out {
         // Fail before the run, not after it.
         std::fs::create_dir_all(dir)
             .with_context(|| format!("--out {}: cannot create the folder", dir.display()))?;
@@ -461,7 +470,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         None => Vec::new(),
     };
     let base = base_url(&a.gateway);
-    let workload = Arc::new(load_workload(&a)?);
+    let workload = Arc::new(load_workload(&a.workload)?);
     ensure!(
         workload.requests() > 0,
         "the workload {} is empty",
@@ -475,12 +484,12 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     } else {
         variants
     };
-    let kind = a.arrival.unwrap_or(if workload.has_timestamps() {
+    let kind = a.workload.arrival.unwrap_or(if workload.has_timestamps() {
         ArrivalKind::Trace
     } else {
         ArrivalKind::Poisson
     });
-    let offsets = arrival_offsets(&a, kind, &workload)?;
+    let offsets = arrival_offsets(&a.workload, kind, &workload)?;
     // The ideal in the order sessions are sent (open loop: by offset; closed loop: in order).
     let mut order: Vec<usize> = (0..workload.sessions.len()).collect();
     if let Some(o) = &offsets {
@@ -490,8 +499,11 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     let ideal_table = Arc::new(workload.ideal_cached_in(&order));
     let ideal = workload::ideal_rate(&ideal_table);
     let info = workload.info();
-    let base_salt = a.salt.unwrap_or_else(rand::random);
-    eprintln!("{}", describe_workload(&workload, ideal, &a, base_salt));
+    let base_salt = a.workload.salt.unwrap_or_else(rand::random);
+    eprintln!(
+        "{}",
+        describe_workload(&workload, ideal, &a.workload, base_salt)
+    );
 
     let mut client = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
@@ -518,8 +530,8 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         text,
     });
     let slo = Slo {
-        ttft_ms: Some(a.slo_ttft_ms),
-        itl_ms: Some(a.slo_itl_ms),
+        ttft_ms: Some(a.workload.slo_ttft_ms),
+        itl_ms: Some(a.workload.slo_itl_ms),
     };
 
     let mut runs = Vec::with_capacity(variants.len());
@@ -531,7 +543,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         let plan = RunPlan {
             label: v.label.clone(),
             offsets: offsets.clone(),
-            concurrency: a.concurrency,
+            concurrency: a.workload.concurrency,
             salt,
             headers: v.headers,
         };
@@ -561,7 +573,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     if runs.len() > 1 {
         println!("{}", report::compare_table(&runs));
     }
-    if let Some(dir) = &a.out {
+    if let Some(dir) = &a.workload.out {
         write_outputs(dir, &runs, &samples, &per_request)?;
     }
     Ok(())
@@ -585,10 +597,10 @@ mod tests {
         bench: BenchArgs,
     }
 
-    fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
+    fn parse(args: &[&str]) -> Result<WorkloadArgs, clap::Error> {
         let mut v = vec!["bench"];
         v.extend_from_slice(args);
-        Cli::try_parse_from(v).map(|c| c.bench)
+        Cli::try_parse_from(v).map(|c| c.bench.workload)
     }
 
     #[test]

@@ -13,8 +13,6 @@ use crate::actors::router::RouterArgs;
 use crate::control::discovery::membership::Leases;
 use crate::model::LoadedModel;
 use crate::node::context::NodeContext;
-use crate::request_plane::admission::Admission;
-use crate::request_plane::migration::MigrationPolicy;
 use crate::request_plane::token_sink::SinkRegistry;
 use crate::runtime::ids::WorkerId;
 use crate::runtime::role::NodeRole;
@@ -99,21 +97,11 @@ pub(super) fn gateway(ctx: &NodeContext) -> GatewayParts {
             request_sup: ctx.name("request_sup"),
             next_id: Arc::new(AtomicU64::new(first_request_id(ctx.incarnation))),
             block_size: ctx.config.worker.block_size_tokens,
-            migration: MigrationPolicy {
-                limit: g.migration_limit,
-                deadline: Duration::from_millis(g.migration_deadline_ms),
-                backoff_base: Duration::from_millis(g.migration_backoff_base_ms),
-                backoff_max: Duration::from_millis(g.migration_backoff_max_ms),
-            },
+            migration: ctx.config.migration_policy(),
             clock: ctx.clock.clone(),
             incarnation: ctx.incarnation,
             keep_alive: Duration::from_millis(g.keep_alive_ms),
-            admission: Admission {
-                busy_kv_ratio: g.busy_kv_ratio,
-                busy_waiting: g.busy_waiting,
-                max_in_flight: g.max_in_flight,
-                ttft_target_ms: g.ttft_target_ms,
-            },
+            admission: ctx.config.admission(),
             pin: None,
             bus: ctx.events.clone(),
         })
@@ -228,12 +216,7 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
                 other => other,
             },
         },
-        scheduler: SchedulerConfig {
-            max_num_seqs: w.max_num_seqs,
-            max_num_batched_tokens: w.max_num_batched_tokens,
-            max_model_len: w.max_model_len_tokens.min(model.config().max_context),
-            max_decode_stall_ms: ctx.config.scheduler.max_decode_stall_ms,
-        },
+        scheduler: ctx.config.scheduler_config(model.config().max_context),
         flags,
         shutdown: shutdown(ctx),
         faults: ctx.fault_filters.clone(),
@@ -263,12 +246,7 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
                     .entry(&ctx.name(&format!("replica-{k}")))
                     .kv_events,
             }),
-        sim_transfer: ctx.sim_profile.is_some().then(|| SimTransfer {
-            bytes_per_token: w.sim_kv_bytes_per_token,
-            gbps: w.sim_transfer_gbps,
-            latency: Duration::from_micros(w.sim_transfer_latency_us),
-            speedup: w.sim_speedup,
-        }),
+        sim_transfer: ctx.sim_profile.is_some().then(|| ctx.config.sim_transfer()),
     })
 }
 

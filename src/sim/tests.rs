@@ -1,0 +1,301 @@
+use std::time::Duration;
+
+use super::*;
+use crate::node::config::Config;
+use crate::worker::engine::sim::SimProfile;
+
+/// Sessions of token-id turns, given in full.
+struct Fixed(Vec<Vec<SimTurn>>);
+
+impl SimWorkload for Fixed {
+    fn sessions(&self) -> usize {
+        self.0.len()
+    }
+    fn turns(&self, i: usize) -> usize {
+        self.0[i].len()
+    }
+    fn turn(&self, i: usize, k: usize) -> SimTurn {
+        self.0[i][k].clone()
+    }
+}
+
+fn prompt(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| 100 + (seed * 7_919 + i * 31) % 40_000)
+        .collect()
+}
+
+fn spec(workers: usize) -> SimSpec {
+    SimSpec {
+        config: Config::default(),
+        workers,
+        prefill: 0,
+        decode: 0,
+        profile: SimProfile::h100_vllm(),
+        model: ModelFacts {
+            vocab_size: 49_152,
+            max_context: 8_192,
+            salt: 7,
+            eos_token_id: None,
+        },
+        kv_event_delay: Duration::from_millis(1),
+        net_delay: Duration::from_micros(200),
+        restart_delay: Some(Duration::from_secs(2)),
+    }
+}
+
+/// 24 sessions of 3 turns (each turn's prompt extends the last), sharing a system prefix.
+fn sessions() -> Fixed {
+    let system = prompt(0, 256);
+    Fixed(
+        (0..24)
+            .map(|s| {
+                let mut history = system.clone();
+                (0..3)
+                    .map(|t| {
+                        history.extend(prompt(1 + s * 10 + t, 64 + 16 * t as usize));
+                        SimTurn {
+                            prompt: history.clone(),
+                            max_tokens: 24,
+                        }
+                    })
+                    .collect()
+            })
+            .collect(),
+    )
+}
+
+fn offsets(n: usize, gap_s: f64) -> Arrivals {
+    Arrivals::Open((0..n).map(|i| i as f64 * gap_s).collect())
+}
+
+fn run(spec: SimSpec, w: &dyn SimWorkload, arrivals: Arrivals, faults: &[SimFault]) -> SimOutcome {
+    SimFleet::new(spec, w, arrivals, faults).unwrap().run()
+}
+
+fn assert_conserved(out: &SimOutcome, requests: usize) {
+    assert_eq!(out.records.len(), requests, "one record per request");
+    let mut keys: Vec<(usize, usize)> = out.records.iter().map(|r| (r.session, r.turn)).collect();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), requests, "each request ended exactly once");
+    assert_eq!(out.leftovers, SimLeftovers::default(), "nothing left over");
+}
+
+#[test]
+fn two_runs_give_the_same_records_and_events() {
+    let w = sessions();
+    let a = run(spec(4), &w, offsets(24, 0.05), &[]);
+    let b = run(spec(4), &w, offsets(24, 0.05), &[]);
+    assert_eq!(a.records, b.records);
+    assert_eq!(a.counters, b.counters);
+    assert_eq!(
+        format!("{:?}", a.fleet_events),
+        format!("{:?}", b.fleet_events)
+    );
+    assert_conserved(&a, 72);
+    assert!(a.records.iter().all(|r| r.ok), "{:?}", a.records[0]);
+}
+
+/// One request on one idle worker, checked by hand against the H100 profile: its first token
+/// comes after one prefill step of the whole prompt plus the hop to the gateway; each later
+/// token one decode step later.
+#[test]
+fn a_tiny_fleet_event_by_event() {
+    let w = Fixed(vec![vec![SimTurn {
+        prompt: prompt(1, 32),
+        max_tokens: 4,
+    }]]);
+    let s = spec(1);
+    let p = s.profile.clone();
+    let out = run(s, &w, offsets(1, 0.0), &[]);
+    assert_conserved(&out, 1);
+    let r = &out.records[0];
+    assert!(r.ok, "{r:?}");
+    assert_eq!(r.output_tokens, 4);
+    assert_eq!(r.cached_tokens, Some(0));
+    let ttft = r.ttft_ms.unwrap();
+    let expect = p.prefill_ms(32) + 0.2;
+    assert!((ttft - expect).abs() < 1e-3, "TTFT {ttft} vs {expect}");
+    assert_eq!(r.itl_ms.len(), 3);
+    for gap in &r.itl_ms {
+        // KV use of one short sequence in a 28 672-block pool: u ≈ 0.
+        let d = p.decode_ms(0.0);
+        assert!((gap - d).abs() < 0.01, "ITL {gap} vs {d}");
+    }
+    let e2e = ttft + r.itl_ms.iter().sum::<f64>();
+    assert!((r.e2e_ms - e2e).abs() < 1e-3, "{} vs {e2e}", r.e2e_ms);
+    assert_eq!(out.counters.placements, 1);
+    assert_eq!(
+        out.counters.steps, 4,
+        "one prefill step, three decode steps"
+    );
+}
+
+#[test]
+fn a_shared_prefix_is_found_where_it_was_computed() {
+    let base = prompt(3, 128);
+    let mut longer = base.clone();
+    longer.extend(prompt(4, 32));
+    let w = Fixed(vec![
+        vec![SimTurn {
+            prompt: base,
+            max_tokens: 2,
+        }],
+        vec![SimTurn {
+            prompt: longer,
+            max_tokens: 2,
+        }],
+    ]);
+    let out = run(spec(8), &w, offsets(2, 1.0), &[]);
+    assert_conserved(&out, 2);
+    let placed: Vec<String> = out
+        .fleet_events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            crate::request_plane::events::FleetEventKind::Placed { worker, .. } => {
+                Some(worker.to_string())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(placed.len(), 2);
+    assert_eq!(
+        placed[0], placed[1],
+        "the second request went to the prefix holder"
+    );
+    assert_eq!(out.records[1].cached_tokens, Some(128));
+}
+
+#[test]
+fn a_killed_worker_loses_no_request() {
+    let w = sessions();
+    let out = run(
+        spec(3),
+        &w,
+        offsets(24, 0.02),
+        &[SimFault::Kill {
+            at: Duration::from_millis(150),
+            worker: 0,
+        }],
+    );
+    assert_conserved(&out, 72);
+    assert!(out.records.iter().all(|r| r.ok), "every request finished");
+    assert_eq!((out.counters.kills, out.counters.restarts), (1, 1));
+    assert!(out.counters.migrations >= 1, "{:?}", out.counters);
+    // Every request gave all its tokens, migrated or not.
+    assert!(out.records.iter().all(|r| r.output_tokens == 24));
+}
+
+#[test]
+fn a_prompt_no_worker_can_hold_fails_and_the_run_ends() {
+    let mut s = spec(2);
+    s.config.worker.kv_blocks = Some(4);
+    let w = Fixed(vec![
+        vec![SimTurn {
+            prompt: prompt(5, 200),
+            max_tokens: 4,
+        }],
+        vec![SimTurn {
+            prompt: prompt(6, 16),
+            max_tokens: 4,
+        }],
+    ]);
+    let out = run(s, &w, offsets(2, 0.0), &[]);
+    assert_conserved(&out, 2);
+    let big = out.records.iter().find(|r| r.session == 0).unwrap();
+    assert!(!big.ok);
+    assert!(
+        big.error.as_deref().unwrap_or("").starts_with("status 400"),
+        "{big:?}"
+    );
+    assert!(out.records.iter().find(|r| r.session == 1).unwrap().ok);
+}
+
+#[test]
+fn disaggregated_prefill_hands_off_to_decode() {
+    let mut s = spec(0);
+    s.prefill = 1;
+    s.decode = 2;
+    let w = Fixed(
+        (0..6)
+            .map(|i| {
+                vec![SimTurn {
+                    prompt: prompt(10 + i, 1_024),
+                    max_tokens: 8,
+                }]
+            })
+            .collect(),
+    );
+    let out = run(s, &w, offsets(6, 0.1), &[]);
+    assert_conserved(&out, 6);
+    assert!(out.records.iter().all(|r| r.ok), "{:?}", out.records);
+    assert_eq!(out.counters.hand_offs, 6, "{:?}", out.counters);
+}
+
+#[test]
+fn idle_workers_cost_nothing() {
+    let w = Fixed(vec![vec![SimTurn {
+        prompt: prompt(1, 64),
+        max_tokens: 8,
+    }]]);
+    let small = run(spec(2), &w, offsets(1, 0.0), &[]);
+    let large = run(spec(2_000), &w, offsets(1, 0.0), &[]);
+    assert_eq!(small.counters.events, large.counters.events);
+    assert_eq!(small.counters.steps, large.counters.steps);
+}
+
+/// The simulator decides nothing itself: it drives the live fleet's cores, built from the
+/// live configuration's own methods. A decision path copied into the simulator (a policy, an
+/// admission rule, a batch former, a step-time model) fails here.
+#[test]
+fn the_simulator_shares_the_live_decision_code() {
+    let src = include_str!("world.rs");
+    for shared in [
+        "RouterState::new(",
+        ".router\n                    .place(",
+        "RequestCore::new(",
+        "WorkerCore::new(",
+        "SchedulerCore::new(",
+        "BlockPool::new(",
+        "sim::model_step(",
+        ".admission\n            .decide(",
+        "c.selector_config()",
+        "c.admission()",
+        "c.scheduler_config(",
+        "c.sim_transfer()",
+        "config.migration_policy()",
+    ] {
+        assert!(
+            src.contains(shared),
+            "the simulator no longer calls {shared}"
+        );
+    }
+    for own in [
+        "fn select",
+        "fn cost",
+        "fn score",
+        "fn decide",
+        "fn admit",
+        "fn schedule_batch",
+        "fn form_batch",
+        "fn step_ms",
+        "fn migrate",
+        "impl Selector",
+        "impl Policy",
+    ] {
+        assert!(!src.contains(own), "the simulator defines its own `{own}`");
+    }
+    let live = include_str!("../supervisors/tree/args.rs");
+    for shared in [
+        "config.admission()",
+        "config.migration_policy()",
+        "config.scheduler_config(",
+        "config.sim_transfer()",
+    ] {
+        assert!(
+            live.contains(shared),
+            "the live tree no longer calls {shared}"
+        );
+    }
+}

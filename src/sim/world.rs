@@ -1,0 +1,1112 @@
+//! The simulated fleet: one gateway, one router and N workers, each the live fleet's own pure
+//! core, driven by a discrete-event loop on one [`ManualClock`] (see the module doc of
+//! [`crate::sim`] for what is modelled and what is not).
+//!
+//! Events wait in one heap ordered by (time, sequence number), so two runs with the same
+//! inputs handle them in the same order. Between two events no time passes: the cores' effects
+//! are carried out from two work queues (requests, workers) until none is left. A worker's
+//! step is priced by the sim engine's model ([`crate::worker::engine::sim::model_step`]) and
+//! ends as an event; its token events reach the gateway after `net_delay`, its KV events reach
+//! the router after `kv_event_delay`. Only workers with work tick; an idle worker costs
+//! nothing.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::actors::discovery::set_worker_stats;
+use crate::actors::router::{DisaggRouting, RouterArgs, RouterState, WorkerSource};
+use crate::control::discovery::membership::{NodeState, NodeView, WorkerView};
+use crate::kv::{BlockPool, KvEvent};
+use crate::node::config::Config;
+use crate::request_plane::admission::{Admission, AdmissionVerdict};
+use crate::request_plane::error::RequestError;
+use crate::request_plane::events::FleetEventKind;
+use crate::request_plane::protocol::{OwnerStatus, SubmitRequest, TokenEvent, TokenEventKind};
+use crate::request_plane::request::{RequestCore, RequestCoreConfig, RequestEffect};
+use crate::runtime::clock::{Clock, Instant, ManualClock, SharedClock};
+use crate::runtime::ids::{NodeId, RequestId, WorkerId};
+use crate::runtime::role::{Role, role_group};
+use crate::worker::engine::sim::{self, SimEngineArgs, SimProfile};
+use crate::worker::scheduler::{
+    DisaggWorker, PullResult, PullWork, ROUTABLE_GROUP, SCHEDULER_GROUP, SchedulerCore, StepResult,
+    WorkerCore, WorkerCoreConfig, WorkerEffect,
+};
+
+/// The gateway node every simulated request is submitted from.
+pub const GATEWAY: &str = "sim-gateway";
+
+/// The wall clock every run starts at (2026-01-01T00:00:00Z, ms): runs repeat byte for byte.
+pub const START_WALL_MS: u64 = 1_767_225_600_000;
+
+/// What the simulated engine is: its timing model and the model facts the live workers take
+/// from the loaded model.
+#[derive(Clone, Debug)]
+pub struct ModelFacts {
+    /// Vocabulary size (placeholder tokens are drawn below it).
+    pub vocab_size: usize,
+    /// The model's context length (caps `worker.max_model_len_tokens`).
+    pub max_context: usize,
+    /// The block-hash salt (`ModelConfig::block_hash_salt`).
+    pub salt: u64,
+    /// End-of-sequence token.
+    pub eos_token_id: Option<u32>,
+}
+
+/// A simulated fleet's shape and settings.
+#[derive(Clone, Debug)]
+pub struct SimSpec {
+    /// The fleet's configuration, as `flotilla up --set …` would give it.
+    pub config: Config,
+    /// Aggregated workers (0 with `prefill` and `decode`).
+    pub workers: usize,
+    /// Disaggregated: prefill workers…
+    pub prefill: usize,
+    /// …and decode workers.
+    pub decode: usize,
+    /// The engine's timing model (`worker.sim_profile`, or the built-in H100 one).
+    pub profile: SimProfile,
+    /// Facts of the served model.
+    pub model: ModelFacts,
+    /// Delay of a KV event batch from a worker to the router.
+    pub kv_event_delay: Duration,
+    /// Delay of token events from a worker to the gateway.
+    pub net_delay: Duration,
+    /// How long a killed replica takes to come back (`None`: it stays down).
+    pub restart_delay: Option<Duration>,
+}
+
+impl SimSpec {
+    /// Workers in all.
+    pub fn total_workers(&self) -> usize {
+        self.workers + self.prefill + self.decode
+    }
+}
+
+/// One request of a session: its prompt's token ids and `max_tokens` (outputs ignore EOS,
+/// as `flotilla bench` asks).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimTurn {
+    pub prompt: Vec<u32>,
+    pub max_tokens: u32,
+}
+
+/// Where sessions come from: built lazily, so a trace's prompts are never all in memory.
+pub trait SimWorkload {
+    /// Sessions in the workload.
+    fn sessions(&self) -> usize;
+    /// Turns of session `i`.
+    fn turns(&self, i: usize) -> usize;
+    /// Turn `k` of session `i`.
+    fn turn(&self, i: usize, k: usize) -> SimTurn;
+}
+
+/// When sessions start.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Arrivals {
+    /// Open loop: session `i` starts at `offsets_s[i]` seconds (sessions past the list's end
+    /// are not sent).
+    Open(Vec<f64>),
+    /// Closed loop: this many sessions at once, each taking the next as soon as it ends.
+    Closed(usize),
+}
+
+/// A fault at a given time.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SimFault {
+    /// Worker `worker` (index) is killed at `at` (its replica restarts after the spec's
+    /// `restart_delay`).
+    Kill { at: Duration, worker: usize },
+    /// KV events from every worker are dropped between `from` and `until`.
+    DropKvEvents { from: Duration, until: Duration },
+}
+
+/// What one request gave, as a client would have measured it (times in ms from its send).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SimRecord {
+    pub session: usize,
+    pub turn: usize,
+    /// Sent at (s from the first arrival).
+    pub sent_s: f64,
+    pub ok: bool,
+    pub error: Option<String>,
+    pub ttft_ms: Option<f64>,
+    pub e2e_ms: f64,
+    pub itl_ms: Vec<f64>,
+    pub output_tokens: u64,
+    pub prompt_tokens: u64,
+    pub cached_tokens: Option<u64>,
+}
+
+/// Counts of what happened in a run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SimCounters {
+    /// Events taken from the heap.
+    pub events: u64,
+    /// Engine steps run.
+    pub steps: u64,
+    /// Requests refused by admission (503).
+    pub shed: u64,
+    /// Placements (first attempts, migrations and hand-offs).
+    pub placements: u64,
+    /// Migrations.
+    pub migrations: u64,
+    /// Requests given up.
+    pub gave_up: u64,
+    /// Prefill hand-offs.
+    pub hand_offs: u64,
+    /// Workers killed, and restarted.
+    pub kills: u64,
+    pub restarts: u64,
+    /// KV event batches dropped by a fault.
+    pub kv_batches_dropped: u64,
+}
+
+/// What is left over at the end of a run: each should be 0 (conservation).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SimLeftovers {
+    /// Requests that never ended (none finished, failed or was shed).
+    pub unfinished: usize,
+    /// Placements the router still counts.
+    pub placed: usize,
+    /// Sequences still live, waiting or held on workers.
+    pub live_sequences: usize,
+    /// KV blocks still pinned by sequences.
+    pub pinned_blocks: usize,
+    /// Attempts still listened for.
+    pub listening: usize,
+}
+
+/// A run's results.
+#[derive(Clone, Debug, Default)]
+pub struct SimOutcome {
+    /// One record per request sent (or skipped), in order of completion.
+    pub records: Vec<SimRecord>,
+    /// Simulated time from the first arrival to the last completion.
+    pub span: Duration,
+    pub counters: SimCounters,
+    pub leftovers: SimLeftovers,
+    /// The fleet events the live fleet's bus would carry, with their time (ms from the start).
+    pub fleet_events: Vec<(f64, FleetEventKind)>,
+}
+
+/// The sets of workers the router reads (the live fleet's process groups).
+#[derive(Default)]
+struct Groups {
+    routable: Mutex<Vec<WorkerId>>,
+    alive: Mutex<Vec<WorkerId>>,
+    prefill: Mutex<Vec<WorkerId>>,
+    decode: Mutex<Vec<WorkerId>>,
+}
+
+fn lock(m: &Mutex<Vec<WorkerId>>) -> std::sync::MutexGuard<'_, Vec<WorkerId>> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Groups {
+    fn set(&self, group: &str) -> Option<&Mutex<Vec<WorkerId>>> {
+        if group == ROUTABLE_GROUP {
+            Some(&self.routable)
+        } else if group == SCHEDULER_GROUP {
+            Some(&self.alive)
+        } else if Some(group) == role_group(Role::Prefill) {
+            Some(&self.prefill)
+        } else if Some(group) == role_group(Role::Decode) {
+            Some(&self.decode)
+        } else {
+            None
+        }
+    }
+
+    fn join(&self, group: &str, w: &WorkerId) {
+        if let Some(set) = self.set(group) {
+            let mut set = lock(set);
+            if !set.contains(w) {
+                set.push(w.clone());
+            }
+        }
+    }
+
+    fn leave(&self, group: &str, w: &WorkerId) {
+        if let Some(set) = self.set(group) {
+            lock(set).retain(|x| x != w);
+        }
+    }
+
+    fn leave_all(&self, w: &WorkerId) {
+        for set in [&self.routable, &self.alive, &self.prefill, &self.decode] {
+            lock(set).retain(|x| x != w);
+        }
+    }
+}
+
+impl WorkerSource for Groups {
+    fn routable(&self) -> Vec<WorkerId> {
+        lock(&self.routable).clone()
+    }
+    fn alive(&self) -> Vec<WorkerId> {
+        lock(&self.alive).clone()
+    }
+    fn in_role(&self, role: Role) -> Vec<WorkerId> {
+        match role {
+            Role::Prefill => lock(&self.prefill).clone(),
+            Role::Decode => lock(&self.decode).clone(),
+            Role::Aggregated => Vec::new(),
+        }
+    }
+}
+
+enum Ev {
+    SessionStart(usize),
+    Turn(usize, usize),
+    StepDone(usize, u32, StepResult),
+    PullDone(usize, u32, PullResult),
+    Retry(RequestId),
+    Tick(usize, u32),
+    KvEvents(Vec<KvEvent>),
+    Tokens(Vec<TokenEvent>),
+    Kill(usize),
+    Restart(usize),
+    DropKv(bool),
+}
+
+struct Scheduled {
+    at: Instant,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    // A max-heap: the earliest (then the first scheduled) comes out first.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+struct SimWorker {
+    id: WorkerId,
+    role: Role,
+    core: Option<WorkerCore>,
+    /// Bumped at every restart: a step of an earlier incarnation is dropped.
+    incarnation: u32,
+    ticking: bool,
+    queued: bool,
+    view_dirty: bool,
+}
+
+struct SimRequest {
+    core: RequestCore,
+    session: usize,
+    turn: usize,
+    sent: Instant,
+    last_chunk: Option<Instant>,
+    record: SimRecord,
+    finished: bool,
+    queued: bool,
+}
+
+/// The simulated fleet (see the module doc).
+pub struct SimFleet<'w> {
+    spec: SimSpec,
+    workload: &'w dyn SimWorkload,
+    clock: ManualClock,
+    shared: SharedClock,
+    start: Instant,
+    first_arrival: Option<Instant>,
+    last_completion: Option<Instant>,
+    heap: BinaryHeap<Scheduled>,
+    seq: u64,
+    groups: Arc<Groups>,
+    router: RouterState,
+    workers: Vec<SimWorker>,
+    index: HashMap<WorkerId, usize>,
+    engine: SimEngineArgs,
+    scheduler: crate::worker::scheduler::SchedulerConfig,
+    core_config: WorkerCoreConfig,
+    blocks: usize,
+    tick_period: Duration,
+    requests: HashMap<RequestId, SimRequest>,
+    listening: HashMap<RequestId, RequestId>,
+    request_queue: VecDeque<RequestId>,
+    worker_queue: VecDeque<usize>,
+    ids: Arc<AtomicU64>,
+    next_request: u64,
+    admission: Admission,
+    views: Vec<NodeView>,
+    views_at: Option<Instant>,
+    heartbeat: Duration,
+    arrivals: Arrivals,
+    next_session: usize,
+    drop_kv: bool,
+    out: SimOutcome,
+}
+
+impl<'w> SimFleet<'w> {
+    /// A fleet of `spec`'s workers, idle, at time 0, about to serve `workload` as `arrivals`
+    /// say, with `faults` at their times.
+    ///
+    /// # Errors
+    /// The configuration cannot build a worker or the router (the key is named).
+    pub fn new(
+        spec: SimSpec,
+        workload: &'w dyn SimWorkload,
+        arrivals: Arrivals,
+        faults: &[SimFault],
+    ) -> anyhow::Result<Self> {
+        let clock = ManualClock::at_wall_ms(START_WALL_MS);
+        let shared: SharedClock = Arc::new(clock.clone());
+        let start = clock.now();
+        let groups = Arc::new(Groups::default());
+        let c = &spec.config;
+        let mut router_args = RouterArgs::new(c.selector_config());
+        router_args.clock = shared.clone();
+        router_args.workers = groups.clone();
+        router_args.disagg = DisaggRouting::from(&c.disagg);
+        let router = RouterState::new(router_args)
+            .map_err(|e| anyhow::anyhow!("configuration: router: {e}"))?;
+        let block_size = c.worker.block_size_tokens;
+        let blocks = c.worker.kv_blocks_with(Some(&spec.profile));
+        let engine = SimEngineArgs {
+            profile: spec.profile.clone(),
+            speedup: c.worker.sim_speedup,
+            num_blocks: blocks,
+            block_size,
+            vocab_size: spec.model.vocab_size,
+            max_context: spec.model.max_context,
+        };
+        let step_timeout = Duration::from_millis(c.worker.step_timeout_ms);
+        let core_config = WorkerCoreConfig {
+            worker: WorkerId::new("-"),
+            eos_token_id: spec.model.eos_token_id,
+            block_size,
+            role: Role::Aggregated,
+            disagg: DisaggWorker::from(&c.disagg),
+            step_timeout,
+            canary_interval: Duration::from_millis(c.worker.canary_interval_ms),
+            owner_grace: Duration::from_millis(c.cluster.liveness_timeout_ms),
+            has_transport: false,
+            sim_transfer: Some(c.sim_transfer()),
+        };
+        let mut fleet = Self {
+            admission: c.admission(),
+            heartbeat: c.cluster.heartbeat_interval(),
+            scheduler: c.scheduler_config(spec.model.max_context),
+            // The live scheduler's tick (`actors/scheduler.rs`).
+            tick_period: (step_timeout / 4)
+                .clamp(Duration::from_millis(10), Duration::from_millis(500)),
+            core_config,
+            engine,
+            blocks,
+            workload,
+            clock,
+            shared,
+            start,
+            first_arrival: None,
+            last_completion: None,
+            heap: BinaryHeap::new(),
+            seq: 0,
+            groups,
+            router,
+            workers: Vec::new(),
+            index: HashMap::new(),
+            requests: HashMap::new(),
+            listening: HashMap::new(),
+            request_queue: VecDeque::new(),
+            worker_queue: VecDeque::new(),
+            ids: Arc::new(AtomicU64::new(1 << 40)),
+            next_request: 1,
+            views: Vec::new(),
+            views_at: None,
+            arrivals: arrivals.clone(),
+            next_session: 0,
+            drop_kv: false,
+            out: SimOutcome::default(),
+            spec,
+        };
+        let roles = std::iter::repeat_n(Role::Aggregated, fleet.spec.workers)
+            .chain(std::iter::repeat_n(Role::Prefill, fleet.spec.prefill))
+            .chain(std::iter::repeat_n(Role::Decode, fleet.spec.decode));
+        for (i, role) in roles.enumerate() {
+            let id = WorkerId::new(format!("sim-{i}/replica-0"));
+            fleet.index.insert(id.clone(), i);
+            fleet.views.push(NodeView {
+                id: NodeId::new(format!("sim-{i}")),
+                addr: String::new(),
+                http_addr: None,
+                roles: vec![],
+                pid: 0,
+                incarnation: 1,
+                state: NodeState::Up,
+                last_seen_ms: START_WALL_MS,
+                workers: vec![WorkerView {
+                    id: id.to_string(),
+                    state: "running".into(),
+                    ..WorkerView::default()
+                }],
+                actors: vec![],
+                counters: Default::default(),
+                regions: vec![],
+            });
+            fleet.workers.push(SimWorker {
+                id,
+                role,
+                core: None,
+                incarnation: 0,
+                ticking: false,
+                queued: false,
+                view_dirty: true,
+            });
+            fleet.boot(i)?;
+        }
+        match &arrivals {
+            Arrivals::Open(offsets) => {
+                for (i, off) in offsets.iter().enumerate().take(workload.sessions()) {
+                    let at = Duration::from_secs_f64(off.max(0.0));
+                    fleet.schedule_in(at, Ev::SessionStart(i));
+                }
+            }
+            Arrivals::Closed(c) => {
+                for _ in 0..(*c).max(1) {
+                    fleet.start_next_session();
+                }
+            }
+        }
+        for f in faults {
+            match f {
+                SimFault::Kill { at, worker } => {
+                    anyhow::ensure!(
+                        *worker < fleet.workers.len(),
+                        "fault: kill worker {worker}: the fleet has {} workers (0 to {})",
+                        fleet.workers.len(),
+                        fleet.workers.len().saturating_sub(1)
+                    );
+                    fleet.schedule_in(*at, Ev::Kill(*worker));
+                }
+                SimFault::DropKvEvents { from, until } => {
+                    fleet.schedule_in(*from, Ev::DropKv(true));
+                    fleet.schedule_in(*until, Ev::DropKv(false));
+                }
+            }
+        }
+        fleet.pump();
+        Ok(fleet)
+    }
+
+    /// Run until nothing is left to happen; the outcome.
+    pub fn run(mut self) -> SimOutcome {
+        while let Some(Scheduled { at, ev, .. }) = self.heap.pop() {
+            let now = self.clock.now();
+            if at > now {
+                self.clock.advance(at - now);
+            }
+            self.out.counters.events += 1;
+            self.handle(ev);
+            self.pump();
+        }
+        self.finish()
+    }
+
+    fn finish(mut self) -> SimOutcome {
+        let now = self.clock.now();
+        let unfinished: Vec<RequestId> = {
+            let mut ids: Vec<RequestId> = self.requests.keys().copied().collect();
+            ids.sort();
+            ids
+        };
+        self.out.leftovers.unfinished = unfinished.len();
+        for rid in unfinished {
+            if let Some(r) = self.requests.remove(&rid) {
+                let mut rec = r.record;
+                rec.error = Some("never finished: nothing was left to happen".into());
+                rec.e2e_ms = ms(now - r.sent);
+                self.out.records.push(rec);
+            }
+        }
+        self.out.leftovers.placed = self.router.placed();
+        self.out.leftovers.listening = self.listening.len();
+        for w in &self.workers {
+            if let Some(core) = &w.core {
+                let s = core.stats();
+                self.out.leftovers.live_sequences += core.num_live() + s.held;
+                self.out.leftovers.pinned_blocks += s.kv_blocks_used;
+            }
+        }
+        self.out.span = match (self.first_arrival, self.last_completion) {
+            (Some(a), Some(b)) => b.saturating_duration_since(a),
+            _ => Duration::ZERO,
+        };
+        self.out
+    }
+
+    fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
+    fn since_start_ms(&self) -> f64 {
+        ms(self.now() - self.start)
+    }
+
+    fn schedule_in(&mut self, after: Duration, ev: Ev) {
+        let at = self.now() + after;
+        self.schedule_at(at, ev);
+    }
+
+    fn schedule_at(&mut self, at: Instant, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Scheduled {
+            at,
+            seq: self.seq,
+            ev,
+        });
+    }
+
+    /// Start (or restart) worker `i`: a fresh core over an empty pool, joining its groups.
+    fn boot(&mut self, i: usize) -> anyhow::Result<()> {
+        let w = &mut self.workers[i];
+        w.incarnation += 1;
+        let pool = BlockPool::new(self.blocks, self.engine.block_size, self.spec.model.salt)
+            .map_err(|e| anyhow::anyhow!("configuration: worker.kv_blocks: {e}"))?
+            .with_worker(w.id.clone());
+        let batcher = SchedulerCore::new(self.scheduler, pool)
+            .map_err(|e| anyhow::anyhow!("configuration: worker: {e}"))?;
+        let cfg = WorkerCoreConfig {
+            worker: w.id.clone(),
+            role: w.role,
+            ..self.core_config.clone()
+        };
+        w.core = Some(WorkerCore::new(cfg, batcher, self.shared.clone()));
+        w.ticking = false;
+        w.view_dirty = true;
+        self.views[i].state = NodeState::Up;
+        self.mark_worker(i);
+        Ok(())
+    }
+
+    fn mark_worker(&mut self, i: usize) {
+        let w = &mut self.workers[i];
+        w.view_dirty = true;
+        if !w.queued {
+            w.queued = true;
+            self.worker_queue.push_back(i);
+        }
+    }
+
+    fn mark_request(&mut self, rid: RequestId) {
+        if let Some(r) = self.requests.get_mut(&rid)
+            && !r.queued
+        {
+            r.queued = true;
+            self.request_queue.push_back(rid);
+        }
+    }
+
+    /// Carry out every effect until none is left (no time passes).
+    fn pump(&mut self) {
+        loop {
+            if let Some(rid) = self.request_queue.pop_front() {
+                self.drive_request(rid);
+            } else if let Some(i) = self.worker_queue.pop_front() {
+                self.drive_worker(i);
+            } else {
+                return;
+            }
+        }
+    }
+
+    fn handle(&mut self, ev: Ev) {
+        match ev {
+            Ev::SessionStart(i) => self.start_turn(i, 0),
+            Ev::Turn(i, k) => self.start_turn(i, k),
+            Ev::StepDone(i, inc, result) => {
+                if let Some(core) = self.live_core(i, inc) {
+                    let r = core.step_done(result, || None);
+                    self.worker_result(i, r);
+                }
+            }
+            Ev::PullDone(i, inc, result) => {
+                if let Some(core) = self.live_core(i, inc) {
+                    let r = core.pull_done(result);
+                    self.worker_result(i, r);
+                }
+            }
+            Ev::Tick(i, inc) => {
+                self.workers[i].ticking = false;
+                if let Some(core) = self.live_core(i, inc) {
+                    let r = core.tick(|_| OwnerStatus::Present);
+                    self.worker_result(i, r);
+                }
+            }
+            Ev::Retry(rid) => {
+                if let Some(r) = self.requests.get_mut(&rid) {
+                    r.core.retry();
+                    self.mark_request(rid);
+                }
+            }
+            Ev::KvEvents(events) => self.router.kv_events(events),
+            Ev::Tokens(events) => {
+                for ev in events {
+                    if let Some(rid) = self.listening.get(&ev.request).copied()
+                        && let Some(r) = self.requests.get_mut(&rid)
+                    {
+                        r.core.event(ev.request, ev.kind);
+                        self.mark_request(rid);
+                    }
+                }
+            }
+            Ev::Kill(i) => self.kill(i),
+            Ev::Restart(i) => {
+                if self.workers[i].core.is_none() && self.boot(i).is_ok() {
+                    self.out.counters.restarts += 1;
+                    let id = self.workers[i].id.clone();
+                    self.fleet_event(FleetEventKind::WorkerUp { worker: id });
+                }
+            }
+            Ev::DropKv(on) => self.drop_kv = on,
+        }
+    }
+
+    /// Worker `i`'s core, if it is up in incarnation `inc`.
+    fn live_core(&mut self, i: usize, inc: u32) -> Option<&mut WorkerCore> {
+        let w = &mut self.workers[i];
+        if w.incarnation != inc {
+            return None;
+        }
+        w.core.as_mut()
+    }
+
+    /// After an input to worker `i`: an error (a hung engine, a broken invariant) takes the
+    /// replica down as the live supervisor would, and it restarts.
+    fn worker_result<E: std::fmt::Display>(&mut self, i: usize, r: Result<(), E>) {
+        self.mark_worker(i);
+        if let Err(e) = r {
+            tracing::warn!(worker = %self.workers[i].id, error = %e, "simulated replica failed; restarting it");
+            self.kill(i);
+        }
+    }
+
+    /// Worker `i` dies: it leaves every group at once (the Requests' group monitor hears
+    /// it), its steps never come back; it restarts after `restart_delay`.
+    fn kill(&mut self, i: usize) {
+        if self.workers[i].core.take().is_none() {
+            return;
+        }
+        self.out.counters.kills += 1;
+        let id = self.workers[i].id.clone();
+        self.groups.leave_all(&id);
+        self.views[i].state = NodeState::Down;
+        self.fleet_event(FleetEventKind::WorkerDown { worker: id.clone() });
+        let mut lost: Vec<(RequestId, RequestId)> = self
+            .requests
+            .iter()
+            .filter_map(|(rid, r)| {
+                r.core
+                    .current()
+                    .filter(|(_, w)| **w == id)
+                    .map(|(a, _)| (*rid, a))
+            })
+            .collect();
+        lost.sort();
+        for (rid, attempt) in lost {
+            if let Some(r) = self.requests.get_mut(&rid) {
+                r.core.worker_lost(attempt);
+            }
+            self.mark_request(rid);
+        }
+        if let Some(d) = self.spec.restart_delay {
+            self.schedule_in(d, Ev::Restart(i));
+        }
+    }
+
+    fn fleet_event(&mut self, ev: FleetEventKind) {
+        match &ev {
+            FleetEventKind::Placed { .. } => self.out.counters.placements += 1,
+            FleetEventKind::Migrated { .. } => self.out.counters.migrations += 1,
+            FleetEventKind::GaveUp { .. } => self.out.counters.gave_up += 1,
+            FleetEventKind::HandedOff { .. } => self.out.counters.hand_offs += 1,
+            _ => {}
+        }
+        let t = self.since_start_ms();
+        self.out.fleet_events.push((t, ev));
+    }
+
+    fn start_next_session(&mut self) {
+        if self.next_session < self.workload.sessions() {
+            let i = self.next_session;
+            self.next_session += 1;
+            self.schedule_in(Duration::ZERO, Ev::SessionStart(i));
+        }
+    }
+
+    /// A client sends turn `k` of session `i`: admission on the published view, then the
+    /// request core places it.
+    fn start_turn(&mut self, i: usize, k: usize) {
+        if k >= self.workload.turns(i) {
+            return self.session_done();
+        }
+        let now = self.now();
+        self.first_arrival.get_or_insert(now);
+        let turn = self.workload.turn(i, k);
+        let sent_s = (now - self.first_arrival.unwrap_or(now)).as_secs_f64();
+        let mut record = SimRecord {
+            session: i,
+            turn: k,
+            sent_s,
+            prompt_tokens: turn.prompt.len() as u64,
+            ..SimRecord::default()
+        };
+        self.refresh_views();
+        let verdict = self
+            .admission
+            .decide(false, self.requests.len(), Some(&self.views));
+        if verdict != AdmissionVerdict::Admit {
+            self.out.counters.shed += 1;
+            record.error = Some(match verdict {
+                AdmissionVerdict::Shed { reason, .. } => {
+                    format!("status 503: {}", reason.message())
+                }
+                _ => "status 503: no fleet view".into(),
+            });
+            return self.end_session_with(i, k, record);
+        }
+        let rid = RequestId(self.next_request);
+        self.next_request += 1;
+        let job = SubmitRequest {
+            request: rid,
+            reply_to: NodeId::new(GATEWAY),
+            prompt: turn.prompt,
+            max_tokens: turn.max_tokens,
+            sampling: Default::default(),
+            stop_token_ids: vec![],
+            ignore_eos: true,
+            owner_incarnation: 1,
+            arrival_ms: self.clock.wall_ms(),
+            trace_id: None,
+            hand_off: false,
+            remote_kv: None,
+        };
+        let mut core = RequestCore::new(
+            RequestCoreConfig {
+                job,
+                block_size: self.engine.block_size,
+                salt: self.spec.model.salt,
+                policy: None,
+                pin: None,
+                migration: self.spec.config.migration_policy(),
+            },
+            self.ids.clone(),
+            self.shared.clone(),
+        );
+        core.start();
+        self.requests.insert(
+            rid,
+            SimRequest {
+                core,
+                session: i,
+                turn: k,
+                sent: now,
+                last_chunk: None,
+                record,
+                finished: false,
+                queued: false,
+            },
+        );
+        self.mark_request(rid);
+    }
+
+    /// A session ends after turn `k` with `record` (a failure): the later turns are skipped,
+    /// as `flotilla bench` skips them.
+    fn end_session_with(&mut self, i: usize, k: usize, record: SimRecord) {
+        let now = self.now();
+        self.last_completion = Some(now);
+        self.out.records.push(record);
+        for later in k + 1..self.workload.turns(i) {
+            let sent_s = (now - self.first_arrival.unwrap_or(now)).as_secs_f64();
+            self.out.records.push(SimRecord {
+                session: i,
+                turn: later,
+                sent_s,
+                error: Some("skipped: an earlier turn of the session failed".into()),
+                ..SimRecord::default()
+            });
+        }
+        self.session_done();
+    }
+
+    fn session_done(&mut self) {
+        if matches!(self.arrivals, Arrivals::Closed(_)) {
+            self.start_next_session();
+        }
+    }
+
+    /// The published fleet view, as of the last heartbeat: rebuilt from the workers whose
+    /// stats may have changed, at most once per `cluster.heartbeat_interval_ms`.
+    fn refresh_views(&mut self) {
+        let now = self.now();
+        if self
+            .views_at
+            .is_some_and(|t| now.saturating_duration_since(t) < self.heartbeat)
+        {
+            return;
+        }
+        self.views_at = Some(now);
+        for (w, view) in self.workers.iter_mut().zip(self.views.iter_mut()) {
+            if !w.view_dirty {
+                continue;
+            }
+            w.view_dirty = false;
+            if let Some(core) = &w.core {
+                set_worker_stats(&mut view.workers[0], &core.stats());
+            }
+        }
+    }
+
+    fn drive_request(&mut self, rid: RequestId) {
+        let Some(r) = self.requests.get_mut(&rid) else {
+            return;
+        };
+        r.queued = false;
+        for e in r.core.take_effects() {
+            self.request_effect(rid, e);
+        }
+    }
+
+    fn request_effect(&mut self, rid: RequestId, effect: RequestEffect) {
+        match effect {
+            RequestEffect::Route(route) => {
+                let pick = self
+                    .router
+                    .place(route)
+                    .map_err(|_| RequestError::RouterReply);
+                if let Some(r) = self.requests.get_mut(&rid) {
+                    r.core.picked(pick);
+                }
+                self.mark_request(rid);
+            }
+            RequestEffect::Submit { worker, job } => {
+                let reached = match self.index.get(&worker).copied() {
+                    Some(i) if self.workers[i].core.is_some() => {
+                        self.listening.insert(job.request, rid);
+                        let r = self.workers[i]
+                            .core
+                            .as_mut()
+                            .map_or(Ok(()), |c| c.submit(*job));
+                        self.worker_result(i, r);
+                        self.ensure_ticking(i);
+                        true
+                    }
+                    _ => false,
+                };
+                if let Some(r) = self.requests.get_mut(&rid) {
+                    r.core.submitted(reached);
+                }
+                self.mark_request(rid);
+            }
+            RequestEffect::Unlisten(attempt) => {
+                self.listening.remove(&attempt);
+            }
+            RequestEffect::Cancel { worker, key } => {
+                if let Some(i) = self.index.get(&worker).copied()
+                    && let Some(core) = self.workers[i].core.as_mut()
+                {
+                    let r = core.cancel(&key);
+                    self.worker_result(i, r);
+                }
+            }
+            RequestEffect::ReleasePlacement((node, id)) => self.router.release(node, id),
+            RequestEffect::FirstToken((node, id)) => self.router.first_token(node, id),
+            RequestEffect::AskHas { worker, key } => {
+                let has = self
+                    .index
+                    .get(&worker)
+                    .and_then(|i| self.workers[*i].core.as_ref())
+                    .is_some_and(|c| c.has(&key));
+                if let Some(r) = self.requests.get_mut(&rid) {
+                    r.core.has_answer(key.1, has);
+                }
+                self.mark_request(rid);
+            }
+            RequestEffect::Deliver(ev) => self.deliver(rid, ev),
+            RequestEffect::RetryAt(at) => self.schedule_at(at, Ev::Retry(rid)),
+            RequestEffect::Fleet(ev) => self.fleet_event(ev),
+            RequestEffect::Stop => self.request_done(rid),
+        }
+    }
+
+    /// What the client sees of an event (the gateway's handler: a chunk per token).
+    fn deliver(&mut self, rid: RequestId, ev: TokenEventKind) {
+        let now = self.now();
+        let Some(r) = self.requests.get_mut(&rid) else {
+            return;
+        };
+        match ev {
+            TokenEventKind::Admitted { cached_tokens, .. } => {
+                r.record.cached_tokens = Some(u64::from(cached_tokens));
+            }
+            TokenEventKind::Token { finish, .. } => {
+                match r.last_chunk {
+                    None => r.record.ttft_ms = Some(ms(now - r.sent)),
+                    Some(last) => r.record.itl_ms.push(ms(now - last)),
+                }
+                r.last_chunk = Some(now);
+                r.record.output_tokens += 1;
+                if finish.is_some() {
+                    r.finished = true;
+                }
+            }
+            TokenEventKind::Failed { message, status } => {
+                r.record.error = Some(format!("status {status}: {message}"));
+            }
+            TokenEventKind::Lost { .. } | TokenEventKind::HandOff(_) => {}
+        }
+    }
+
+    fn request_done(&mut self, rid: RequestId) {
+        let now = self.now();
+        let Some(r) = self.requests.remove(&rid) else {
+            return;
+        };
+        let mut record = r.record;
+        record.e2e_ms = ms(now - r.sent);
+        record.ok = r.finished && record.error.is_none();
+        if !record.ok && record.error.is_none() {
+            record.error = Some("status 200: incomplete stream".into());
+        }
+        let (i, k, ok) = (r.session, r.turn, record.ok);
+        if ok {
+            self.last_completion = Some(now);
+            self.out.records.push(record);
+            self.schedule_in(Duration::ZERO, Ev::Turn(i, k + 1));
+        } else {
+            self.end_session_with(i, k, record);
+        }
+    }
+
+    /// A worker with work ticks every `tick_period`, as the live scheduler does.
+    fn ensure_ticking(&mut self, i: usize) {
+        let w = &mut self.workers[i];
+        if w.ticking || w.core.is_none() {
+            return;
+        }
+        w.ticking = true;
+        let inc = w.incarnation;
+        self.schedule_in(self.tick_period, Ev::Tick(i, inc));
+    }
+
+    fn drive_worker(&mut self, i: usize) {
+        self.workers[i].queued = false;
+        loop {
+            let Some(core) = self.workers[i].core.as_mut() else {
+                return;
+            };
+            let effects = core.take_effects();
+            let mut out: Vec<TokenEvent> = Vec::new();
+            let undelivered = core.has_undelivered();
+            if effects.is_empty() && !undelivered {
+                break;
+            }
+            for e in effects {
+                self.worker_effect(i, e);
+            }
+            if let Some(core) = self.workers[i].core.as_mut()
+                && core.has_undelivered()
+            {
+                core.flush(
+                    |_, events| {
+                        out.extend(events);
+                        Ok(())
+                    },
+                    |_| OwnerStatus::Present,
+                );
+            }
+            if !out.is_empty() {
+                self.schedule_in(self.spec.net_delay, Ev::Tokens(out));
+            }
+        }
+        let busy = self.workers[i]
+            .core
+            .as_ref()
+            .is_some_and(|c| c.num_live() > 0 || c.stats().held > 0);
+        if busy {
+            self.ensure_ticking(i);
+        }
+    }
+
+    fn worker_effect(&mut self, i: usize, effect: WorkerEffect) {
+        let inc = self.workers[i].incarnation;
+        let id = self.workers[i].id.clone();
+        match effect {
+            WorkerEffect::Step { step, batch } => {
+                self.out.counters.steps += 1;
+                let (time, output) = sim::model_step(&self.engine, &batch);
+                let result = StepResult {
+                    step,
+                    output: Ok(output),
+                };
+                self.schedule_in(time, Ev::StepDone(i, inc, result));
+            }
+            WorkerEffect::Pull(job) => {
+                let result = |outcome| PullResult {
+                    seq: job.seq,
+                    outcome,
+                };
+                match job.work {
+                    PullWork::Sim(time) => {
+                        let r = result(Ok(job.blocks));
+                        self.schedule_in(time, Ev::PullDone(i, inc, r));
+                    }
+                    PullWork::Fail(why) => {
+                        let r = result(Err(why));
+                        self.schedule_in(Duration::ZERO, Ev::PullDone(i, inc, r));
+                    }
+                    PullWork::Transport { .. } => {
+                        let r = result(Err("no transport in the simulator".into()));
+                        self.schedule_in(Duration::ZERO, Ev::PullDone(i, inc, r));
+                    }
+                }
+            }
+            WorkerEffect::Release(_) => {}
+            WorkerEffect::ConfirmPull { prefill, key } => {
+                if let Some(p) = self.index.get(&prefill).copied()
+                    && let Some(core) = self.workers[p].core.as_mut()
+                {
+                    let r = core.cancel(&key);
+                    self.worker_result(p, r);
+                }
+            }
+            WorkerEffect::KvEvents { events, .. } => {
+                if self.drop_kv {
+                    self.out.counters.kv_batches_dropped += 1;
+                } else {
+                    self.schedule_in(self.spec.kv_event_delay, Ev::KvEvents(events));
+                }
+            }
+            WorkerEffect::Join(group) => self.groups.join(group, &id),
+            WorkerEffect::Leave(group) => self.groups.leave(group, &id),
+            WorkerEffect::RoleChanged(role) => {
+                self.fleet_event(FleetEventKind::RoleChanged { worker: id, role })
+            }
+            WorkerEffect::Ping => {
+                if let Some(core) = self.workers[i].core.as_mut() {
+                    core.canary_done();
+                }
+            }
+        }
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}

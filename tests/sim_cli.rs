@@ -1,0 +1,94 @@
+//! `flotilla sim` as a user runs it: a bundled trace on a simulated fleet, written out twice
+//! in two processes with the same bytes; bad input refused with the flag named.
+
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_flotilla");
+
+fn sim(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("sim")
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run flotilla sim")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn a_trace_replays_the_same_in_two_processes() {
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    for d in &dirs {
+        let o = sim(&[
+            "--dataset",
+            "mooncake-conversation",
+            "--max-requests",
+            "120",
+            "--speedup",
+            "20",
+            "--workers",
+            "8",
+            "--kill",
+            "2:3",
+            "--out",
+            d.path().to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        let out = text(&o);
+        assert!(
+            out.contains("| mooncake_conversation_trace | 120 | 0 |"),
+            "{out}"
+        );
+    }
+    for file in ["report.json", "requests.jsonl", "fleet_events.jsonl"] {
+        let a = std::fs::read(dirs[0].path().join(file)).unwrap();
+        let b = std::fs::read(dirs[1].path().join(file)).unwrap();
+        assert!(!a.is_empty(), "{file} is empty");
+        assert!(a == b, "{file} differs between two runs");
+    }
+    let sim: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dirs[0].path().join("sim.json")).unwrap()).unwrap();
+    assert_eq!(sim[0]["counters"]["kills"], 1);
+    assert_eq!(sim[0]["leftovers"]["unfinished"], 0);
+    assert_eq!(sim[0]["leftovers"]["pinned_blocks"], 0);
+}
+
+#[test]
+fn impossible_fleets_and_bad_flags_are_refused_by_name() {
+    let cases: [(&[&str], &str); 5] = [
+        (&["--workers", "0"], "--workers"),
+        (&["--prefill", "2", "--decode", "0"], "--decode"),
+        (&["--workers", "4", "--kill", "1:9"], "kill worker 9"),
+        (&["--kill", "soon:1"], "--kill"),
+        (&["--set", "worker.kv_blocks=0"], "worker.kv_blocks"),
+    ];
+    for (args, named) in cases {
+        let mut all = vec!["--dataset", "synthetic-sessions", "--max-requests", "4"];
+        all.extend_from_slice(args);
+        let o = sim(&all);
+        assert!(!o.status.success(), "{args:?} was accepted");
+        assert!(text(&o).contains(named), "{args:?}: {}", text(&o));
+    }
+}
+
+#[test]
+fn a_malformed_trace_line_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("t.jsonl");
+    std::fs::write(
+        &p,
+        "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 4, \"hash_ids\": [1, 2]}\n\
+         {\"timestamp\": 10, \"input_length\": oops}\n",
+    )
+    .unwrap();
+    let o = sim(&["--trace", p.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("line 2"), "{}", text(&o));
+}
