@@ -134,12 +134,11 @@ struct StatusArgs {
     json: bool,
 }
 
-fn init_tracing() {
+/// Logs on stderr, filtered by `FLOTILLA_LOG`, else by `default`.
+fn init_tracing(default: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("FLOTILLA_LOG")
-        // ractor_cluster reports every closed session as a warning — routine when nodes stop or
-        // chaos cuts them; `FLOTILLA_LOG=info,ractor_cluster=warn` shows them again.
-        .unwrap_or_else(|_| EnvFilter::new("info,ractor_cluster=error,ractor=warn"));
+    let filter =
+        EnvFilter::try_from_env("FLOTILLA_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     // Colours only on a terminal: a log file or a pipe gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
@@ -221,8 +220,15 @@ async fn run_node(a: NodeArgs) -> anyhow::Result<std::process::ExitCode> {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    init_tracing();
     let cli = Cli::parse();
+    init_tracing(match cli.cmd {
+        // The simulated fleet's warnings (migrations, resyncs) carry wall-clock times that
+        // mean nothing there; its report says what happened. `FLOTILLA_LOG=warn` shows them.
+        Cmd::Sim(_) => "error",
+        // ractor_cluster reports every closed session as a warning — routine when nodes stop
+        // or chaos cuts them; `FLOTILLA_LOG=info,ractor_cluster=warn` shows them again.
+        _ => "info,ractor_cluster=error,ractor=warn",
+    });
     let result = match cli.cmd {
         Cmd::Up(mut a) => flotilla::cli::up::up(flotilla::cli::up::UpOptions {
             worker_roles: {

@@ -62,12 +62,35 @@ fn a_trace_replays_the_same_in_two_processes() {
 
 #[test]
 fn impossible_fleets_and_bad_flags_are_refused_by_name() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 12] = [
         (&["--workers", "0"], "--workers"),
         (&["--prefill", "2", "--decode", "0"], "--decode"),
-        (&["--workers", "4", "--kill", "1:9"], "kill worker 9"),
+        (&["--workers", "4", "--kill", "1:9"], "--kill …:9"),
         (&["--kill", "soon:1"], "--kill"),
+        (&["--kill", "1e300:0"], "--kill"),
+        (&["--drop-kv-events", "3-1"], "--drop-kv-events"),
+        (&["--net-delay-ms", "1e300"], "--net-delay-ms"),
         (&["--set", "worker.kv_blocks=0"], "worker.kv_blocks"),
+        (&["--set", "worker.sim_speedup=0"], "worker.sim_speedup"),
+        (
+            &["--turns", "1", "--arrival", "poisson", "--rate", "1e-300"],
+            "arrives at",
+        ),
+        (
+            &[
+                "--compare",
+                "workers=2,4",
+                "--prefill",
+                "1",
+                "--decode",
+                "1",
+            ],
+            "--compare workers",
+        ),
+        (
+            &["--compare", "worker.sim_speedup=1,0"],
+            "worker.sim_speedup",
+        ),
     ];
     for (args, named) in cases {
         let mut all = vec!["--dataset", "synthetic-sessions", "--max-requests", "4"];
@@ -75,6 +98,11 @@ fn impossible_fleets_and_bad_flags_are_refused_by_name() {
         let o = sim(&all);
         assert!(!o.status.success(), "{args:?} was accepted");
         assert!(text(&o).contains(named), "{args:?}: {}", text(&o));
+        assert!(!text(&o).contains("panicked"), "{args:?}: {}", text(&o));
+        assert!(
+            !text(&o).contains("| run |"),
+            "{args:?} ran before it was refused"
+        );
     }
 }
 
@@ -91,4 +119,7 @@ fn a_malformed_trace_line_is_named() {
     let o = sim(&["--trace", p.to_str().unwrap()]);
     assert!(!o.status.success());
     assert!(text(&o).contains("line 2"), "{}", text(&o));
+    let o = sim(&["--dataset", "sharegpt"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("not simulated yet"), "{}", text(&o));
 }

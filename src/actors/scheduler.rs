@@ -226,11 +226,13 @@ impl SchedulerState {
             PullWork::Fail(why) => {
                 let _ = me.cast(done(Err(why)));
             }
-            PullWork::Sim(time) => {
-                tokio::spawn(async move {
-                    tokio::time::sleep(time).await;
-                    let _ = me.cast(done(Ok(blocks)));
-                });
+            work @ PullWork::Sim { .. } => {
+                if let Some((time, outcome)) = work.simulated(blocks) {
+                    tokio::spawn(async move {
+                        tokio::time::sleep(time).await;
+                        let _ = me.cast(done(outcome));
+                    });
+                }
             }
             PullWork::Transport {
                 from,

@@ -49,6 +49,7 @@ use crate::cli::bench::{
     synth, workload, write_outputs,
 };
 use crate::node::config::Config;
+use crate::sim::world::{MAX_SIM_S, sim_time};
 use crate::sim::{
     Arrivals, ModelFacts, SimFault, SimFleet, SimOutcome, SimRecord, SimSpec, SimTurn, SimWorkload,
 };
@@ -89,7 +90,8 @@ pub struct SimArgs {
     /// Delay of token events from a worker to the gateway (ms).
     #[arg(long, default_value_t = 0.2)]
     pub net_delay_ms: f64,
-    /// Kill worker WORKER at AT_S seconds: `AT_S:WORKER` (repeatable).
+    /// Kill worker WORKER at AT_S seconds of simulated time: `AT_S:WORKER` (repeatable).
+    /// Workers are numbered from 0: the aggregated ones, then prefill, then decode.
     #[arg(long, value_name = "AT_S:WORKER")]
     pub kill: Vec<String>,
     /// A killed worker's replica restarts after this long (ms; 0: it stays down).
@@ -155,8 +157,9 @@ pub fn parse_faults(a: &SimArgs) -> anyhow::Result<Vec<SimFault>> {
             .trim()
             .parse()
             .with_context(|| format!("{flag}: {v:?} is not a number of seconds"))?;
-        ensure!(s >= 0.0 && s.is_finite(), "{flag}: {v:?} must be ≥ 0");
-        Ok(Duration::from_secs_f64(s))
+        sim_time(s).with_context(|| {
+            format!("{flag}: {v:?} must be a finite number of seconds from 0 to {MAX_SIM_S:e}")
+        })
     };
     let mut out = Vec::new();
     for k in &a.kill {
@@ -173,8 +176,12 @@ pub fn parse_faults(a: &SimArgs) -> anyhow::Result<Vec<SimFault>> {
         });
     }
     if let Some(d) = &a.drop_kv_events {
+        // The separator is the first '-' after the first character (FROM_S may be "-1").
         let (from, until) = d
-            .split_once('-')
+            .char_indices()
+            .skip(1)
+            .find(|&(_, c)| c == '-')
+            .map(|(i, _)| (&d[..i], &d[i + 1..]))
             .with_context(|| format!("--drop-kv-events {d}: expected FROM_S-UNTIL_S"))?;
         let (from, until) = (
             secs("--drop-kv-events", from)?,
@@ -220,6 +227,11 @@ fn variants(a: &SimArgs, name: &str) -> anyhow::Result<Vec<SimVariant>> {
         .map(|v| {
             let label = format!("{key}={v}");
             if key == "workers" {
+                ensure!(
+                    a.prefill.is_none() && a.decode.is_none(),
+                    "--compare workers=…: sizes an aggregated fleet; it cannot be combined with \
+                     --prefill/--decode (compare worker.… keys, or run each split)"
+                );
                 let n: usize = v
                     .parse()
                     .with_context(|| format!("--compare {label}: not a worker count"))?;
@@ -271,7 +283,12 @@ fn model_facts(config: &Config) -> anyhow::Result<ModelFacts> {
 ///
 /// # Errors
 /// An impossible fleet, named.
-fn spec(a: &SimArgs, config: Config, workers: Option<usize>) -> anyhow::Result<SimSpec> {
+fn spec(
+    a: &SimArgs,
+    config: Config,
+    workers: Option<usize>,
+    faults: &[SimFault],
+) -> anyhow::Result<SimSpec> {
     let profile = match &config.worker.sim_profile {
         Some(p) => SimProfile::load(p)?,
         None => SimProfile::default(),
@@ -281,24 +298,35 @@ fn spec(a: &SimArgs, config: Config, workers: Option<usize>) -> anyhow::Result<S
         (Some(p), Some(d), None) => (0, p, d),
         _ => (a.workers, 0, 0),
     };
-    ensure!(
-        workers + prefill + decode > 0,
-        "--workers: the fleet needs at least one worker"
-    );
-    if prefill + decode > 0 {
+    let total = workers + prefill + decode;
+    if a.prefill.is_some() && workers == 0 {
+        ensure!(
+            total > 0,
+            "--prefill/--decode: the fleet needs at least one worker"
+        );
         ensure!(
             decode > 0,
             "--decode: a prefill pool needs a decode pool to hand its prompts to"
         );
     }
-    ensure!(
-        a.kv_event_delay_ms >= 0.0 && a.kv_event_delay_ms.is_finite(),
-        "--kv-event-delay-ms must be ≥ 0"
-    );
-    ensure!(
-        a.net_delay_ms >= 0.0 && a.net_delay_ms.is_finite(),
-        "--net-delay-ms must be ≥ 0"
-    );
+    ensure!(total > 0, "--workers: the fleet needs at least one worker");
+    for f in faults {
+        if let SimFault::Kill { worker, .. } = f {
+            ensure!(
+                *worker < total,
+                "--kill …:{worker}: the fleet has {total} workers (0 to {}: aggregated, then \
+                 prefill, then decode)",
+                total - 1
+            );
+        }
+    }
+    let delay = |flag: &str, ms: f64| {
+        sim_time(ms / 1000.0).with_context(|| {
+            format!("{flag}: {ms} must be a finite number of ms from 0 to {MAX_SIM_S:e} s")
+        })
+    };
+    let kv_event_delay = delay("--kv-event-delay-ms", a.kv_event_delay_ms)?;
+    let net_delay = delay("--net-delay-ms", a.net_delay_ms)?;
     let model = model_facts(&config)?;
     Ok(SimSpec {
         config,
@@ -307,8 +335,8 @@ fn spec(a: &SimArgs, config: Config, workers: Option<usize>) -> anyhow::Result<S
         decode,
         profile,
         model,
-        kv_event_delay: Duration::from_secs_f64(a.kv_event_delay_ms / 1000.0),
-        net_delay: Duration::from_secs_f64(a.net_delay_ms / 1000.0),
+        kv_event_delay,
+        net_delay,
         restart_delay: (a.restart_ms > 0).then(|| Duration::from_millis(a.restart_ms)),
     })
 }
@@ -360,6 +388,12 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
             .with_context(|| format!("--out {}: cannot create the folder", dir.display()))?;
     }
     let faults = parse_faults(&a)?;
+    ensure!(
+        a.workload.dataset != Some(crate::cli::bench::Dataset::Sharegpt),
+        "--dataset sharegpt: chat prompts are not simulated yet; use a token-id workload \
+         (--dataset mooncake-conversation, mooncake-synthetic, azure-conv, azure-code, \
+         synthetic-sessions, or --trace)"
+    );
     let workload = load_workload(&a.workload)?;
     ensure!(
         workload.requests() > 0,
@@ -402,7 +436,7 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
     for v in &variants {
         let config =
             load_config(&a, v.set.as_deref()).with_context(|| format!("run {}", v.label))?;
-        specs.push(spec(&a, config, v.workers)?);
+        specs.push(spec(&a, config, v.workers, &faults)?);
     }
 
     let mut runs = Vec::new();
@@ -419,7 +453,7 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
         let span = outcome.span.as_secs_f64();
         eprintln!(
             "[{}] simulated {span:.1} s in {wall:.2} s ({:.0}× real time): {} events, {} \
-             steps, {} placements, {} migrations, {} shed, {} given up; left over: {:?}",
+             steps, {} placements, {} migrations, {} shed, {} given up; left over: {}",
             v.label,
             span / wall.max(1e-9),
             outcome.counters.events,

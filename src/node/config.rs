@@ -669,6 +669,9 @@ impl Config {
         if self.node.roles.is_empty() {
             return Err(invalid("node.roles", "at least one role is required"));
         }
+        if !(self.worker.sim_speedup.is_finite() && self.worker.sim_speedup > 0.0) {
+            return Err(invalid("worker.sim_speedup", "must be a finite number > 0"));
+        }
         if !(self.worker.sim_transfer_gbps.is_finite() && self.worker.sim_transfer_gbps > 0.0) {
             return Err(invalid("worker.sim_transfer_gbps", "must be > 0"));
         }

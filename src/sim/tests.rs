@@ -299,3 +299,25 @@ fn the_simulator_shares_the_live_decision_code() {
         );
     }
 }
+
+/// A modelled KV transfer longer than `disagg.transfer_timeout_ms` fails at the limit, as a
+/// real pull times out, and the decode worker computes the prompt itself: the run ends.
+#[test]
+fn a_transfer_past_its_time_limit_falls_back_to_recompute() {
+    let mut s = spec(0);
+    s.prefill = 1;
+    s.decode = 1;
+    s.config.worker.sim_transfer_gbps = 1e-6;
+    let w = Fixed(vec![vec![SimTurn {
+        prompt: prompt(20, 1_024),
+        max_tokens: 4,
+    }]]);
+    let out = run(s, &w, offsets(1, 0.0), &[]);
+    assert_conserved(&out, 1);
+    let r = &out.records[0];
+    assert!(r.ok, "{r:?}");
+    assert_eq!(out.counters.hand_offs, 1);
+    // The second token waited for the limit (10 s by default), then for the recompute.
+    let gap = r.itl_ms[0];
+    assert!((10_000.0..11_000.0).contains(&gap), "{gap} ms");
+}

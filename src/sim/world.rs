@@ -11,7 +11,7 @@
 //! nothing.
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,6 +34,14 @@ use crate::worker::scheduler::{
     DisaggWorker, PullResult, PullWork, ROUTABLE_GROUP, SCHEDULER_GROUP, SchedulerCore, StepResult,
     WorkerCore, WorkerCoreConfig, WorkerEffect,
 };
+
+/// Latest simulated instant an input may name (s): about 31 years.
+pub const MAX_SIM_S: f64 = 1e9;
+
+/// `secs` as a simulated duration, if finite, ≥ 0 and within [`MAX_SIM_S`].
+pub fn sim_time(secs: f64) -> Option<Duration> {
+    (secs.is_finite() && (0.0..=MAX_SIM_S).contains(&secs)).then(|| Duration::from_secs_f64(secs))
+}
 
 /// The gateway node every simulated request is submitted from.
 pub const GATEWAY: &str = "sim-gateway";
@@ -179,6 +187,16 @@ pub struct SimLeftovers {
     pub listening: usize,
 }
 
+impl std::fmt::Display for SimLeftovers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} unfinished, {} placed, {} live sequences, {} pinned blocks, {} listened for",
+            self.unfinished, self.placed, self.live_sequences, self.pinned_blocks, self.listening
+        )
+    }
+}
+
 /// A run's results.
 #[derive(Clone, Debug, Default)]
 pub struct SimOutcome {
@@ -192,21 +210,42 @@ pub struct SimOutcome {
     pub fleet_events: Vec<(f64, FleetEventKind)>,
 }
 
-/// The sets of workers the router reads (the live fleet's process groups).
+/// The sets of workers the router reads (the live fleet's process groups): each a list in
+/// the order workers joined, with a set beside it for membership.
 #[derive(Default)]
 struct Groups {
-    routable: Mutex<Vec<WorkerId>>,
-    alive: Mutex<Vec<WorkerId>>,
-    prefill: Mutex<Vec<WorkerId>>,
-    decode: Mutex<Vec<WorkerId>>,
+    routable: Mutex<Members>,
+    alive: Mutex<Members>,
+    prefill: Mutex<Members>,
+    decode: Mutex<Members>,
 }
 
-fn lock(m: &Mutex<Vec<WorkerId>>) -> std::sync::MutexGuard<'_, Vec<WorkerId>> {
+#[derive(Default)]
+struct Members {
+    list: Vec<WorkerId>,
+    set: HashSet<WorkerId>,
+}
+
+impl Members {
+    fn join(&mut self, w: &WorkerId) {
+        if self.set.insert(w.clone()) {
+            self.list.push(w.clone());
+        }
+    }
+
+    fn leave(&mut self, w: &WorkerId) {
+        if self.set.remove(w) {
+            self.list.retain(|x| x != w);
+        }
+    }
+}
+
+fn lock(m: &Mutex<Members>) -> std::sync::MutexGuard<'_, Members> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Groups {
-    fn set(&self, group: &str) -> Option<&Mutex<Vec<WorkerId>>> {
+    fn set(&self, group: &str) -> Option<&Mutex<Members>> {
         if group == ROUTABLE_GROUP {
             Some(&self.routable)
         } else if group == SCHEDULER_GROUP {
@@ -222,37 +261,34 @@ impl Groups {
 
     fn join(&self, group: &str, w: &WorkerId) {
         if let Some(set) = self.set(group) {
-            let mut set = lock(set);
-            if !set.contains(w) {
-                set.push(w.clone());
-            }
+            lock(set).join(w);
         }
     }
 
     fn leave(&self, group: &str, w: &WorkerId) {
         if let Some(set) = self.set(group) {
-            lock(set).retain(|x| x != w);
+            lock(set).leave(w);
         }
     }
 
     fn leave_all(&self, w: &WorkerId) {
         for set in [&self.routable, &self.alive, &self.prefill, &self.decode] {
-            lock(set).retain(|x| x != w);
+            lock(set).leave(w);
         }
     }
 }
 
 impl WorkerSource for Groups {
     fn routable(&self) -> Vec<WorkerId> {
-        lock(&self.routable).clone()
+        lock(&self.routable).list.clone()
     }
     fn alive(&self) -> Vec<WorkerId> {
-        lock(&self.alive).clone()
+        lock(&self.alive).list.clone()
     }
     fn in_role(&self, role: Role) -> Vec<WorkerId> {
         match role {
-            Role::Prefill => lock(&self.prefill).clone(),
-            Role::Decode => lock(&self.decode).clone(),
+            Role::Prefill => lock(&self.prefill).list.clone(),
+            Role::Decode => lock(&self.decode).list.clone(),
             Role::Aggregated => Vec::new(),
         }
     }
@@ -474,7 +510,13 @@ impl<'w> SimFleet<'w> {
         match &arrivals {
             Arrivals::Open(offsets) => {
                 for (i, off) in offsets.iter().enumerate().take(workload.sessions()) {
-                    let at = Duration::from_secs_f64(off.max(0.0));
+                    let at = sim_time(*off).ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "session {i} arrives at {off} s: arrivals must be finite, ≥ 0 and \
+                             within {MAX_SIM_S:e} s (check --speedup, --rate, \
+                             --trace-jitter-ms and the trace's timestamps)"
+                        )
+                    })?;
                     fleet.schedule_in(at, Ev::SessionStart(i));
                 }
             }
@@ -489,7 +531,8 @@ impl<'w> SimFleet<'w> {
                 SimFault::Kill { at, worker } => {
                     anyhow::ensure!(
                         *worker < fleet.workers.len(),
-                        "fault: kill worker {worker}: the fleet has {} workers (0 to {})",
+                        "--kill …:{worker}: the fleet has {} workers (0 to {}: aggregated, then \
+                         prefill, then decode)",
                         fleet.workers.len(),
                         fleet.workers.len().saturating_sub(1)
                     );
@@ -1062,13 +1105,15 @@ impl<'w> SimFleet<'w> {
                     seq: job.seq,
                     outcome,
                 };
-                match job.work {
-                    PullWork::Sim(time) => {
-                        let r = result(Ok(job.blocks));
-                        self.schedule_in(time, Ev::PullDone(i, inc, r));
+                match &job.work {
+                    work @ PullWork::Sim { .. } => {
+                        if let Some((time, outcome)) = work.simulated(job.blocks) {
+                            let r = result(outcome);
+                            self.schedule_in(time, Ev::PullDone(i, inc, r));
+                        }
                     }
                     PullWork::Fail(why) => {
-                        let r = result(Err(why));
+                        let r = result(Err(why.clone()));
                         self.schedule_in(Duration::ZERO, Ev::PullDone(i, inc, r));
                     }
                     PullWork::Transport { .. } => {

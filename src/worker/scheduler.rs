@@ -285,7 +285,10 @@ impl SimTransfer {
     pub fn time(&self, blocks: usize, block_size: usize) -> std::time::Duration {
         let bytes = (blocks * block_size) as f64 * self.bytes_per_token as f64;
         let secs = self.latency.as_secs_f64() + bytes / (self.gbps.max(1e-9) * 1e9);
-        std::time::Duration::from_secs_f64(secs / self.speedup.max(1e-9))
+        // Saturating: an absurd setting gives a transfer that never ends in time (the pull's
+        // budget cuts it), never a panic.
+        std::time::Duration::try_from_secs_f64(secs / self.speedup.max(1e-9))
+            .unwrap_or(std::time::Duration::MAX)
     }
 }
 

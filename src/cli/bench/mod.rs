@@ -206,7 +206,7 @@ pub struct WorkloadArgs {
     /// Seed of the arrival times and trace jitter.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Prefix salt of the first run [default: random, printed].
+    /// Prefix salt of the first run [default: bench: random, printed; sim: 0].
     #[arg(long)]
     pub salt: Option<u64>,
     /// synthetic-sessions: sessions.

@@ -247,7 +247,21 @@ pub fn model_step(args: &SimEngineArgs, batch: &StepBatch) -> (Duration, StepOut
             logprob: 0.0,
         })
         .collect();
-    (Duration::from_secs_f64(ms / 1000.0), StepOutput { tokens })
+    (step_duration(ms), StepOutput { tokens })
+}
+
+/// Longest modelled step (s): a profile that prices a step beyond it (or below zero, or not
+/// at all) is cut to the bound instead of panicking; the step watchdog fires long before.
+const MAX_STEP_S: f64 = 1e6;
+
+fn step_duration(ms: f64) -> Duration {
+    let s = ms / 1000.0;
+    let s = if s.is_finite() {
+        s.clamp(0.0, MAX_STEP_S)
+    } else {
+        0.0
+    };
+    Duration::from_secs_f64(s)
 }
 
 impl StepEngine for SimEngine {

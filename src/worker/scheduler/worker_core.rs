@@ -90,8 +90,31 @@ pub enum PullWork {
         pairs: Vec<(u32, u32)>,
         budget: Duration,
     },
-    /// Simulated: the transfer takes this long.
-    Sim(Duration),
+    /// Simulated: the transfer takes `time`; one longer than `budget` fails when the budget
+    /// runs out, as a real pull times out ([`PullWork::simulated`]).
+    Sim { time: Duration, budget: Duration },
+}
+
+impl PullWork {
+    /// A simulated pull of `blocks` blocks: when it ends (after its modelled time, or at its
+    /// budget) and its outcome. `None` for other kinds of work.
+    pub fn simulated(&self, blocks: usize) -> Option<(Duration, Result<usize, String>)> {
+        let PullWork::Sim { time, budget } = self else {
+            return None;
+        };
+        Some(if time <= budget {
+            (*time, Ok(blocks))
+        } else {
+            (
+                *budget,
+                Err(format!(
+                    "the modelled transfer ({} ms) exceeds its time limit ({} ms)",
+                    time.as_millis(),
+                    budget.as_millis()
+                )),
+            )
+        })
+    }
 }
 
 /// A pull to start; its result comes back through [`WorkerCore::pull_done`].
@@ -670,7 +693,10 @@ impl WorkerCore {
                     pairs,
                     budget,
                 },
-                (None, _, Some(sim)) => PullWork::Sim(sim.time(n, self.cfg.block_size)),
+                (None, _, Some(sim)) => PullWork::Sim {
+                    time: sim.time(n, self.cfg.block_size),
+                    budget,
+                },
                 _ => PullWork::Fail("no transport to pull the KV with".into()),
             }
         };
