@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The offline simulator against a live fleet, one workload, one table (issue 28, "Faithful"):
+# `flotilla up --engine sim` + `flotilla bench`, then `flotilla sim` with the same workload,
+# fleet and settings; prints each run's TTFT / ITL percentiles, prefix hit rate and goodput,
+# and the simulator's error against the live run per metric.
+#
+#   scripts/sim-fidelity.sh [BENCH_FLAGS…]     default: the first 600 Mooncake conversation requests
+#   WORKERS=16 REQUESTS=600 TRACE_SPEEDUP=2 scripts/sim-fidelity.sh
+#   PREFILL=1 DECODE=2 DATASET=synthetic-sessions scripts/sim-fidelity.sh
+#
+# Environment: FLOTILLA (binary, default $CARGO_TARGET_DIR/debug/flotilla, else target/…), OUT
+# (/tmp/sim-fidelity), WORKERS (16; or PREFILL and DECODE: a disaggregated fleet, one worker
+# per node), REQUESTS (600), TRACE_SPEEDUP (2), DATASET (mooncake-conversation), SALT (1),
+# SETS (settings for both, space-separated KEY=VALUE).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${FLOTILLA:-${CARGO_TARGET_DIR:-target}/debug/flotilla}
+OUT=${OUT:-/tmp/sim-fidelity}
+WORKERS=${WORKERS:-16}; REQUESTS=${REQUESTS:-600}; TRACE_SPEEDUP=${TRACE_SPEEDUP:-2}
+DATASET=${DATASET:-mooncake-conversation}; SALT=${SALT:-1}
+PREFILL=${PREFILL:-}; DECODE=${DECODE:-}
+SETS_ARGS=(); for kv in ${SETS:-}; do SETS_ARGS+=(--set "$kv"); done
+GW=127.0.0.1:18110
+mkdir -p "$OUT"
+WORKLOAD=(--dataset "$DATASET" --max-requests "$REQUESTS" --speedup "$TRACE_SPEEDUP" --salt "$SALT" "$@")
+
+. scripts/lib/fleet.sh
+UP=
+trap 'stop_fleet' EXIT
+if [ -n "$PREFILL" ]; then
+  FLEET_UP=(--prefill "$PREFILL" --decode "$DECODE"); FLEET_SIM=(--prefill "$PREFILL" --decode "$DECODE")
+  TOTAL=$((PREFILL + DECODE))
+else
+  FLEET_UP=(--nodes 3 --workers "$WORKERS"); FLEET_SIM=(--workers "$WORKERS"); TOTAL=$WORKERS
+fi
+"$BIN" up --engine sim "${FLEET_UP[@]}" --http "$GW" "${SETS_ARGS[@]}" > "$OUT/up.log" 2>&1 &
+UP=$!
+wait_fleet "$GW" "$TOTAL" "$OUT/up.log" 120
+"$BIN" bench --gateway "$GW" "${WORKLOAD[@]}" --out "$OUT/live" > "$OUT/live.log" 2>&1
+stop_fleet
+"$BIN" sim "${FLEET_SIM[@]}" "${SETS_ARGS[@]}" "${WORKLOAD[@]}" --out "$OUT/sim" > "$OUT/sim.log" 2>&1
+
+python3 - "$OUT/live/report.json" "$OUT/sim/report.json" <<'PY'
+import json, sys
+live, sim = (json.load(open(p))[0] for p in sys.argv[1:3])
+rows = [
+    ("TTFT p50 ms", lambda r: r["ttft_ms"]["p50"]),
+    ("TTFT p99 ms", lambda r: r["ttft_ms"]["p99"]),
+    ("ITL p50 ms", lambda r: r["itl_ms"]["p50"]),
+    ("ITL p99 ms", lambda r: r["itl_ms"]["p99"]),
+    ("TPOT p50 ms", lambda r: r["tpot_ms"]["p50"]),
+    ("E2E p50 ms", lambda r: r["e2e_ms"]["p50"]),
+    ("prefix hit %", lambda r: r["prefix_hit_rate"] and 100 * r["prefix_hit_rate"]),
+    ("goodput req/s", lambda r: r["goodput_rps"]),
+    ("errors", lambda r: r["errors"]),
+]
+print("| metric | live | sim | sim ÷ live − 1 |")
+print("|---|---:|---:|---:|")
+for name, get in rows:
+    a, b = get(live), get(sim)
+    err = "–" if not a or a is None or b is None else f"{100 * (b / a - 1):+.1f} %"
+    fa = "–" if a is None else f"{a:.2f}"
+    fb = "–" if b is None else f"{b:.2f}"
+    print(f"| {name} | {fa} | {fb} | {err} |")
+PY
