@@ -23,7 +23,13 @@
 //! tokenization at the gateway (the live gateway's own time, well under a millisecond per
 //! request on this machine), actor mailboxes and message encoding, the clock jitter of a busy
 //! host, and the stall checks of a request (no token event is ever lost here unless a fault
-//! says so). One gateway, one router; each worker is its own node.
+//! says so). Idle workers do not tick, so an idle worker's canary never runs: a hung engine is
+//! found by the watchdog of the first step it is given (the live fleet may find it sooner, by
+//! its canary). One gateway, one router; each worker is its own node.
+//!
+//! **Faults** ([`world::SimFault`]): kills (the replica restarts after a delay), hangs and
+//! slow engines (through the worker core's own `InjectedFaults`, as the chaos filters set
+//! them: the watchdog decides), and windows in which KV events are dropped.
 //!
 //! **Deterministic.** Events are handled in (time, order of scheduling); the clock starts at a
 //! fixed wall time ([`world::START_WALL_MS`]); nothing iterates a hash map where the order

@@ -37,6 +37,10 @@ fn a_trace_replays_the_same_in_two_processes() {
             "8",
             "--kill",
             "2:3",
+            "--slow",
+            "1-3:1:20",
+            "--hang",
+            "4-6:2",
             "--out",
             d.path().to_str().unwrap(),
         ]);
@@ -62,7 +66,10 @@ fn a_trace_replays_the_same_in_two_processes() {
 
 #[test]
 fn impossible_fleets_and_bad_flags_are_refused_by_name() {
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 15] = [
+        (&["--hang", "5:0"], "--hang"),
+        (&["--slow", "1-2:0"], "--slow"),
+        (&["--workers", "4", "--hang", "1-2:9"], "--hang …:9"),
         (&["--workers", "0"], "--workers"),
         (&["--prefill", "2", "--decode", "0"], "--decode"),
         (&["--workers", "4", "--kill", "1:9"], "--kill …:9"),

@@ -21,7 +21,10 @@
 //!
 //! **Faults**: `--kill AT_S:WORKER` (repeatable) kills worker `WORKER` (0-based, in the order
 //! aggregated, prefill, decode) at `AT_S` seconds of simulated time; it restarts after
-//! `--restart-ms` (0: it stays down). `--drop-kv-events FROM_S-UNTIL_S` drops every KV event
+//! `--restart-ms` (0: it stays down). `--hang FROM_S-UNTIL_S:WORKER` holds a worker's engine
+//! (its step and canary wait; past `worker.step_timeout_ms` the replica's own watchdog takes it
+//! down and it restarts), `--slow FROM_S-UNTIL_S:WORKER:DELAY_MS` delays each of its steps
+//! (chaos `hang` and `slow`). `--drop-kv-events FROM_S-UNTIL_S` drops every KV event
 //! batch in that window (the router's index goes stale, as with the chaos `drop_kv_events`).
 //!
 //! **Outputs**: the bench's table (and comparison table), and with `--out DIR` its
@@ -94,6 +97,14 @@ pub struct SimArgs {
     /// Workers are numbered from 0: the aggregated ones, then prefill, then decode.
     #[arg(long, value_name = "AT_S:WORKER")]
     pub kill: Vec<String>,
+    /// Hang worker WORKER's engine from FROM_S to UNTIL_S: `FROM_S-UNTIL_S:WORKER` (repeatable;
+    /// past `worker.step_timeout_ms` the watchdog takes the replica down and it restarts).
+    #[arg(long, value_name = "FROM_S-UNTIL_S:WORKER")]
+    pub hang: Vec<String>,
+    /// Slow worker WORKER's engine by DELAY_MS before each step from FROM_S to UNTIL_S:
+    /// `FROM_S-UNTIL_S:WORKER:DELAY_MS` (repeatable).
+    #[arg(long, value_name = "FROM_S-UNTIL_S:WORKER:DELAY_MS")]
+    pub slow: Vec<String>,
     /// A killed worker's replica restarts after this long (ms; 0: it stays down).
     #[arg(long, default_value_t = 2_000)]
     pub restart_ms: u64,
@@ -147,7 +158,7 @@ fn check_token_prompts(w: &Workload) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--kill AT_S:WORKER` and `--drop-kv-events FROM_S-UNTIL_S`.
+/// `--kill`, `--hang`, `--slow` and `--drop-kv-events`.
 ///
 /// # Errors
 /// A malformed value, named.
@@ -161,36 +172,66 @@ pub fn parse_faults(a: &SimArgs) -> anyhow::Result<Vec<SimFault>> {
             format!("{flag}: {v:?} must be a finite number of seconds from 0 to {MAX_SIM_S:e}")
         })
     };
+    // `FROM_S-UNTIL_S`; the separator is the first '-' after the first character (so that a
+    // negative FROM_S is reported as such).
+    let window = |flag: &str, w: &str| -> anyhow::Result<(Duration, Duration)> {
+        let (from, until) = w
+            .char_indices()
+            .skip(1)
+            .find(|&(_, c)| c == '-')
+            .map(|(i, _)| (&w[..i], &w[i + 1..]))
+            .with_context(|| format!("{flag} {w}: expected FROM_S-UNTIL_S"))?;
+        let (from, until) = (secs(flag, from)?, secs(flag, until)?);
+        ensure!(from < until, "{flag} {w}: the window ends before it starts");
+        Ok((from, until))
+    };
+    let index = |flag: &str, all: &str, v: &str| -> anyhow::Result<usize> {
+        v.trim()
+            .parse()
+            .with_context(|| format!("{flag} {all}: {v:?} is not a worker index"))
+    };
     let mut out = Vec::new();
     for k in &a.kill {
         let (at, worker) = k
             .split_once(':')
             .with_context(|| format!("--kill {k}: expected AT_S:WORKER, e.g. 5:0"))?;
-        let worker: usize = worker
-            .trim()
-            .parse()
-            .with_context(|| format!("--kill {k}: {worker:?} is not a worker index"))?;
         out.push(SimFault::Kill {
             at: secs("--kill", at)?,
-            worker,
+            worker: index("--kill", k, worker)?,
+        });
+    }
+    for h in &a.hang {
+        let (w, worker) = h
+            .split_once(':')
+            .with_context(|| format!("--hang {h}: expected FROM_S-UNTIL_S:WORKER, e.g. 5-40:0"))?;
+        let (from, until) = window("--hang", w)?;
+        out.push(SimFault::Hang {
+            from,
+            until,
+            worker: index("--hang", h, worker)?,
+        });
+    }
+    for sl in &a.slow {
+        let parts: Vec<&str> = sl.split(':').collect();
+        let [w, worker, delay] = parts[..] else {
+            bail!("--slow {sl}: expected FROM_S-UNTIL_S:WORKER:DELAY_MS, e.g. 5-20:0:50");
+        };
+        let (from, until) = window("--slow", w)?;
+        let ms: f64 = delay
+            .trim()
+            .parse()
+            .with_context(|| format!("--slow {sl}: {delay:?} is not a number of ms"))?;
+        let delay = sim_time(ms / 1000.0)
+            .with_context(|| format!("--slow {sl}: the delay must be a finite number of ms ≥ 0"))?;
+        out.push(SimFault::Slow {
+            from,
+            until,
+            worker: index("--slow", sl, worker)?,
+            delay,
         });
     }
     if let Some(d) = &a.drop_kv_events {
-        // The separator is the first '-' after the first character (FROM_S may be "-1").
-        let (from, until) = d
-            .char_indices()
-            .skip(1)
-            .find(|&(_, c)| c == '-')
-            .map(|(i, _)| (&d[..i], &d[i + 1..]))
-            .with_context(|| format!("--drop-kv-events {d}: expected FROM_S-UNTIL_S"))?;
-        let (from, until) = (
-            secs("--drop-kv-events", from)?,
-            secs("--drop-kv-events", until)?,
-        );
-        ensure!(
-            from < until,
-            "--drop-kv-events {d}: the window ends before it starts"
-        );
+        let (from, until) = window("--drop-kv-events", d)?;
         out.push(SimFault::DropKvEvents { from, until });
     }
     Ok(out)
@@ -311,10 +352,15 @@ fn spec(
     }
     ensure!(total > 0, "--workers: the fleet needs at least one worker");
     for f in faults {
-        if let SimFault::Kill { worker, .. } = f {
+        if let Some(worker) = f.worker() {
+            let flag = match f {
+                SimFault::Kill { .. } => "--kill",
+                SimFault::Hang { .. } => "--hang",
+                _ => "--slow",
+            };
             ensure!(
-                *worker < total,
-                "--kill …:{worker}: the fleet has {total} workers (0 to {}: aggregated, then \
+                worker < total,
+                "{flag} …:{worker}: the fleet has {total} workers (0 to {}: aggregated, then \
                  prefill, then decode)",
                 total - 1
             );

@@ -321,3 +321,82 @@ fn a_transfer_past_its_time_limit_falls_back_to_recompute() {
     let gap = r.itl_ms[0];
     assert!((10_000.0..11_000.0).contains(&gap), "{gap} ms");
 }
+
+/// A hung engine: its step waits; the replica's own watchdog takes it down after
+/// `worker.step_timeout_ms` (the live rule, on the simulated clock), its requests migrate and
+/// finish elsewhere, and it restarts.
+#[test]
+fn a_hung_engine_is_found_by_its_watchdog_and_nothing_is_lost() {
+    let mut s = spec(3);
+    s.config.worker.step_timeout_ms = 2_000;
+    let w = sessions();
+    // The worker the first request goes to (the same in every run).
+    let calm = run(s.clone(), &w, offsets(24, 0.02), &[]);
+    let first = calm
+        .fleet_events
+        .iter()
+        .find_map(|(_, e)| match e {
+            crate::request_plane::events::FleetEventKind::Placed { worker, .. } => {
+                Some(worker.to_string())
+            }
+            _ => None,
+        })
+        .unwrap();
+    let busy: usize = first
+        .trim_start_matches("sim-")
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let out = run(
+        s,
+        &w,
+        offsets(24, 0.02),
+        &[SimFault::Hang {
+            from: Duration::from_millis(100),
+            until: Duration::from_secs(4),
+            worker: busy,
+        }],
+    );
+    assert_conserved(&out, 72);
+    assert!(out.records.iter().all(|r| r.ok), "every request finished");
+    assert!(
+        out.counters.kills >= 1,
+        "the watchdog fired: {:?}",
+        out.counters
+    );
+    assert!(out.counters.migrations >= 1, "{:?}", out.counters);
+    assert!(out.records.iter().all(|r| r.output_tokens == 24));
+    // Those caught by the hang waited for the watchdog (2 s), never for the whole hang.
+    let worst = out
+        .records
+        .iter()
+        .flat_map(|r| r.itl_ms.iter().copied().chain(r.ttft_ms))
+        .fold(0.0, f64::max);
+    assert!((2_000.0..3_900.0).contains(&worst), "{worst} ms");
+}
+
+#[test]
+fn a_slow_engine_slows_its_own_streams() {
+    let w = Fixed(vec![vec![SimTurn {
+        prompt: prompt(30, 64),
+        max_tokens: 6,
+    }]]);
+    let slow = SimFault::Slow {
+        from: Duration::ZERO,
+        until: Duration::from_secs(60),
+        worker: 0,
+        delay: Duration::from_millis(50),
+    };
+    let fast = run(spec(1), &w, offsets(1, 0.0), &[]);
+    let slowed = run(spec(1), &w, offsets(1, 0.0), &[slow]);
+    assert_conserved(&slowed, 1);
+    let gap = |o: &SimOutcome| o.records[0].itl_ms[0];
+    assert!(
+        (gap(&slowed) - gap(&fast) - 50.0).abs() < 1e-6,
+        "{} vs {}",
+        gap(&slowed),
+        gap(&fast)
+    );
+}

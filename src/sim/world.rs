@@ -29,10 +29,11 @@ use crate::request_plane::request::{RequestCore, RequestCoreConfig, RequestEffec
 use crate::runtime::clock::{Clock, Instant, ManualClock, SharedClock};
 use crate::runtime::ids::{NodeId, RequestId, WorkerId};
 use crate::runtime::role::{Role, role_group};
+use crate::worker::engine::StepBatch;
 use crate::worker::engine::sim::{self, SimEngineArgs, SimProfile};
 use crate::worker::scheduler::{
-    DisaggWorker, PullResult, PullWork, ROUTABLE_GROUP, SCHEDULER_GROUP, SchedulerCore, StepResult,
-    WorkerCore, WorkerCoreConfig, WorkerEffect,
+    DisaggWorker, InjectedFaults, PullResult, PullWork, ROUTABLE_GROUP, SCHEDULER_GROUP,
+    SchedulerCore, StepResult, WorkerCore, WorkerCoreConfig, WorkerEffect,
 };
 
 /// Latest simulated instant an input may name (s): about 31 years.
@@ -129,6 +130,34 @@ pub enum SimFault {
     Kill { at: Duration, worker: usize },
     /// KV events from every worker are dropped between `from` and `until`.
     DropKvEvents { from: Duration, until: Duration },
+    /// Worker `worker`'s engine waits `delay` before each step between `from` and `until`
+    /// (chaos `slow`: not engine time, the step-time model does not learn from it).
+    Slow {
+        from: Duration,
+        until: Duration,
+        worker: usize,
+        delay: Duration,
+    },
+    /// Worker `worker`'s engine does not answer between `from` and `until` (chaos `hang`):
+    /// its step and canary wait; past `worker.step_timeout_ms` the watchdog takes the replica
+    /// down and it restarts.
+    Hang {
+        from: Duration,
+        until: Duration,
+        worker: usize,
+    },
+}
+
+impl SimFault {
+    /// The worker a fault names, if it names one.
+    pub fn worker(&self) -> Option<usize> {
+        match self {
+            SimFault::Kill { worker, .. }
+            | SimFault::Slow { worker, .. }
+            | SimFault::Hang { worker, .. } => Some(*worker),
+            SimFault::DropKvEvents { .. } => None,
+        }
+    }
 }
 
 /// What one request gave, as a client would have measured it (times in ms from its send).
@@ -306,6 +335,10 @@ enum Ev {
     Kill(usize),
     Restart(usize),
     DropKv(bool),
+    /// Set worker `.0`'s engine delay before each step (chaos `slow`).
+    Slow(usize, Duration),
+    /// Start or end a hang of worker `.0`'s engine.
+    Hang(usize, bool),
 }
 
 struct Scheduled {
@@ -341,6 +374,13 @@ struct SimWorker {
     ticking: bool,
     queued: bool,
     view_dirty: bool,
+    /// The chaos faults aimed at this worker's engine (they outlive a restart, as the node's
+    /// filters do).
+    faults: InjectedFaults,
+    /// A step that reached a hung engine: it runs when the hang ends.
+    parked: Option<(u64, StepBatch)>,
+    /// A canary ping that reached a hung engine: answered when the hang ends.
+    ping_parked: bool,
 }
 
 struct SimRequest {
@@ -504,6 +544,9 @@ impl<'w> SimFleet<'w> {
                 ticking: false,
                 queued: false,
                 view_dirty: true,
+                faults: InjectedFaults::default(),
+                parked: None,
+                ping_parked: false,
             });
             fleet.boot(i)?;
         }
@@ -529,23 +572,47 @@ impl<'w> SimFleet<'w> {
         for f in faults {
             match f {
                 SimFault::Kill { at, worker } => {
-                    anyhow::ensure!(
-                        *worker < fleet.workers.len(),
-                        "--kill …:{worker}: the fleet has {} workers (0 to {}: aggregated, then \
-                         prefill, then decode)",
-                        fleet.workers.len(),
-                        fleet.workers.len().saturating_sub(1)
-                    );
+                    fleet.check_worker(*worker, "--kill")?;
                     fleet.schedule_in(*at, Ev::Kill(*worker));
                 }
                 SimFault::DropKvEvents { from, until } => {
                     fleet.schedule_in(*from, Ev::DropKv(true));
                     fleet.schedule_in(*until, Ev::DropKv(false));
                 }
+                SimFault::Slow {
+                    from,
+                    until,
+                    worker,
+                    delay,
+                } => {
+                    fleet.check_worker(*worker, "--slow")?;
+                    fleet.schedule_in(*from, Ev::Slow(*worker, *delay));
+                    fleet.schedule_in(*until, Ev::Slow(*worker, Duration::ZERO));
+                }
+                SimFault::Hang {
+                    from,
+                    until,
+                    worker,
+                } => {
+                    fleet.check_worker(*worker, "--hang")?;
+                    fleet.schedule_in(*from, Ev::Hang(*worker, true));
+                    fleet.schedule_in(*until, Ev::Hang(*worker, false));
+                }
             }
         }
         fleet.pump();
         Ok(fleet)
+    }
+
+    fn check_worker(&self, worker: usize, flag: &str) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            worker < self.workers.len(),
+            "{flag} …:{worker}: the fleet has {} workers (0 to {}: aggregated, then prefill, \
+             then decode)",
+            self.workers.len(),
+            self.workers.len().saturating_sub(1)
+        );
+        Ok(())
     }
 
     /// Run until nothing is left to happen; the outcome.
@@ -630,7 +697,9 @@ impl<'w> SimFleet<'w> {
             role: w.role,
             ..self.core_config.clone()
         };
-        w.core = Some(WorkerCore::new(cfg, batcher, self.shared.clone()));
+        let mut core = WorkerCore::new(cfg, batcher, self.shared.clone());
+        core.set_faults(w.faults);
+        w.core = Some(core);
         w.ticking = false;
         w.view_dirty = true;
         self.views[i].state = NodeState::Up;
@@ -718,6 +787,17 @@ impl<'w> SimFleet<'w> {
                 }
             }
             Ev::DropKv(on) => self.drop_kv = on,
+            Ev::Slow(i, delay) => {
+                self.workers[i].faults.step_delay = delay;
+                self.apply_faults(i);
+            }
+            Ev::Hang(i, on) => {
+                self.workers[i].faults.hang = on;
+                self.apply_faults(i);
+                if !on {
+                    self.unpark(i);
+                }
+            }
         }
     }
 
@@ -740,12 +820,56 @@ impl<'w> SimFleet<'w> {
         }
     }
 
+    /// Worker `i`'s core reads its faults (as the live scheduler reads its node's filters
+    /// before each input).
+    fn apply_faults(&mut self, i: usize) {
+        let faults = self.workers[i].faults;
+        if let Some(core) = self.workers[i].core.as_mut() {
+            core.set_faults(faults);
+        }
+        self.mark_worker(i);
+    }
+
+    /// A hang ended: the parked step runs, the parked canary answers.
+    fn unpark(&mut self, i: usize) {
+        if let Some((step, batch)) = self.workers[i].parked.take() {
+            self.run_step(i, step, batch);
+        }
+        if std::mem::take(&mut self.workers[i].ping_parked)
+            && let Some(core) = self.workers[i].core.as_mut()
+        {
+            core.canary_done();
+            self.mark_worker(i);
+        }
+    }
+
+    /// Worker `i`'s engine runs a step: the chaos `slow` delay, then the model's time; a hung
+    /// engine keeps it until the hang ends.
+    fn run_step(&mut self, i: usize, step: u64, batch: StepBatch) {
+        let w = &mut self.workers[i];
+        if w.faults.hang {
+            w.parked = Some((step, batch));
+            return;
+        }
+        let inc = w.incarnation;
+        let delay = w.faults.step_delay;
+        self.out.counters.steps += 1;
+        let (time, output) = sim::model_step(&self.engine, &batch);
+        let result = StepResult {
+            step,
+            output: Ok(output),
+        };
+        self.schedule_in(delay + time, Ev::StepDone(i, inc, result));
+    }
+
     /// Worker `i` dies: it leaves every group at once (the Requests' group monitor hears
     /// it), its steps never come back; it restarts after `restart_delay`.
     fn kill(&mut self, i: usize) {
         if self.workers[i].core.take().is_none() {
             return;
         }
+        self.workers[i].parked = None;
+        self.workers[i].ping_parked = false;
         self.out.counters.kills += 1;
         let id = self.workers[i].id.clone();
         self.groups.leave_all(&id);
@@ -1091,15 +1215,7 @@ impl<'w> SimFleet<'w> {
         let inc = self.workers[i].incarnation;
         let id = self.workers[i].id.clone();
         match effect {
-            WorkerEffect::Step { step, batch } => {
-                self.out.counters.steps += 1;
-                let (time, output) = sim::model_step(&self.engine, &batch);
-                let result = StepResult {
-                    step,
-                    output: Ok(output),
-                };
-                self.schedule_in(time, Ev::StepDone(i, inc, result));
-            }
+            WorkerEffect::Step { step, batch } => self.run_step(i, step, batch),
             WorkerEffect::Pull(job) => {
                 let result = |outcome| PullResult {
                     seq: job.seq,
@@ -1144,7 +1260,9 @@ impl<'w> SimFleet<'w> {
                 self.fleet_event(FleetEventKind::RoleChanged { worker: id, role })
             }
             WorkerEffect::Ping => {
-                if let Some(core) = self.workers[i].core.as_mut() {
+                if self.workers[i].faults.hang {
+                    self.workers[i].ping_parked = true;
+                } else if let Some(core) = self.workers[i].core.as_mut() {
                     core.canary_done();
                 }
             }
