@@ -48,8 +48,8 @@ use figment::providers::Serialized;
 use crate::cli::bench::metrics::{self, RequestResult, RunContext, Slo};
 use crate::cli::bench::workload::{Prompt, Workload};
 use crate::cli::bench::{
-    WorkloadArgs, arrival::ArrivalKind, arrival_offsets, describe_workload, load_workload, report,
-    synth, workload, write_outputs,
+    WorkloadArgs, arrival_plan, describe_workload, load_workload, report, synth, workload,
+    write_outputs,
 };
 use crate::node::config::Config;
 use crate::sim::world::{MAX_SIM_S, sim_time};
@@ -447,18 +447,7 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
         workload.name
     );
     check_token_prompts(&workload)?;
-    let kind = a.workload.arrival.unwrap_or(if workload.has_timestamps() {
-        ArrivalKind::Trace
-    } else {
-        ArrivalKind::Poisson
-    });
-    let offsets = arrival_offsets(&a.workload, kind, &workload)?;
-    let mut order: Vec<usize> = (0..workload.sessions.len()).collect();
-    if let Some(o) = &offsets {
-        order.retain(|&i| i < o.len());
-        order.sort_by(|&x, &y| o[x].total_cmp(&o[y]));
-    }
-    let ideal_table = workload.ideal_cached_in(&order);
+    let (offsets, ideal_table) = arrival_plan(&a.workload, &workload)?;
     let ideal = workload::ideal_rate(&ideal_table);
     let info = workload.info();
     let salt = a.workload.salt.unwrap_or(0);

@@ -324,7 +324,6 @@ impl WorkerSource for Groups {
 }
 
 enum Ev {
-    SessionStart(usize),
     Turn(usize, usize),
     StepDone(usize, u32, StepResult),
     PullDone(usize, u32, PullResult),
@@ -385,8 +384,6 @@ struct SimWorker {
 
 struct SimRequest {
     core: RequestCore,
-    session: usize,
-    turn: usize,
     sent: Instant,
     last_chunk: Option<Instant>,
     record: SimRecord,
@@ -560,7 +557,7 @@ impl<'w> SimFleet<'w> {
                              --trace-jitter-ms and the trace's timestamps)"
                         )
                     })?;
-                    fleet.schedule_in(at, Ev::SessionStart(i));
+                    fleet.schedule_in(at, Ev::Turn(i, 0));
                 }
             }
             Arrivals::Closed(c) => {
@@ -740,7 +737,6 @@ impl<'w> SimFleet<'w> {
 
     fn handle(&mut self, ev: Ev) {
         match ev {
-            Ev::SessionStart(i) => self.start_turn(i, 0),
             Ev::Turn(i, k) => self.start_turn(i, k),
             Ev::StepDone(i, inc, result) => {
                 if let Some(core) = self.live_core(i, inc) {
@@ -913,7 +909,7 @@ impl<'w> SimFleet<'w> {
         if self.next_session < self.workload.sessions() {
             let i = self.next_session;
             self.next_session += 1;
-            self.schedule_in(Duration::ZERO, Ev::SessionStart(i));
+            self.schedule_in(Duration::ZERO, Ev::Turn(i, 0));
         }
     }
 
@@ -981,8 +977,6 @@ impl<'w> SimFleet<'w> {
             rid,
             SimRequest {
                 core,
-                session: i,
-                turn: k,
                 sent: now,
                 last_chunk: None,
                 record,
@@ -1151,7 +1145,7 @@ impl<'w> SimFleet<'w> {
         if !record.ok && record.error.is_none() {
             record.error = Some("status 200: incomplete stream".into());
         }
-        let (i, k, ok) = (r.session, r.turn, record.ok);
+        let (i, k, ok) = (record.session, record.turn, record.ok);
         if ok {
             self.last_completion = Some(now);
             self.out.records.push(record);
@@ -1202,10 +1196,7 @@ impl<'w> SimFleet<'w> {
                 self.schedule_in(self.spec.net_delay, Ev::Tokens(out));
             }
         }
-        let busy = self.workers[i]
-            .core
-            .as_ref()
-            .is_some_and(|c| c.num_live() > 0 || c.stats().held > 0);
+        let busy = self.workers[i].core.as_ref().is_some_and(|c| !c.is_idle());
         if busy {
             self.ensure_ticking(i);
         }

@@ -392,6 +392,34 @@ pub fn arrival_offsets(
     })
 }
 
+/// Per session, per turn: `(ideal cached tokens, prompt tokens)` ([`Workload::ideal_cached_in`]).
+pub type IdealTable = Vec<Vec<(u64, u64)>>;
+
+/// When the sessions of `w` are sent (`--arrival`, by default the trace's timestamps when it
+/// has them, else Poisson; `None`: the closed loop) and, per session and turn, the prompt
+/// tokens an infinite cache would hold in that order (open loop: by offset; closed loop: in
+/// order): what `bench` and `sim` both start from.
+///
+/// # Errors
+/// As [`arrival_offsets`].
+pub fn arrival_plan(
+    a: &WorkloadArgs,
+    w: &Workload,
+) -> anyhow::Result<(Option<Vec<f64>>, IdealTable)> {
+    let kind = a.arrival.unwrap_or(if w.has_timestamps() {
+        ArrivalKind::Trace
+    } else {
+        ArrivalKind::Poisson
+    });
+    let offsets = arrival_offsets(a, kind, w)?;
+    let mut order: Vec<usize> = (0..w.sessions.len()).collect();
+    if let Some(o) = &offsets {
+        order.retain(|&i| i < o.len());
+        order.sort_by(|&x, &y| o[x].total_cmp(&o[y]));
+    }
+    Ok((offsets, w.ideal_cached_in(&order)))
+}
+
 /// Lines about the workload for stderr: size, what the caps changed, hit-rate ceilings.
 pub fn describe_workload(w: &Workload, ideal: f64, a: &WorkloadArgs, salt: u64) -> String {
     let adj = &w.adjustments;
@@ -484,19 +512,8 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     } else {
         variants
     };
-    let kind = a.workload.arrival.unwrap_or(if workload.has_timestamps() {
-        ArrivalKind::Trace
-    } else {
-        ArrivalKind::Poisson
-    });
-    let offsets = arrival_offsets(&a.workload, kind, &workload)?;
-    // The ideal in the order sessions are sent (open loop: by offset; closed loop: in order).
-    let mut order: Vec<usize> = (0..workload.sessions.len()).collect();
-    if let Some(o) = &offsets {
-        order.retain(|&i| i < o.len());
-        order.sort_by(|&x, &y| o[x].total_cmp(&o[y]));
-    }
-    let ideal_table = Arc::new(workload.ideal_cached_in(&order));
+    let (offsets, ideal_table) = arrival_plan(&a.workload, &workload)?;
+    let ideal_table = Arc::new(ideal_table);
     let ideal = workload::ideal_rate(&ideal_table);
     let info = workload.info();
     let base_salt = a.workload.salt.unwrap_or_else(rand::random);

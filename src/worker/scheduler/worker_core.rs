@@ -291,6 +291,11 @@ impl WorkerCore {
         self.live.len()
     }
 
+    /// Nothing runs, waits or is held here (a driver may stop ticking it).
+    pub fn is_idle(&self) -> bool {
+        self.live.is_empty() && self.held.is_empty()
+    }
+
     /// Whether the request `key` is here (queued, running or held).
     pub fn has(&self, key: &RequestKey) -> bool {
         self.by_request.contains_key(key)
