@@ -1,8 +1,12 @@
-//! The control plane (seconds), pure: who is in the fleet and what faults are installed. Its
+//! The control plane (seconds), pure: who is in the fleet, what faults are installed, and how
+//! big each pool should be. Its
 //! actors (Discovery, Chaos) are in [`crate::actors`].
 //! - `discovery.rs` — the published fleet view, the replicas' endpoints
 //!   (`discovery/membership.rs`: the lease table, node and worker views).
 //! - `chaos.rs` — faults injected on purpose: their kinds and the node's fault book.
+//! - `planner.rs` — the pool sizing policy: signals, forecasts, capacity curves, hysteresis,
+//!   decisions (`planner/`).
 
 pub mod chaos;
 pub mod discovery;
+pub mod planner;

@@ -66,7 +66,7 @@ fn a_trace_replays_the_same_in_two_processes() {
 
 #[test]
 fn impossible_fleets_and_bad_flags_are_refused_by_name() {
-    let cases: [(&[&str], &str); 15] = [
+    let cases: [(&[&str], &str); 18] = [
         (&["--hang", "5:0"], "--hang"),
         (&["--slow", "1-2:0"], "--slow"),
         (&["--workers", "4", "--hang", "1-2:9"], "--hang …:9"),
@@ -93,6 +93,25 @@ fn impossible_fleets_and_bad_flags_are_refused_by_name() {
                 "1",
             ],
             "--compare workers",
+        ),
+        (
+            &[
+                "--planner",
+                "on",
+                "--set",
+                "planner.aggregated.max=2",
+                "--set",
+                "planner.aggregated.min=9",
+            ],
+            "planner.aggregated.min",
+        ),
+        (
+            &["--compare", "planner=on,sometimes"],
+            "--compare planner=sometimes",
+        ),
+        (
+            &["--planner", "oracle", "--arrival", "fixed"],
+            "--planner oracle",
         ),
         (
             &["--compare", "worker.sim_speedup=1,0"],
@@ -129,4 +148,43 @@ fn a_malformed_trace_line_is_named() {
     let o = sim(&["--dataset", "sharegpt"]);
     assert!(!o.status.success());
     assert!(text(&o).contains("not simulated yet"), "{}", text(&o));
+}
+
+#[test]
+fn a_planner_run_writes_its_decisions_and_costs() {
+    let d = tempfile::tempdir().unwrap();
+    let o = sim(&[
+        "--dataset",
+        "azure-conv",
+        "--max-requests",
+        "400",
+        "--speedup",
+        "10",
+        "--workers",
+        "2",
+        "--compare",
+        "planner=peak,on",
+        "--set",
+        "planner.interval_s=1",
+        "--cold-start-ms",
+        "2000",
+        "--out",
+        d.path().to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    assert!(out.contains("| planner=on |"), "{out}");
+    assert!(out.contains("cost / M tokens in SLO"), "{out}");
+    let decisions = std::fs::read_to_string(d.path().join("planner.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(decisions.lines().next().unwrap()).unwrap();
+    assert_eq!(first["run"], "planner=on");
+    let pool = &first["decision"]["pools"][0];
+    assert_eq!(pool["role"], "aggregated");
+    assert!(pool["reason"].as_str().unwrap().contains("req/s"), "{pool}");
+    let sim: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.path().join("sim.json")).unwrap()).unwrap();
+    let on = &sim[1]["planner"];
+    assert!(on["decisions"].as_u64().unwrap() > 10, "{on}");
+    assert!(on["replica_seconds"].as_f64().unwrap() > 0.0, "{on}");
+    assert!(on["cost_per_million_in_slo"].as_f64().is_some(), "{on}");
 }

@@ -51,8 +51,10 @@ use crate::cli::bench::{
     WorkloadArgs, arrival_plan, describe_workload, load_workload, report, synth, workload,
     write_outputs,
 };
+use crate::control::planner::{CapacityProfile, cost_per_million_in_slo};
 use crate::node::config::Config;
-use crate::sim::world::{MAX_SIM_S, sim_time};
+use crate::runtime::role::Role;
+use crate::sim::world::{MAX_SIM_S, SimPlannerKind, SimPlannerSpec, sim_time, static_peak};
 use crate::sim::{
     Arrivals, ModelFacts, SimFault, SimFleet, SimOutcome, SimRecord, SimSpec, SimTurn, SimWorkload,
 };
@@ -111,6 +113,42 @@ pub struct SimArgs {
     /// Drop every KV event batch between FROM_S and UNTIL_S seconds: `FROM_S-UNTIL_S`.
     #[arg(long, value_name = "FROM_S-UNTIL_S")]
     pub drop_kv_events: Option<String>,
+    /// The planner in the loop: `off` (the fleet keeps its size), `on` (as configured:
+    /// `planner.*`, its mode act or advisory), `oracle` (it knows the coming load), `peak` (no
+    /// planner: a static fleet the planner's capacity rule sizes for the workload's busiest
+    /// interval). The fleet's flags give each pool's starting size.
+    #[arg(long, value_enum, default_value_t = PlannerChoice::Off)]
+    pub planner: PlannerChoice,
+    /// From a planner's scale-up to the new replica taking requests (ms): process start,
+    /// weight load and warm-up. 30 s is a guess for a GPU replica of an 8B model; measure
+    /// yours (`flotilla up` logs each node's start).
+    #[arg(long, default_value_t = 30_000)]
+    pub cold_start_ms: u64,
+}
+
+/// `--planner`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlannerChoice {
+    Off,
+    On,
+    Oracle,
+    Peak,
+}
+
+impl PlannerChoice {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::On => "on",
+            Self::Oracle => "oracle",
+            Self::Peak => "peak",
+        }
+    }
+
+    fn parse(v: &str) -> anyhow::Result<Self> {
+        <Self as clap::ValueEnum>::from_str(v, true)
+            .map_err(|_| anyhow::anyhow!("{v:?}: expected off, on, oracle or peak"))
+    }
 }
 
 /// A `flotilla bench` workload as the simulator reads it: token-id prompts under one salt.
@@ -243,6 +281,7 @@ struct SimVariant {
     label: String,
     set: Option<String>,
     workers: Option<usize>,
+    planner: Option<PlannerChoice>,
 }
 
 fn variants(a: &SimArgs, name: &str) -> anyhow::Result<Vec<SimVariant>> {
@@ -251,6 +290,7 @@ fn variants(a: &SimArgs, name: &str) -> anyhow::Result<Vec<SimVariant>> {
             label: name.to_owned(),
             set: None,
             workers: None,
+            planner: None,
         }]);
     };
     let (key, values) = spec
@@ -280,12 +320,22 @@ fn variants(a: &SimArgs, name: &str) -> anyhow::Result<Vec<SimVariant>> {
                     label,
                     set: None,
                     workers: Some(n),
+                    planner: None,
+                })
+            } else if key == "planner" {
+                let p = PlannerChoice::parse(v).with_context(|| format!("--compare {label}"))?;
+                Ok(SimVariant {
+                    label,
+                    set: None,
+                    workers: None,
+                    planner: Some(p),
                 })
             } else {
                 Ok(SimVariant {
                     set: Some(label.clone()),
                     label,
                     workers: None,
+                    planner: None,
                 })
             }
         })
@@ -328,6 +378,7 @@ fn spec(
     a: &SimArgs,
     config: Config,
     workers: Option<usize>,
+    planner: PlannerChoice,
     faults: &[SimFault],
 ) -> anyhow::Result<SimSpec> {
     let profile = match &config.worker.sim_profile {
@@ -374,7 +425,23 @@ fn spec(
     let kv_event_delay = delay("--kv-event-delay-ms", a.kv_event_delay_ms)?;
     let net_delay = delay("--net-delay-ms", a.net_delay_ms)?;
     let model = model_facts(&config)?;
+    let planner = match planner {
+        PlannerChoice::Off => None,
+        choice => {
+            let capacity = capacity(&config, &profile, &model)?;
+            Some(SimPlannerSpec {
+                kind: if choice == PlannerChoice::Oracle {
+                    SimPlannerKind::Oracle
+                } else {
+                    SimPlannerKind::Forecast
+                },
+                capacity,
+                cold_start: Duration::from_millis(a.cold_start_ms),
+            })
+        }
+    };
     Ok(SimSpec {
+        planner,
         config,
         workers,
         prefill,
@@ -385,6 +452,30 @@ fn spec(
         net_delay,
         restart_delay: (a.restart_ms > 0).then(|| Duration::from_millis(a.restart_ms)),
     })
+}
+
+/// One replica's capacity curves: `planner.capacity_profile`, else derived from the sim
+/// engine's profile and the scheduler's limits at the planner's targets.
+fn capacity(
+    config: &Config,
+    profile: &SimProfile,
+    model: &ModelFacts,
+) -> anyhow::Result<CapacityProfile> {
+    if let Some(p) = &config.planner.capacity_profile {
+        return CapacityProfile::load(p).context("planner.capacity_profile");
+    }
+    let w = &config.worker;
+    let blocks = w.kv_blocks_with(Some(profile));
+    let sched = config.scheduler_config(model.max_context);
+    Ok(CapacityProfile::from_sim_profile(
+        profile,
+        w.sim_speedup,
+        blocks * w.block_size_tokens,
+        sched.max_num_seqs,
+        sched.max_num_batched_tokens,
+        config.planner.ttft_target_ms,
+        config.planner.itl_target_ms,
+    ))
 }
 
 /// A simulated request's record as the bench's result.
@@ -420,6 +511,100 @@ struct SimSummary<'a> {
     simulated_s_per_wall_s: f64,
     counters: &'a crate::sim::SimCounters,
     leftovers: &'a crate::sim::SimLeftovers,
+    planner: &'a PlanSummary,
+}
+
+/// What a run's fleet cost and what it served within the SLOs.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PlanSummary {
+    pub label: String,
+    /// Whether a planner was in the loop.
+    pub planned: bool,
+    /// Replica-seconds, all pools.
+    pub replica_seconds: f64,
+    /// Per pool.
+    pub replica_seconds_by_pool: Vec<(Role, f64)>,
+    /// `replica_seconds ÷` the simulated span.
+    pub mean_replicas: f64,
+    /// Most replicas at once, all pools.
+    pub peak_replicas: u32,
+    /// Planner decisions, and those that changed a pool.
+    pub decisions: usize,
+    pub changes: usize,
+    /// Share of requests meeting the SLOs.
+    pub slo_attainment: f64,
+    /// Output tokens of the requests meeting the SLOs.
+    pub tokens_in_slo: u64,
+    /// The fleet's cost (`planner.<pool>.dollars_per_hour`) per million output tokens
+    /// served within the SLOs.
+    pub cost_per_million_in_slo: Option<f64>,
+}
+
+fn plan_summary(
+    label: &str,
+    cfg: &crate::control::planner::PlannerConfig,
+    outcome: &SimOutcome,
+    results: &[RequestResult],
+    slo: Slo,
+    span: f64,
+    planned: bool,
+) -> PlanSummary {
+    let replica_seconds: f64 = outcome.replica_seconds.iter().map(|(_, s)| s).sum();
+    let met: Vec<&RequestResult> = results.iter().filter(|r| slo.met_by(r)).collect();
+    let tokens_in_slo: u64 = met.iter().map(|r| r.output_tokens).sum();
+    PlanSummary {
+        label: label.to_owned(),
+        planned,
+        replica_seconds,
+        replica_seconds_by_pool: outcome.replica_seconds.clone(),
+        mean_replicas: replica_seconds / span.max(1e-9),
+        peak_replicas: outcome.peak_replicas.iter().map(|(_, n)| n).sum(),
+        decisions: outcome.decisions.len(),
+        changes: outcome
+            .decisions
+            .iter()
+            .filter(|d| d.pools.iter().any(|p| p.desired != p.actual))
+            .count(),
+        slo_attainment: if results.is_empty() {
+            0.0
+        } else {
+            met.len() as f64 / results.len() as f64
+        },
+        tokens_in_slo,
+        cost_per_million_in_slo: cost_per_million_in_slo(
+            cfg,
+            &outcome.replica_seconds,
+            tokens_in_slo,
+        ),
+    }
+}
+
+/// The fleet-cost table: one row per run, replica-seconds also as a ratio to the first run.
+fn plan_table(plans: &[PlanSummary]) -> String {
+    let mut out = String::from(
+        "| run | SLO met | replica-s | ÷ first | mean replicas | peak | changes | cost / M tokens in SLO |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    let first = plans.first().map_or(0.0, |p| p.replica_seconds);
+    for p in plans {
+        out.push_str(&format!(
+            "| {} | {:.2} % | {:.0} | {:.2} | {:.2} | {} | {} | {} |\n",
+            p.label,
+            p.slo_attainment * 100.0,
+            p.replica_seconds,
+            if first > 0.0 {
+                p.replica_seconds / first
+            } else {
+                0.0
+            },
+            p.mean_replicas,
+            p.peak_replicas,
+            p.changes,
+            p.cost_per_million_in_slo
+                .map_or("-".to_string(), |c| format!("{c:.3}")),
+        ));
+    }
+    out
 }
 
 /// Run `flotilla sim`.
@@ -471,7 +656,33 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
     for v in &variants {
         let config =
             load_config(&a, v.set.as_deref()).with_context(|| format!("run {}", v.label))?;
-        specs.push(spec(&a, config, v.workers, &faults)?);
+        let choice = v.planner.unwrap_or(a.planner);
+        if choice != PlannerChoice::Off {
+            ensure!(
+                offsets.is_some(),
+                "--planner {}: the planner is simulated on open-loop arrivals (a trace, \
+                 or --arrival poisson/constant); closed-loop clients hold the load fixed",
+                choice.name()
+            );
+        }
+        let mut s = spec(&a, config, v.workers, choice, &faults)?;
+        if choice == PlannerChoice::Peak
+            && let (Some(p), Some(o)) = (s.planner.take(), &offsets)
+        {
+            for (role, n) in static_peak(&s, &p.capacity, &input, o) {
+                let n = n as usize;
+                match role {
+                    Role::Aggregated => s.workers = n,
+                    Role::Prefill => s.prefill = n,
+                    Role::Decode => s.decode = n,
+                }
+            }
+            eprintln!(
+                "[{}] static fleet for the peak: {} aggregated, {} prefill, {} decode",
+                v.label, s.workers, s.prefill, s.decode
+            );
+        }
+        specs.push(s);
     }
 
     let mut runs = Vec::new();
@@ -479,8 +690,12 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
     let mut per_request = Vec::new();
     let mut summaries = Vec::new();
     let mut events = String::new();
+    let mut decisions = String::new();
+    let mut plans: Vec<PlanSummary> = Vec::new();
     for (v, spec) in variants.iter().zip(specs) {
         let (w, p, d) = (spec.workers, spec.prefill, spec.decode);
+        let planner_cfg = spec.config.planner.clone();
+        let planned = spec.planner.is_some();
         let started = Instant::now();
         let fleet = SimFleet::new(spec, &input, arrivals.clone(), &faults)?;
         let outcome: SimOutcome = fleet.run();
@@ -513,6 +728,33 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
             workload: &info,
         };
         let (stats, s) = metrics::summarize(ctx, &results);
+        let plan = plan_summary(
+            &v.label,
+            &planner_cfg,
+            &outcome,
+            &results,
+            slo,
+            span,
+            planned,
+        );
+        eprintln!(
+            "[{}] replica-seconds {:.0} (mean {:.2} replicas, peak {}), {} planner changes, \
+             cost per million tokens within SLO {}",
+            v.label,
+            plan.replica_seconds,
+            plan.mean_replicas,
+            plan.peak_replicas,
+            plan.changes,
+            plan.cost_per_million_in_slo
+                .map_or("-".to_string(), |c| format!("{c:.3}")),
+        );
+        if a.workload.out.is_some() {
+            for dcs in &outcome.decisions {
+                let line = serde_json::json!({"run": v.label, "decision": dcs});
+                decisions.push_str(&line.to_string());
+                decisions.push('\n');
+            }
+        }
         if let Some(e) = results.iter().find_map(|r| r.error.as_deref()) {
             eprintln!("[{}] first error: {e}", v.label);
         }
@@ -526,7 +768,9 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
             simulated_s_per_wall_s: span / wall.max(1e-9),
             counters: &outcome.counters,
             leftovers: &outcome.leftovers,
+            planner: &plan,
         })?);
+        plans.push(plan);
         if a.workload.out.is_some() {
             for (t, ev) in &outcome.fleet_events {
                 let line = serde_json::json!({"run": v.label, "t_ms": t, "event": ev});
@@ -542,6 +786,7 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
     if runs.len() > 1 {
         println!("{}", report::compare_table(&runs));
     }
+    println!("{}", plan_table(&plans));
     if let Some(dir) = &a.workload.out {
         write_outputs(dir, &runs, &samples, &per_request)?;
         let sim = dir.join("sim.json");
@@ -550,6 +795,12 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
         let ev = dir.join("fleet_events.jsonl");
         std::fs::write(&ev, events).with_context(|| format!("cannot write {}", ev.display()))?;
         eprintln!("wrote {} and {}", sim.display(), ev.display());
+        if !decisions.is_empty() {
+            let pj = dir.join("planner.jsonl");
+            std::fs::write(&pj, decisions)
+                .with_context(|| format!("cannot write {}", pj.display()))?;
+            eprintln!("wrote {}", pj.display());
+        }
     }
     if runs.iter().all(|r| r.requests == r.errors) {
         bail!("no request succeeded in any run");

@@ -45,6 +45,8 @@ pub struct Config {
     /// Disaggregated prefill and decode (used when some replicas have `worker.role` prefill
     /// or decode).
     pub disagg: DisaggConfig,
+    /// Pool sizing (`control/planner.rs`): read by `flotilla sim --planner` today.
+    pub planner: crate::control::planner::PlannerConfig,
 }
 
 /// Disaggregated prefill and decode: when a request goes to a prefill worker first, and how
@@ -513,7 +515,7 @@ pub enum ConfigError {
     #[error("configuration: {field}: {message}")]
     Invalid {
         /// Dotted field path.
-        field: &'static str,
+        field: std::borrow::Cow<'static, str>,
         /// What is wrong.
         message: String,
     },
@@ -521,7 +523,7 @@ pub enum ConfigError {
 
 fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
-        field,
+        field: field.into(),
         message: message.into(),
     }
 }
@@ -706,6 +708,12 @@ impl Config {
                 ),
             ));
         }
+        self.planner
+            .validate()
+            .map_err(|(field, message)| ConfigError::Invalid {
+                field: field.into(),
+                message,
+            })?;
         if self.node.roles.contains(&NodeRole::Planner) {
             return Err(invalid(
                 "node.roles",

@@ -40,6 +40,7 @@ fn spec(workers: usize) -> SimSpec {
         },
         kv_event_delay: Duration::from_millis(1),
         net_delay: Duration::from_micros(200),
+        planner: None,
         restart_delay: Some(Duration::from_secs(2)),
     }
 }
@@ -399,4 +400,192 @@ fn a_slow_engine_slows_its_own_streams() {
         gap(&slowed),
         gap(&fast)
     );
+}
+
+/// Single-turn requests of 1,024-token prompts: 5/s for 10 s, 40/s for 10 s, 5/s for 20 s.
+fn load_step() -> (Fixed, Arrivals) {
+    let mut offsets = Vec::new();
+    let mut t = 0.0;
+    for (rate, secs) in [(5.0, 10.0), (40.0, 10.0), (5.0, 20.0)] {
+        let end = t + secs;
+        while t < end - 1e-9 {
+            offsets.push(t);
+            t += 1.0 / rate;
+        }
+        t = end;
+    }
+    let w = Fixed(
+        (0..offsets.len())
+            .map(|i| {
+                vec![SimTurn {
+                    prompt: prompt(1000 + i as u32, 1024),
+                    max_tokens: 32,
+                }]
+            })
+            .collect(),
+    );
+    (w, Arrivals::Open(offsets))
+}
+
+fn planned(kind: world::SimPlannerKind, mode: crate::control::planner::PlannerMode) -> SimSpec {
+    let mut s = spec(1);
+    let p = &mut s.config.planner;
+    p.mode = mode;
+    p.interval_s = 1.0;
+    p.cooldown_s = 3.0;
+    p.scale_down_intervals = 3;
+    p.aggregated.max = 12;
+    let w = &s.config.worker;
+    let capacity = crate::control::planner::CapacityProfile::from_sim_profile(
+        &s.profile,
+        w.sim_speedup,
+        w.kv_blocks_with(Some(&s.profile)) * w.block_size_tokens,
+        w.max_num_seqs,
+        w.max_num_batched_tokens,
+        p.ttft_target_ms,
+        p.itl_target_ms,
+    );
+    s.planner = Some(world::SimPlannerSpec {
+        kind,
+        capacity,
+        cold_start: Duration::from_secs(2),
+    });
+    s
+}
+
+fn ups_and_downs(out: &SimOutcome) -> (usize, usize) {
+    let ups = out
+        .fleet_events
+        .iter()
+        .filter(|(_, e)| {
+            matches!(
+                e,
+                crate::request_plane::events::FleetEventKind::WorkerUp { .. }
+            )
+        })
+        .count();
+    let downs = out
+        .fleet_events
+        .iter()
+        .filter(|(_, e)| {
+            matches!(
+                e,
+                crate::request_plane::events::FleetEventKind::WorkerDown { .. }
+            )
+        })
+        .count();
+    (ups, downs)
+}
+
+#[test]
+fn the_planner_follows_a_load_step_up_and_down_and_drains_without_losing_a_request() {
+    use crate::control::planner::{Action, PlannerMode};
+    let (w, arrivals) = load_step();
+    let n = w.0.len();
+    let out = run(
+        planned(world::SimPlannerKind::Forecast, PlannerMode::Act),
+        &w,
+        arrivals,
+        &[],
+    );
+    assert_conserved(&out, n);
+    let peak = out.peak_replicas[0].1;
+    assert!(peak >= 3, "the step needs more replicas: peak {peak}");
+    let (ups, downs) = ups_and_downs(&out);
+    assert!(ups >= 2 && downs >= 1, "started {ups}, drained {downs}");
+    // Up within two intervals of the step (at 10 s), down only after it ended (at 20 s).
+    let first_up = out
+        .decisions
+        .iter()
+        .find(|d| d.pools[0].action == Action::Up)
+        .unwrap();
+    let up_s = (first_up.at_ms - world::START_WALL_MS) as f64 / 1000.0;
+    assert!((10.0..=12.0).contains(&up_s), "first scale-up at {up_s} s");
+    let first_down = out
+        .decisions
+        .iter()
+        .find(|d| d.pools[0].action == Action::Down)
+        .unwrap();
+    assert!(first_down.at_ms - world::START_WALL_MS >= 20_000);
+    // Drains cut nothing: no migration, nothing given up; nearly every request served.
+    assert_eq!(out.counters.migrations, 0);
+    assert_eq!(out.counters.gave_up, 0);
+    let ok = out.records.iter().filter(|r| r.ok).count();
+    assert!(ok * 100 >= n * 95, "{ok} of {n} served");
+    // Cheaper than holding the peak for the whole run.
+    let rs = out.replica_seconds[0].1;
+    assert!(rs < f64::from(peak) * out.span.as_secs_f64(), "{rs}");
+    // The same inputs, the same decisions.
+    let (w2, arrivals2) = load_step();
+    let again = run(
+        planned(world::SimPlannerKind::Forecast, PlannerMode::Act),
+        &w2,
+        arrivals2,
+        &[],
+    );
+    assert_eq!(
+        format!("{:?}", again.decisions),
+        format!("{:?}", out.decisions)
+    );
+    assert_eq!(again.records, out.records);
+}
+
+#[test]
+fn an_advisory_planner_decides_and_changes_nothing() {
+    use crate::control::planner::PlannerMode;
+    let (w, arrivals) = load_step();
+    let out = run(
+        planned(world::SimPlannerKind::Forecast, PlannerMode::Advisory),
+        &w,
+        arrivals,
+        &[],
+    );
+    assert_conserved(&out, w.0.len());
+    assert!(out.decisions.iter().any(|d| d.pools[0].desired > 1));
+    assert_eq!(
+        out.peak_replicas,
+        vec![(crate::runtime::role::Role::Aggregated, 1)]
+    );
+    assert_eq!(ups_and_downs(&out), (0, 0));
+}
+
+#[test]
+fn the_oracle_sizes_ahead_of_the_step() {
+    use crate::control::planner::PlannerMode;
+    let (w, arrivals) = load_step();
+    let out = run(
+        planned(world::SimPlannerKind::Oracle, PlannerMode::Act),
+        &w,
+        arrivals,
+        &[],
+    );
+    assert_conserved(&out, w.0.len());
+    // It knows the step at 10 s is coming: it asks before the step (cold start 2 s).
+    let first_up = out
+        .decisions
+        .iter()
+        .find(|d| d.pools[0].desired > d.pools[0].actual)
+        .unwrap();
+    assert!(
+        first_up.at_ms - world::START_WALL_MS < 10_000,
+        "{first_up:?}"
+    );
+}
+
+#[test]
+fn a_kill_while_the_planner_resizes_the_fleet_loses_nothing() {
+    use crate::control::planner::PlannerMode;
+    let (w, arrivals) = load_step();
+    // Worker 0 is the only initial one; kill it late, when the fleet is shrinking.
+    let out = run(
+        planned(world::SimPlannerKind::Forecast, PlannerMode::Act),
+        &w,
+        arrivals,
+        &[SimFault::Kill {
+            at: Duration::from_secs(26),
+            worker: 0,
+        }],
+    );
+    assert_conserved(&out, w.0.len());
+    assert!(out.records.iter().filter(|r| r.ok).count() * 100 >= w.0.len() * 95);
 }

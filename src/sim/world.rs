@@ -19,6 +19,10 @@ use std::time::Duration;
 use crate::actors::discovery::set_worker_stats;
 use crate::actors::router::{DisaggRouting, RouterArgs, RouterState, WorkerSource};
 use crate::control::discovery::membership::{NodeState, NodeView, WorkerView};
+use crate::control::planner::{
+    CapacityProfile, Decision, FleetSignals, Forecast, Planner, PlannerMode, PoolCount,
+    SignalWindow,
+};
 use crate::kv::{BlockPool, KvEvent};
 use crate::node::config::Config;
 use crate::request_plane::admission::{Admission, AdmissionVerdict};
@@ -85,6 +89,32 @@ pub struct SimSpec {
     pub net_delay: Duration,
     /// How long a killed replica takes to come back (`None`: it stays down).
     pub restart_delay: Option<Duration>,
+    /// The planner in the loop (`None`: the fleet keeps its size).
+    pub planner: Option<SimPlannerSpec>,
+}
+
+/// Where the planner's forecast comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimPlannerKind {
+    /// The planner as configured (`planner.*`: forecast, hysteresis, mode).
+    Forecast,
+    /// Perfect knowledge: each interval's forecast is the workload's true load over the next
+    /// interval and the cold start before it (its peak rate; its mean lengths), and scale-down
+    /// needs no calm intervals or cool-down (it knows the load will not come back).
+    Oracle,
+}
+
+/// The planner in a simulated fleet's loop: it reads the fleet's signals every
+/// `planner.interval_s` and its decisions start replicas (ready after `cold_start`) or drain
+/// them. Each pool can grow to its `planner.<pool>.max`.
+#[derive(Clone, Debug)]
+pub struct SimPlannerSpec {
+    pub kind: SimPlannerKind,
+    /// One replica's capacity curves.
+    pub capacity: CapacityProfile,
+    /// From a scale-up decision to the replica taking requests (process start, weight load,
+    /// warm-up).
+    pub cold_start: Duration,
 }
 
 impl SimSpec {
@@ -237,6 +267,13 @@ pub struct SimOutcome {
     pub leftovers: SimLeftovers,
     /// The fleet events the live fleet's bus would carry, with their time (ms from the start).
     pub fleet_events: Vec<(f64, FleetEventKind)>,
+    /// Replica-seconds per pool, from time 0 to the last completion (a replica counts from
+    /// the moment it is asked for, through its cold start, to the end of its drain).
+    pub replica_seconds: Vec<(Role, f64)>,
+    /// The planner's decisions, one per interval.
+    pub decisions: Vec<Decision>,
+    /// Most replicas each pool had at once (ready, starting or draining).
+    pub peak_replicas: Vec<(Role, u32)>,
 }
 
 /// The sets of workers the router reads (the live fleet's process groups): each a list in
@@ -338,6 +375,23 @@ enum Ev {
     Slow(usize, Duration),
     /// Start or end a hang of worker `.0`'s engine.
     Hang(usize, bool),
+    /// The planner's interval.
+    Plan,
+    /// Worker `.0`'s cold start (asked for in generation `.1`) is over: it boots.
+    Ready(usize, u32),
+}
+
+/// Where a worker slot is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Not part of the fleet (a spare slot the planner may start).
+    Off,
+    /// Asked for, not taking requests yet (cold start).
+    Starting,
+    /// Serving (or down and restarting after a fault).
+    Running,
+    /// Leaving: no new work, finishing what it runs.
+    Draining,
 }
 
 struct Scheduled {
@@ -380,6 +434,21 @@ struct SimWorker {
     parked: Option<(u64, StepBatch)>,
     /// A canary ping that reached a hung engine: answered when the hang ends.
     ping_parked: bool,
+    phase: Phase,
+    /// Since when it costs (asked for), while not `Off`.
+    on_since: Option<Instant>,
+    /// Bumped each time the slot is asked for: a cold start of an earlier request is dropped.
+    generation: u32,
+}
+
+struct SimPlannerState {
+    planner: Planner,
+    spec: SimPlannerSpec,
+    window: SignalWindow,
+    /// Per interval of the workload: (requests, prompt tokens, output tokens).
+    oracle: Vec<(u64, u64, u64)>,
+    interval: Duration,
+    pools: Vec<Role>,
 }
 
 struct SimRequest {
@@ -424,6 +493,10 @@ pub struct SimFleet<'w> {
     arrivals: Arrivals,
     next_session: usize,
     drop_kv: bool,
+    /// Sessions not finished yet (the planner stops when none is left).
+    sessions_left: usize,
+    planner: Option<SimPlannerState>,
+    replica_seconds: HashMap<Role, f64>,
     out: SimOutcome,
 }
 
@@ -506,13 +579,62 @@ impl<'w> SimFleet<'w> {
             arrivals: arrivals.clone(),
             next_session: 0,
             drop_kv: false,
+            sessions_left: match &arrivals {
+                Arrivals::Open(o) => o.len().min(workload.sessions()),
+                Arrivals::Closed(_) => workload.sessions(),
+            },
+            planner: None,
+            replica_seconds: HashMap::new(),
             out: SimOutcome::default(),
             spec,
         };
-        let roles = std::iter::repeat_n(Role::Aggregated, fleet.spec.workers)
-            .chain(std::iter::repeat_n(Role::Prefill, fleet.spec.prefill))
-            .chain(std::iter::repeat_n(Role::Decode, fleet.spec.decode));
-        for (i, role) in roles.enumerate() {
+        let initial = [
+            (Role::Aggregated, fleet.spec.workers),
+            (Role::Prefill, fleet.spec.prefill),
+            (Role::Decode, fleet.spec.decode),
+        ];
+        // Initial workers first (numbered as the faults name them), then the planner's spare
+        // slots, pool by pool.
+        let mut slots: Vec<(Role, bool)> = initial
+            .iter()
+            .flat_map(|&(role, n)| std::iter::repeat_n((role, true), n))
+            .collect();
+        if let Some(ps) = fleet.spec.planner.clone() {
+            let pc = &fleet.spec.config.planner;
+            let pools: Vec<Role> = initial
+                .iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(r, _)| *r)
+                .collect();
+            for &(role, n) in &initial {
+                if n > 0 {
+                    let spare = (pc.bounds(role).max as usize).saturating_sub(n);
+                    slots.extend(std::iter::repeat_n((role, false), spare));
+                }
+            }
+            let mut planner_cfg = pc.clone();
+            if ps.kind == SimPlannerKind::Oracle {
+                planner_cfg.scale_down_intervals = 1;
+                planner_cfg.cooldown_s = 0.0;
+            }
+            let interval = Duration::from_secs_f64(pc.interval_s);
+            let oracle = match (&arrivals, ps.kind) {
+                (Arrivals::Open(offsets), SimPlannerKind::Oracle) => {
+                    oracle_series(workload, offsets, pc.interval_s)
+                }
+                _ => Vec::new(),
+            };
+            fleet.planner = Some(SimPlannerState {
+                planner: Planner::new(planner_cfg, ps.capacity.clone()),
+                spec: ps,
+                window: SignalWindow::default(),
+                oracle,
+                interval,
+                pools,
+            });
+            fleet.schedule_in(interval, Ev::Plan);
+        }
+        for (i, (role, on)) in slots.into_iter().enumerate() {
             let id = WorkerId::new(format!("sim-{i}/replica-0"));
             fleet.index.insert(id.clone(), i);
             fleet.views.push(NodeView {
@@ -522,7 +644,7 @@ impl<'w> SimFleet<'w> {
                 roles: vec![],
                 pid: 0,
                 incarnation: 1,
-                state: NodeState::Up,
+                state: if on { NodeState::Up } else { NodeState::Down },
                 last_seen_ms: START_WALL_MS,
                 workers: vec![WorkerView {
                     id: id.to_string(),
@@ -544,8 +666,18 @@ impl<'w> SimFleet<'w> {
                 faults: InjectedFaults::default(),
                 parked: None,
                 ping_parked: false,
+                phase: if on { Phase::Running } else { Phase::Off },
+                on_since: on.then_some(start),
+                generation: 0,
             });
-            fleet.boot(i)?;
+            if on {
+                fleet.boot(i)?;
+            }
+        }
+        for (role, n) in initial {
+            if n > 0 {
+                fleet.note_peak(role);
+            }
         }
         match &arrivals {
             Arrivals::Open(offsets) => {
@@ -602,12 +734,13 @@ impl<'w> SimFleet<'w> {
     }
 
     fn check_worker(&self, worker: usize, flag: &str) -> anyhow::Result<()> {
+        let n = self.spec.total_workers();
         anyhow::ensure!(
-            worker < self.workers.len(),
+            worker < n,
             "{flag} …:{worker}: the fleet has {} workers (0 to {}: aggregated, then prefill, \
              then decode)",
-            self.workers.len(),
-            self.workers.len().saturating_sub(1)
+            n,
+            n.saturating_sub(1)
         );
         Ok(())
     }
@@ -651,6 +784,13 @@ impl<'w> SimFleet<'w> {
                 self.out.leftovers.pinned_blocks += s.kv_blocks_used;
             }
         }
+        let end = self.last_completion.unwrap_or(now);
+        for i in 0..self.workers.len() {
+            self.account(i, end);
+        }
+        let mut rs: Vec<(Role, f64)> = self.replica_seconds.iter().map(|(r, s)| (*r, *s)).collect();
+        rs.sort_by_key(|(r, _)| pool_order(*r));
+        self.out.replica_seconds = rs;
         self.out.span = match (self.first_arrival, self.last_completion) {
             (Some(a), Some(b)) => b.saturating_duration_since(a),
             _ => Duration::ZERO,
@@ -776,7 +916,10 @@ impl<'w> SimFleet<'w> {
             }
             Ev::Kill(i) => self.kill(i),
             Ev::Restart(i) => {
-                if self.workers[i].core.is_none() && self.boot(i).is_ok() {
+                if self.workers[i].core.is_none()
+                    && self.workers[i].phase == Phase::Running
+                    && self.boot(i).is_ok()
+                {
                     self.out.counters.restarts += 1;
                     let id = self.workers[i].id.clone();
                     self.fleet_event(FleetEventKind::WorkerUp { worker: id });
@@ -794,6 +937,189 @@ impl<'w> SimFleet<'w> {
                     self.unpark(i);
                 }
             }
+            Ev::Plan => self.plan_interval(),
+            Ev::Ready(i, generation) => {
+                let w = &self.workers[i];
+                if w.phase == Phase::Starting && w.generation == generation {
+                    self.workers[i].phase = Phase::Running;
+                    if self.boot(i).is_ok() {
+                        let id = self.workers[i].id.clone();
+                        self.fleet_event(FleetEventKind::WorkerUp { worker: id });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stop counting worker `i`'s cost at `at`.
+    fn account(&mut self, i: usize, at: Instant) {
+        let w = &mut self.workers[i];
+        if let Some(t) = w.on_since.take() {
+            *self.replica_seconds.entry(w.role).or_default() +=
+                at.saturating_duration_since(t).as_secs_f64();
+        }
+    }
+
+    /// Pool `role`'s replicas as the fleet view shows them.
+    fn pool_count(&self, role: Role) -> PoolCount {
+        let mut c = PoolCount::new(role);
+        for w in self.workers.iter().filter(|w| w.role == role) {
+            match w.phase {
+                Phase::Off => {}
+                // A replica down after a fault is restarting under its supervisor.
+                Phase::Running if w.core.is_some() => c.ready += 1,
+                Phase::Running | Phase::Starting => c.starting += 1,
+                Phase::Draining => c.draining += 1,
+            }
+        }
+        c
+    }
+
+    fn note_peak(&mut self, role: Role) {
+        let c = self.pool_count(role);
+        let n = c.ready + c.starting + c.draining;
+        match self.out.peak_replicas.iter_mut().find(|(r, _)| *r == role) {
+            Some((_, p)) => *p = (*p).max(n),
+            None => {
+                self.out.peak_replicas.push((role, n));
+                self.out.peak_replicas.sort_by_key(|(r, _)| pool_order(*r));
+            }
+        }
+    }
+
+    /// The planner's interval: the fleet's signals from the published view and the gateway's
+    /// window, a decision, and (mode `act`) the pools resized to it.
+    fn plan_interval(&mut self) {
+        let now = self.now();
+        self.refresh_views();
+        let Some(pools) = self.planner.as_ref().map(|p| p.pools.clone()) else {
+            return;
+        };
+        let wall =
+            |t: Instant| START_WALL_MS + t.saturating_duration_since(self.start).as_millis() as u64;
+        let view_at = wall(self.views_at.unwrap_or(now));
+        let (mut waiting, mut used, mut total) = (0u64, 0usize, 0usize);
+        for v in self.views.iter().filter(|v| v.state == NodeState::Up) {
+            for w in &v.workers {
+                waiting += w.waiting as u64;
+                used += w.kv_blocks_used;
+                total += w.kv_blocks_total;
+            }
+        }
+        let mut signals = FleetSignals {
+            at_ms: view_at,
+            in_flight: self.requests.len() as u64,
+            waiting,
+            kv_usage: if total > 0 {
+                used as f64 / total as f64
+            } else {
+                0.0
+            },
+            pools: pools.iter().map(|&r| self.pool_count(r)).collect(),
+            ..FleetSignals::default()
+        };
+        let elapsed = now.saturating_duration_since(self.start);
+        let now_ms = wall(now);
+        let Some(ps) = self.planner.as_mut() else {
+            return;
+        };
+        let interval_s = ps.interval.as_secs_f64();
+        ps.window.close(interval_s, &mut signals);
+        let oracle = (ps.spec.kind == SimPlannerKind::Oracle)
+            .then(|| oracle_forecast(&ps.oracle, elapsed, interval_s, ps.spec.cold_start));
+        let decision = ps.planner.plan(&signals, now_ms, oracle);
+        let interval = ps.interval;
+        let targets: Vec<(Role, u32)> =
+            decision.pools.iter().map(|p| (p.role, p.desired)).collect();
+        let act = decision.mode == PlannerMode::Act;
+        self.out.decisions.push(decision);
+        if act {
+            for (role, n) in targets {
+                self.resize(role, n);
+            }
+        }
+        if self.sessions_left > 0 || !self.requests.is_empty() {
+            self.schedule_in(interval, Ev::Plan);
+        }
+    }
+
+    /// Pool `role` to `n` replicas (ready and starting): spare slots start (ready after the
+    /// cold start); above `n`, cold starts are called off first, then the replicas running
+    /// the fewest sequences drain (they leave routing and finish what they run).
+    fn resize(&mut self, role: Role, n: u32) {
+        let Some(cold_start) = self.planner.as_ref().map(|p| p.spec.cold_start) else {
+            return;
+        };
+        let n = n as usize;
+        let members: Vec<usize> = (0..self.workers.len())
+            .filter(|&i| {
+                let w = &self.workers[i];
+                w.role == role && matches!(w.phase, Phase::Starting | Phase::Running)
+            })
+            .collect();
+        let now = self.now();
+        if n > members.len() {
+            let spare: Vec<usize> = (0..self.workers.len())
+                .filter(|&i| self.workers[i].role == role && self.workers[i].phase == Phase::Off)
+                .take(n - members.len())
+                .collect();
+            for i in spare {
+                let w = &mut self.workers[i];
+                w.phase = Phase::Starting;
+                w.on_since = Some(now);
+                w.generation += 1;
+                let generation = w.generation;
+                self.schedule_in(cold_start, Ev::Ready(i, generation));
+            }
+        } else if n < members.len() {
+            let mut excess = members.len() - n;
+            let starting: Vec<usize> = members
+                .iter()
+                .rev()
+                .copied()
+                .filter(|&i| self.workers[i].phase == Phase::Starting)
+                .collect();
+            for i in starting.into_iter().take(excess) {
+                self.workers[i].phase = Phase::Off;
+                self.account(i, now);
+                excess -= 1;
+            }
+            let mut running: Vec<(usize, usize)> = members
+                .iter()
+                .copied()
+                .filter(|&i| self.workers[i].phase == Phase::Running)
+                .map(|i| (self.workers[i].core.as_ref().map_or(0, |c| c.num_live()), i))
+                .collect();
+            running.sort_by_key(|&(live, i)| (live, std::cmp::Reverse(i)));
+            for (_, i) in running.into_iter().take(excess) {
+                self.workers[i].phase = Phase::Draining;
+                match self.workers[i].core.as_mut() {
+                    Some(core) => {
+                        core.drain();
+                        self.mark_worker(i);
+                    }
+                    // Down after a fault: nothing to finish.
+                    None => self.retire(i),
+                }
+            }
+        }
+        self.note_peak(role);
+    }
+
+    /// Worker `i` leaves the fleet (a drained replica with nothing left, or one called off).
+    fn retire(&mut self, i: usize) {
+        let now = self.now();
+        let had_core = self.workers[i].core.take().is_some();
+        let w = &mut self.workers[i];
+        w.phase = Phase::Off;
+        w.parked = None;
+        w.ping_parked = false;
+        let id = w.id.clone();
+        self.groups.leave_all(&id);
+        self.views[i].state = NodeState::Down;
+        self.account(i, now);
+        if had_core {
+            self.fleet_event(FleetEventKind::WorkerDown { worker: id });
         }
     }
 
@@ -864,6 +1190,12 @@ impl<'w> SimFleet<'w> {
         if self.workers[i].core.take().is_none() {
             return;
         }
+        if self.workers[i].phase == Phase::Draining {
+            // A draining replica that dies is not restarted: it was leaving.
+            self.workers[i].phase = Phase::Off;
+            let now = self.now();
+            self.account(i, now);
+        }
         self.workers[i].parked = None;
         self.workers[i].ping_parked = false;
         self.out.counters.kills += 1;
@@ -888,7 +1220,9 @@ impl<'w> SimFleet<'w> {
             }
             self.mark_request(rid);
         }
-        if let Some(d) = self.spec.restart_delay {
+        if let Some(d) = self.spec.restart_delay
+            && self.workers[i].phase == Phase::Running
+        {
             self.schedule_in(d, Ev::Restart(i));
         }
     }
@@ -922,6 +1256,9 @@ impl<'w> SimFleet<'w> {
         let now = self.now();
         self.first_arrival.get_or_insert(now);
         let turn = self.workload.turn(i, k);
+        if let Some(p) = self.planner.as_mut() {
+            p.window.arrived(turn.prompt.len() as u64);
+        }
         let sent_s = (now - self.first_arrival.unwrap_or(now)).as_secs_f64();
         let mut record = SimRecord {
             session: i,
@@ -1007,6 +1344,7 @@ impl<'w> SimFleet<'w> {
     }
 
     fn session_done(&mut self) {
+        self.sessions_left = self.sessions_left.saturating_sub(1);
         if matches!(self.arrivals, Arrivals::Closed(_)) {
             self.start_next_session();
         }
@@ -1146,6 +1484,14 @@ impl<'w> SimFleet<'w> {
             record.error = Some("status 200: incomplete stream".into());
         }
         let (i, k, ok) = (record.session, record.turn, record.ok);
+        if ok && let Some(p) = self.planner.as_mut() {
+            p.window.finished(
+                record.output_tokens,
+                record.ttft_ms,
+                &record.itl_ms,
+                record.cached_tokens.unwrap_or(0),
+            );
+        }
         if ok {
             self.last_completion = Some(now);
             self.out.records.push(record);
@@ -1199,6 +1545,8 @@ impl<'w> SimFleet<'w> {
         let busy = self.workers[i].core.as_ref().is_some_and(|c| !c.is_idle());
         if busy {
             self.ensure_ticking(i);
+        } else if self.workers[i].phase == Phase::Draining && self.workers[i].core.is_some() {
+            self.retire(i);
         }
     }
 
@@ -1263,4 +1611,107 @@ impl<'w> SimFleet<'w> {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+/// Pools in the order reports list them.
+fn pool_order(r: Role) -> u8 {
+    match r {
+        Role::Aggregated => 0,
+        Role::Prefill => 1,
+        Role::Decode => 2,
+    }
+}
+
+/// The workload's true load per planner interval: (requests, prompt tokens, output tokens)
+/// of the sessions arriving in it (a session's every turn counted at its arrival).
+fn oracle_series(
+    workload: &dyn SimWorkload,
+    offsets: &[f64],
+    interval_s: f64,
+) -> Vec<(u64, u64, u64)> {
+    let mut out: Vec<(u64, u64, u64)> = Vec::new();
+    for (i, off) in offsets.iter().enumerate().take(workload.sessions()) {
+        let k = (off / interval_s).floor().max(0.0) as usize;
+        if k > 10_000_000 {
+            continue;
+        }
+        if out.len() <= k {
+            out.resize(k + 1, (0, 0, 0));
+        }
+        for t in 0..workload.turns(i) {
+            let turn = workload.turn(i, t);
+            out[k].0 += 1;
+            out[k].1 += turn.prompt.len() as u64;
+            out[k].2 += u64::from(turn.max_tokens);
+        }
+    }
+    out
+}
+
+/// The oracle's forecast at `elapsed`: the peak rate and the mean lengths over the interval
+/// ahead and the cold start before it.
+fn oracle_forecast(
+    series: &[(u64, u64, u64)],
+    elapsed: Duration,
+    interval_s: f64,
+    cold_start: Duration,
+) -> Forecast {
+    let k0 = (elapsed.as_secs_f64() / interval_s + 1e-6).floor() as usize;
+    let ahead = (cold_start.as_secs_f64() / interval_s).ceil() as usize;
+    let (mut peak, mut n, mut prompt, mut output) = (0u64, 0u64, 0u64, 0u64);
+    for &(r, p, o) in series.iter().skip(k0).take(ahead + 1) {
+        peak = peak.max(r);
+        n += r;
+        prompt += p;
+        output += o;
+    }
+    let mean = |x: u64| if n == 0 { 0.0 } else { x as f64 / n as f64 };
+    Forecast {
+        request_rate: peak as f64 / interval_s,
+        prompt_tokens: mean(prompt),
+        output_tokens: mean(output),
+        cached_tokens: 0.0,
+    }
+}
+
+/// The replicas each pool of `spec`'s shape needs for the busiest interval of the workload,
+/// by the planner's own capacity rule (with its headroom): the size of a static fleet built
+/// for the peak.
+pub fn static_peak(
+    spec: &SimSpec,
+    capacity: &CapacityProfile,
+    workload: &dyn SimWorkload,
+    offsets: &[f64],
+) -> Vec<(Role, u32)> {
+    let cfg = &spec.config.planner;
+    let planner = Planner::new(cfg.clone(), capacity.clone());
+    let series = oracle_series(workload, offsets, cfg.interval_s);
+    let pools = [
+        (Role::Aggregated, spec.workers),
+        (Role::Prefill, spec.prefill),
+        (Role::Decode, spec.decode),
+    ];
+    pools
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|&(role, _)| {
+            let need = series
+                .iter()
+                .map(|&(r, p, o)| {
+                    let f = Forecast {
+                        request_rate: r as f64 / cfg.interval_s,
+                        prompt_tokens: if r > 0 { p as f64 / r as f64 } else { 0.0 },
+                        output_tokens: if r > 0 { o as f64 / r as f64 } else { 0.0 },
+                        cached_tokens: 0.0,
+                    };
+                    planner.replicas_for(role, &f, 0.0).1
+                })
+                .fold(0.0f64, f64::max);
+            let b = cfg.bounds(role);
+            (
+                role,
+                ((need - 1e-9).ceil().max(1.0) as u32).clamp(b.min.max(1), b.max),
+            )
+        })
+        .collect()
 }

@@ -22,6 +22,33 @@ fn the_planner_role_is_refused_until_it_exists() {
 }
 
 #[test]
+fn planner_settings_are_checked_at_start_with_the_key_named() {
+    let mut o = with_cookie();
+    o["planner"] = serde_json::json!({"decode": {"min": 9, "max": 2}});
+    let err = Config::load(None, o).unwrap_err().to_string();
+    assert!(err.contains("planner.decode.min"), "{err}");
+    let mut o = with_cookie();
+    o["planner"] = serde_json::json!({"interval_s": -10.0});
+    let err = Config::load(None, o).unwrap_err().to_string();
+    assert!(err.contains("planner.interval_s"), "{err}");
+    let mut o = with_cookie();
+    o["planner"] = serde_json::json!({"mode": "sometimes"});
+    let err = Config::load(None, o).unwrap_err().to_string();
+    assert!(err.contains("mode") && err.contains("sometimes"), "{err}");
+    let mut o = with_cookie();
+    o["planner"] = serde_json::json!({"capacity_profile": "/nonexistent/capacity.json"});
+    let err = Config::load(None, o).unwrap_err().to_string();
+    assert!(err.contains("planner.capacity_profile"), "{err}");
+    let mut o = with_cookie();
+    o["planner"] = serde_json::json!({"mode": "advisory", "forecast": "seasonal_naive"});
+    let c = Config::load(None, o).unwrap();
+    assert_eq!(
+        c.planner.mode,
+        crate::control::planner::PlannerMode::Advisory
+    );
+}
+
+#[test]
 fn flags_override_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("f.toml");

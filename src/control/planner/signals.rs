@@ -1,0 +1,148 @@
+//! What the planner reads each interval: the fleet's signals, as the published fleet view
+//! carries them, and the window that gathers them from the request path.
+
+use crate::runtime::role::Role;
+use serde::{Deserialize, Serialize};
+
+/// Replicas of one pool as the fleet view shows them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolCount {
+    /// The pool: `aggregated`, `prefill` or `decode`.
+    pub role: Role,
+    /// Replicas routable now.
+    pub ready: u32,
+    /// Replicas asked for and not yet ready (process start, weight load).
+    pub starting: u32,
+    /// Replicas leaving (draining: no new work, finishing what they run).
+    pub draining: u32,
+}
+
+impl PoolCount {
+    /// An empty pool.
+    pub fn new(role: Role) -> Self {
+        Self {
+            role,
+            ready: 0,
+            starting: 0,
+            draining: 0,
+        }
+    }
+
+    /// Replicas that count as the pool's size: ready and starting (draining ones are leaving).
+    pub fn size(&self) -> u32 {
+        self.ready + self.starting
+    }
+}
+
+/// The fleet's signals over one planner interval.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FleetSignals {
+    /// When the view these signals come from was published (ms since the Unix epoch).
+    pub at_ms: u64,
+    /// Length of the window the rates and percentiles cover (s).
+    pub window_s: f64,
+    /// Requests that arrived in the window.
+    pub arrivals: u64,
+    /// `arrivals ÷ window_s` (requests/s).
+    pub request_rate: f64,
+    /// Mean prompt length of the window's arrivals (tokens; 0 without arrivals).
+    pub prompt_tokens: f64,
+    /// Requests that finished in the window.
+    pub completed: u64,
+    /// Mean output length of the window's finished requests (tokens).
+    pub output_tokens: f64,
+    /// Mean prompt tokens served from the prefix cache, per finished request.
+    pub cached_tokens: f64,
+    /// p99 time to first token of the window's finished requests (ms).
+    pub ttft_p99_ms: Option<f64>,
+    /// p99 inter-token latency over the window's finished requests' tokens (ms).
+    pub itl_p99_ms: Option<f64>,
+    /// Requests in the fleet now (running and waiting on replicas).
+    pub in_flight: u64,
+    /// Requests waiting for a replica's admission now.
+    pub waiting: u64,
+    /// Requests waiting because a pool has no replica (scale from zero).
+    pub waiting_for_capacity: u64,
+    /// Mean fraction of KV blocks pinned, over ready replicas.
+    pub kv_usage: f64,
+    /// Each pool's replicas.
+    pub pools: Vec<PoolCount>,
+}
+
+impl FleetSignals {
+    /// Pool `role`'s count, if the fleet has that pool.
+    pub fn pool(&self, role: Role) -> Option<&PoolCount> {
+        self.pools.iter().find(|p| p.role == role)
+    }
+}
+
+/// Gathers one interval's arrivals and completions (the gateway's side of the signals).
+#[derive(Clone, Debug, Default)]
+pub struct SignalWindow {
+    arrivals: u64,
+    prompt_sum: u64,
+    completed: u64,
+    output_sum: u64,
+    cached_sum: u64,
+    ttft_ms: Vec<f64>,
+    itl_ms: Vec<f64>,
+}
+
+impl SignalWindow {
+    /// A request of `prompt_tokens` arrived.
+    pub fn arrived(&mut self, prompt_tokens: u64) {
+        self.arrivals += 1;
+        self.prompt_sum += prompt_tokens;
+    }
+
+    /// A request finished with `output_tokens`, its TTFT, its inter-token gaps and the
+    /// prompt tokens served from cache.
+    pub fn finished(
+        &mut self,
+        output_tokens: u64,
+        ttft_ms: Option<f64>,
+        itl_ms: &[f64],
+        cached: u64,
+    ) {
+        self.completed += 1;
+        self.output_sum += output_tokens;
+        self.cached_sum += cached;
+        if let Some(t) = ttft_ms {
+            self.ttft_ms.push(t);
+        }
+        self.itl_ms.extend_from_slice(itl_ms);
+    }
+
+    /// Close the window after `window_s` seconds: the rates, means and percentiles into
+    /// `into` (the fleet-view fields are left to the caller); the window starts again empty.
+    pub fn close(&mut self, window_s: f64, into: &mut FleetSignals) {
+        let w = std::mem::take(self);
+        into.window_s = window_s;
+        into.arrivals = w.arrivals;
+        into.request_rate = if window_s > 0.0 {
+            w.arrivals as f64 / window_s
+        } else {
+            0.0
+        };
+        into.prompt_tokens = mean(w.prompt_sum, w.arrivals);
+        into.completed = w.completed;
+        into.output_tokens = mean(w.output_sum, w.completed);
+        into.cached_tokens = mean(w.cached_sum, w.completed);
+        into.ttft_p99_ms = p99(w.ttft_ms);
+        into.itl_p99_ms = p99(w.itl_ms);
+    }
+}
+
+fn mean(sum: u64, n: u64) -> f64 {
+    if n == 0 { 0.0 } else { sum as f64 / n as f64 }
+}
+
+/// The 99th percentile (nearest rank), by selection.
+pub fn p99(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let rank = ((v.len() as f64 * 0.99).ceil() as usize).clamp(1, v.len()) - 1;
+    let (_, x, _) = v.select_nth_unstable_by(rank, f64::total_cmp);
+    Some(*x)
+}
