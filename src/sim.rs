@@ -31,6 +31,14 @@
 //! slow engines (through the worker core's own `InjectedFaults`, as the chaos filters set
 //! them: the watchdog decides), and windows in which KV events are dropped.
 //!
+//! **The planner** ([`world::SimPlannerSpec`]): with one, each pool has spare slots up to
+//! `planner.<pool>.max`; every `planner.interval_s` the live planner's policy
+//! ([`Planner`](crate::control::planner::Planner)) reads the fleet's signals (the view as
+//! last published, the gateway's window of arrivals and completions) and its decisions start
+//! spare replicas (taking requests after the cold start) or drain running ones
+//! (`WorkerCore::drain`). An oracle variant replaces the forecast with the workload's true
+//! coming load. Replica-seconds per pool are counted from each start to each retirement.
+//!
 //! **Deterministic.** Events are handled in (time, order of scheduling); the clock starts at a
 //! fixed wall time ([`world::START_WALL_MS`]); nothing iterates a hash map where the order
 //! reaches a decision. The same inputs give the same records, byte for byte.

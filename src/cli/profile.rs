@@ -8,6 +8,9 @@
 //!                                   contexts fill a fraction u of the KV pool
 //! ```
 //!
+//! and, from the fit, the planner's capacity curves (`--capacity-out`, see
+//! [`crate::control::planner::capacity`]).
+//!
 //! Each point is the fastest of `--repeats` timed steps (the minimum is the least disturbed
 //! by other work on the machine); the quadratics are ordinary least squares.
 
@@ -35,6 +38,18 @@ pub struct ProfileArgs {
     /// Timed steps per point (the fastest is kept).
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
+    /// Where to write the planner's capacity curves (`planner.capacity_profile`): one
+    /// replica's prompt tokens/s within `--ttft-target-ms` and output tokens/s within
+    /// `--itl-target-ms`, derived from the fitted step times with the default batch limits
+    /// (`worker.max_num_seqs`, `worker.max_num_batched_tokens`).
+    #[arg(long, default_value = "capacity-cpu.json")]
+    pub capacity_out: PathBuf,
+    /// TTFT p99 target of the capacity curves (ms).
+    #[arg(long, default_value_t = 500.0)]
+    pub ttft_target_ms: f64,
+    /// ITL p99 target of the capacity curves (ms).
+    #[arg(long, default_value_t = 50.0)]
+    pub itl_target_ms: f64,
 }
 
 const BLOCK: usize = 16;
@@ -197,6 +212,31 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
         profile.decode[1],
         profile.decode[2],
         a.out.display()
+    );
+    let limits = crate::node::config::WorkerConfig::default();
+    let capacity = crate::control::planner::CapacityProfile::from_sim_profile(
+        &profile,
+        1.0,
+        a.num_blocks * BLOCK,
+        limits.max_num_seqs,
+        limits.max_num_batched_tokens,
+        a.ttft_target_ms,
+        a.itl_target_ms,
+    );
+    std::fs::write(&a.capacity_out, serde_json::to_string_pretty(&capacity)?)?;
+    let at = |t: &[crate::control::planner::CapacityPoint], n: u32| {
+        t.iter()
+            .find(|p| p.tokens == n)
+            .map_or(0.0, |p| p.tokens_per_s)
+    };
+    println!(
+        "capacity at TTFT p99 {} ms / ITL p99 {} ms: prefill {:.0} tokens/s at 1,024-token \
+         prompts, decode {:.0} tokens/s at 1,024-token contexts\nwrote {}",
+        a.ttft_target_ms,
+        a.itl_target_ms,
+        at(&capacity.prefill, 1024),
+        at(&capacity.decode, 1024),
+        a.capacity_out.display()
     );
     Ok(())
 }

@@ -27,6 +27,14 @@
 //! (chaos `hang` and `slow`). `--drop-kv-events FROM_S-UNTIL_S` drops every KV event
 //! batch in that window (the router's index goes stale, as with the chaos `drop_kv_events`).
 //!
+//! **Planner**: `--planner on` puts the planner in the loop (`planner.*` settings; the fleet
+//! flags give each pool's starting size; a scale-up takes `--cold-start-ms`), `oracle` gives
+//! it the workload's true coming load, `peak` runs a static fleet its capacity rule sizes for
+//! the busiest interval; `--compare planner=on,oracle,peak` runs them side by side. Each run
+//! adds a row to the fleet-cost table (SLO attainment, replica-seconds, mean and peak
+//! replicas, changes, cost per million output tokens within the SLOs) and, with `--out`, its
+//! decisions to `planner.jsonl`.
+//!
 //! **Outputs**: the bench's table (and comparison table), and with `--out DIR` its
 //! `report.json`, `latency_cdf.svg` and `requests.jsonl`, plus `sim.json` (per run: counters,
 //! leftovers, simulated and wall seconds) and `fleet_events.jsonl` (the fleet events the live

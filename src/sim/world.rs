@@ -632,7 +632,17 @@ impl<'w> SimFleet<'w> {
                 interval,
                 pools,
             });
-            fleet.schedule_in(interval, Ev::Plan);
+            // The oracle knows the first interval's load before it starts.
+            let first = if fleet
+                .planner
+                .as_ref()
+                .is_some_and(|p| p.spec.kind == SimPlannerKind::Oracle)
+            {
+                Duration::ZERO
+            } else {
+                interval
+            };
+            fleet.schedule_in(first, Ev::Plan);
         }
         for (i, (role, on)) in slots.into_iter().enumerate() {
             let id = WorkerId::new(format!("sim-{i}/replica-0"));
