@@ -83,6 +83,10 @@ struct UpArgs {
     /// Disaggregated: this many decode worker nodes (with `--prefill`).
     #[arg(long, requires = "prefill")]
     decode: Option<usize>,
+    /// Run the planner on node 0 (`planner.*` settings) and start or drain worker nodes to
+    /// its decisions (mode act; in mode advisory it only publishes them).
+    #[arg(long)]
+    planner: bool,
 }
 
 #[derive(Args)]
@@ -99,7 +103,7 @@ struct NodeArgs {
     /// Seed nodes to join, comma-separated `host:port`.
     #[arg(long, value_delimiter = ',')]
     join: Vec<String>,
-    /// Roles, comma-separated: gateway, router, worker (`planner` is refused until it exists).
+    /// Roles, comma-separated: gateway, router, worker, planner.
     #[arg(long, value_delimiter = ',')]
     roles: Vec<NodeRole>,
     /// Cluster cookie (shared secret); also FLOTILLA_NODE__COOKIE.
@@ -261,6 +265,7 @@ async fn main() -> std::process::ExitCode {
             chaos: a.chaos,
             restart: !a.no_restart,
             max_restarts: a.max_restarts,
+            planner: a.planner,
         })
         .await
         .map(|_| std::process::ExitCode::SUCCESS),

@@ -8,6 +8,8 @@
 //! - `metrics.rs` — the Prometheus recorder.
 //! - `role.rs` — `NodeRole` (what a node runs) and `Role` (what a replica does: aggregated, prefill, decode).
 //! - `resilience.rs` — per-node resilience counters and draining flag, panic accounting.
+//! - `signals.rs` — a gateway's cumulative request counts and latency histograms (the
+//!   planner's signals).
 
 pub mod clock;
 pub mod cluster;
@@ -16,4 +18,5 @@ pub mod metrics;
 pub mod ports;
 pub mod resilience;
 pub mod role;
+pub mod signals;
 pub mod wire;

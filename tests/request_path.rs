@@ -226,6 +226,8 @@ impl Fleet {
                     workers: vec![view],
                     actors: vec![],
                     counters: Default::default(),
+                    signals: None,
+                    planner: None,
                     regions: vec![],
                 }
             })

@@ -93,6 +93,8 @@ pub struct DiscoveryArgs {
     pub endpoints: WorkerEndpoints,
     /// The stats this node's schedulers publish: each worker's load in every heartbeat.
     pub worker_stats: crate::worker::scheduler::StatsBoard,
+    /// What this node's planner publishes (its mode and latest decisions), if it runs one.
+    pub planner: crate::control::planner::PlannerBoard,
     /// The node's fleet event bus (membership changes).
     pub bus: crate::request_plane::events::EventBus,
 }
@@ -136,6 +138,12 @@ impl DiscoveryState {
             actors,
             workers,
             counters: self.args.stats.counters(),
+            signals: self
+                .args
+                .roles
+                .contains(&NodeRole::Gateway)
+                .then(|| self.args.stats.signals().snapshot()),
+            planner: self.args.planner.latest(),
             regions: self
                 .args
                 .transport
@@ -297,6 +305,8 @@ impl Actor for Discovery {
             actors: vec![],
             workers: vec![],
             counters: Default::default(),
+            signals: None,
+            planner: None,
             regions: vec![],
         };
         let state_clock_now = args.clock.now();

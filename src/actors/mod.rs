@@ -16,6 +16,7 @@
 //! - `external_engine.rs` — an engine outside the fleet, seen as a replica's scheduler.
 //! - `discovery.rs` — membership, heartbeats, liveness, the published fleet view.
 //! - `chaos.rs` — carries out the faults aimed at its node.
+//! - `planner.rs` — sizes the pools every interval from the fleet view; publishes decisions.
 //!
 //! The transport's actor lives with the transport (`transport/actor.rs`), the generic
 //! supervisor with the tree (`supervisors/supervisor.rs`).
@@ -26,6 +27,7 @@ pub mod engine_worker;
 pub mod external_engine;
 pub mod gateway;
 pub mod kv_publisher;
+pub mod planner;
 pub mod request;
 pub mod router;
 pub mod scheduler;

@@ -73,12 +73,62 @@ pub fn render(fleet: &Fleet) -> String {
     }
     let _ = writeln!(out);
     for n in &fleet.nodes {
+        if let Some(p) = &n.planner {
+            out.push_str(&render_planner(n.id.as_str(), p));
+            let _ = writeln!(out);
+        }
+    }
+    for n in &fleet.nodes {
         let _ = writeln!(out, "{} actors:", n.id);
         for a in &n.actors {
             let depth = a.path.matches('/').count();
             let name = a.path.rsplit('/').next().unwrap_or(&a.path);
             let _ = writeln!(out, "  {}{:<28} {}", "  ".repeat(depth), name, a.state);
         }
+    }
+    out
+}
+
+/// The planner's latest decision: mode, forecast, per pool actual → desired and why.
+pub fn render_planner(node: &str, p: &crate::control::planner::PlannerView) -> String {
+    let mut out = String::new();
+    let mode = format!("{:?}", p.mode).to_lowercase();
+    let _ = writeln!(
+        out,
+        "planner on {node} ({mode}, every {} s; capacity: {})",
+        p.interval_s, p.capacity
+    );
+    let Some(d) = p.latest() else {
+        let _ = writeln!(out, "  no decision yet");
+        return out;
+    };
+    if d.stale {
+        let _ = writeln!(
+            out,
+            "  signals stale ({} ms old): holding the last decision",
+            d.signals_age_ms
+        );
+    }
+    if let Some(f) = &d.forecast {
+        let _ = writeln!(
+            out,
+            "  forecast: {:.2} req/s, {:.0} prompt / {:.0} output tokens; desired fleet {:.2}/h",
+            f.request_rate, f.prompt_tokens, f.output_tokens, d.cost_per_hour
+        );
+    }
+    for pd in &d.pools {
+        let _ = writeln!(
+            out,
+            "  {:<10} {} -> {} ({:?}): {}",
+            pd.role.as_str(),
+            pd.actual,
+            pd.desired,
+            pd.action,
+            pd.reason
+        );
+    }
+    for m in &d.manual {
+        let _ = writeln!(out, "  manual change: {m}");
     }
     out
 }

@@ -58,11 +58,18 @@ pub struct UpOptions {
     /// `worker.role` of each worker node (node 1, 2, …), for a disaggregated cluster
     /// (`--prefill N --decode M`); empty: every node keeps its configured role.
     pub worker_roles: Vec<crate::runtime::role::Role>,
+    /// Run the planner on node 0 and reconcile its decisions (`--planner`): worker nodes
+    /// started and drained to the desired counts (see [`reconcile`]).
+    pub planner: bool,
 }
 
 struct NodeProc {
+    /// The node's slot (`node-<index>`).
+    index: usize,
     name: String,
     child: Child,
+    /// SIGTERM sent by the reconciler: it drains and stops, and is not restarted.
+    draining: bool,
     /// When it was restarted (within the respawn window).
     restarts: Vec<std::time::Instant>,
     /// It exited with success (drained on SIGTERM): not restarted.
@@ -88,6 +95,8 @@ struct Launch {
     ports: Vec<u16>,
     /// Each node's KV transport port.
     transport_ports: Vec<u16>,
+    /// `worker.role` of each node slot that sets one (slot 0: none).
+    slot_roles: Vec<Option<crate::runtime::role::Role>>,
     opts: UpOptions,
 }
 
@@ -103,9 +112,11 @@ impl Launch {
     ) -> anyhow::Result<Child> {
         let opts = &self.opts;
         let name = node_name(i);
-        let roles = match (i, opts.nodes) {
-            (_, 1) => "gateway,router,worker",
-            (0, _) => "gateway,router",
+        let roles = match (i, opts.nodes, opts.planner) {
+            (0, 1, false) => "gateway,router,worker",
+            (0, 1, true) => "gateway,router,worker,planner",
+            (0, _, false) => "gateway,router",
+            (0, _, true) => "gateway,router,planner",
             _ => "worker",
         };
         let mut cmd = Command::new(&self.exe);
@@ -117,7 +128,7 @@ impl Launch {
             .arg("--roles")
             .arg(roles)
             .env("FLOTILLA_NODE__COOKIE", &self.cookie);
-        if let Some(role) = i.checked_sub(1).and_then(|k| opts.worker_roles.get(k)) {
+        if let Some(role) = self.slot_roles.get(i).copied().flatten() {
             // Disaggregated: this worker node's role (a `--set worker.role=…` still wins).
             cmd.env("FLOTILLA_WORKER__ROLE", role.as_str());
         }
@@ -221,7 +232,10 @@ pub fn set_override(kv: &str) -> anyhow::Result<Serialized<serde_json::Value>> {
 /// What every node checks first — the configuration and the model path — checked once before
 /// any node starts, so such a mistake is one plain error in milliseconds, not one per node.
 /// Returns the model path the nodes will use.
-fn preflight(opts: &UpOptions, cookie: &str) -> anyhow::Result<PathBuf> {
+fn preflight(
+    opts: &UpOptions,
+    cookie: &str,
+) -> anyhow::Result<(PathBuf, crate::node::config::Config)> {
     let mut o = Figment::from(Serialized::default("node.cookie", cookie));
     for kv in &opts.node_args {
         o = o.merge(set_override(kv)?);
@@ -233,9 +247,44 @@ fn preflight(opts: &UpOptions, cookie: &str) -> anyhow::Result<PathBuf> {
         ));
     }
     let config = crate::node::config::Config::load_with(opts.config.as_deref(), o)?;
-    Ok(crate::model::resolve_model_path(
-        config.worker.model_path.as_deref(),
-    )?)
+    if opts.planner {
+        // Node 0's own check, with the planner role it will have.
+        let mut c = config.clone();
+        c.node.roles.push(crate::runtime::role::NodeRole::Planner);
+        c.validate()?;
+    }
+    let model = crate::model::resolve_model_path(config.worker.model_path.as_deref())?;
+    Ok((model, config))
+}
+
+/// The worker node slots of a cluster: the first `opts.nodes - 1` start with it; with
+/// `--planner`, spare slots follow, pool by pool, up to each pool's `planner.<pool>.max`
+/// replicas (in nodes of `worker.replicas`). Each slot's `worker.role` (`None`: configured).
+fn slot_roles(
+    opts: &UpOptions,
+    config: &crate::node::config::Config,
+) -> Vec<Option<crate::runtime::role::Role>> {
+    use crate::runtime::role::Role;
+    let initial: Vec<Option<Role>> = (1..opts.nodes)
+        .map(|i| opts.worker_roles.get(i - 1).copied())
+        .collect();
+    let mut slots = vec![None];
+    slots.extend(initial.iter().copied());
+    if opts.planner && opts.nodes > 1 {
+        let per_node = config.worker.replicas.max(1) as usize;
+        let pools: Vec<Option<Role>> = if opts.worker_roles.is_empty() {
+            vec![None]
+        } else {
+            vec![Some(Role::Prefill), Some(Role::Decode)]
+        };
+        for pool in pools {
+            let role = pool.unwrap_or(config.worker.role);
+            let max_nodes = (config.planner.bounds(role).max as usize).div_ceil(per_node);
+            let have = initial.iter().filter(|r| **r == pool).count();
+            slots.extend(std::iter::repeat_n(pool, max_nodes.saturating_sub(have)));
+        }
+    }
+    slots
 }
 
 /// A cluster being started: its node processes and what restarting one needs.
@@ -251,16 +300,18 @@ struct Started {
 /// exit, [`FORM_TIMEOUT`], or a signal).
 async fn start_cluster(
     opts: &UpOptions,
+    slot_roles: &[Option<crate::runtime::role::Role>],
     cookie: &str,
     sigterm: &mut tokio::signal::unix::Signal,
 ) -> anyhow::Result<(Startup, Started)> {
     let exe = std::env::current_exe()?;
+    let slots = slot_roles.len().max(opts.nodes);
     // Two ports per node (cluster, KV transport), all picked before any is released so that
     // they differ, and outside the ephemeral range so that no `bind(:0)` takes one before its
     // node binds it (see `runtime::ports`); a node binds its own, so no node binds port 0.
-    let picked = crate::runtime::ports::free_loopback_ports(2 * opts.nodes)?;
+    let picked = crate::runtime::ports::free_loopback_ports(2 * slots)?;
     let (ports, transport_ports): (Vec<u16>, Vec<u16>) =
-        (picked[..opts.nodes].to_vec(), picked[opts.nodes..].to_vec());
+        (picked[..slots].to_vec(), picked[slots..].to_vec());
     let seed = format!("127.0.0.1:{}", ports[0]);
     let mut procs: Vec<NodeProc> = Vec::new();
     let (ready_tx, mut ready_rx) = tokio::sync::mpsc::unbounded_channel::<ReadyLine>();
@@ -270,15 +321,18 @@ async fn start_cluster(
         cookie: cookie.to_owned(),
         ports: ports.clone(),
         transport_ports,
+        slot_roles: slot_roles.to_vec(),
         opts: opts.clone(),
     };
-    for i in 0..ports.len() {
+    for i in 0..opts.nodes {
         let join = if i == 0 { vec![] } else { vec![seed.clone()] };
         let http = (i == 0).then(|| opts.http.to_string());
         match launch.spawn(i, &join, http.as_deref(), &ready_tx) {
             Ok(child) => procs.push(NodeProc {
+                index: i,
                 name: node_name(i),
                 child,
+                draining: false,
                 restarts: Vec::new(),
                 stopped: false,
             }),
@@ -367,12 +421,14 @@ async fn start_cluster(
 pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     anyhow::ensure!(opts.nodes >= 1, "--nodes must be at least 1");
     let cookie = cookie();
-    let model = preflight(&opts, &cookie)?;
+    let (model, config) = preflight(&opts, &cookie)?;
+    let slot_roles = slot_roles(&opts, &config);
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     // A node whose picked port another process took meanwhile: start again on other ports.
     let mut attempt = 1;
     let (result, started) = loop {
-        let (result, mut started) = start_cluster(&opts, &cookie, &mut sigterm).await?;
+        let (result, mut started) =
+            start_cluster(&opts, &slot_roles, &cookie, &mut sigterm).await?;
         match result {
             Startup::PortTaken(name) if attempt < PORT_ATTEMPTS => {
                 eprintln!(
@@ -428,12 +484,24 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     // `max_restarts` within RESPAWN_WINDOW and it stays down. A node that stops cleanly (it
     // drained after its own SIGTERM) stays stopped.
     let gateway_http = gateway_addr;
+    let mut reconciler = Reconciler {
+        last_applied_ms: None,
+        per_node: config.worker.replicas.max(1),
+        next_at: std::time::Instant::now(),
+    };
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
             _ = sigterm.recv() => break,
             _ = tokio::time::sleep(Duration::from_millis(200)) => {
-                for (i, p) in procs.iter_mut().enumerate() {
+                if opts.planner && std::time::Instant::now() >= reconciler.next_at {
+                    reconciler.next_at = std::time::Instant::now() + RECONCILE_EVERY;
+                    reconciler
+                        .reconcile(&gateway_http, &mut procs, &launch, &ports, &ready_tx)
+                        .await;
+                }
+                for p in procs.iter_mut() {
+                    let i = p.index;
                     if p.stopped {
                         continue;
                     }
@@ -445,7 +513,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
                         continue;
                     }
                     let Ok(Some(status)) = p.child.try_wait() else { continue };
-                    if status.success() {
+                    if status.success() || p.draining {
                         // Drained and stopped on purpose (SIGTERM to that node): leave it.
                         eprintln!("flotilla up: {} stopped ({status})", p.name);
                         p.stopped = true;
@@ -497,6 +565,130 @@ async fn stop_all(procs: &mut [NodeProc]) {
             Err(_) => {
                 eprintln!("flotilla up: {} did not stop in time; killing it", p.name);
                 let _ = p.child.kill().await;
+            }
+        }
+    }
+}
+
+/// How often `up --planner` reads the planner's decision.
+pub const RECONCILE_EVERY: Duration = Duration::from_secs(1);
+
+/// `up --planner`'s local reconciler: it reads the planner's latest decision from the
+/// gateway's `/v1/fleet` (the published fleet view) and starts or drains worker node
+/// processes to match each pool's desired replica count (in nodes of `worker.replicas`).
+/// A scale-up starts the lowest free slots of the pool (a spare, or a node it drained
+/// before); a scale-down sends SIGTERM to the pool's highest running slots — each drains
+/// (leaves routing, finishes what it runs) and stops, and is not restarted. Node 0 (gateway,
+/// router, planner) is never drained. A node that fails while starting is restarted by the
+/// launcher's own rule (at most `--max-restarts` a minute); the planner does not count it
+/// until it is in the view. Only decisions in mode `act`, not stale, each applied once.
+struct Reconciler {
+    last_applied_ms: Option<u64>,
+    per_node: u32,
+    next_at: std::time::Instant,
+}
+
+impl Reconciler {
+    async fn reconcile(
+        &mut self,
+        gateway: &str,
+        procs: &mut Vec<NodeProc>,
+        launch: &Launch,
+        ports: &[u16],
+        ready: &tokio::sync::mpsc::UnboundedSender<ReadyLine>,
+    ) {
+        use crate::control::planner::PlannerMode;
+        let Ok((fleet, _)) = crate::cli::status::fetch(gateway).await else {
+            return;
+        };
+        let Some(d) = fleet
+            .nodes
+            .iter()
+            .filter_map(|n| n.planner.as_ref())
+            .filter_map(|p| p.latest())
+            .max_by_key(|d| d.at_ms)
+        else {
+            return;
+        };
+        if d.mode != PlannerMode::Act || d.stale || self.last_applied_ms == Some(d.at_ms) {
+            return;
+        }
+        self.last_applied_ms = Some(d.at_ms);
+        for pd in &d.pools {
+            let want = pd.desired.div_ceil(self.per_node) as usize;
+            let in_pool = |i: usize| {
+                i > 0
+                    && launch
+                        .slot_roles
+                        .get(i)
+                        .copied()
+                        .flatten()
+                        .unwrap_or_default()
+                        == pd.role
+            };
+            let running: Vec<usize> = procs
+                .iter()
+                .filter(|p| in_pool(p.index) && !p.stopped && !p.draining)
+                .map(|p| p.index)
+                .collect();
+            if want > running.len() {
+                let free: Vec<usize> = (1..launch.slot_roles.len())
+                    .filter(|&i| in_pool(i) && !running.contains(&i))
+                    .filter(|&i| {
+                        procs
+                            .iter()
+                            .find(|p| p.index == i)
+                            .is_none_or(|p| p.stopped)
+                    })
+                    .take(want - running.len())
+                    .collect();
+                for i in free {
+                    let join: Vec<String> = (0..ports.len())
+                        .filter(|j| *j != i)
+                        .map(|j| format!("127.0.0.1:{}", ports[j]))
+                        .collect();
+                    eprintln!(
+                        "flotilla up: the planner wants {} {} replica(s): starting {}",
+                        pd.desired,
+                        pd.role.as_str(),
+                        node_name(i)
+                    );
+                    match launch.spawn(i, &join, None, ready) {
+                        Ok(child) => {
+                            procs.retain(|p| p.index != i);
+                            procs.push(NodeProc {
+                                index: i,
+                                name: node_name(i),
+                                child,
+                                draining: false,
+                                restarts: Vec::new(),
+                                stopped: false,
+                            });
+                        }
+                        Err(e) => eprintln!("flotilla up: cannot start {}: {e}", node_name(i)),
+                    }
+                }
+            } else if want < running.len() {
+                let mut drain = running.clone();
+                drain.sort_unstable_by(|a, b| b.cmp(a));
+                for i in drain.into_iter().take(running.len() - want) {
+                    let Some(p) = procs.iter_mut().find(|p| p.index == i) else {
+                        continue;
+                    };
+                    eprintln!(
+                        "flotilla up: the planner wants {} {} replica(s): draining {}",
+                        pd.desired,
+                        pd.role.as_str(),
+                        p.name
+                    );
+                    p.draining = true;
+                    if let Some(pid) = p.child.id() {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid as i32),
+                            nix::sys::signal::Signal::SIGTERM,
+                        );
+                    }
+                }
             }
         }
     }

@@ -41,6 +41,11 @@ impl FleetView {
         self.tx.send_replace(None);
     }
 
+    /// A receiver that sees each new view (the planner tells a stale view by it).
+    pub fn subscribe(&self) -> watch::Receiver<Option<Arc<[NodeView]>>> {
+        self.tx.subscribe()
+    }
+
     /// The latest view, this node first; `None` when none is published (Discovery is not
     /// running).
     pub fn latest(&self) -> Option<Arc<[NodeView]>> {

@@ -25,7 +25,10 @@
 //!    `planner.manual = adopt` the new count is the pool's floor (it grew) or ceiling (it
 //!    shrank) for `planner.adopt_s`; with `report` it is recorded and planning goes on from
 //!    it. Never a tug-of-war;
-//! 6. **holds** when the signals are older than two intervals (a missing view must not look
+//! 6. counts replicas it asked for as **starting** until they appear in the view (at most
+//!    `planner.start_timeout_s`; past it they failed to start, are reported, and are not
+//!    capacity);
+//! 7. **holds** when the signals are older than two intervals (a missing view must not look
 //!    like an idle fleet), and says so.
 //!
 //! Each [`Decision`] carries its signals' age, the forecast, and per pool the actual and
@@ -43,7 +46,7 @@ mod tests;
 pub use capacity::{CapacityPoint, CapacityProfile, StepModel};
 pub use forecast::{ForecastKind, Forecaster};
 pub use policy::{Action, Decision, Forecast, Planner, PoolDecision};
-pub use signals::{FleetSignals, PoolCount, SignalWindow};
+pub use signals::{FleetSignals, PoolCount, SignalWindow, ViewReader};
 
 use crate::runtime::role::Role;
 use serde::{Deserialize, Serialize};
@@ -128,6 +131,9 @@ pub struct PlannerConfig {
     pub manual: ManualPolicy,
     /// How long an adopted manual count binds (s).
     pub adopt_s: f64,
+    /// How long a replica asked for may take to appear in the fleet view (process start,
+    /// weight load) before it counts as failed to start (s).
+    pub start_timeout_s: f64,
     /// The capacity curves (JSON, see [`CapacityProfile`]); unset: derived from the sim
     /// engine's profile (`worker.sim_profile` or the built-in one).
     pub capacity_profile: Option<std::path::PathBuf>,
@@ -157,6 +163,7 @@ impl Default for PlannerConfig {
             idle_to_zero_s: 300.0,
             manual: ManualPolicy::Adopt,
             adopt_s: 600.0,
+            start_timeout_s: 300.0,
             capacity_profile: None,
             aggregated: PoolBounds::default(),
             prefill: PoolBounds::default(),
@@ -186,6 +193,7 @@ impl PlannerConfig {
             ("cooldown_s", self.cooldown_s),
             ("idle_to_zero_s", self.idle_to_zero_s),
             ("adopt_s", self.adopt_s),
+            ("start_timeout_s", self.start_timeout_s),
         ];
         for (f, v) in secs {
             if !(v.is_finite() && (0.0..=1e7).contains(&v)) {
@@ -251,6 +259,46 @@ impl PlannerConfig {
             );
         }
         Ok(())
+    }
+}
+
+/// What a planner node publishes in its heartbeat (and `/v1/fleet` shows).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlannerView {
+    /// `act` or `advisory`.
+    pub mode: PlannerMode,
+    /// Seconds between decisions.
+    pub interval_s: f64,
+    /// Where the capacity curves come from.
+    pub capacity: String,
+    /// The latest decisions, oldest first (at most [`PlannerView::KEEP`]).
+    pub decisions: Vec<Decision>,
+}
+
+impl PlannerView {
+    /// Decisions kept in the view.
+    pub const KEEP: usize = 6;
+
+    /// The latest decision.
+    pub fn latest(&self) -> Option<&Decision> {
+        self.decisions.last()
+    }
+}
+
+/// Where a node's planner publishes its view for the node's heartbeat (empty on a node
+/// without one).
+#[derive(Clone, Debug, Default)]
+pub struct PlannerBoard(std::sync::Arc<std::sync::Mutex<Option<PlannerView>>>);
+
+impl PlannerBoard {
+    /// Publish the planner's view.
+    pub fn publish(&self, view: PlannerView) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(view);
+    }
+
+    /// The view last published.
+    pub fn latest(&self) -> Option<PlannerView> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 

@@ -714,11 +714,14 @@ impl Config {
                 field: field.into(),
                 message,
             })?;
-        if self.node.roles.contains(&NodeRole::Planner) {
+        if self.node.roles.contains(&NodeRole::Planner)
+            && self.planner.capacity_profile.is_none()
+            && self.worker.engine != EngineKind::Sim
+        {
             return Err(invalid(
-                "node.roles",
-                "the planner role is not available in this version (it would run nothing); \
-                 use gateway, router and worker",
+                "planner.capacity_profile",
+                "the planner role needs one replica's capacity curves with worker.engine = \
+                 \"cpu\": write them with `flotilla profile --capacity-out capacity-cpu.json`",
             ));
         }
         if self.node.cookie.is_empty() {
@@ -891,6 +894,44 @@ impl Config {
     /// Whether this node runs `role`.
     pub fn has_role(&self, role: NodeRole) -> bool {
         self.node.roles.contains(&role)
+    }
+
+    /// One replica's capacity curves for the planner: `planner.capacity_profile` when set,
+    /// else derived from the sim engine's profile (`profile`: `worker.sim_profile` or the
+    /// built-in one) with the scheduler's limits at the planner's targets.
+    ///
+    /// # Errors
+    /// The file cannot be read or is not a profile; or no file is set and the workers run
+    /// the CPU engine (no profile to derive one from).
+    pub fn planner_capacity(
+        &self,
+        profile: Option<&crate::worker::engine::sim::SimProfile>,
+    ) -> Result<crate::control::planner::CapacityProfile, ConfigError> {
+        use crate::control::planner::CapacityProfile;
+        let p = &self.planner;
+        if let Some(path) = &p.capacity_profile {
+            return CapacityProfile::load(path)
+                .map_err(|e| invalid("planner.capacity_profile", e.to_string()));
+        }
+        let Some(profile) = profile.filter(|_| self.worker.engine == EngineKind::Sim) else {
+            return Err(invalid(
+                "planner.capacity_profile",
+                "required with worker.engine = \"cpu\": write one with `flotilla profile \
+                 --capacity-out capacity-cpu.json` (or run the sim engine, whose profile \
+                 gives one)",
+            ));
+        };
+        let w = &self.worker;
+        let blocks = w.kv_blocks_with(Some(profile));
+        Ok(CapacityProfile::from_sim_profile(
+            profile,
+            w.sim_speedup,
+            blocks * w.block_size_tokens,
+            w.max_num_seqs,
+            w.max_num_batched_tokens,
+            p.ttft_target_ms,
+            p.itl_target_ms,
+        ))
     }
 }
 

@@ -68,6 +68,10 @@ pub struct NodeContext {
     pub worker_stats: crate::worker::scheduler::StatsBoard,
     /// This node's fleet event bus: the actors that decide write to it.
     pub events: crate::request_plane::events::EventBus,
+    /// What this node's planner publishes (read by Discovery without a call).
+    pub planner: crate::control::planner::PlannerBoard,
+    /// One replica's capacity curves, when this node runs the planner.
+    pub planner_capacity: Option<crate::control::planner::CapacityProfile>,
 }
 
 impl NodeContext {

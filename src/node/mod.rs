@@ -174,6 +174,16 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
             None => Default::default(),
         }),
     };
+    let planner_capacity = if config.has_role(crate::runtime::role::NodeRole::Planner) {
+        let sim = sim_profile.clone().unwrap_or_default();
+        Some(
+            config
+                .planner_capacity(Some(&sim))
+                .map_err(|e| NodeError::Tree(e.to_string()))?,
+        )
+    } else {
+        None
+    };
     let (device, gpus) = engine_device(&config)?;
     let cluster = cluster::start_node_server(
         node_id.clone(),
@@ -221,6 +231,8 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         endpoints: Default::default(),
         worker_stats: Default::default(),
         events: crate::request_plane::events::EventBus::new(node_id.clone()),
+        planner: Default::default(),
+        planner_capacity,
     };
     let spec = tree::node_tree(&ctx);
     let (root, root_task) = match Actor::spawn(spec.actor_name.clone(), Supervisor, spec).await {

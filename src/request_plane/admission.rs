@@ -198,6 +198,8 @@ mod tests {
             workers,
             actors: vec![],
             counters: Default::default(),
+            signals: None,
+            planner: None,
             regions: vec![],
         }
     }

@@ -56,6 +56,8 @@ pub struct NodeStats {
     engine_hangs: AtomicU64,
     /// Times `flotilla up` restarted this node before this incarnation.
     node_restarts: AtomicU64,
+    /// What this node's gateway counts for the planner.
+    signals: crate::runtime::signals::GatewayCounters,
 }
 
 impl NodeStats {
@@ -114,6 +116,11 @@ impl NodeStats {
     /// A watchdog of this node found its engine hung.
     pub fn count_engine_hang(&self) {
         self.engine_hangs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// This node's gateway's planner signals (see `runtime/signals.rs`).
+    pub fn signals(&self) -> &crate::runtime::signals::GatewayCounters {
+        &self.signals
     }
 
     /// The counters as reported in a heartbeat (`panics` is the process's count).

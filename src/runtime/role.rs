@@ -30,8 +30,8 @@ pub enum NodeRole {
     Router,
     /// Model replicas.
     Worker,
-    /// Pool sizing. Reserved: the configuration's `validate` refuses it until the planner exists, so
-    /// that a node never accepts a role it would silently not run.
+    /// Pool sizing: the Planner actor decides each pool's size from the fleet view and
+    /// publishes it (a reconciler applies it).
     Planner,
 }
 

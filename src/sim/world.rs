@@ -663,6 +663,8 @@ impl<'w> SimFleet<'w> {
                 }],
                 actors: vec![],
                 counters: Default::default(),
+                signals: None,
+                planner: None,
                 regions: vec![],
             });
             fleet.workers.push(SimWorker {

@@ -18,6 +18,8 @@
 //! │  ├─ http_gateway   (gateway) axum: OpenAI API, /live /health /metrics /v1/fleet
 //! │  │                 (starts last, stops first)
 //! │  └─ face-<k>       (worker.http) replica k's own OpenAI face, pinned to it
+//! ├─ planner           (planner) sizes the pools every planner.interval_s from the fleet
+//! │                    view; publishes its decisions in this node's heartbeat
 //! ├─ transport         (worker)  KV pulls between nodes; a handle on the node's transport
 //! │                    (made before the tree: engines allocate their KV through it)
 //! └─ worker_pool       (worker)  one_for_one  supervision.max_restarts in period_ms
@@ -93,6 +95,9 @@ pub fn node_tree(ctx: &NodeContext) -> SupervisorSpec {
     }
     if ctx.config.has_role(NodeRole::Worker) {
         node = node.child(ChildSpec::supervisor(worker_pool(ctx)));
+    }
+    if let Some(planner) = spawn::planner(ctx) {
+        node = node.child(planner);
     }
     node
 }

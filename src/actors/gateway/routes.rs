@@ -213,6 +213,8 @@ mod tests {
                 .collect(),
             actors: vec![],
             counters: Default::default(),
+            signals: None,
+            planner: None,
             regions: vec![],
         }
     }

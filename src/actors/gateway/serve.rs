@@ -186,6 +186,8 @@ struct Choice {
     last: Option<Instant>,
     /// Logprobs of tokens whose text the stop matcher still holds back.
     held_logprobs: Vec<TokenLogprob>,
+    /// This node's counters (the planner's signals: TTFT, ITL).
+    stats: Arc<NodeStats>,
 }
 
 /// What one event produced for the client.
@@ -231,10 +233,16 @@ impl Choice {
                 }
                 let now = Instant::now();
                 match self.last {
-                    None => metrics::histogram!("flotilla_ttft_seconds")
-                        .record((now - self.t0).as_secs_f64()),
-                    Some(prev) => metrics::histogram!("flotilla_itl_seconds")
-                        .record((now - prev).as_secs_f64()),
+                    None => {
+                        let d = now - self.t0;
+                        metrics::histogram!("flotilla_ttft_seconds").record(d.as_secs_f64());
+                        self.stats.signals().first_token(d.as_secs_f64() * 1000.0);
+                    }
+                    Some(prev) => {
+                        let d = now - prev;
+                        metrics::histogram!("flotilla_itl_seconds").record(d.as_secs_f64());
+                        self.stats.signals().next_token(d.as_secs_f64() * 1000.0);
+                    }
                 }
                 self.last = Some(now);
                 self.completion_tokens += 1;
@@ -395,7 +403,9 @@ async fn start(
             t0,
             last: None,
             held_logprobs: Vec::new(),
+            stats: s.stats.clone(),
         });
+        s.stats.signals().arrived(prompt.len() as u64);
     }
     drop(merged_tx);
     let mut started = Started {
@@ -453,6 +463,11 @@ fn record(route: &'static str, outcome: &'static str, st: &Started) {
     let completion: u32 = st.choices.iter().map(|c| c.completion_tokens).sum();
     metrics::counter!("flotilla_completion_tokens_total").increment(u64::from(completion));
     metrics::histogram!("flotilla_e2e_latency_seconds").record(st.t0.elapsed().as_secs_f64());
+    for c in &st.choices {
+        c.stats
+            .signals()
+            .finished(u64::from(c.completion_tokens), u64::from(c.cached_tokens));
+    }
 }
 
 async fn collect(mut st: Started) -> Result<Response, ApiError> {

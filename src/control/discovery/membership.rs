@@ -138,6 +138,12 @@ pub struct NodeInfo {
     /// Resilience counters since the process started.
     #[serde(default)]
     pub counters: NodeCounters,
+    /// A gateway's cumulative request counts and latency histograms (the planner's signals).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signals: Option<crate::runtime::signals::GatewaySignals>,
+    /// A planner node's mode and latest decisions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planner: Option<crate::control::planner::PlannerView>,
     /// The KV regions its transport serves (one per replica with real KV memory): what a
     /// peer needs to pull blocks from them, epochs included.
     #[serde(default)]
@@ -175,6 +181,12 @@ pub struct NodeView {
     /// Resilience counters.
     #[serde(default)]
     pub counters: NodeCounters,
+    /// A gateway's cumulative request counts and latency histograms (the planner's signals).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signals: Option<crate::runtime::signals::GatewaySignals>,
+    /// A planner node's mode and latest decisions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planner: Option<crate::control::planner::PlannerView>,
     /// KV regions its transport serves.
     #[serde(default)]
     pub regions: Vec<crate::transport::RegionDescriptor>,
@@ -184,7 +196,7 @@ pub struct NodeView {
 #[derive(Clone, Debug, PartialEq)]
 pub enum MembershipEvent {
     /// A node joined or came back.
-    NodeUp(NodeInfo),
+    NodeUp(Box<NodeInfo>),
     /// A node went silent or lost its session.
     NodeSuspect(NodeId),
     /// A node exceeded the liveness timeout.
@@ -250,7 +262,7 @@ impl Membership {
                 e.state = NodeState::Up;
                 e.info = info.clone();
                 if came_back {
-                    events.push(MembershipEvent::NodeUp(info));
+                    events.push(MembershipEvent::NodeUp(Box::new(info)));
                 }
             }
             None => {
@@ -262,7 +274,7 @@ impl Membership {
                         state: NodeState::Up,
                     },
                 );
-                events.push(MembershipEvent::NodeUp(info));
+                events.push(MembershipEvent::NodeUp(Box::new(info)));
             }
         }
         events
@@ -328,6 +340,8 @@ impl Membership {
             workers: self.me.workers.clone(),
             actors: self.me.actors.clone(),
             counters: self.me.counters,
+            signals: self.me.signals.clone(),
+            planner: self.me.planner.clone(),
             regions: self.me.regions.clone(),
         });
         mine.chain(self.peers.values().map(|e| {
@@ -356,6 +370,8 @@ impl Membership {
                     .collect(),
                 actors: e.info.actors.clone(),
                 counters: e.info.counters,
+                signals: e.info.signals.clone(),
+                planner: e.info.planner.clone(),
                 regions: e.info.regions.clone(),
             }
         }))

@@ -97,6 +97,11 @@ struct PoolState {
     recent: VecDeque<u32>,
     pin: Option<Pin>,
     correction: f64,
+    /// Until when the view may still lag the last change (replicas starting, or draining
+    /// ones still listed).
+    pending_until_ms: Option<u64>,
+    /// The last change (`Up` or `Down`).
+    last_action: Action,
 }
 
 /// Largest factor observed latencies may put on the forecast load.
@@ -175,6 +180,8 @@ impl Planner {
             recent: VecDeque::new(),
             pin: None,
             correction: 1.0,
+            pending_until_ms: None,
+            last_action: Action::Hold,
         });
         let last = self.pools.len() - 1;
         &mut self.pools[last]
@@ -281,7 +288,7 @@ impl Planner {
         let mut manual = Vec::new();
         for p in &s.pools {
             let bounds = cfg.bounds(p.role);
-            let actual = p.size();
+            let mut actual = p.size();
             let (load, units) = self.replicas_for(p.role, &forecast, backlog);
             let latency = match p.role {
                 Role::Aggregated => max_opt(ttft_ratio, itl_ratio),
@@ -318,6 +325,40 @@ impl Planner {
                 needed = 1;
             }
             needed = needed.clamp(bounds.min, bounds.max);
+            // The view lags a change: replicas asked for join it only once started (process,
+            // weights), drained ones leave it only once gone. Until `start_timeout_s` after
+            // the change, a count behind it in the change's direction is the change in
+            // progress; past it, the replicas that did not start are reported and not capacity.
+            if mode == PlannerMode::Act
+                && let Some(exp) = st.expected
+                && actual != exp
+            {
+                let pending = st.pending_until_ms.is_some_and(|t| now_ms < t);
+                match (st.last_action, actual < exp, pending) {
+                    (Action::Up, true, true) => {
+                        why.push_str(&format!(
+                            "; {} asked for, not in the view yet (starting)",
+                            exp - actual
+                        ));
+                        actual = exp;
+                    }
+                    (Action::Down, false, true) => {
+                        why.push_str(&format!("; {} draining, still in the view", actual - exp));
+                        actual = exp;
+                    }
+                    (Action::Up, true, false) if st.pending_until_ms.is_some() => {
+                        st.pending_until_ms = None;
+                        manual.push(format!(
+                            "{} {} replica(s) asked for did not start within {} s: not counted",
+                            exp - actual,
+                            p.role.as_str(),
+                            cfg.start_timeout_s
+                        ));
+                        st.expected = Some(actual);
+                    }
+                    _ => {}
+                }
+            }
             // Manual changes: the count moved without the planner asking.
             if mode == PlannerMode::Act
                 && let Some(exp) = st.expected
@@ -412,6 +453,10 @@ impl Planner {
             };
             if action != Action::Hold {
                 st.last_change_ms = Some(now_ms);
+            }
+            if action != Action::Hold {
+                st.pending_until_ms = Some(now_ms + (cfg.start_timeout_s * 1000.0) as u64);
+                st.last_action = action;
             }
             if mode == PlannerMode::Act {
                 st.expected = Some(desired);

@@ -1,7 +1,9 @@
 //! What the planner reads each interval: the fleet's signals, as the published fleet view
 //! carries them, and the window that gathers them from the request path.
 
+use crate::control::discovery::membership::{NodeState, NodeView, WorkerHealth};
 use crate::runtime::role::Role;
+use crate::runtime::signals::GatewaySignals;
 use serde::{Deserialize, Serialize};
 
 /// Replicas of one pool as the fleet view shows them.
@@ -145,4 +147,105 @@ pub fn p99(mut v: Vec<f64>) -> Option<f64> {
     let rank = ((v.len() as f64 * 0.99).ceil() as usize).clamp(1, v.len()) - 1;
     let (_, x, _) = v.select_nth_unstable_by(rank, f64::total_cmp);
     Some(*x)
+}
+
+/// Reads [`FleetSignals`] from the published fleet view, one interval at a time: the
+/// gateways' cumulative counts ([`GatewaySignals`]) diffed against the previous read, the
+/// workers' views counted per pool.
+#[derive(Clone, Debug, Default)]
+pub struct ViewReader {
+    /// Each gateway's counts at the previous read, by (node, incarnation).
+    last: std::collections::HashMap<(String, u64), GatewaySignals>,
+    /// Whether a read happened before (the first only sets the baseline).
+    primed: bool,
+    /// Pools seen so far (a pool scaled to zero stays listed).
+    pools: Vec<Role>,
+}
+
+impl ViewReader {
+    /// The signals of the interval since the previous read, `window_s` long, as of `at_ms`
+    /// (when the view was last refreshed).
+    pub fn read(&mut self, nodes: &[NodeView], at_ms: u64, window_s: f64) -> FleetSignals {
+        let mut sum = GatewaySignals::default();
+        let mut seen = std::collections::HashMap::new();
+        for n in nodes.iter().filter(|n| n.state != NodeState::Down) {
+            let Some(now) = &n.signals else {
+                continue;
+            };
+            let key = (n.id.to_string(), n.incarnation);
+            if self.primed {
+                let before = self.last.get(&key).cloned().unwrap_or_default();
+                let restarted = now.arrivals < before.arrivals;
+                let base = if restarted {
+                    GatewaySignals::default()
+                } else {
+                    before
+                };
+                sum.arrivals += now.arrivals - base.arrivals;
+                sum.prompt_tokens += now.prompt_tokens.saturating_sub(base.prompt_tokens);
+                sum.completed += now.completed.saturating_sub(base.completed);
+                sum.output_tokens += now.output_tokens.saturating_sub(base.output_tokens);
+                sum.cached_tokens += now.cached_tokens.saturating_sub(base.cached_tokens);
+                sum.ttft.add(&now.ttft.since(&base.ttft));
+                sum.itl.add(&now.itl.since(&base.itl));
+            }
+            seen.insert(key, now.clone());
+        }
+        self.last = seen;
+        self.primed = true;
+        let mut pools: Vec<PoolCount> = self.pools.iter().map(|r| PoolCount::new(*r)).collect();
+        let (mut in_flight, mut waiting, mut used, mut total) = (0u64, 0u64, 0usize, 0usize);
+        for n in nodes.iter().filter(|n| n.state != NodeState::Down) {
+            for w in &n.workers {
+                let role = w.role.unwrap_or_default();
+                let i = match pools.iter().position(|p| p.role == role) {
+                    Some(i) => i,
+                    None => {
+                        self.pools.push(role);
+                        pools.push(PoolCount::new(role));
+                        pools.len() - 1
+                    }
+                };
+                let p = &mut pools[i];
+                match w.health {
+                    WorkerHealth::Ready => p.ready += 1,
+                    WorkerHealth::Draining => p.draining += 1,
+                    WorkerHealth::Unknown | WorkerHealth::Unhealthy => p.starting += 1,
+                    WorkerHealth::Unreachable => {}
+                }
+                in_flight += w.in_flight as u64;
+                waiting += w.waiting as u64;
+                if w.health == WorkerHealth::Ready {
+                    used += w.kv_blocks_used;
+                    total += w.kv_blocks_total;
+                }
+            }
+        }
+        let mean = |s: u64, n: u64| if n == 0 { 0.0 } else { s as f64 / n as f64 };
+        FleetSignals {
+            at_ms,
+            window_s,
+            arrivals: sum.arrivals,
+            request_rate: if window_s > 0.0 {
+                sum.arrivals as f64 / window_s
+            } else {
+                0.0
+            },
+            prompt_tokens: mean(sum.prompt_tokens, sum.arrivals),
+            completed: sum.completed,
+            output_tokens: mean(sum.output_tokens, sum.completed),
+            cached_tokens: mean(sum.cached_tokens, sum.completed),
+            ttft_p99_ms: sum.ttft.quantile_ms(0.99),
+            itl_p99_ms: sum.itl.quantile_ms(0.99),
+            in_flight,
+            waiting,
+            waiting_for_capacity: 0,
+            kv_usage: if total > 0 {
+                used as f64 / total as f64
+            } else {
+                0.0
+            },
+            pools,
+        }
+    }
 }

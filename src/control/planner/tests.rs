@@ -476,3 +476,156 @@ fn the_signal_window_turns_arrivals_and_completions_into_rates_and_p99s() {
     w.close(10.0, &mut t);
     assert_eq!((t.arrivals, t.ttft_p99_ms), (0, None));
 }
+
+fn gateway_node(incarnation: u64, s: crate::runtime::signals::GatewaySignals) -> NodeView {
+    use crate::control::discovery::membership::NodeState;
+    NodeView {
+        id: crate::runtime::ids::NodeId::new("node-0"),
+        addr: String::new(),
+        http_addr: None,
+        roles: vec![],
+        pid: 0,
+        incarnation,
+        state: NodeState::Up,
+        last_seen_ms: 0,
+        workers: vec![],
+        actors: vec![],
+        counters: Default::default(),
+        signals: Some(s),
+        planner: None,
+        regions: vec![],
+    }
+}
+
+fn worker_node(name: &str, workers: &[(Role, WorkerHealth)]) -> NodeView {
+    let mut n = gateway_node(1, Default::default());
+    n.id = crate::runtime::ids::NodeId::new(name);
+    n.signals = None;
+    n.workers = workers
+        .iter()
+        .enumerate()
+        .map(|(k, &(role, health))| WorkerView {
+            id: format!("{name}/replica-{k}"),
+            role: Some(role),
+            health,
+            in_flight: 2,
+            waiting: 1,
+            kv_blocks_used: 10,
+            kv_blocks_total: 100,
+            ..WorkerView::default()
+        })
+        .collect();
+    n
+}
+
+use crate::control::discovery::membership::{NodeView, WorkerHealth, WorkerView};
+
+#[test]
+fn the_view_reader_diffs_the_gateways_counts_and_counts_the_pools() {
+    use crate::runtime::signals::GatewayCounters;
+    let c = GatewayCounters::default();
+    c.arrived(1000);
+    c.first_token(100.0);
+    c.finished(10, 0);
+    let workers = worker_node(
+        "node-1",
+        &[
+            (Role::Aggregated, WorkerHealth::Ready),
+            (Role::Aggregated, WorkerHealth::Draining),
+            (Role::Aggregated, WorkerHealth::Unknown),
+        ],
+    );
+    let mut r = ViewReader::default();
+    // The first read only sets the baseline.
+    let s = r.read(&[gateway_node(1, c.snapshot()), workers.clone()], T0, 10.0);
+    assert_eq!((s.arrivals, s.ttft_p99_ms), (0, None));
+    let p = s.pool(Role::Aggregated).unwrap();
+    assert_eq!((p.ready, p.draining, p.starting), (1, 1, 1));
+    assert_eq!((s.in_flight, s.waiting), (6, 3));
+    assert!((s.kv_usage - 0.1).abs() < 1e-9);
+    for _ in 0..20 {
+        c.arrived(500);
+        c.first_token(300.0);
+        c.finished(100, 50);
+    }
+    let s = r.read(
+        &[gateway_node(1, c.snapshot()), workers.clone()],
+        T0 + IV,
+        10.0,
+    );
+    assert_eq!(s.arrivals, 20);
+    assert_eq!(s.request_rate, 2.0);
+    assert_eq!(s.prompt_tokens, 500.0);
+    assert_eq!(
+        (s.completed, s.output_tokens, s.cached_tokens),
+        (20, 100.0, 50.0)
+    );
+    let p99 = s.ttft_p99_ms.unwrap();
+    assert!((300.0..340.0).contains(&p99), "{p99}");
+    // The gateway restarted (a new incarnation): its counts start from zero.
+    let fresh = GatewayCounters::default();
+    fresh.arrived(100);
+    let s = r.read(
+        &[gateway_node(2, fresh.snapshot()), workers],
+        T0 + 2 * IV,
+        10.0,
+    );
+    assert_eq!(s.arrivals, 1);
+    // Every worker of the pool gone: the pool is still listed, empty.
+    let s = r.read(&[gateway_node(2, fresh.snapshot())], T0 + 3 * IV, 10.0);
+    assert_eq!(s.pool(Role::Aggregated).unwrap().size(), 0);
+}
+
+#[test]
+fn replicas_asked_for_count_as_starting_until_they_appear_or_time_out() {
+    let mut c = cfg();
+    c.start_timeout_s = 30.0;
+    let mut p = Planner::new(c, h100_capacity());
+    let d = p.plan(&signals(T0, 40.0, &[(Role::Aggregated, 1)]), T0, None);
+    let want = d.pools[0].desired;
+    assert!(want > 1);
+    // The new replicas are still loading: the view shows one.
+    for k in 1..3 {
+        let now = T0 + k * IV;
+        let d = p.plan(&signals(now, 40.0, &[(Role::Aggregated, 1)]), now, None);
+        assert!(d.manual.is_empty(), "{:?}", d.manual);
+        assert_eq!(d.pools[0].actual, want, "{}", d.pools[0].reason);
+        assert!(d.pools[0].reason.contains("starting"));
+    }
+    // Past start_timeout_s they failed to start: reported, not adopted, and asked for again.
+    let now = T0 + 4 * IV;
+    let d = p.plan(&signals(now, 40.0, &[(Role::Aggregated, 1)]), now, None);
+    assert!(d.manual[0].contains("did not start"), "{:?}", d.manual);
+    assert_eq!(d.pools[0].actual, 1);
+    assert_eq!(d.pools[0].desired, want);
+    assert_eq!(d.pools[0].action, Action::Up);
+}
+
+#[test]
+fn a_drained_replica_still_in_the_view_is_not_a_manual_change() {
+    let mut p = Planner::new(cfg(), h100_capacity());
+    let counts = follow(&mut p, &[60.0; 3], Role::Aggregated, 1);
+    let high = counts[2];
+    // Load gone: after the calm intervals it scales down…
+    let mut n = high;
+    let mut k = 3;
+    let down_to = loop {
+        let now = T0 + k * IV;
+        let d = p.plan(&signals(now, 0.0, &[(Role::Aggregated, n)]), now, None);
+        k += 1;
+        if d.pools[0].action == Action::Down {
+            break d.pools[0].desired;
+        }
+        n = d.pools[0].desired;
+    };
+    // …but the view still lists the drained replicas for an interval.
+    let now = T0 + k * IV;
+    let d = p.plan(&signals(now, 0.0, &[(Role::Aggregated, high)]), now, None);
+    assert!(d.manual.is_empty(), "{:?}", d.manual);
+    assert!(
+        d.pools[0].reason.contains("draining"),
+        "{}",
+        d.pools[0].reason
+    );
+    assert_eq!(d.pools[0].actual, down_to);
+}

@@ -11,14 +11,18 @@ fn defaults_need_a_cookie() {
 }
 
 #[test]
-fn the_planner_role_is_refused_until_it_exists() {
+fn the_planner_role_needs_capacity_curves_on_the_cpu_engine() {
     let mut o = with_cookie();
-    o["node"]["roles"] = serde_json::json!(["worker", "planner"]);
-    let err = Config::load(None, o).unwrap_err().to_string();
-    assert!(
-        err.contains("node.roles") && err.contains("planner"),
-        "{err}"
-    );
+    o["node"]["roles"] = serde_json::json!(["gateway", "planner"]);
+    let err = Config::load(None, o.clone()).unwrap_err().to_string();
+    assert!(err.contains("planner.capacity_profile"), "{err}");
+    // The sim engine's profile gives them.
+    o["worker"] = serde_json::json!({"engine": "sim"});
+    let c = Config::load(None, o).unwrap();
+    let sim = crate::worker::engine::sim::SimProfile::default();
+    let cap = c.planner_capacity(Some(&sim)).unwrap();
+    assert!(cap.check().is_ok());
+    assert!(cap.source.contains("sim profile"), "{}", cap.source);
 }
 
 #[test]

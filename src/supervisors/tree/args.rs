@@ -57,6 +57,7 @@ pub(super) fn discovery(ctx: &NodeContext) -> DiscoveryArgs {
         transport: ctx.transport.clone(),
         endpoints: ctx.endpoints.clone(),
         worker_stats: ctx.worker_stats.clone(),
+        planner: ctx.planner.clone(),
         bus: ctx.events.clone(),
     }
 }

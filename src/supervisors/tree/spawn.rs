@@ -28,6 +28,24 @@ pub(super) fn discovery(ctx: &NodeContext) -> ChildSpec {
     .shutdown(args::shutdown(ctx))
 }
 
+/// The planner (role `planner`, with its capacity curves resolved at start).
+pub(super) fn planner(ctx: &NodeContext) -> Option<ChildSpec> {
+    let capacity = ctx.planner_capacity.clone()?;
+    let args = crate::actors::planner::PlannerArgs {
+        config: ctx.config.planner.clone(),
+        capacity,
+        fleet: ctx.fleet.clone(),
+        board: ctx.planner.clone(),
+        clock: ctx.clock.clone(),
+    };
+    Some(
+        ChildSpec::actor("planner", Some(ctx.name("planner")), move || {
+            (crate::actors::planner::PlannerActor, args.clone())
+        })
+        .shutdown(args::shutdown(ctx)),
+    )
+}
+
 /// Installs and clears injected faults on this node.
 pub(super) fn chaos(ctx: &NodeContext) -> ChildSpec {
     let faults = ctx.faults.clone();

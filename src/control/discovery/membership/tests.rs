@@ -11,6 +11,8 @@ fn info(id: &str, incarnation: u64) -> NodeInfo {
         actors: vec![],
         workers: vec![],
         counters: Default::default(),
+        signals: None,
+        planner: None,
         regions: vec![],
     }
 }
@@ -29,7 +31,7 @@ fn lease_walks_up_suspect_down_forgotten() {
     let mut m = Membership::new(info("me", 1), leases());
     assert_eq!(
         m.on_heartbeat(info("a", 1), t0),
-        vec![MembershipEvent::NodeUp(info("a", 1))]
+        vec![MembershipEvent::NodeUp(Box::new(info("a", 1)))]
     );
     assert!(
         m.on_heartbeat(info("a", 1), t0).is_empty(),
@@ -64,11 +66,11 @@ fn down_node_comes_back_and_restart_is_news() {
     m.on_heartbeat(info("a", 1), t0);
     m.tick(t0 + Duration::from_secs(5));
     let ev = m.on_heartbeat(info("a", 1), t0 + Duration::from_secs(6));
-    assert_eq!(ev, vec![MembershipEvent::NodeUp(info("a", 1))]);
+    assert_eq!(ev, vec![MembershipEvent::NodeUp(Box::new(info("a", 1)))]);
     let ev = m.on_heartbeat(info("a", 2), t0 + Duration::from_secs(6));
     assert_eq!(
         ev,
-        vec![MembershipEvent::NodeUp(info("a", 2))],
+        vec![MembershipEvent::NodeUp(Box::new(info("a", 2)))],
         "new incarnation"
     );
 }

@@ -1,0 +1,172 @@
+//! The planner in a live fleet: `flotilla up --engine sim --planner` follows a load step up
+//! (the local reconciler starts a worker node) and down (it drains one: no request is cut);
+//! in mode advisory it publishes the same kind of decisions and changes nothing.
+//!
+//! The simulated replicas run 20× slower than the H100 profile (`worker.sim_speedup=0.05`)
+//! so that a few requests at a time need more than one, with targets to match.
+
+#[path = "common/http.rs"]
+mod http;
+#[path = "common/poll.rs"]
+mod poll;
+#[path = "common/process.rs"]
+mod process;
+
+use crate::http::{Gateway, MODEL, fleet};
+use crate::poll::poll_until;
+use crate::process::Cluster;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+const SETS: &[&str] = &[
+    "worker.sim_speedup=0.05",
+    "planner.interval_s=1",
+    "planner.cooldown_s=2",
+    "planner.scale_down_intervals=3",
+    "planner.ttft_target_ms=5000",
+    "planner.itl_target_ms=2000",
+    "planner.aggregated.max=3",
+];
+
+/// Worker replicas the fleet view lists as ready.
+async fn ready_workers(c: &impl Gateway) -> usize {
+    let f = fleet(c).await;
+    f["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n["state"] == "up")
+        .flat_map(|n| n["workers"].as_array().cloned().unwrap_or_default())
+        .filter(|w| w["health"] == "ready")
+        .count()
+}
+
+/// The planner's latest decision for the aggregated pool, from `/v1/fleet`.
+async fn latest_decision(c: &impl Gateway) -> Option<Value> {
+    let f = fleet(c).await;
+    f["nodes"]
+        .as_array()?
+        .iter()
+        .find_map(|n| n["planner"]["decisions"].as_array()?.last().cloned())
+}
+
+/// Clients sending completions with `concurrency` at a time until `stop`; counts successes
+/// and failures.
+fn load(
+    c: &Cluster,
+    concurrency: usize,
+    stop: Arc<AtomicBool>,
+) -> (
+    Arc<AtomicU64>,
+    Arc<AtomicU64>,
+    Vec<tokio::task::JoinHandle<()>>,
+) {
+    let ok = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let url = c.url("/v1/completions");
+    let tasks = (0..concurrency)
+        .map(|k| {
+            let (ok, failed, stop, url) = (ok.clone(), failed.clone(), stop.clone(), url.clone());
+            tokio::spawn(async move {
+                let client = reqwest::Client::new();
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let prompt: String = (0..120).map(|i| format!("w{k}x{n}y{i} ")).collect();
+                    let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 16});
+                    match client.post(&url).json(&body).send().await {
+                        Ok(r) if r.status().is_success() => {
+                            ok.fetch_add(1, Ordering::Relaxed);
+                        }
+                        _ => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    (ok, failed, tasks)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_planner_scales_a_live_fleet_up_and_drains_it_down() {
+    let mut sets = SETS.to_vec();
+    sets.push("planner.mode=act");
+    let c = Cluster::start_with(2, &["--engine", "sim", "--planner"], &sets);
+    assert_eq!(ready_workers(&c).await, 1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed, tasks) = load(&c, 6, stop.clone());
+    // Up: the planner asks for more and the reconciler starts a worker node.
+    poll_until(
+        Duration::from_secs(60),
+        "a second worker under load",
+        || async { (ready_workers(&c).await >= 2).then_some(()) },
+    )
+    .await;
+    let d = latest_decision(&c).await.expect("a decision in /v1/fleet");
+    assert_eq!(d["mode"], "act");
+    assert!(d["forecast"]["request_rate"].as_f64().unwrap() > 0.0, "{d}");
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    // Down: with no load the planner drains back to its floor of one.
+    poll_until(Duration::from_secs(90), "back to one worker", || async {
+        (ready_workers(&c).await == 1).then_some(())
+    })
+    .await;
+    let d = latest_decision(&c).await.unwrap();
+    assert_eq!(d["pools"][0]["desired"], 1, "{d}");
+    // Nothing was cut by the drain.
+    assert!(ok.load(Ordering::Relaxed) > 0);
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "requests failed during scaling"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_advisory_planner_publishes_decisions_and_changes_nothing() {
+    let mut sets = SETS.to_vec();
+    sets.push("planner.mode=advisory");
+    let c = Cluster::start_with(2, &["--engine", "sim", "--planner"], &sets);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, _failed, tasks) = load(&c, 6, stop.clone());
+    let d = poll_until(Duration::from_secs(60), "an advisory scale-up", || async {
+        latest_decision(&c)
+            .await
+            .filter(|d| d["pools"][0]["desired"].as_u64() > Some(1))
+    })
+    .await;
+    assert_eq!(d["mode"], "advisory");
+    // Nobody acts on it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(ready_workers(&c).await, 1);
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    assert!(ok.load(Ordering::Relaxed) > 0);
+    // `flotilla status` prints the planner.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["status", "--gateway", &c.gateway])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("planner on node-0 (advisory"), "{text}");
+}
+
+#[test]
+fn the_planner_role_on_the_cpu_engine_needs_capacity_curves() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["up", "--nodes", "2", "--http", "127.0.0.1:0", "--planner"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("planner.capacity_profile"), "{err}");
+}
