@@ -170,3 +170,39 @@ fn the_planner_role_on_the_cpu_engine_needs_capacity_curves() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("planner.capacity_profile"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_at_zero_serves_the_next_request_after_a_cold_start() {
+    let mut sets = SETS.to_vec();
+    sets.extend([
+        "planner.mode=act",
+        "planner.aggregated.min=0",
+        "planner.idle_to_zero_s=2",
+    ]);
+    let c = Cluster::start_with(2, &["--engine", "sim", "--planner"], &sets);
+    // Idle: the pool goes to zero (its worker node drains and stops).
+    poll_until(Duration::from_secs(60), "the pool at zero", || async {
+        (ready_workers(&c).await == 0).then_some(())
+    })
+    .await;
+    let d = latest_decision(&c).await.unwrap();
+    assert_eq!(d["pools"][0]["desired"], 0, "{d}");
+    // The model stays listed.
+    let models = reqwest::get(c.url("/v1/models")).await.unwrap();
+    assert_eq!(models.status(), 200);
+    let models = models.text().await.unwrap();
+    assert!(models.contains(MODEL), "{models}");
+    // A request at zero waits while the planner wakes a replica, and is served.
+    let t0 = std::time::Instant::now();
+    let body = json!({"model": MODEL, "prompt": "hello there", "max_tokens": 4});
+    let (s, _, text) = crate::http::post(&c.url("/v1/completions"), &body).await;
+    assert_eq!(s, 200, "{text}");
+    let waited = t0.elapsed();
+    assert!(
+        waited > Duration::from_millis(200),
+        "served at once? {waited:?}"
+    );
+    assert_eq!(ready_workers(&c).await, 1);
+    let cold = crate::http::metric_sum(&c, "flotilla_cold_start_wait_seconds_count").await;
+    assert_eq!(cold, 1, "one request waited for a cold start");
+}

@@ -299,6 +299,11 @@ pub struct GatewayConfig {
     /// Most open client connections; beyond, a new connection gets a 503 and is closed
     /// (`flotilla_http_connections_open`, `flotilla_http_connections_refused_total`).
     pub max_connections: usize,
+    /// A request that finds no worker serving the model while a planner in mode `act` is in
+    /// the fleet (a pool scaled to zero) waits up to this many ms for one to come up — the
+    /// planner sees it waiting and starts a replica — then gets a 503 with `Retry-After`
+    /// (0: no wait). Without such a planner it is refused at once.
+    pub cold_start_timeout_ms: u64,
 }
 
 impl Default for GatewayConfig {
@@ -319,6 +324,7 @@ impl Default for GatewayConfig {
             request_body_timeout_ms: 30_000,
             idle_timeout_ms: 30_000,
             max_connections: 1024,
+            cold_start_timeout_ms: 120_000,
         }
     }
 }
@@ -763,6 +769,12 @@ impl Config {
             if !(1..=600_000).contains(&ms) {
                 return Err(invalid(field, "must be within 1..=600000 (ms)"));
             }
+        }
+        if g.cold_start_timeout_ms > 3_600_000 {
+            return Err(invalid(
+                "gateway.cold_start_timeout_ms",
+                "must be within 0..=3600000 (ms)",
+            ));
         }
         if g.max_connections == 0 {
             return Err(invalid("gateway.max_connections", "must be at least 1"));

@@ -30,6 +30,12 @@ pub enum ShedReason {
         /// The target (ms).
         target_ms: u64,
     },
+    /// No worker served the model within `gateway.cold_start_timeout_ms` (a pool at zero
+    /// whose replica did not come up in time).
+    ColdStart {
+        /// How long the request waited (ms).
+        waited_ms: u64,
+    },
 }
 
 impl ShedReason {
@@ -40,6 +46,7 @@ impl ShedReason {
             ShedReason::GatewayQueue => "gateway_queue",
             ShedReason::AllWorkersBusy => "all_workers_busy",
             ShedReason::TtftTarget { .. } => "ttft_target",
+            ShedReason::ColdStart { .. } => "cold_start",
         }
     }
 
@@ -59,6 +66,10 @@ impl ShedReason {
                  or later (its queued prompt tokens at its measured rate, or requests \
                  waiting that long already), past the \
                  time-to-first-token target of {target_ms} ms; retry after the queue drains"
+            ),
+            ShedReason::ColdStart { waited_ms } => format!(
+                "no worker is serving the model: waited {waited_ms} ms for one to start \
+                 (gateway.cold_start_timeout_ms); retry shortly"
             ),
         }
     }

@@ -87,6 +87,18 @@ fn describe() {
         "flotilla_e2e_latency_seconds",
         "Request received → last token"
     );
+    describe_histogram!(
+        "flotilla_cold_start_wait_seconds",
+        "Time a request waited for a worker to come up (a pool scaled to zero)"
+    );
+    describe_gauge!(
+        "flotilla_planner_desired_replicas",
+        "The planner's desired replicas, per pool"
+    );
+    describe_gauge!(
+        "flotilla_planner_actual_replicas",
+        "Replicas the planner counted (ready and starting), per pool"
+    );
     describe_counter!(
         "flotilla_requests_total",
         "Requests by route and outcome (ok, error, rejected)"

@@ -160,6 +160,9 @@ pub struct GatewaySignals {
     pub ttft: Histogram,
     /// Inter-token latency (ms).
     pub itl: Histogram,
+    /// Requests waiting now for a worker to serve the model (a gauge, not cumulative).
+    #[serde(default)]
+    pub waiting_for_capacity: u64,
 }
 
 /// The live counters behind [`GatewaySignals`] (in the node's `NodeStats`).
@@ -172,9 +175,17 @@ pub struct GatewayCounters {
     cached_tokens: AtomicU64,
     ttft: AtomicHistogram,
     itl: AtomicHistogram,
+    waiting_for_capacity: AtomicU64,
 }
 
 impl GatewayCounters {
+    /// A request starts waiting for a worker (none serves the model); the guard ends the
+    /// wait when dropped.
+    pub fn wait_for_capacity(&self) -> CapacityWait<'_> {
+        self.waiting_for_capacity.fetch_add(1, Ordering::Relaxed);
+        CapacityWait(self)
+    }
+
     /// A request of `prompt_tokens` arrived.
     pub fn arrived(&self, prompt_tokens: u64) {
         self.arrivals.fetch_add(1, Ordering::Relaxed);
@@ -211,7 +222,17 @@ impl GatewayCounters {
             cached_tokens: self.cached_tokens.load(Ordering::Relaxed),
             ttft: self.ttft.snapshot(),
             itl: self.itl.snapshot(),
+            waiting_for_capacity: self.waiting_for_capacity.load(Ordering::Relaxed),
         }
+    }
+}
+
+/// One request waiting for capacity (see [`GatewayCounters::wait_for_capacity`]).
+pub struct CapacityWait<'a>(&'a GatewayCounters);
+
+impl Drop for CapacityWait<'_> {
+    fn drop(&mut self) {
+        self.0.waiting_for_capacity.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -28,7 +28,7 @@ use crate::openai::response::{
 use crate::openai::sse;
 use crate::openai::stop::StopMatcher;
 use crate::request_plane::admission::AdmissionVerdict;
-use crate::request_plane::error::RequestError;
+use crate::request_plane::error::{RequestError, ShedReason};
 use crate::request_plane::frontend::TokRef;
 use crate::request_plane::protocol::TokenEventKind;
 use crate::request_plane::router::policy::Policy;
@@ -78,6 +78,69 @@ fn admit(s: &GatewayShared, serving: &Serving) -> Result<(), RequestError> {
             })
         }
         AdmissionVerdict::NoFleetView => Err(RequestError::MembershipUnavailable),
+    }
+}
+
+/// Whether the fleet view shows a worker that may take requests.
+fn has_worker(nodes: &[crate::control::discovery::membership::NodeView]) -> bool {
+    use crate::control::discovery::membership::NodeState;
+    nodes
+        .iter()
+        .filter(|n| n.state == NodeState::Up)
+        .flat_map(|n| &n.workers)
+        .any(|w| w.health.may_route())
+}
+
+/// Scale from zero: when no worker serves the model and a planner in mode `act` is in the
+/// fleet, wait (counted in this gateway's `waiting_for_capacity`, which the planner reads)
+/// until one comes up, at most `gateway.cold_start_timeout_ms`; past it, 503 with
+/// `Retry-After`. Without such a planner, or at a worker's own face, no wait.
+async fn wait_for_capacity(s: &GatewayShared, serving: &Serving) -> Result<(), RequestError> {
+    let Some(fleet) = s.fleet.latest() else {
+        return Ok(());
+    };
+    // Only a planner that acts brings a worker up: without one, a fleet with no worker
+    // refuses at once (B15), as admission and the router decide.
+    let planner_acts = fleet.iter().any(|n| {
+        n.planner
+            .as_ref()
+            .is_some_and(|p| p.mode == crate::control::planner::PlannerMode::Act)
+    });
+    if serving.pin.is_some()
+        || serving.cold_start_timeout.is_zero()
+        || !planner_acts
+        || has_worker(&fleet)
+    {
+        return Ok(());
+    }
+    let started = Instant::now();
+    let _waiting = s.stats.signals().wait_for_capacity();
+    let mut view = s.fleet.subscribe();
+    tracing::info!(
+        timeout_ms = serving.cold_start_timeout.as_millis() as u64,
+        "no worker serves the model: the request waits for one to start"
+    );
+    loop {
+        if view.borrow_and_update().as_deref().is_none_or(has_worker) {
+            let waited = started.elapsed();
+            metrics::histogram!("flotilla_cold_start_wait_seconds").record(waited.as_secs_f64());
+            tracing::info!(
+                waited_ms = waited.as_millis() as u64,
+                "a worker came up: the waiting request goes on"
+            );
+            return Ok(());
+        }
+        let left = serving.cold_start_timeout.saturating_sub(started.elapsed());
+        if left.is_zero() || !matches!(tokio::time::timeout(left, view.changed()).await, Ok(Ok(())))
+        {
+            let waited_ms = started.elapsed().as_millis() as u64;
+            let reason = ShedReason::ColdStart { waited_ms };
+            metrics::counter!("flotilla_shed_total", "reason" => reason.as_str()).increment(1);
+            return Err(RequestError::Overloaded {
+                reason,
+                retry_after_s: 5,
+            });
+        }
     }
 }
 
@@ -358,6 +421,7 @@ async fn start(
     let policy = route_policy(headers)?;
     let prompt = fe.prompt_ids(&req)?;
     let max_tokens = req.check_context(prompt.len(), fe.context_len)?;
+    wait_for_capacity(s, serving).await?;
     let first_id = serving
         .next_id
         .fetch_add(u64::from(req.n), Ordering::Relaxed);

@@ -105,6 +105,9 @@ pub struct Serving {
     pub incarnation: u64,
     /// Interval of SSE keep-alive comments while a stream waits (`gateway.keep_alive_ms`).
     pub keep_alive: Duration,
+    /// How long a request waits for a worker when none serves the model
+    /// (`gateway.cold_start_timeout_ms`).
+    pub cold_start_timeout: Duration,
     /// Admission thresholds.
     pub admission: Admission,
     /// A worker's own face (`face.rs`): every request goes to this worker, no router asked.

@@ -189,6 +189,7 @@ impl ViewReader {
                 sum.ttft.add(&now.ttft.since(&base.ttft));
                 sum.itl.add(&now.itl.since(&base.itl));
             }
+            sum.waiting_for_capacity += now.waiting_for_capacity;
             seen.insert(key, now.clone());
         }
         self.last = seen;
@@ -239,7 +240,7 @@ impl ViewReader {
             itl_p99_ms: sum.itl.quantile_ms(0.99),
             in_flight,
             waiting,
-            waiting_for_capacity: 0,
+            waiting_for_capacity: sum.waiting_for_capacity,
             kv_usage: if total > 0 {
                 used as f64 / total as f64
             } else {

@@ -102,6 +102,7 @@ pub(super) fn gateway(ctx: &NodeContext) -> GatewayParts {
             clock: ctx.clock.clone(),
             incarnation: ctx.incarnation,
             keep_alive: Duration::from_millis(g.keep_alive_ms),
+            cold_start_timeout: Duration::from_millis(g.cold_start_timeout_ms),
             admission: ctx.config.admission(),
             pin: None,
             bus: ctx.events.clone(),
