@@ -214,8 +214,7 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
         a.out.display()
     );
     let limits = crate::node::config::WorkerConfig::default();
-    let capacity = crate::control::planner::CapacityProfile::from_sim_profile(
-        &profile,
+    let capacity = profile.capacity(
         1.0,
         a.num_blocks * BLOCK,
         limits.max_num_seqs,

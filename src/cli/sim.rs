@@ -59,7 +59,7 @@ use crate::cli::bench::{
     WorkloadArgs, arrival_plan, describe_workload, load_workload, report, synth, workload,
     write_outputs,
 };
-use crate::control::planner::{CapacityProfile, cost_per_million_in_slo};
+use crate::control::planner::cost_per_million_in_slo;
 use crate::node::config::Config;
 use crate::runtime::role::Role;
 use crate::sim::world::{MAX_SIM_S, SimPlannerKind, SimPlannerSpec, sim_time, static_peak};
@@ -436,7 +436,7 @@ fn spec(
     let planner = match planner {
         PlannerChoice::Off => None,
         choice => {
-            let capacity = capacity(&config, &profile, &model)?;
+            let capacity = config.planner_capacity(Some(&profile))?;
             Some(SimPlannerSpec {
                 kind: if choice == PlannerChoice::Oracle {
                     SimPlannerKind::Oracle
@@ -460,30 +460,6 @@ fn spec(
         net_delay,
         restart_delay: (a.restart_ms > 0).then(|| Duration::from_millis(a.restart_ms)),
     })
-}
-
-/// One replica's capacity curves: `planner.capacity_profile`, else derived from the sim
-/// engine's profile and the scheduler's limits at the planner's targets.
-fn capacity(
-    config: &Config,
-    profile: &SimProfile,
-    model: &ModelFacts,
-) -> anyhow::Result<CapacityProfile> {
-    if let Some(p) = &config.planner.capacity_profile {
-        return CapacityProfile::load(p).context("planner.capacity_profile");
-    }
-    let w = &config.worker;
-    let blocks = w.kv_blocks_with(Some(profile));
-    let sched = config.scheduler_config(model.max_context);
-    Ok(CapacityProfile::from_sim_profile(
-        profile,
-        w.sim_speedup,
-        blocks * w.block_size_tokens,
-        sched.max_num_seqs,
-        sched.max_num_batched_tokens,
-        config.planner.ttft_target_ms,
-        config.planner.itl_target_ms,
-    ))
 }
 
 /// A simulated request's record as the bench's result.

@@ -935,8 +935,7 @@ impl Config {
         };
         let w = &self.worker;
         let blocks = w.kv_blocks_with(Some(profile));
-        Ok(CapacityProfile::from_sim_profile(
-            profile,
+        Ok(profile.capacity(
             w.sim_speedup,
             blocks * w.block_size_tokens,
             w.max_num_seqs,

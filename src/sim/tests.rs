@@ -436,8 +436,7 @@ fn planned(kind: world::SimPlannerKind, mode: crate::control::planner::PlannerMo
     p.scale_down_intervals = 3;
     p.aggregated.max = 12;
     let w = &s.config.worker;
-    let capacity = crate::control::planner::CapacityProfile::from_sim_profile(
-        &s.profile,
+    let capacity = s.profile.capacity(
         w.sim_speedup,
         w.kv_blocks_with(Some(&s.profile)) * w.block_size_tokens,
         w.max_num_seqs,

@@ -135,29 +135,6 @@ impl CapacityProfile {
         }
     }
 
-    /// The curves of a replica running the sim engine's step-time model `profile` (times ÷
-    /// `speedup`, as `worker.sim_speedup` divides them) over `kv_tokens` of KV.
-    pub fn from_sim_profile(
-        profile: &crate::worker::engine::sim::SimProfile,
-        speedup: f64,
-        kv_tokens: usize,
-        max_num_seqs: usize,
-        max_num_batched_tokens: usize,
-        ttft_target_ms: f64,
-        itl_target_ms: f64,
-    ) -> Self {
-        let speedup = if speedup > 0.0 { speedup } else { 1.0 };
-        let m = StepModel {
-            source: format!("the sim profile \"{}\" at {speedup}× speed", profile.source),
-            prefill_ms: &|t| profile.prefill_ms(t) / speedup,
-            decode_ms: &|u| profile.decode_ms(u) / speedup,
-            kv_tokens,
-            max_num_seqs,
-            max_num_batched_tokens,
-        };
-        Self::from_step_model(&m, ttft_target_ms, itl_target_ms)
-    }
-
     /// Read a profile file (JSON).
     ///
     /// # Errors

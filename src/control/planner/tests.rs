@@ -2,7 +2,6 @@
 
 use super::forecast::ForecastSettings;
 use super::*;
-use crate::worker::engine::sim::SimProfile;
 
 fn settings(kind: ForecastKind) -> ForecastSettings {
     ForecastSettings {
@@ -77,13 +76,20 @@ fn seasonal_naive_repeats_the_last_season() {
     }
 }
 
+/// The sim engine's H100 profile (`worker/engine/sim.rs`), its step times written out.
 fn h100_capacity() -> CapacityProfile {
-    let p = SimProfile::h100_vllm();
     let m = StepModel {
-        source: p.source.clone(),
-        prefill_ms: &|t| p.prefill_ms(t),
-        decode_ms: &|u| p.decode_ms(u),
-        kv_tokens: p.kv_tokens.unwrap_or(1 << 19),
+        source: "vLLM on 1x H100 (the sim engine's profile)".into(),
+        prefill_ms: &|t| {
+            let t = t as f64;
+            if t == 0.0 {
+                0.0
+            } else {
+                4.21e-7 * t * t + 0.01518 * t + 16.5
+            }
+        },
+        decode_ms: &|u| (-25.74 * u * u + 54.01 * u + 5.74).max(1.0),
+        kv_tokens: 458_752,
         max_num_seqs: 64,
         max_num_batched_tokens: 512,
     };

@@ -47,6 +47,7 @@
 //! (requests that must run to `max_tokens` set `ignore_eos` anyway). Logprobs are 0.
 
 use super::{EngineError, EngineInfo, SampledToken, StepBatch, StepEngine, StepOutput};
+use crate::control::planner::{CapacityProfile, StepModel};
 use crate::runtime::ids::SeqId;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -131,6 +132,31 @@ impl SimProfile {
         let u = u.clamp(0.0, 1.0);
         let [d, e, f] = self.decode;
         (d * u * u + e * u + f).max(self.min_decode_ms)
+    }
+
+    /// The planner's capacity curves of a replica running this model (times ÷ `speedup`,
+    /// as `worker.sim_speedup` divides them) over `kv_tokens` of KV, with the scheduler's
+    /// batch limits, at the given TTFT and ITL p99 targets (see
+    /// [`CapacityProfile::from_step_model`]).
+    pub fn capacity(
+        &self,
+        speedup: f64,
+        kv_tokens: usize,
+        max_num_seqs: usize,
+        max_num_batched_tokens: usize,
+        ttft_target_ms: f64,
+        itl_target_ms: f64,
+    ) -> CapacityProfile {
+        let speedup = if speedup > 0.0 { speedup } else { 1.0 };
+        let m = StepModel {
+            source: format!("the sim profile \"{}\" at {speedup}× speed", self.source),
+            prefill_ms: &|t| self.prefill_ms(t) / speedup,
+            decode_ms: &|u| self.decode_ms(u) / speedup,
+            kv_tokens,
+            max_num_seqs,
+            max_num_batched_tokens,
+        };
+        CapacityProfile::from_step_model(&m, ttft_target_ms, itl_target_ms)
     }
 
     /// Time of one step (ms, before speedup).
