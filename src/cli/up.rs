@@ -86,6 +86,28 @@ fn node_name(i: usize) -> String {
     format!("node-{i}")
 }
 
+impl NodeProc {
+    /// Node slot `i`, just started.
+    fn started(i: usize, child: Child) -> Self {
+        Self {
+            index: i,
+            name: node_name(i),
+            child,
+            draining: false,
+            restarts: Vec::new(),
+            stopped: false,
+        }
+    }
+}
+
+/// The cluster addresses node `i` joins when it starts after the others: every other slot's.
+fn peers(ports: &[u16], i: usize) -> Vec<String> {
+    (0..ports.len())
+        .filter(|j| *j != i)
+        .map(|j| format!("127.0.0.1:{}", ports[j]))
+        .collect()
+}
+
 /// What every node process of one `up` shares.
 struct Launch {
     /// Starts of each node so far (the first is not a restart).
@@ -328,14 +350,7 @@ async fn start_cluster(
         let join = if i == 0 { vec![] } else { vec![seed.clone()] };
         let http = (i == 0).then(|| opts.http.to_string());
         match launch.spawn(i, &join, http.as_deref(), &ready_tx) {
-            Ok(child) => procs.push(NodeProc {
-                index: i,
-                name: node_name(i),
-                child,
-                draining: false,
-                restarts: Vec::new(),
-                stopped: false,
-            }),
+            Ok(child) => procs.push(NodeProc::started(i, child)),
             Err(e) => {
                 stop_all(&mut procs).await;
                 return Err(e);
@@ -531,10 +546,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
                     }
                     eprintln!("flotilla up: {} exited ({status}); starting it again", p.name);
                     p.restarts.push(now);
-                    let join: Vec<String> = (0..ports.len())
-                        .filter(|j| *j != i)
-                        .map(|j| format!("127.0.0.1:{}", ports[j]))
-                        .collect();
+                    let join = peers(&ports, i);
                     let http = (i == 0).then_some(gateway_http.as_str());
                     match launch.spawn(i, &join, http, &ready_tx) {
                         Ok(child) => p.child = child,
@@ -643,10 +655,7 @@ impl Reconciler {
                     .take(want - running.len())
                     .collect();
                 for i in free {
-                    let join: Vec<String> = (0..ports.len())
-                        .filter(|j| *j != i)
-                        .map(|j| format!("127.0.0.1:{}", ports[j]))
-                        .collect();
+                    let join = peers(ports, i);
                     eprintln!(
                         "flotilla up: the planner wants {} {} replica(s): starting {}",
                         pd.desired,
@@ -656,14 +665,7 @@ impl Reconciler {
                     match launch.spawn(i, &join, None, ready) {
                         Ok(child) => {
                             procs.retain(|p| p.index != i);
-                            procs.push(NodeProc {
-                                index: i,
-                                name: node_name(i),
-                                child,
-                                draining: false,
-                                restarts: Vec::new(),
-                                stopped: false,
-                            });
+                            procs.push(NodeProc::started(i, child));
                         }
                         Err(e) => eprintln!("flotilla up: cannot start {}: {e}", node_name(i)),
                     }

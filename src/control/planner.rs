@@ -21,10 +21,11 @@
 //!    the calm intervals needed; every count within the pool's `min`/`max`;
 //! 4. goes to **zero** (pools with `min = 0`) only after the fleet saw no request for
 //!    `planner.idle_to_zero_s`, and back to one as soon as a request waits;
-//! 5. notices **manual changes** (a pool's count moved without the planner asking): with
-//!    `planner.manual = adopt` the new count is the pool's floor (it grew) or ceiling (it
-//!    shrank) for `planner.adopt_s`; with `report` it is recorded and planning goes on from
-//!    it. Never a tug-of-war;
+//! 5. notices **manual changes** (a pool's count moved without the planner asking): a pool
+//!    that grew is, with `planner.manual = adopt`, held at that floor for `planner.adopt_s`
+//!    (with `report` it is only recorded); a pool that shrank is recorded and planning goes
+//!    on from it — a replica may have failed, so lost capacity is replaced, never pinned
+//!    away. Never a tug-of-war;
 //! 6. counts replicas it asked for as **starting** until they appear in the view (at most
 //!    `planner.start_timeout_s`; past it they failed to start, are reported, and are not
 //!    capacity);
@@ -66,7 +67,8 @@ pub enum PlannerMode {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ManualPolicy {
-    /// The new count is the pool's floor (grown) or ceiling (shrunk) for `planner.adopt_s`.
+    /// A grown count is the pool's floor for `planner.adopt_s` (a shrunk one is reported:
+    /// it may be a failure).
     #[default]
     Adopt,
     /// Record it; plan on from the new count.

@@ -83,7 +83,6 @@ impl Decision {
 #[derive(Clone, Copy, Debug)]
 struct Pin {
     count: u32,
-    grew: bool,
     until_ms: u64,
 }
 
@@ -329,6 +328,10 @@ impl Planner {
             // weights), drained ones leave it only once gone. Until `start_timeout_s` after
             // the change, a count behind it in the change's direction is the change in
             // progress; past it, the replicas that did not start are reported and not capacity.
+            if st.expected == Some(actual) {
+                // The view caught up: the change is done.
+                st.pending_until_ms = None;
+            }
             if mode == PlannerMode::Act
                 && let Some(exp) = st.expected
                 && actual != exp
@@ -364,23 +367,27 @@ impl Planner {
                 && let Some(exp) = st.expected
                 && exp != actual
             {
-                let grew = actual > exp;
-                match cfg.manual {
-                    ManualPolicy::Adopt => {
+                // A pool that shrank may have lost a replica to a failure as well as to a
+                // hand: never pinned there, its lost capacity is replaced.
+                match (cfg.manual, actual > exp) {
+                    (_, false) => manual.push(format!(
+                        "{} pool went from {exp} to {actual} outside the planner (a replica \
+                         failed or was drained by hand): planning goes on from {actual}",
+                        p.role.as_str()
+                    )),
+                    (ManualPolicy::Adopt, true) => {
                         st.pin = Some(Pin {
                             count: actual,
-                            grew,
                             until_ms: now_ms + (cfg.adopt_s * 1000.0) as u64,
                         });
                         manual.push(format!(
                             "{} pool went from {exp} to {actual} outside the planner: adopted \
-                             as its {} for {} s",
+                             as its floor for {} s",
                             p.role.as_str(),
-                            if grew { "floor" } else { "ceiling" },
                             cfg.adopt_s
                         ));
                     }
-                    ManualPolicy::Report => manual.push(format!(
+                    (ManualPolicy::Report, true) => manual.push(format!(
                         "{} pool went from {exp} to {actual} outside the planner (reported; \
                          planning goes on from {actual})",
                         p.role.as_str()
@@ -393,12 +400,9 @@ impl Planner {
             if let Some(pin) = st.pin {
                 if now_ms >= pin.until_ms {
                     st.pin = None;
-                } else if pin.grew && needed < pin.count {
+                } else if needed < pin.count {
                     needed = pin.count;
                     why.push_str(&format!("; held at the adopted floor {}", pin.count));
-                } else if !pin.grew && needed > pin.count {
-                    needed = pin.count;
-                    why.push_str(&format!("; held at the adopted ceiling {}", pin.count));
                 }
             }
             st.recent.push_back(needed);

@@ -635,3 +635,25 @@ fn a_drained_replica_still_in_the_view_is_not_a_manual_change() {
     );
     assert_eq!(d.pools[0].actual, down_to);
 }
+
+#[test]
+fn a_pool_that_shrank_outside_the_planner_is_reported_and_refilled() {
+    let mut p = Planner::new(cfg(), h100_capacity());
+    let counts = follow(&mut p, &[60.0; 3], Role::Aggregated, 1);
+    let want = counts[2];
+    assert!(want > 2);
+    // Two replicas die (or are drained by hand): the load has not changed.
+    let now = T0 + 3 * IV;
+    let d = p.plan(
+        &signals(now, 60.0, &[(Role::Aggregated, want - 2)]),
+        now,
+        None,
+    );
+    assert!(
+        d.manual[0].contains("failed or was drained"),
+        "{:?}",
+        d.manual
+    );
+    assert_eq!(d.pools[0].action, Action::Up, "{:?}", d.pools[0]);
+    assert_eq!(d.pools[0].desired, want);
+}
