@@ -80,7 +80,7 @@ impl Actor for PlannerActor {
         view.mark_changed();
         Ok(PlannerState {
             planner: Planner::new(args.config.clone(), args.capacity.clone()),
-            reader: ViewReader::default(),
+            reader: ViewReader::with_pools(&args.config.pools),
             fresh_at_ms: args.clock.wall_ms(),
             last_tick_ms: None,
             decisions: VecDeque::new(),

@@ -139,6 +139,10 @@ pub struct PlannerConfig {
     /// The capacity curves (JSON, see [`CapacityProfile`]); unset: derived from the sim
     /// engine's profile (`worker.sim_profile` or the built-in one).
     pub capacity_profile: Option<std::path::PathBuf>,
+    /// The pools the planner sizes from its start, before any of their workers is in the
+    /// fleet view — a fleet deployed at zero (`["aggregated"]`, or `["prefill", "decode"]`).
+    /// Empty: the pools it sees (a pool once seen stays sized, down to zero).
+    pub pools: Vec<Role>,
     /// The aggregated pool.
     pub aggregated: PoolBounds,
     /// The prefill pool.
@@ -167,6 +171,7 @@ impl Default for PlannerConfig {
             adopt_s: 600.0,
             start_timeout_s: 300.0,
             capacity_profile: None,
+            pools: Vec::new(),
             aggregated: PoolBounds::default(),
             prefill: PoolBounds::default(),
             decode: PoolBounds::default(),

@@ -91,24 +91,34 @@ fn has_worker(nodes: &[crate::control::discovery::membership::NodeView]) -> bool
         .any(|w| w.health.may_route())
 }
 
-/// Scale from zero: when no worker serves the model and a planner in mode `act` is in the
-/// fleet, wait (counted in this gateway's `waiting_for_capacity`, which the planner reads)
-/// until one comes up, at most `gateway.cold_start_timeout_ms`; past it, 503 with
-/// `Retry-After`. Without such a planner, or at a worker's own face, no wait.
+/// Whether a planner that may bring a worker up is in the fleet: one publishing decisions in
+/// mode `act`, or a planner node that has not published its first decision yet (it starts
+/// within `planner.interval_s`; a request that finds it then waits, and stops waiting if it
+/// turns out advisory).
+fn planner_may_act(nodes: &[crate::control::discovery::membership::NodeView]) -> bool {
+    use crate::control::discovery::membership::NodeState;
+    nodes
+        .iter()
+        .filter(|n| n.state == NodeState::Up)
+        .any(|n| match &n.planner {
+            Some(p) => p.mode == crate::control::planner::PlannerMode::Act,
+            None => n.roles.contains(&crate::runtime::role::NodeRole::Planner),
+        })
+}
+
+/// Scale from zero: when no worker serves the model and a planner that acts is in the fleet
+/// ([`planner_may_act`]), wait (counted in this gateway's `waiting_for_capacity`, which the
+/// planner reads) until one comes up, at most `gateway.cold_start_timeout_ms`; past it, 503
+/// with `Retry-After`. Without such a planner, or at a worker's own face, no wait.
 async fn wait_for_capacity(s: &GatewayShared, serving: &Serving) -> Result<(), RequestError> {
     let Some(fleet) = s.fleet.latest() else {
         return Ok(());
     };
     // Only a planner that acts brings a worker up: without one, a fleet with no worker
     // refuses at once (B15), as admission and the router decide.
-    let planner_acts = fleet.iter().any(|n| {
-        n.planner
-            .as_ref()
-            .is_some_and(|p| p.mode == crate::control::planner::PlannerMode::Act)
-    });
     if serving.pin.is_some()
         || serving.cold_start_timeout.is_zero()
-        || !planner_acts
+        || !planner_may_act(&fleet)
         || has_worker(&fleet)
     {
         return Ok(());
@@ -121,7 +131,15 @@ async fn wait_for_capacity(s: &GatewayShared, serving: &Serving) -> Result<(), R
         "no worker serves the model: the request waits for one to start"
     );
     loop {
-        if view.borrow_and_update().as_deref().is_none_or(has_worker) {
+        let (up, planner) = match view.borrow_and_update().as_deref() {
+            None => (true, true),
+            Some(f) => (has_worker(f), planner_may_act(f)),
+        };
+        if !planner {
+            // The planner turned out advisory, or left: nothing will start a worker.
+            return Ok(());
+        }
+        if up {
             let waited = started.elapsed();
             metrics::histogram!("flotilla_cold_start_wait_seconds").record(waited.as_secs_f64());
             tracing::info!(
@@ -723,4 +741,62 @@ pub async fn model(State(s): State<Arc<GatewayShared>>, Path(id): Path<String>) 
 /// Requests in flight on this gateway.
 pub fn in_flight(serving: &Serving) -> usize {
     serving.registry.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::planner_may_act;
+    use crate::control::discovery::membership::{NodeState, NodeView};
+    use crate::control::planner::{PlannerMode, PlannerView};
+    use crate::runtime::role::NodeRole;
+
+    fn node(roles: Vec<NodeRole>, state: NodeState, mode: Option<PlannerMode>) -> NodeView {
+        NodeView {
+            id: crate::runtime::ids::NodeId::new("node-0"),
+            addr: String::new(),
+            http_addr: None,
+            roles,
+            pid: 0,
+            incarnation: 1,
+            state,
+            last_seen_ms: 0,
+            workers: vec![],
+            actors: vec![],
+            counters: Default::default(),
+            signals: None,
+            planner: mode.map(|mode| PlannerView {
+                mode,
+                interval_s: 10.0,
+                capacity: String::new(),
+                decisions: vec![],
+            }),
+            regions: vec![],
+        }
+    }
+
+    #[test]
+    fn a_request_waits_for_capacity_only_while_a_planner_may_act() {
+        use NodeState::{Down, Up};
+        let planner = vec![NodeRole::Gateway, NodeRole::Planner];
+        // Published, acting: wait. Published, advisory: nothing will start a worker.
+        assert!(planner_may_act(&[node(
+            planner.clone(),
+            Up,
+            Some(PlannerMode::Act)
+        )]));
+        assert!(!planner_may_act(&[node(
+            planner.clone(),
+            Up,
+            Some(PlannerMode::Advisory)
+        )]));
+        // A planner node before its first decision may act (a request right after start).
+        assert!(planner_may_act(&[node(planner.clone(), Up, None)]));
+        // No planner, or a planner node that is down: refuse at once (B15).
+        assert!(!planner_may_act(&[node(vec![NodeRole::Gateway], Up, None)]));
+        assert!(!planner_may_act(&[node(
+            planner,
+            Down,
+            Some(PlannerMode::Act)
+        )]));
+    }
 }

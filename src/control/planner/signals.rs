@@ -163,6 +163,20 @@ pub struct ViewReader {
 }
 
 impl ViewReader {
+    /// A reader that counts `pools` from the first read, seen or not (`planner.pools`).
+    pub fn with_pools(pools: &[Role]) -> Self {
+        let mut unique = Vec::new();
+        for r in pools {
+            if !unique.contains(r) {
+                unique.push(*r);
+            }
+        }
+        Self {
+            pools: unique,
+            ..Self::default()
+        }
+    }
+
     /// The signals of the interval since the previous read, `window_s` long, as of `at_ms`
     /// (when the view was last refreshed).
     pub fn read(&mut self, nodes: &[NodeView], at_ms: u64, window_s: f64) -> FleetSignals {

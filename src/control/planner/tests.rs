@@ -583,6 +583,24 @@ fn the_view_reader_diffs_the_gateways_counts_and_counts_the_pools() {
 }
 
 #[test]
+fn declared_pools_are_sized_before_any_of_their_workers_is_seen() {
+    // A fleet deployed at zero (planner.pools): both pools are counted, empty, from the
+    // first read; a pool seen later is added; duplicates count once.
+    let mut r = ViewReader::with_pools(&[Role::Prefill, Role::Decode, Role::Prefill]);
+    let s = r.read(&[gateway_node(1, Default::default())], T0, 10.0);
+    let pools: Vec<(Role, u32)> = s.pools.iter().map(|p| (p.role, p.size())).collect();
+    assert_eq!(pools, vec![(Role::Prefill, 0), (Role::Decode, 0)]);
+    // The policy then brings each to its floor (min 1 by default).
+    let mut p = Planner::new(cfg(), h100_capacity());
+    let d = p.plan(&s, T0, None);
+    let desired: Vec<(Role, u32)> = d.pools.iter().map(|p| (p.role, p.desired)).collect();
+    assert_eq!(desired, vec![(Role::Prefill, 1), (Role::Decode, 1)]);
+    // Without declared pools a planner that has seen no worker sizes nothing.
+    let s = ViewReader::default().read(&[gateway_node(1, Default::default())], T0, 10.0);
+    assert!(s.pools.is_empty());
+}
+
+#[test]
 fn replicas_asked_for_count_as_starting_until_they_appear_or_time_out() {
     let mut c = cfg();
     c.start_timeout_s = 30.0;
