@@ -23,13 +23,16 @@ run: build
 	@echo "flotilla: $${CARGO_TARGET_DIR:-target}/release/flotilla (not on PATH: cargo install --path . puts it there)"
 	@$${CARGO_TARGET_DIR:-target}/release/flotilla up --chaos --nodes $(NODES) --http $(HTTP) --model $(MODEL)
 
-# The official OpenAI Python client, for the client-compatibility tests.
+# The official OpenAI Python client, for the client-compatibility tests; kubernetes-validate
+# (the Kubernetes API schemas, offline), for the manifests in deploy/k8s.
 OPENAI_VERSION := 3.57.0
-venv: .venv/.openai-$(OPENAI_VERSION)
+KUBERNETES_VALIDATE_VERSION := 1.37.0
+venv: .venv/.openai-$(OPENAI_VERSION)-kv-$(KUBERNETES_VALIDATE_VERSION)
 
-.venv/.openai-$(OPENAI_VERSION):
+.venv/.openai-$(OPENAI_VERSION)-kv-$(KUBERNETES_VALIDATE_VERSION):
 	python3 -m venv .venv
-	.venv/bin/pip install --quiet openai==$(OPENAI_VERSION)
+	.venv/bin/pip install --quiet openai==$(OPENAI_VERSION) \
+		kubernetes-validate==$(KUBERNETES_VALIDATE_VERSION)
 	touch $@
 
 # NVRTC (no GPU needed) so that the tests compile the CUDA kernels to PTX: fetched once from

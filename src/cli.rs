@@ -7,6 +7,8 @@
 //! - `bench/` — `flotilla bench`: replay a trace or dataset, report latency, goodput, prefix hits.
 //! - `profile.rs` — `flotilla profile`: time the CPU engine, write the sim engine's profile.
 //! - `sim.rs` — `flotilla sim`: a workload on a simulated fleet (`crate::sim`), reported as `bench` does.
+//! - `reconcile.rs` — `flotilla reconcile`: the planner's decisions applied to Kubernetes
+//!   workloads (feature `kubernetes`).
 //! - `soak.rs` — `flotilla chaos soak`: kills under load, then proof that nothing was lost.
 //! - `transport.rs` — `flotilla transport`: a peer serving a KV region; the transfer benchmark.
 //! - `client.rs` — the streaming OpenAI client the tools and tests share.
@@ -22,6 +24,8 @@ pub mod client;
 pub mod cuda;
 pub mod generate;
 pub mod profile;
+#[cfg(feature = "kubernetes")]
+pub mod reconcile;
 pub mod sim;
 pub mod soak;
 pub mod status;

@@ -6,7 +6,9 @@
 //! - `chaos.rs` — faults injected on purpose: their kinds and the node's fault book.
 //! - `planner.rs` — the pool sizing policy: signals, forecasts, capacity curves, hysteresis,
 //!   decisions (`planner/`).
+//! - `reconcile.rs` — which of the planner's decisions a reconciler applies, in node counts.
 
 pub mod chaos;
 pub mod discovery;
 pub mod planner;
+pub mod reconcile;

@@ -39,6 +39,9 @@ enum Cmd {
     Profile(flotilla::cli::profile::ProfileArgs),
     /// KV transfer between processes: serve a test region, or benchmark the backends.
     Transport(flotilla::cli::transport::TransportArgs),
+    /// Apply the planner's decisions to Kubernetes: patch the scale of each pool's workload.
+    #[cfg(feature = "kubernetes")]
+    Reconcile(flotilla::cli::reconcile::ReconcileArgs),
     /// Report which CUDA libraries load and compile the GPU kernels with NVRTC (no GPU needed).
     Cuda(flotilla::cli::cuda::CudaArgs),
 }
@@ -277,6 +280,8 @@ async fn main() -> std::process::ExitCode {
             }
             r => r,
         },
+        #[cfg(feature = "kubernetes")]
+        Cmd::Reconcile(a) => flotilla::cli::reconcile::run(a).await,
         Cmd::Cuda(a) => tokio::task::spawn_blocking(move || flotilla::cli::cuda::run(a))
             .await
             .map_err(anyhow::Error::from)

@@ -609,25 +609,17 @@ impl Reconciler {
         ports: &[u16],
         ready: &tokio::sync::mpsc::UnboundedSender<ReadyLine>,
     ) {
-        use crate::control::planner::PlannerMode;
         let Ok((fleet, _)) = crate::cli::status::fetch(gateway).await else {
             return;
         };
-        let Some(d) = fleet
-            .nodes
-            .iter()
-            .filter_map(|n| n.planner.as_ref())
-            .filter_map(|p| p.latest())
-            .max_by_key(|d| d.at_ms)
-        else {
+        let planners = fleet.nodes.iter().filter_map(|n| n.planner.as_ref());
+        let Some(d) = crate::control::reconcile::actionable(planners, self.last_applied_ms) else {
             return;
         };
-        if d.mode != PlannerMode::Act || d.stale || self.last_applied_ms == Some(d.at_ms) {
-            return;
-        }
         self.last_applied_ms = Some(d.at_ms);
-        for pd in &d.pools {
-            let want = pd.desired.div_ceil(self.per_node) as usize;
+        for (role, want) in crate::control::reconcile::node_targets(d, self.per_node) {
+            let want = want as usize;
+            let Some(pd) = d.pool(role) else { continue };
             let in_pool = |i: usize| {
                 i > 0
                     && launch
