@@ -163,6 +163,10 @@ pub struct GatewaySignals {
     /// Requests waiting now for a worker to serve the model (a gauge, not cumulative).
     #[serde(default)]
     pub waiting_for_capacity: u64,
+    /// Requests refused for want of capacity (shed by admission, or past the cold-start
+    /// wait): demand the fleet did not serve, which the planner counts with the arrivals.
+    #[serde(default)]
+    pub shed: u64,
 }
 
 /// The live counters behind [`GatewaySignals`] (in the node's `NodeStats`).
@@ -176,6 +180,7 @@ pub struct GatewayCounters {
     ttft: AtomicHistogram,
     itl: AtomicHistogram,
     waiting_for_capacity: AtomicU64,
+    shed: AtomicU64,
 }
 
 impl GatewayCounters {
@@ -191,6 +196,11 @@ impl GatewayCounters {
         self.arrivals.fetch_add(1, Ordering::Relaxed);
         self.prompt_tokens
             .fetch_add(prompt_tokens, Ordering::Relaxed);
+    }
+
+    /// A request was refused for want of capacity (before its prompt was read).
+    pub fn shed(&self) {
+        self.shed.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A request's first token came `ms` after it arrived.
@@ -223,6 +233,7 @@ impl GatewayCounters {
             ttft: self.ttft.snapshot(),
             itl: self.itl.snapshot(),
             waiting_for_capacity: self.waiting_for_capacity.load(Ordering::Relaxed),
+            shed: self.shed.load(Ordering::Relaxed),
         }
     }
 }

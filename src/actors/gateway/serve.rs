@@ -72,6 +72,11 @@ fn admit(s: &GatewayShared, serving: &Serving) -> Result<(), RequestError> {
             retry_after_s,
         } => {
             metrics::counter!("flotilla_shed_total", "reason" => reason.as_str()).increment(1);
+            if reason != crate::request_plane::error::ShedReason::Draining {
+                // Demand the fleet could not take: the planner counts it (a draining
+                // gateway's refusals go to another gateway and are counted there).
+                s.stats.signals().shed();
+            }
             Err(RequestError::Overloaded {
                 reason,
                 retry_after_s,
@@ -154,6 +159,7 @@ async fn wait_for_capacity(s: &GatewayShared, serving: &Serving) -> Result<(), R
             let waited_ms = started.elapsed().as_millis() as u64;
             let reason = ShedReason::ColdStart { waited_ms };
             metrics::counter!("flotilla_shed_total", "reason" => reason.as_str()).increment(1);
+            s.stats.signals().shed();
             return Err(RequestError::Overloaded {
                 reason,
                 retry_after_s: 5,

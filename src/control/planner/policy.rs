@@ -265,7 +265,8 @@ impl Planner {
             output_tokens: self.output.forecast().unwrap_or(0.0),
             cached_tokens: self.cached.forecast().unwrap_or(0.0),
         });
-        let idle = s.arrivals == 0 && s.in_flight == 0 && s.waiting_for_capacity == 0;
+        let idle =
+            s.arrivals == 0 && s.shed == 0 && s.in_flight == 0 && s.waiting_for_capacity == 0;
         if idle {
             self.idle_since_ms.get_or_insert(s.at_ms);
         } else {

@@ -45,7 +45,11 @@ pub struct FleetSignals {
     pub window_s: f64,
     /// Requests that arrived in the window.
     pub arrivals: u64,
-    /// `arrivals ÷ window_s` (requests/s).
+    /// Requests refused for want of capacity in the window (shed by admission or past the
+    /// cold-start wait): demand too, though not served.
+    #[serde(default)]
+    pub shed: u64,
+    /// `(arrivals + shed) ÷ window_s` (requests/s): the demand, served or not.
     pub request_rate: f64,
     /// Mean prompt length of the window's arrivals (tokens; 0 without arrivals).
     pub prompt_tokens: f64,
@@ -200,6 +204,7 @@ impl ViewReader {
                 sum.completed += now.completed.saturating_sub(base.completed);
                 sum.output_tokens += now.output_tokens.saturating_sub(base.output_tokens);
                 sum.cached_tokens += now.cached_tokens.saturating_sub(base.cached_tokens);
+                sum.shed += now.shed.saturating_sub(base.shed);
                 sum.ttft.add(&now.ttft.since(&base.ttft));
                 sum.itl.add(&now.itl.since(&base.itl));
             }
@@ -241,8 +246,9 @@ impl ViewReader {
             at_ms,
             window_s,
             arrivals: sum.arrivals,
+            shed: sum.shed,
             request_rate: if window_s > 0.0 {
-                sum.arrivals as f64 / window_s
+                (sum.arrivals + sum.shed) as f64 / window_s
             } else {
                 0.0
             },

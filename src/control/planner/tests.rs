@@ -583,6 +583,49 @@ fn the_view_reader_diffs_the_gateways_counts_and_counts_the_pools() {
 }
 
 #[test]
+fn requests_shed_for_capacity_count_as_demand() {
+    use crate::runtime::signals::GatewayCounters;
+    let c = GatewayCounters::default();
+    let workers = worker_node("node-1", &[(Role::Aggregated, WorkerHealth::Ready)]);
+    let mut r = ViewReader::default();
+    r.read(&[gateway_node(1, c.snapshot()), workers.clone()], T0, 10.0);
+    // An overloaded fleet: 40 requests got in, 360 were shed in the interval.
+    for _ in 0..40 {
+        c.arrived(1000);
+        c.finished(200, 0);
+    }
+    for _ in 0..360 {
+        c.shed();
+    }
+    let s = r.read(&[gateway_node(1, c.snapshot()), workers], T0 + IV, 10.0);
+    assert_eq!((s.arrivals, s.shed), (40, 360));
+    assert_eq!(s.request_rate, 40.0, "the demand, served or not");
+    assert_eq!(
+        s.prompt_tokens, 1000.0,
+        "lengths from the requests that got in"
+    );
+    // The planner sizes for the demand: as for 40 requests/s, more than for the 4 served.
+    let mut served = s.clone();
+    served.shed = 0;
+    served.request_rate = 4.0;
+    let plan = |s: &FleetSignals| {
+        Planner::new(cfg(), h100_capacity())
+            .plan(s, T0 + IV, None)
+            .pools[0]
+            .desired
+    };
+    let mut at_40 = signals(T0 + IV, 40.0, &[(Role::Aggregated, 1)]);
+    at_40.in_flight = s.in_flight;
+    assert!(
+        plan(&s) > plan(&served),
+        "{} vs {}",
+        plan(&s),
+        plan(&served)
+    );
+    assert_eq!(plan(&s), plan(&at_40));
+}
+
+#[test]
 fn declared_pools_are_sized_before_any_of_their_workers_is_seen() {
     // A fleet deployed at zero (planner.pools): both pools are counted, empty, from the
     // first read; a pool seen later is added; duplicates count once.
