@@ -206,3 +206,42 @@ async fn a_pool_at_zero_serves_the_next_request_after_a_cold_start() {
     let cold = crate::http::metric_sum(&c, "flotilla_cold_start_wait_seconds_count").await;
     assert_eq!(cold, 1, "one request waited for a cold start");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_reports_the_fleets_cost_per_million_tokens_within_the_slos() {
+    let c = Cluster::start_with(2, &["--engine", "sim"], &[]);
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["bench", "--gateway", c.gateway()])
+        .args([
+            "--dataset",
+            "synthetic-sessions",
+            "--sessions",
+            "2",
+            "--turns",
+            "2",
+        ])
+        .args(["--dollars-per-replica-hour", "3.6"])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("] fleet: "))
+        .unwrap_or_else(|| panic!("no fleet line: {stdout}"));
+    // One worker node (one replica) held for the whole run: replica-s ≈ the run's wall time.
+    let rs: f64 = line
+        .split("fleet: ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(rs > 0.0, "{line}");
+    assert!(line.contains("at $3.6/replica-hour"), "{line}");
+    assert!(line.contains("cost per million of them: $"), "{line}");
+}

@@ -710,6 +710,8 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
             ideal_hit_rate: ideal,
             salt,
             workload: &info,
+            // The simulated fleet's cost is its own table (per pool, planner prices).
+            fleet: None,
         };
         let (stats, s) = metrics::summarize(ctx, &results);
         let plan = plan_summary(

@@ -325,6 +325,81 @@ pub fn fleet_in_flight(body: &Value) -> Option<u64> {
     )
 }
 
+/// Worker replicas a `/v1/fleet` body shows held (every worker of a node that is up, but
+/// the unreachable: starting, ready, draining and unhealthy ones all cost).
+pub fn fleet_replicas(body: &Value) -> Option<u64> {
+    let nodes = body["nodes"].as_array()?;
+    Some(
+        nodes
+            .iter()
+            .filter(|n| n["state"].as_str().is_none_or(|s| s == "up"))
+            .flat_map(|n| n["workers"].as_array().into_iter().flatten())
+            .filter(|w| w["health"].as_str() != Some("unreachable"))
+            .count() as u64,
+    )
+}
+
+/// Counts the fleet's worker replicas from `GET {base}/v1/fleet` every second while a run
+/// goes, for its replica-seconds (and so its cost).
+pub struct FleetMeter {
+    cancel: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<Option<f64>>,
+}
+
+impl FleetMeter {
+    /// How often the fleet is read.
+    pub const EVERY: Duration = Duration::from_secs(1);
+
+    /// Start counting.
+    pub fn start(client: reqwest::Client, base: String) -> Self {
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let stop = cancel.clone();
+        let task = tokio::spawn(async move {
+            let url = format!("{base}/v1/fleet");
+            let read = || async {
+                let r = client.get(&url).send().await.ok()?;
+                fleet_replicas(&r.json::<Value>().await.ok()?)
+            };
+            let (mut total, mut any) = (0.0, false);
+            // Each reading holds until the next one (the last until the stop); a failed
+            // read keeps the count before it.
+            let mut last: Option<(Instant, u64)> = None;
+            loop {
+                let n = tokio::select! {
+                    n = read() => n,
+                    _ = stop.cancelled() => break,
+                };
+                let now = Instant::now();
+                if let Some((t, held)) = last {
+                    total += now.duration_since(t).as_secs_f64() * held as f64;
+                }
+                last = match (n, last) {
+                    (Some(n), _) => {
+                        any = true;
+                        Some((now, n))
+                    }
+                    (None, held) => held.map(|(_, h)| (now, h)),
+                };
+                tokio::select! {
+                    _ = tokio::time::sleep(Self::EVERY) => {}
+                    _ = stop.cancelled() => break,
+                }
+            }
+            if let Some((t, held)) = last {
+                total += t.elapsed().as_secs_f64() * held as f64;
+            }
+            any.then_some(total)
+        });
+        Self { cancel, task }
+    }
+
+    /// Stop; the replica-seconds counted (`None`: the gateway showed no fleet).
+    pub async fn stop(self) -> Option<f64> {
+        self.cancel.cancel();
+        self.task.await.ok().flatten()
+    }
+}
+
 /// Poll `GET {base}/v1/fleet` every 500 ms until no worker has a request in flight; gives up
 /// (with a warning) after `timeout`, or at once when the gateway has no usable fleet view.
 pub async fn wait_idle(client: &reqwest::Client, base: &str, timeout: Duration) {

@@ -206,6 +206,13 @@ pub struct RunStats {
     pub salt: u64,
     /// The workload: name, sessions, what the caps changed, Mooncake's own hit rate.
     pub workload: WorkloadInfo,
+    /// Worker replica-seconds the fleet held during the run (`None`: not measured).
+    pub replica_seconds: Option<f64>,
+    /// Output tokens of the requests that met the SLOs.
+    pub tokens_in_slo: u64,
+    /// The fleet's cost per million output tokens served within the SLOs ($; `None`: not
+    /// measured, or no token within them).
+    pub cost_per_million_in_slo: Option<f64>,
 }
 
 /// The raw samples a CDF plot needs.
@@ -232,6 +239,17 @@ pub struct RunContext<'a> {
     pub salt: u64,
     /// The workload.
     pub workload: &'a WorkloadInfo,
+    /// What the fleet held during the run, when it was measured.
+    pub fleet: Option<FleetUse>,
+}
+
+/// The worker replicas a run held, and what they cost.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FleetUse {
+    /// Worker replicas × seconds, over the run.
+    pub replica_seconds: f64,
+    /// Their cost ($).
+    pub dollars: f64,
 }
 
 /// Statistics and CDF samples of one run.
@@ -244,6 +262,11 @@ pub fn summarize(ctx: RunContext<'_>, results: &[RequestResult]) -> (RunStats, S
     let tt2t: Vec<f64> = ok.iter().filter_map(|r| r.tt2t_ms()).collect();
     let tokens: u64 = ok.iter().map(|r| r.output_tokens).sum();
     let met = results.iter().filter(|r| ctx.slo.met_by(r)).count();
+    let tokens_in_slo: u64 = results
+        .iter()
+        .filter(|r| r.ok && ctx.slo.met_by(r))
+        .map(|r| r.output_tokens)
+        .sum();
     let (reuse, other): (Vec<&&RequestResult>, Vec<&&RequestResult>) = ok
         .iter()
         .partition(|r| r.ideal_cached_tokens > REUSE_TOKENS);
@@ -290,6 +313,12 @@ pub fn summarize(ctx: RunContext<'_>, results: &[RequestResult]) -> (RunStats, S
         wall_s: ctx.wall_s,
         salt: ctx.salt,
         workload: ctx.workload.clone(),
+        replica_seconds: ctx.fleet.map(|f| f.replica_seconds),
+        tokens_in_slo,
+        cost_per_million_in_slo: ctx
+            .fleet
+            .filter(|_| tokens_in_slo > 0)
+            .map(|f| f.dollars / (tokens_in_slo as f64 / 1e6)),
     };
     (
         stats,
@@ -407,8 +436,17 @@ mod tests {
             ideal_hit_rate: 0.5,
             salt: 3,
             workload: &WorkloadInfo::default(),
+            fleet: Some(FleetUse {
+                replica_seconds: 7200.0,
+                dollars: 2.0,
+            }),
         };
         let (s, samples) = summarize(ctx, &results);
+        // Tokens within the SLOs: the two requests that met them (11 + 1 tokens).
+        assert_eq!(s.tokens_in_slo, 12);
+        assert_eq!(s.replica_seconds, Some(7200.0));
+        let cost = s.cost_per_million_in_slo.unwrap();
+        assert!((cost - 2.0 / 12e-6).abs() < 1e-6, "{cost}");
         assert_eq!((s.requests, s.errors), (5, 1));
         assert_eq!(s.goodput_rps, 1.0, "2 met / 2 s");
         assert_eq!(s.slo_attainment, 0.4, "2 of 5");

@@ -137,6 +137,11 @@ pub struct BenchArgs {
     /// listener lacks TCP_NODELAY, where a reused connection can stall on a delayed ACK.
     #[arg(long)]
     pub fresh_connections: bool,
+    /// Price of one worker replica-hour ($), for the cost per million output tokens served
+    /// within the SLOs (1: the planner's default `planner.<pool>.dollars_per_hour`). The
+    /// replicas are counted from `/v1/fleet` every second of the run.
+    #[arg(long, default_value_t = 1.0)]
+    pub dollars_per_replica_hour: f64,
     /// The workload, its arrivals, objectives and outputs (shared with `flotilla sim`).
     #[command(flatten)]
     pub workload: WorkloadArgs,
@@ -564,6 +569,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             salt,
             headers: v.headers,
         };
+        let meter = driver::FleetMeter::start(client.clone(), base.clone());
         let (results, wall_s) = driver::execute(
             Arc::clone(&target),
             Arc::clone(&workload),
@@ -571,6 +577,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             Arc::clone(&ideal_table),
         )
         .await;
+        let replica_seconds = meter.stop().await;
         let ctx = RunContext {
             label: &v.label,
             wall_s,
@@ -578,6 +585,10 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             ideal_hit_rate: ideal,
             salt,
             workload: &info,
+            fleet: replica_seconds.map(|rs| metrics::FleetUse {
+                replica_seconds: rs,
+                dollars: rs / 3600.0 * a.dollars_per_replica_hour,
+            }),
         };
         let (stats, s) = metrics::summarize(ctx, &results);
         report_first_error(&v.label, &results);
@@ -590,6 +601,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     if runs.len() > 1 {
         println!("{}", report::compare_table(&runs));
     }
+    print!("{}", report::cost_lines(&runs, a.dollars_per_replica_hour));
     if let Some(dir) = &a.workload.out {
         write_outputs(dir, &runs, &samples, &per_request)?;
     }
@@ -764,6 +776,7 @@ mod tests {
             ideal_hit_rate: 0.0,
             salt: 0,
             workload: &workload::WorkloadInfo::default(),
+            fleet: None,
         };
         let (stats, s) = metrics::summarize(ctx, &results);
         assert_eq!(

@@ -45,6 +45,33 @@ pub fn requests_jsonl(
     Ok(s)
 }
 
+/// Per run: the worker replica-seconds the fleet held and the cost per million output tokens
+/// served within the SLOs (the planner's business metric), at `dollars_per_replica_hour`.
+/// Empty when no run measured its fleet.
+pub fn cost_lines(runs: &[RunStats], dollars_per_replica_hour: f64) -> String {
+    let mut out = String::new();
+    for r in runs {
+        let Some(rs) = r.replica_seconds else {
+            continue;
+        };
+        let cost = r.cost_per_million_in_slo.map_or_else(
+            || "n/a (no token within the SLOs)".to_owned(),
+            |c| format!("${c:.2}"),
+        );
+        out.push_str(&format!(
+            "[{}] fleet: {:.0} replica-s (${:.4} at ${}/replica-hour); {} output tokens within \
+             the SLOs; cost per million of them: {}\n",
+            r.label,
+            rs,
+            rs / 3600.0 * dollars_per_replica_hour,
+            dollars_per_replica_hour,
+            r.tokens_in_slo,
+            cost
+        ));
+    }
+    out
+}
+
 /// One markdown row per run: counts, throughput, goodput, latency quantiles (ms), hit rates.
 pub fn markdown_table(runs: &[RunStats]) -> String {
     let mut s = String::from(
@@ -312,7 +339,26 @@ mod tests {
                 trace_block_hit_rate: Some(0.366),
                 ..Default::default()
             },
+            replica_seconds: None,
+            tokens_in_slo: 0,
+            cost_per_million_in_slo: None,
         }
+    }
+
+    #[test]
+    fn cost_lines_report_the_fleet_and_its_cost_per_million_in_slo() {
+        assert_eq!(cost_lines(&[stats("a", 1.0, 1.0)], 1.0), "", "not measured");
+        let mut r = stats("a", 1.0, 1.0);
+        r.replica_seconds = Some(7200.0);
+        r.tokens_in_slo = 2_000_000;
+        r.cost_per_million_in_slo = Some(1.0);
+        let mut none = r.clone();
+        none.label = "b".into();
+        none.tokens_in_slo = 0;
+        none.cost_per_million_in_slo = None;
+        let s = cost_lines(&[r, none], 1.0);
+        assert!(s.contains("[a] fleet: 7200 replica-s ($2.0000 at $1/replica-hour); 2000000 output tokens within the SLOs; cost per million of them: $1.00"), "{s}");
+        assert!(s.contains("[b]") && s.contains("n/a"), "{s}");
     }
 
     #[test]
