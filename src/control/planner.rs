@@ -47,7 +47,7 @@ mod tests;
 pub use capacity::{CapacityPoint, CapacityProfile, StepModel};
 pub use forecast::{ForecastKind, Forecaster};
 pub use policy::{Action, Decision, Forecast, Planner, PoolDecision};
-pub use signals::{FleetSignals, PoolCount, SignalWindow, ViewReader};
+pub use signals::{FleetSignals, PoolCount, ViewReader};
 
 use crate::runtime::role::Role;
 use serde::{Deserialize, Serialize};

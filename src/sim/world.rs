@@ -20,8 +20,7 @@ use crate::actors::discovery::set_worker_stats;
 use crate::actors::router::{DisaggRouting, RouterArgs, RouterState, WorkerSource};
 use crate::control::discovery::membership::{NodeState, NodeView, WorkerView};
 use crate::control::planner::{
-    CapacityProfile, Decision, FleetSignals, Forecast, Planner, PlannerMode, PoolCount,
-    SignalWindow,
+    CapacityProfile, Decision, Forecast, Planner, PlannerMode, PoolCount, ViewReader,
 };
 use crate::kv::{BlockPool, KvEvent};
 use crate::node::config::Config;
@@ -33,6 +32,7 @@ use crate::request_plane::request::{RequestCore, RequestCoreConfig, RequestEffec
 use crate::runtime::clock::{Clock, Instant, ManualClock, SharedClock};
 use crate::runtime::ids::{NodeId, RequestId, WorkerId};
 use crate::runtime::role::{Role, role_group};
+use crate::runtime::signals::GatewayCounters;
 use crate::worker::engine::StepBatch;
 use crate::worker::engine::sim::{self, SimEngineArgs, SimProfile};
 use crate::worker::scheduler::{
@@ -444,7 +444,10 @@ struct SimWorker {
 struct SimPlannerState {
     planner: Planner,
     spec: SimPlannerSpec,
-    window: SignalWindow,
+    /// The gateway's signals, counted as a live gateway counts them (`serve.rs`).
+    gateway: GatewayCounters,
+    /// Reads them with the published view, as the live Planner actor does.
+    reader: ViewReader,
     /// Per interval of the workload: (requests, prompt tokens, output tokens).
     oracle: Vec<(u64, u64, u64)>,
     interval: Duration,
@@ -627,7 +630,8 @@ impl<'w> SimFleet<'w> {
             fleet.planner = Some(SimPlannerState {
                 planner: Planner::new(planner_cfg, ps.capacity.clone()),
                 spec: ps,
-                window: SignalWindow::default(),
+                gateway: GatewayCounters::default(),
+                reader: ViewReader::with_pools(&pools).counting_from_zero(),
                 oracle,
                 interval,
                 pools,
@@ -1010,33 +1014,38 @@ impl<'w> SimFleet<'w> {
         let wall =
             |t: Instant| START_WALL_MS + t.saturating_duration_since(self.start).as_millis() as u64;
         let view_at = wall(self.views_at.unwrap_or(now));
-        let (mut waiting, mut used, mut total) = (0u64, 0usize, 0usize);
-        for v in self.views.iter().filter(|v| v.state == NodeState::Up) {
-            for w in &v.workers {
-                waiting += w.waiting as u64;
-                used += w.kv_blocks_used;
-                total += w.kv_blocks_total;
-            }
-        }
-        let mut signals = FleetSignals {
-            at_ms: view_at,
-            in_flight: self.requests.len() as u64,
-            waiting,
-            kv_usage: if total > 0 {
-                used as f64 / total as f64
-            } else {
-                0.0
-            },
-            pools: pools.iter().map(|&r| self.pool_count(r)).collect(),
-            ..FleetSignals::default()
-        };
+        let counts: Vec<PoolCount> = pools.iter().map(|&r| self.pool_count(r)).collect();
         let elapsed = now.saturating_duration_since(self.start);
         let now_ms = wall(now);
         let Some(ps) = self.planner.as_mut() else {
             return;
         };
         let interval_s = ps.interval.as_secs_f64();
-        ps.window.close(interval_s, &mut signals);
+        // The live path: the gateway's cumulative signals in its node's view, read with the
+        // workers' views by the same ViewReader (it diffs the counts, takes the p99s from
+        // the histograms, sums in-flight, waiting and KV use). Only the pool counts are the
+        // simulator's own: it knows which slots are starting, which the live view infers.
+        let gateway = NodeView {
+            id: NodeId::new(GATEWAY),
+            addr: String::new(),
+            http_addr: None,
+            roles: vec![],
+            pid: 0,
+            incarnation: 1,
+            state: NodeState::Up,
+            last_seen_ms: view_at,
+            workers: vec![],
+            actors: vec![],
+            counters: Default::default(),
+            signals: Some(ps.gateway.snapshot()),
+            planner: None,
+            regions: vec![],
+        };
+        let nodes: Vec<NodeView> = std::iter::once(gateway)
+            .chain(self.views.iter().cloned())
+            .collect();
+        let mut signals = ps.reader.read(&nodes, view_at, interval_s);
+        signals.pools = counts;
         let oracle = (ps.spec.kind == SimPlannerKind::Oracle)
             .then(|| oracle_forecast(&ps.oracle, elapsed, interval_s, ps.spec.cold_start));
         let decision = ps.planner.plan(&signals, now_ms, oracle);
@@ -1268,9 +1277,6 @@ impl<'w> SimFleet<'w> {
         let now = self.now();
         self.first_arrival.get_or_insert(now);
         let turn = self.workload.turn(i, k);
-        if let Some(p) = self.planner.as_mut() {
-            p.window.arrived(turn.prompt.len() as u64);
-        }
         let sent_s = (now - self.first_arrival.unwrap_or(now)).as_secs_f64();
         let mut record = SimRecord {
             session: i,
@@ -1283,6 +1289,13 @@ impl<'w> SimFleet<'w> {
         let verdict = self
             .admission
             .decide(false, self.requests.len(), Some(&self.views));
+        if let Some(p) = self.planner.as_ref() {
+            // As a live gateway counts them: shed for capacity, or arrived.
+            match verdict {
+                AdmissionVerdict::Admit => p.gateway.arrived(turn.prompt.len() as u64),
+                _ => p.gateway.shed(),
+            }
+        }
         if verdict != AdmissionVerdict::Admit {
             self.out.counters.shed += 1;
             record.error = Some(match verdict {
@@ -1496,13 +1509,15 @@ impl<'w> SimFleet<'w> {
             record.error = Some("status 200: incomplete stream".into());
         }
         let (i, k, ok) = (record.session, record.turn, record.ok);
-        if ok && let Some(p) = self.planner.as_mut() {
-            p.window.finished(
-                record.output_tokens,
-                record.ttft_ms,
-                &record.itl_ms,
-                record.cached_tokens.unwrap_or(0),
-            );
+        if ok && let Some(p) = self.planner.as_ref() {
+            if let Some(t) = record.ttft_ms {
+                p.gateway.first_token(t);
+            }
+            for &gap in &record.itl_ms {
+                p.gateway.next_token(gap);
+            }
+            p.gateway
+                .finished(record.output_tokens, record.cached_tokens.unwrap_or(0));
         }
         if ok {
             self.last_completion = Some(now);

@@ -82,77 +82,6 @@ impl FleetSignals {
     }
 }
 
-/// Gathers one interval's arrivals and completions (the gateway's side of the signals).
-#[derive(Clone, Debug, Default)]
-pub struct SignalWindow {
-    arrivals: u64,
-    prompt_sum: u64,
-    completed: u64,
-    output_sum: u64,
-    cached_sum: u64,
-    ttft_ms: Vec<f64>,
-    itl_ms: Vec<f64>,
-}
-
-impl SignalWindow {
-    /// A request of `prompt_tokens` arrived.
-    pub fn arrived(&mut self, prompt_tokens: u64) {
-        self.arrivals += 1;
-        self.prompt_sum += prompt_tokens;
-    }
-
-    /// A request finished with `output_tokens`, its TTFT, its inter-token gaps and the
-    /// prompt tokens served from cache.
-    pub fn finished(
-        &mut self,
-        output_tokens: u64,
-        ttft_ms: Option<f64>,
-        itl_ms: &[f64],
-        cached: u64,
-    ) {
-        self.completed += 1;
-        self.output_sum += output_tokens;
-        self.cached_sum += cached;
-        if let Some(t) = ttft_ms {
-            self.ttft_ms.push(t);
-        }
-        self.itl_ms.extend_from_slice(itl_ms);
-    }
-
-    /// Close the window after `window_s` seconds: the rates, means and percentiles into
-    /// `into` (the fleet-view fields are left to the caller); the window starts again empty.
-    pub fn close(&mut self, window_s: f64, into: &mut FleetSignals) {
-        let w = std::mem::take(self);
-        into.window_s = window_s;
-        into.arrivals = w.arrivals;
-        into.request_rate = if window_s > 0.0 {
-            w.arrivals as f64 / window_s
-        } else {
-            0.0
-        };
-        into.prompt_tokens = mean(w.prompt_sum, w.arrivals);
-        into.completed = w.completed;
-        into.output_tokens = mean(w.output_sum, w.completed);
-        into.cached_tokens = mean(w.cached_sum, w.completed);
-        into.ttft_p99_ms = p99(w.ttft_ms);
-        into.itl_p99_ms = p99(w.itl_ms);
-    }
-}
-
-fn mean(sum: u64, n: u64) -> f64 {
-    if n == 0 { 0.0 } else { sum as f64 / n as f64 }
-}
-
-/// The 99th percentile (nearest rank), by selection.
-pub fn p99(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    let rank = ((v.len() as f64 * 0.99).ceil() as usize).clamp(1, v.len()) - 1;
-    let (_, x, _) = v.select_nth_unstable_by(rank, f64::total_cmp);
-    Some(*x)
-}
-
 /// Reads [`FleetSignals`] from the published fleet view, one interval at a time: the
 /// gateways' cumulative counts ([`GatewaySignals`]) diffed against the previous read, the
 /// workers' views counted per pool.
@@ -179,6 +108,15 @@ impl ViewReader {
             pools: unique,
             ..Self::default()
         }
+    }
+
+    /// A reader whose gateways are known to have counted from zero when it starts (a
+    /// simulated fleet, born with its planner): the first read counts everything since,
+    /// instead of only setting the baseline (a live planner joins gateways that may have
+    /// counted for hours).
+    pub fn counting_from_zero(mut self) -> Self {
+        self.primed = true;
+        self
     }
 
     /// The signals of the interval since the previous read, `window_s` long, as of `at_ms`

@@ -460,29 +460,6 @@ fn cost_per_million_tokens_within_slo() {
     assert_eq!(cost_per_million_in_slo(&c, &[(Role::Decode, 1.0)], 0), None);
 }
 
-#[test]
-fn the_signal_window_turns_arrivals_and_completions_into_rates_and_p99s() {
-    let mut w = SignalWindow::default();
-    for _ in 0..20 {
-        w.arrived(100);
-    }
-    for i in 0..100 {
-        w.finished(10, Some(f64::from(i)), &[1.0, 2.0], 50);
-    }
-    let mut s = FleetSignals::default();
-    w.close(10.0, &mut s);
-    assert_eq!(s.request_rate, 2.0);
-    assert_eq!(s.prompt_tokens, 100.0);
-    assert_eq!(s.output_tokens, 10.0);
-    assert_eq!(s.cached_tokens, 50.0);
-    assert_eq!(s.ttft_p99_ms, Some(98.0));
-    assert_eq!(s.itl_p99_ms, Some(2.0));
-    // The window starts again empty.
-    let mut t = FleetSignals::default();
-    w.close(10.0, &mut t);
-    assert_eq!((t.arrivals, t.ttft_p99_ms), (0, None));
-}
-
 fn gateway_node(incarnation: u64, s: crate::runtime::signals::GatewaySignals) -> NodeView {
     use crate::control::discovery::membership::NodeState;
     NodeView {
