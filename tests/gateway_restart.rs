@@ -3,7 +3,9 @@
 //! (1) Response ids and chaos fault ids stay distinct across restarts of the gateway node;
 //! `/v1/fleet` shows the node's restarts and its new incarnation. (2) Streams whose gateway
 //! died are aborted on their workers: running, waiting and KV in use go back to idle within
-//! about the liveness timeout, and the restarted gateway serves new streams normally.
+//! about the liveness timeout, and the restarted gateway serves new streams normally. (3) A
+//! seed node restarted with no `--join` (a Kubernetes gateway pod) gets its workers back:
+//! they re-dial it although they still see each other.
 
 #[path = "common/http.rs"]
 mod http;
@@ -204,4 +206,100 @@ async fn b18_orphaned_streams_are_aborted_and_the_new_gateway_serves() {
     for t in tasks {
         t.await.unwrap();
     }
+}
+
+/// Start `flotilla node` with `args`; its ready line's JSON.
+async fn start_node(args: &[&str]) -> (tokio::process::Child, Value) {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .arg("node")
+        .args(args)
+        .args(["--set", "worker.engine=sim"])
+        .args(["--set", "cluster.heartbeat_interval_ms=100"])
+        .args(["--set", "cluster.suspect_after_ms=500"])
+        .args(["--set", "cluster.liveness_timeout_ms=1500"])
+        .env("FLOTILLA_NODE__COOKIE", "seed-restart")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let ready = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(j) = line.strip_prefix(flotilla::node::READY_PREFIX) {
+                return serde_json::from_str::<Value>(j).unwrap();
+            }
+        }
+        panic!("node {args:?} ended before it was ready");
+    })
+    .await
+    .expect("ready within 60 s");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, ready)
+}
+
+/// Nodes up in the fleet view at `http`.
+async fn nodes_up(http: &str) -> usize {
+    let Ok(r) = reqwest::get(format!("{http}/v1/fleet")).await else {
+        return 0;
+    };
+    let f: Value = r.json().await.unwrap_or_default();
+    f["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n["state"] == "up")
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_rejoin_a_seed_node_restarted_without_join() {
+    let seed = format!("127.0.0.1:{}", poll::free_port());
+    let http_addr = format!("127.0.0.1:{}", poll::free_port());
+    let gateway_args = [
+        "--name",
+        "gateway-0",
+        "--listen",
+        seed.as_str(),
+        "--roles",
+        "gateway,router",
+        "--http",
+        http_addr.as_str(),
+    ];
+    let (mut g, _) = start_node(&gateway_args).await;
+    let http = format!("http://{http_addr}");
+    let mut workers = Vec::new();
+    for i in 0..2 {
+        let listen = format!("127.0.0.1:{}", poll::free_port());
+        let name = format!("worker-{i}");
+        let (w, _) = start_node(&[
+            "--name", &name, "--listen", &listen, "--roles", "worker", "--join", &seed,
+        ])
+        .await;
+        workers.push(w);
+    }
+    poll_until(Duration::from_secs(30), "three nodes up", || async {
+        (nodes_up(&http).await == 3).then_some(())
+    })
+    .await;
+    // The gateway dies and comes back on the same address, joining nobody.
+    g.kill().await.unwrap();
+    let _ = g.wait().await;
+    let (_g, _) = start_node(&gateway_args).await;
+    poll_until(
+        Duration::from_secs(30),
+        "the workers back in the view",
+        || async { (nodes_up(&http).await == 3).then_some(()) },
+    )
+    .await;
+    struct At(String);
+    impl crate::http::Gateway for At {
+        fn gateway(&self) -> &str {
+            &self.0
+        }
+    }
+    wait_routable(&At(http.clone()), 2).await;
+    let body = json!({"model": MODEL, "prompt": "hello", "max_tokens": 4});
+    let (status, _, text) = post(&format!("{http}/v1/completions"), &body).await;
+    assert_eq!(status, 200, "{text}");
 }

@@ -5,8 +5,8 @@
 //! sends a heartbeat carrying its [`NodeInfo`] to every peer's Discovery each
 //! `cluster.heartbeat_interval_ms`, and keeps the [`Membership`] table whose leases decide
 //! `up` → `suspect` → `down` (`cluster.liveness_timeout_ms`). Changes are published on the
-//! node's [`MembershipEvent`] broadcast channel. When it has no live peer it re-dials its seeds
-//! every [`REJOIN_INTERVAL`].
+//! node's [`MembershipEvent`] broadcast channel. Every [`REJOIN_INTERVAL`] it re-dials the
+//! seeds it has no live session with (all of them when it has no live peer).
 //!
 //! # The published fleet view
 //! Discovery also publishes the fleet view, this node first, into the node's [`FleetView`]
@@ -436,21 +436,44 @@ impl Actor for Discovery {
                 let ev = state.membership.tick(now);
                 state.publish(ev);
                 let view = state.membership.view(now);
+                // The cluster addresses of the live peers (for the seeds' re-dial below).
+                let live: std::collections::HashSet<std::net::SocketAddr> = view
+                    .iter()
+                    .skip(1) // this node
+                    .filter(|v| v.state != NodeState::Down)
+                    .filter_map(|v| v.addr.parse().ok())
+                    .collect();
                 for s in [NodeState::Up, NodeState::Suspect, NodeState::Down] {
                     let n = view.iter().filter(|v| v.state == s).count();
                     let label = format!("{s:?}").to_lowercase();
                     metrics::gauge!("flotilla_cluster_nodes", "state" => label).set(n as f64);
                 }
                 state.args.fleet.publish(view);
-                let alone = !state.membership.has_live_peers();
+                // Re-dial the seeds this node has no live session with — alone, or not:
+                // worker nodes that see each other still lose the cluster when the seed
+                // (the gateway node) restarts without dialling them back (a Kubernetes pod
+                // is restarted with no `--join`, possibly on a new address).
                 let due = state
                     .last_rejoin
                     .is_none_or(|t| now.saturating_duration_since(t) >= REJOIN_INTERVAL);
-                if alone && due && !state.args.seeds.is_empty() {
+                if due && !state.args.seeds.is_empty() {
                     state.last_rejoin = Some(now);
+                    let alone = !state.membership.has_live_peers();
                     for seed in state.args.seeds.clone() {
                         let server = state.args.server.clone();
+                        let live = live.clone();
                         tokio::spawn(async move {
+                            if !alone {
+                                let at: Vec<std::net::SocketAddr> =
+                                    match tokio::net::lookup_host(seed.as_str()).await {
+                                        Ok(a) => a.collect(),
+                                        Err(_) => Vec::new(),
+                                    };
+                                if at.is_empty() || at.iter().any(|a| live.contains(a)) {
+                                    // Connected to it already (or it does not resolve now).
+                                    return;
+                                }
+                            }
                             if let Err(e) =
                                 ractor_cluster::client_connect(&server, seed.as_str()).await
                             {

@@ -411,6 +411,8 @@ pub async fn join_any(
             match join(server, seed, left.min(Duration::from_secs(5))).await {
                 Ok(()) => return Ok(()),
                 Err(e @ ClusterError::AuthFailed { .. }) => return Err(e),
+                // The cause, not a second "could not join" around it.
+                Err(ClusterError::Unreachable { last_error: e, .. }) => last_error = e,
                 Err(e) => last_error = e.to_string(),
             }
         }
