@@ -232,6 +232,9 @@ async fn main() -> std::process::ExitCode {
         // The simulated fleet's warnings (migrations, resyncs) carry wall-clock times that
         // mean nothing there; its report says what happened. `FLOTILLA_LOG=warn` shows them.
         Cmd::Sim(_) => "error",
+        // The reconciler says what failed in its own words; kube's logs would say it again.
+        #[cfg(feature = "kubernetes")]
+        Cmd::Reconcile(_) => "warn,kube_client=off",
         // ractor_cluster reports every closed session as a warning — routine when nodes stop
         // or chaos cuts them; `FLOTILLA_LOG=info,ractor_cluster=warn` shows them again.
         _ => "info,ractor_cluster=error,ractor=warn",

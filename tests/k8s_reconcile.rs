@@ -173,14 +173,20 @@ async fn client(kubeconfig: &std::path::Path) -> kube::Client {
     kube::Client::try_from(config).unwrap()
 }
 
-fn decision(at_ms: u64, mode: PlannerMode, stale: bool, pools: &[(Role, u32)]) -> PlannerView {
+/// A planner's view with one decision: per pool, its desired count and action.
+fn decision(
+    at_ms: u64,
+    mode: PlannerMode,
+    stale: bool,
+    pools: &[(Role, u32, Action)],
+) -> PlannerView {
     let pools = pools
         .iter()
-        .map(|&(role, desired)| PoolDecision {
+        .map(|&(role, desired, action)| PoolDecision {
             role,
             actual: 1,
             desired,
-            action: Action::Up,
+            action,
             needed: desired,
             load_tokens_per_s: 100.0,
             correction: 1.0,
@@ -239,7 +245,10 @@ async fn a_decision_patches_each_pools_scale_once() {
         1_000,
         PlannerMode::Act,
         false,
-        &[(Role::Prefill, 5), (Role::Decode, 4)],
+        &[
+            (Role::Prefill, 5, Action::Up),
+            (Role::Decode, 4, Action::Up),
+        ],
     );
     let pass = r.pass([&v]).await;
     assert!(pass.errors.is_empty(), "{:?}", pass.errors);
@@ -291,20 +300,57 @@ async fn a_decision_patches_each_pools_scale_once() {
     );
 
     // The same decision again, an advisory one, a stale one: nothing is called.
-    let advisory = decision(2_000, PlannerMode::Advisory, false, &[(Role::Prefill, 9)]);
-    let stale = decision(3_000, PlannerMode::Act, true, &[(Role::Prefill, 9)]);
+    let advisory = decision(
+        2_000,
+        PlannerMode::Advisory,
+        false,
+        &[(Role::Prefill, 9, Action::Up)],
+    );
+    let stale = decision(
+        3_000,
+        PlannerMode::Act,
+        true,
+        &[(Role::Prefill, 9, Action::Up)],
+    );
     for views in [vec![&v], vec![&advisory], vec![&stale]] {
         let pass = r.pass(views).await;
         assert_eq!(pass.decision_ms, None);
     }
     assert!(world.lock().unwrap().seen.is_empty(), "nothing called");
 
-    // A pool without a workload is left alone; scale to zero is a patch to 0.
+    // Scaled by hand to 5 (kubectl scale): a hold whose `desired` still reads the view's 1
+    // leaves it (the planner adopts it once the pods join); so does an up that asks for
+    // less than the pool has (a view emptied by a gateway restart).
+    world
+        .lock()
+        .unwrap()
+        .replicas
+        .insert("statefulsets/flotilla-prefill".into(), 5);
+    for (at, action) in [(4_000, Action::Hold), (5_000, Action::Up)] {
+        let v = decision(at, PlannerMode::Act, false, &[(Role::Prefill, 1, action)]);
+        let pass = r.pass([&v]).await;
+        assert!(pass.errors.is_empty(), "{:?}", pass.errors);
+        assert_eq!((pass.applied[0].from, pass.applied[0].to), (5, 5));
+    }
+    assert!(
+        !world
+            .lock()
+            .unwrap()
+            .seen
+            .iter()
+            .any(|s| s.method == Method::PATCH),
+        "no patch"
+    );
+
+    // A pool without a workload is left alone; a down to zero is a patch to 0.
     let v = decision(
-        4_000,
+        6_000,
         PlannerMode::Act,
         false,
-        &[(Role::Prefill, 0), (Role::Aggregated, 3)],
+        &[
+            (Role::Prefill, 0, Action::Down),
+            (Role::Aggregated, 3, Action::Up),
+        ],
     );
     let pass = r.pass([&v]).await;
     assert!(pass.errors.is_empty(), "{:?}", pass.errors);
@@ -340,7 +386,10 @@ async fn api_errors_say_what_to_fix_and_the_decision_is_tried_again() {
         1_000,
         PlannerMode::Act,
         false,
-        &[(Role::Prefill, 2), (Role::Decode, 2)],
+        &[
+            (Role::Prefill, 2, Action::Up),
+            (Role::Decode, 2, Action::Up),
+        ],
     );
     let pass = r.pass([&v]).await;
     let errors: Vec<String> = pass.errors.iter().map(|e| e.to_string()).collect();
@@ -380,7 +429,12 @@ async fn an_unreachable_api_server_is_reported() {
         None,
     );
     let mut r = Reconciler::new(kube, workloads(&["decode=sts/flotilla-decode"]), 1);
-    let v = decision(1_000, PlannerMode::Act, false, &[(Role::Decode, 2)]);
+    let v = decision(
+        1_000,
+        PlannerMode::Act,
+        false,
+        &[(Role::Decode, 2, Action::Up)],
+    );
     let pass = r.pass([&v]).await;
     assert_eq!(pass.errors.len(), 1);
     let e = pass.errors[0].to_string();
@@ -399,6 +453,16 @@ fn the_command_refuses_bad_flags_before_it_connects() {
             vec!["--workload", "decode=sts/a", "--interval-ms", "0"],
             "--interval-ms",
         ),
+        (
+            vec!["--workload", "decode=sts/a", "--replicas-per-node", "0"],
+            "--replicas-per-node",
+        ),
+        (
+            vec!["--workload", "decode=sts/a", "--gateway", "not a url"],
+            "--gateway",
+        ),
+        // Flags fine, no configuration: said, with where it was looked for.
+        (vec!["--workload", "decode=sts/a"], "KUBECONFIG"),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
             .arg("reconcile")
@@ -587,4 +651,81 @@ async fn a_planner_scales_a_statefulset_from_zero_and_back_through_the_api() {
     assert_eq!(patches, vec![1, 0], "one patch each way, no flapping");
     let _ = reconciler.start_kill();
     let _ = gateway.start_kill();
+}
+
+/// A gateway whose `/v1/fleet` shows one planner node with `view`, and an API server that
+/// accepts connections and never answers: the reconciler's calls hang.
+async fn fleet_and_hanging_api(view: PlannerView) -> (String, String) {
+    use flotilla::control::discovery::membership::{NodeState, NodeView};
+    let node = NodeView {
+        id: flotilla::runtime::ids::NodeId::new("flotilla-gateway-0"),
+        addr: String::new(),
+        http_addr: None,
+        roles: vec![],
+        pid: 0,
+        incarnation: 1,
+        state: NodeState::Up,
+        last_seen_ms: 0,
+        workers: vec![],
+        actors: vec![],
+        counters: Default::default(),
+        signals: None,
+        planner: Some(view),
+        regions: vec![],
+    };
+    let fleet = json!({ "nodes": [node] });
+    let app = axum::Router::new()
+        .route(
+            "/v1/fleet",
+            get(move || {
+                let f = fleet.clone();
+                async move { axum::Json(f) }
+            }),
+        )
+        .route(
+            "/apis/apps/v1/namespaces/{ns}/{kind}/{name}/scale",
+            get(|| async {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                ""
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}"), format!("http://{addr}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_api_server_does_not_keep_the_reconciler_from_stopping() {
+    let v = decision(
+        1_000,
+        PlannerMode::Act,
+        false,
+        &[(Role::Decode, 2, Action::Up)],
+    );
+    let (gateway, api) = fleet_and_hanging_api(v).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["reconcile", "--gateway", &gateway])
+        .args(["--workload", "decode=statefulset/flotilla-decode"])
+        .env("KUBECONFIG", kubeconfig(dir.path(), &api))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // Give it time to read the fleet and hang in its call to the API server.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(child.try_wait().unwrap().is_none(), "still running");
+    let pid = child.id().unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .expect("SIGTERM stops it mid-call")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
 }

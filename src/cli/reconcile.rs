@@ -14,11 +14,13 @@
 //! in a cluster, else `KUBECONFIG` or `~/.kube/config`.
 //!
 //! Output: a line per change on stdout (`reconcile: <pool>: <kind>/<name> <from> -> <to>
-//! node(s) ...`); errors on stderr, retried with back-off (1 s doubling to 30 s).
+//! node(s) ...`); on stderr, errors (each once until it changes; retried with back-off, 1 s
+//! doubling to 30 s; `recovered` when it clears) and why nothing is applied (no planner, an
+//! advisory one, stale signals). Every API call times out ([`API_READ_TIMEOUT`]).
 
-use crate::control::reconcile::{actionable, nodes_for};
+use crate::control::planner::PoolDecision;
+use crate::control::reconcile::{actionable, change};
 use crate::runtime::role::Role;
-use anyhow::Context;
 use clap::Args;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use kube::api::{Api, Patch, PatchParams};
@@ -50,7 +52,7 @@ pub struct ReconcileArgs {
     /// Milliseconds between reads of the fleet view.
     #[arg(long, default_value_t = 1000)]
     pub interval_ms: u64,
-    /// Apply the latest decision once and exit (status 1 if the gateway or the API failed).
+    /// Apply the latest decision once and exit (status 2 if the gateway or the API failed).
     #[arg(long)]
     pub once: bool,
 }
@@ -96,7 +98,12 @@ impl std::str::FromStr for Workload {
             )
         };
         let (pool, rest) = s.split_once('=').ok_or_else(|| bad("no '='"))?;
-        let pool: Role = pool.trim().parse().map_err(|e: String| bad(&e))?;
+        let pool: Role = pool.trim().parse().map_err(|_| {
+            bad(&format!(
+                "unknown pool {:?} (aggregated, prefill or decode)",
+                pool.trim()
+            ))
+        })?;
         let (kind, name) = rest.split_once('/').ok_or_else(|| bad("no '/'"))?;
         let kind = match kind.trim().to_ascii_lowercase().as_str() {
             "statefulset" | "statefulsets" | "sts" => WorkloadKind::StatefulSet,
@@ -108,15 +115,18 @@ impl std::str::FromStr for Workload {
             }
         };
         let name = name.trim();
-        // An RFC 1123 subdomain, as the API server requires of a workload's name.
-        let valid = !name.is_empty()
-            && name.len() <= 253
-            && name
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-            && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && name.ends_with(|c: char| c.is_ascii_alphanumeric());
-        if !valid {
+        // An RFC 1123 subdomain, as the API server requires of a workload's name: labels of
+        // lower-case letters, digits and '-', each starting and ending alphanumeric, joined
+        // by '.'; 253 characters at most.
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && l.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && l.ends_with(|c: char| c.is_ascii_alphanumeric())
+        };
+        if name.len() > 253 || !name.split('.').all(label_ok) {
             return Err(bad(&format!(
                 "{name:?} is not a Kubernetes name (lower-case letters, digits, '-', '.')"
             )));
@@ -166,6 +176,20 @@ pub struct Applied {
 pub struct ApiError {
     pub workload: String,
     pub message: String,
+}
+
+/// An error and its sources, `a: b: c`, each said once (kube repeats its causes).
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        let text = err.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        cur = err.source();
+    }
+    parts.join(": ")
 }
 
 fn api_error(w: &Workload, namespace: &str, verb: &str, e: kube::Error) -> ApiError {
@@ -252,11 +276,17 @@ impl Kubernetes {
         }
     }
 
-    /// Bring `w` to `nodes` replicas: read its scale, patch it when it differs.
+    /// Apply the planner's decision `pd` to `w`: read its scale, and patch it when the
+    /// decision changes it ([`change`]: an up raises, a down lowers, a hold touches nothing).
     ///
     /// # Errors
     /// The API server refused or could not be reached ([`ApiError`] says which and why).
-    pub async fn scale(&self, w: &Workload, nodes: u32) -> Result<Applied, ApiError> {
+    pub async fn reconcile(
+        &self,
+        w: &Workload,
+        pd: &PoolDecision,
+        replicas_per_node: u32,
+    ) -> Result<Applied, ApiError> {
         let scale = self
             .get_scale(w)
             .await
@@ -273,14 +303,14 @@ impl Kubernetes {
                 .map(|s| s.replicas.max(0) as u32)
                 .unwrap_or(0)
         };
-        if from == nodes {
+        let Some(nodes) = change(pd, from, replicas_per_node) else {
             return Ok(Applied {
                 workload: w.clone(),
                 from,
-                to: nodes,
+                to: from,
                 running: running(&scale),
             });
-        }
+        };
         let after = self
             .patch_scale(w, nodes)
             .await
@@ -355,8 +385,7 @@ impl Reconciler {
                 }
                 continue;
             };
-            let nodes = nodes_for(pd.desired, self.replicas_per_node);
-            match self.kube.scale(w, nodes).await {
+            match self.kube.reconcile(w, pd, self.replicas_per_node).await {
                 Ok(a) => {
                     if a.from != a.to {
                         println!(
@@ -376,6 +405,29 @@ impl Reconciler {
     }
 }
 
+/// Timeouts on every call to the API server: a server that hangs is an error to retry, not
+/// a reconciler that stalls.
+pub const API_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// See [`API_CONNECT_TIMEOUT`].
+pub const API_READ_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Why the latest decision in the view is not applied, in words (`None`: it is, or it was).
+fn not_applied(planners: &[&crate::control::planner::PlannerView]) -> Option<&'static str> {
+    use crate::control::planner::PlannerMode;
+    let latest = planners
+        .iter()
+        .filter_map(|p| p.latest())
+        .max_by_key(|d| d.at_ms);
+    match latest {
+        None => Some("no planner decision in the fleet view yet (is a planner node up?)"),
+        Some(d) if d.mode == PlannerMode::Advisory => {
+            Some("the planner is advisory (planner.mode): nothing to apply")
+        }
+        Some(d) if d.stale => Some("the planner's signals are stale: it holds, so do we"),
+        Some(_) => None,
+    }
+}
+
 /// Run `flotilla reconcile` until SIGTERM / Ctrl-C (or once, with `--once`).
 ///
 /// # Errors
@@ -383,15 +435,32 @@ impl Reconciler {
 pub async fn run(a: ReconcileArgs) -> anyhow::Result<std::process::ExitCode> {
     let workloads = parse_workloads(&a.workloads).map_err(anyhow::Error::msg)?;
     anyhow::ensure!(a.interval_ms > 0, "--interval-ms must be at least 1");
-    let client = kube::Client::try_default().await.context(
-        "no Kubernetes configuration: in a pod, the service account's; elsewhere KUBECONFIG \
-         or ~/.kube/config",
-    )?;
+    anyhow::ensure!(
+        a.replicas_per_node > 0,
+        "--replicas-per-node must be at least 1 (the nodes' worker.replicas)"
+    );
+    let gateway = crate::cli::status::base_url(&a.gateway);
+    match reqwest::Url::parse(&gateway) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+        _ => anyhow::bail!("--gateway {:?}: not an http(s) URL or host:port", a.gateway),
+    }
+    let mut config = kube::Config::infer().await.map_err(|e| {
+        anyhow::anyhow!(
+            "no Kubernetes configuration ({}): in a pod, the service account's; elsewhere \
+             KUBECONFIG or ~/.kube/config",
+            chain(&e)
+        )
+    })?;
+    config.connect_timeout = Some(API_CONNECT_TIMEOUT);
+    config.read_timeout = Some(API_READ_TIMEOUT);
+    config.write_timeout = Some(API_READ_TIMEOUT);
+    let client = kube::Client::try_from(config)
+        .map_err(|e| anyhow::anyhow!("cannot build a Kubernetes client: {}", chain(&e)))?;
     let kube = Kubernetes::new(client, a.namespace.clone());
     eprintln!(
         "reconcile: namespace {:?}, gateway {}, {}",
         kube.namespace(),
-        a.gateway,
+        gateway,
         workloads
             .iter()
             .map(|w| format!("{}={w}", w.pool))
@@ -401,46 +470,74 @@ pub async fn run(a: ReconcileArgs) -> anyhow::Result<std::process::ExitCode> {
     let mut r = Reconciler::new(kube, workloads, a.replicas_per_node);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let every = Duration::from_millis(a.interval_ms);
-    let mut wait = every;
+    let mut backoff = every;
     let mut last_problem = String::new();
+    let mut last_state: Option<&'static str> = None;
     loop {
-        let problem = match crate::cli::status::fetch(&a.gateway).await {
-            Err(e) => format!("cannot read the fleet view: {e:#}"),
-            Ok((fleet, _)) => {
-                let pass = r
-                    .pass(fleet.nodes.iter().filter_map(|n| n.planner.as_ref()))
-                    .await;
-                let failed: Vec<String> = pass.errors.iter().map(|e| e.to_string()).collect();
-                if a.once && failed.is_empty() {
-                    if pass.decision_ms.is_none() {
-                        println!(
-                            "reconcile: nothing to apply (no planner decision in mode act with fresh signals)"
-                        );
-                    }
-                    for ap in &pass.applied {
-                        println!(
-                            "reconcile: {}: {} at {} node(s), {} running",
-                            ap.workload.pool, ap.workload, ap.to, ap.running
-                        );
-                    }
-                    return Ok(std::process::ExitCode::SUCCESS);
+        // One pass: read the view, apply. A signal ends it at once, mid-call or not.
+        let pass = async {
+            match crate::cli::status::fetch(&gateway).await {
+                Err(e) => (format!("cannot read the fleet view: {e:#}"), None, None),
+                Ok((fleet, _)) => {
+                    let planners: Vec<_> = fleet
+                        .nodes
+                        .iter()
+                        .filter_map(|n| n.planner.as_ref())
+                        .collect();
+                    let state = not_applied(&planners);
+                    let pass = r.pass(planners).await;
+                    let failed: Vec<String> = pass.errors.iter().map(|e| e.to_string()).collect();
+                    (failed.join("; "), Some(pass), state)
                 }
-                failed.join("; ")
             }
         };
+        let (problem, pass, state) = tokio::select! {
+            out = pass => out,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+        };
         if problem.is_empty() {
-            wait = every;
-            last_problem.clear();
-        } else {
+            if !last_problem.is_empty() {
+                eprintln!("reconcile: recovered");
+                last_problem.clear();
+            }
+            if state != last_state {
+                if let Some(why) = state {
+                    eprintln!("reconcile: {why}");
+                }
+                last_state = state;
+            }
             if a.once {
-                anyhow::bail!("{problem}");
+                let pass = pass.unwrap_or_default();
+                if pass.decision_ms.is_none() {
+                    println!(
+                        "reconcile: nothing to apply ({})",
+                        state.unwrap_or("the latest decision was applied")
+                    );
+                }
+                for ap in &pass.applied {
+                    println!(
+                        "reconcile: {}: {} at {} node(s), {} running",
+                        ap.workload.pool, ap.workload, ap.to, ap.running
+                    );
+                }
+                return Ok(std::process::ExitCode::SUCCESS);
             }
-            if problem != last_problem {
-                eprintln!("reconcile: {problem} (retrying with back-off)");
-                last_problem = problem;
-            }
-            wait = (wait * 2).min(MAX_BACKOFF);
+            backoff = every;
+        } else if a.once {
+            anyhow::bail!("{problem}");
+        } else if problem != last_problem {
+            eprintln!("reconcile: {problem} (retrying with back-off)");
+            last_problem = problem;
         }
+        // Every interval while all is well; after an error, 1 s doubling to 30 s.
+        let wait = if last_problem.is_empty() {
+            every
+        } else {
+            let w = backoff;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+            w
+        };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = tokio::signal::ctrl_c() => break,
@@ -467,10 +564,12 @@ mod tests {
         for (flag, says) in [
             ("decode", "no '='"),
             ("decode=flotilla", "no '/'"),
-            ("gpu=statefulset/x", "unknown role"),
             ("decode=daemonset/x", "unknown kind"),
             ("decode=statefulset/Bad_Name", "not a Kubernetes name"),
             ("decode=statefulset/", "not a Kubernetes name"),
+            ("decode=statefulset/a..b", "not a Kubernetes name"),
+            ("decode=statefulset/-a", "not a Kubernetes name"),
+            ("gpu=statefulset/x", "unknown pool"),
         ] {
             let e = parse_workloads(&[flag.into()]).unwrap_err();
             assert!(e.contains(says) && e.contains(flag), "{flag}: {e}");

@@ -37,11 +37,30 @@ pub async fn fetch(gateway: &str) -> anyhow::Result<(Fleet, serde_json::Value)> 
         .await
         .map_err(|e| anyhow::anyhow!("cannot reach the gateway at {gateway}: {e}"))?;
     let status = resp.status();
-    let body: serde_json::Value = resp.json().await?;
+    let text = resp
+        .text()
+        .await
+        .map_err(|e| anyhow::anyhow!("{url}: the answer broke off: {e}"))?;
+    let snippet = || {
+        let t = text.trim();
+        let cut: String = t.chars().take(200).collect();
+        if cut.len() < t.len() {
+            format!("{cut}…")
+        } else {
+            cut
+        }
+    };
     if !status.is_success() {
-        anyhow::bail!("{url} answered {status}: {body}");
+        anyhow::bail!("{url} answered {status}: {}", snippet());
     }
-    let fleet: Fleet = serde_json::from_value(body.clone())?;
+    let body: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        anyhow::anyhow!(
+            "{url} answered {status} with a body that is not JSON ({e}): {}",
+            snippet()
+        )
+    })?;
+    let fleet: Fleet = serde_json::from_value(body.clone())
+        .map_err(|e| anyhow::anyhow!("{url}: not a fleet view ({e})"))?;
     Ok((fleet, body))
 }
 

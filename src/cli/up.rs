@@ -593,7 +593,8 @@ pub const RECONCILE_EVERY: Duration = Duration::from_secs(1);
 /// (leaves routing, finishes what it runs) and stops, and is not restarted. Node 0 (gateway,
 /// router, planner) is never drained. A node that fails while starting is restarted by the
 /// launcher's own rule (at most `--max-restarts` a minute); the planner does not count it
-/// until it is in the view. Only decisions in mode `act`, not stale, each applied once.
+/// until it is in the view. Only decisions in mode `act`, not stale, each applied once, and
+/// only their changes (`control::reconcile::change`: an up starts, a down drains).
 struct Reconciler {
     last_applied_ms: Option<u64>,
     per_node: u32,
@@ -617,9 +618,7 @@ impl Reconciler {
             return;
         };
         self.last_applied_ms = Some(d.at_ms);
-        for (role, want) in crate::control::reconcile::node_targets(d, self.per_node) {
-            let want = want as usize;
-            let Some(pd) = d.pool(role) else { continue };
+        for pd in &d.pools {
             let in_pool = |i: usize| {
                 i > 0
                     && launch
@@ -635,6 +634,13 @@ impl Reconciler {
                 .filter(|p| in_pool(p.index) && !p.stopped && !p.draining)
                 .map(|p| p.index)
                 .collect();
+            // Only the planner's changes: an up raises, a down lowers, a hold touches nothing.
+            let Some(want) =
+                crate::control::reconcile::change(pd, running.len() as u32, self.per_node)
+            else {
+                continue;
+            };
+            let want = want as usize;
             if want > running.len() {
                 let free: Vec<usize> = (1..launch.slot_roles.len())
                     .filter(|&i| in_pool(i) && !running.contains(&i))

@@ -5,9 +5,16 @@
 //! pool's StatefulSet or Deployment). Both apply a decision only when the planner acts
 //! (`planner.mode = act`), its signals are fresh, and it is newer than the last one applied;
 //! both count in nodes, each running `worker.replicas` replicas.
+//!
+//! And both apply only the planner's *changes* ([`change`]): an `up` decision may raise a
+//! pool, a `down` decision may lower it, a `hold` touches nothing. The decision's `desired`
+//! is computed from the fleet view, which lags the world — after a gateway restart it may
+//! show no worker at all, and pods started by hand are not in it until they join — so
+//! reconciling `hold` decisions would cut a pool the planner never chose to cut, bypassing
+//! its calm intervals and cool-down, and would undo a manual scale-up before the planner
+//! could notice and adopt it.
 
-use crate::control::planner::{Decision, PlannerMode, PlannerView};
-use crate::runtime::role::Role;
+use crate::control::planner::{Action, Decision, PlannerMode, PlannerView, PoolDecision};
 
 /// The decision to apply now, if any: the newest of the planners' latest decisions (one
 /// planner leads; a second would publish its own), when it is `act`, not stale, and newer
@@ -30,20 +37,34 @@ pub fn nodes_for(desired: u32, replicas_per_node: u32) -> u32 {
     desired.div_ceil(replicas_per_node.max(1))
 }
 
-/// Per pool in `d`: the node count to reach.
-pub fn node_targets(d: &Decision, replicas_per_node: u32) -> Vec<(Role, u32)> {
-    d.pools
-        .iter()
-        .map(|p| (p.role, nodes_for(p.desired, replicas_per_node)))
-        .collect()
+/// The node count a reconciler should bring a pool at `current` nodes to, if any: an `up`
+/// decision above `current`, a `down` decision below it; `None` otherwise (see the module
+/// doc for why `hold`, and changes against the decision's direction, are left alone).
+pub fn change(pd: &PoolDecision, current: u32, replicas_per_node: u32) -> Option<u32> {
+    let want = nodes_for(pd.desired, replicas_per_node);
+    match pd.action {
+        Action::Up if want > current => Some(want),
+        Action::Down if want < current => Some(want),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::planner::policy::{Action, PoolDecision};
+    use crate::runtime::role::Role;
 
     fn decision(at_ms: u64, mode: PlannerMode, stale: bool, desired: u32) -> Decision {
+        decision_with(at_ms, mode, stale, desired, Action::Hold)
+    }
+
+    fn decision_with(
+        at_ms: u64,
+        mode: PlannerMode,
+        stale: bool,
+        desired: u32,
+        action: Action,
+    ) -> Decision {
         Decision {
             at_ms,
             mode,
@@ -54,7 +75,7 @@ mod tests {
                 role: Role::Decode,
                 actual: 1,
                 desired,
-                action: Action::Hold,
+                action,
                 needed: desired,
                 load_tokens_per_s: 0.0,
                 correction: 1.0,
@@ -99,7 +120,24 @@ mod tests {
         assert_eq!(nodes_for(3, 2), 2);
         assert_eq!(nodes_for(4, 2), 2);
         assert_eq!(nodes_for(3, 0), 3, "0 replicas per node reads as 1");
-        let d = decision(1, PlannerMode::Act, false, 5);
-        assert_eq!(node_targets(&d, 2), vec![(Role::Decode, 3)]);
+    }
+
+    #[test]
+    fn only_the_planners_changes_are_applied() {
+        let pd = |desired, action| {
+            decision_with(1, PlannerMode::Act, false, desired, action).pools[0].clone()
+        };
+        // Up raises (5 replicas at 2 per node: 3 nodes); Down lowers.
+        assert_eq!(change(&pd(5, Action::Up), 1, 2), Some(3));
+        assert_eq!(change(&pd(1, Action::Down), 3, 1), Some(1));
+        // A hold never moves a pool, whatever the view made `desired`: 3 pods started by
+        // hand, or a view emptied by a gateway restart.
+        assert_eq!(change(&pd(1, Action::Hold), 3, 1), None);
+        assert_eq!(change(&pd(4, Action::Hold), 3, 1), None);
+        // An up decision never lowers (a lagging view: it asks for 1, the pool has 3), a
+        // down decision never raises.
+        assert_eq!(change(&pd(1, Action::Up), 3, 1), None);
+        assert_eq!(change(&pd(4, Action::Down), 3, 1), None);
+        assert_eq!(change(&pd(3, Action::Up), 3, 1), None, "already there");
     }
 }
