@@ -122,8 +122,10 @@ impl Histogram {
         self.counts.sort_unstable_by_key(|(b, _)| *b);
     }
 
-    /// The `q` quantile (0–1): the upper bound of the bucket holding it (ms); `None` when
-    /// empty.
+    /// The `q` quantile (0–1, ms), interpolated within the bucket holding it: geometrically
+    /// between the bucket's bounds by the rank's place among the bucket's values (linearly
+    /// in the first bucket, from 0), so that the estimate is not biased high by up to a
+    /// bucket's width (12 %) as the bucket's upper bound would be; `None` when empty.
     pub fn quantile_ms(&self, q: f64) -> Option<f64> {
         let total = self.total();
         if total == 0 {
@@ -132,10 +134,24 @@ impl Histogram {
         let rank = ((total as f64 * q).ceil() as u64).clamp(1, total);
         let mut seen = 0;
         for &(b, n) in &self.counts {
-            seen += n;
-            if seen >= rank {
-                return Some(bucket_upper_ms(usize::from(b)));
+            if n == 0 {
+                continue;
             }
+            if seen + n >= rank {
+                let b = usize::from(b);
+                let upper = bucket_upper_ms(b);
+                let frac = (rank - seen) as f64 / n as f64;
+                return Some(if b == 0 {
+                    upper * frac
+                } else if b + 1 >= LATENCY_BUCKETS {
+                    // The overflow bucket has no upper bound: its floor.
+                    bucket_upper_ms(b - 1)
+                } else {
+                    let lower = bucket_upper_ms(b - 1);
+                    lower * (upper / lower).powf(frac)
+                });
+            }
+            seen += n;
         }
         self.counts
             .last()
@@ -259,10 +275,16 @@ mod tests {
         }
         let s = h.snapshot();
         assert_eq!(s.total(), 1000);
+        // Interpolated within the bucket: within a bucket's width of the truth, either side.
         let p99 = s.quantile_ms(0.99).unwrap();
-        assert!((990.0..=990.0 * RATIO).contains(&p99), "{p99}");
+        assert!((990.0 / RATIO..=990.0 * RATIO).contains(&p99), "{p99}");
         let p50 = s.quantile_ms(0.5).unwrap();
-        assert!((500.0..=500.0 * RATIO).contains(&p50), "{p50}");
+        assert!((500.0 / RATIO..=500.0 * RATIO).contains(&p50), "{p50}");
+        // Never outside the bucket holding the rank.
+        let one = AtomicHistogram::default();
+        one.record(42.0);
+        let v = one.snapshot().quantile_ms(0.99).unwrap();
+        assert!((42.0 / RATIO..=42.0 * RATIO).contains(&v), "{v}");
         assert_eq!(Histogram::default().quantile_ms(0.5), None);
         // Out of range values land in the end buckets.
         h.record(-1.0);
@@ -284,7 +306,7 @@ mod tests {
         let b = h.snapshot();
         let d = b.since(&a);
         assert_eq!(d.total(), 10);
-        assert!(d.quantile_ms(0.01).unwrap() >= 500.0);
+        assert!(d.quantile_ms(0.01).unwrap() >= 500.0 / RATIO);
         // A histogram that restarted (fewer counts) counts from zero.
         let fresh = AtomicHistogram::default();
         fresh.record(1.0);
