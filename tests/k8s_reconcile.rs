@@ -45,6 +45,8 @@ struct World {
     replicas: HashMap<String, u32>,
     /// `kind/name` the service account may not touch (403).
     forbidden: Vec<String>,
+    /// `kind/name` whose scale the server answers with a body that is not JSON.
+    garbage: Vec<String>,
     seen: Vec<Seen>,
     kubelet: Option<Kubelet>,
 }
@@ -99,6 +101,9 @@ async fn scale_endpoint(
         body: serde_json::from_slice(&body).unwrap_or(Value::Null),
     });
     let key = format!("{kind}/{name}");
+    if w.garbage.contains(&key) {
+        return ([("content-type", "application/json")], "{not json").into_response();
+    }
     if w.forbidden.contains(&key) {
         return status(
             403,
@@ -406,15 +411,35 @@ async fn api_errors_say_what_to_fix_and_the_decision_is_tried_again() {
         "{}",
         errors[1]
     );
-    // Fixed (the workload created, the role granted): the same decision applies.
+    // An answer that is not a Scale object is named as such (the server was reached).
+    world
+        .lock()
+        .unwrap()
+        .garbage
+        .push("statefulsets/flotilla-decode".into());
+    let e = r.pass([&v]).await.errors.last().unwrap().to_string();
+    assert!(
+        e.contains("not a Scale object") && !e.contains("cannot reach"),
+        "{e}"
+    );
+    world.lock().unwrap().garbage.clear();
+    // Fixed (the workload created, the role granted) a planner interval later, when its
+    // latest decision is a hold waiting on the replicas it asked for: the missed up applies.
     {
         let mut w = world.lock().unwrap();
         w.forbidden.clear();
         w.replicas.insert("statefulsets/flotilla-prefill".into(), 0);
     }
-    let pass = r.pass([&v]).await;
+    let mut later = v.clone();
+    let mut hold = later.decisions[0].clone();
+    hold.at_ms = 2_000;
+    for p in &mut hold.pools {
+        p.action = Action::Hold;
+    }
+    later.decisions.push(hold);
+    let pass = r.pass([&later]).await;
     assert!(pass.errors.is_empty(), "{:?}", pass.errors);
-    assert_eq!(pass.decision_ms, Some(1_000));
+    assert_eq!(pass.decision_ms, Some(2_000));
     let w = world.lock().unwrap();
     assert_eq!(w.replicas["statefulsets/flotilla-prefill"], 2);
     assert_eq!(w.replicas["statefulsets/flotilla-decode"], 2);

@@ -18,8 +18,7 @@
 //! doubling to 30 s; `recovered` when it clears) and why nothing is applied (no planner, an
 //! advisory one, stale signals). Every API call times out ([`API_READ_TIMEOUT`]).
 
-use crate::control::planner::PoolDecision;
-use crate::control::reconcile::{actionable, change};
+use crate::control::reconcile::{pending, target};
 use crate::runtime::role::Role;
 use clap::Args;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
@@ -208,7 +207,13 @@ fn api_error(w: &Workload, namespace: &str, verb: &str, e: kube::Error) -> ApiEr
             "{verb} scale: the API server answered {}: {}",
             s.code, s.message
         ),
-        other => format!("{verb} scale: cannot reach the Kubernetes API: {other}"),
+        kube::Error::SerdeError(e) => {
+            format!("{verb} scale: the API server's answer is not a Scale object ({e})")
+        }
+        other => format!(
+            "{verb} scale: cannot reach the Kubernetes API: {}",
+            chain(other)
+        ),
     };
     ApiError {
         workload: w.to_string(),
@@ -276,15 +281,16 @@ impl Kubernetes {
         }
     }
 
-    /// Apply the planner's decision `pd` to `w`: read its scale, and patch it when the
-    /// decision changes it ([`change`]: an up raises, a down lowers, a hold touches nothing).
+    /// Apply the planner's decisions `pending` (oldest first) to `w`, the workload of pool
+    /// `role`: read its scale, and patch it when they change it ([`target`]: only a down
+    /// decision lowers a pool).
     ///
     /// # Errors
     /// The API server refused or could not be reached ([`ApiError`] says which and why).
     pub async fn reconcile(
         &self,
         w: &Workload,
-        pd: &PoolDecision,
+        pending: &[&crate::control::planner::Decision],
         replicas_per_node: u32,
     ) -> Result<Applied, ApiError> {
         let scale = self
@@ -303,7 +309,7 @@ impl Kubernetes {
                 .map(|s| s.replicas.max(0) as u32)
                 .unwrap_or(0)
         };
-        let Some(nodes) = change(pd, from, replicas_per_node) else {
+        let Some(nodes) = target(pending, w.pool, from, replicas_per_node) else {
             return Ok(Applied {
                 workload: w.clone(),
                 from,
@@ -362,15 +368,16 @@ impl Reconciler {
         }
     }
 
-    /// Apply the newest actionable decision among `planners` (see
-    /// [`crate::control::reconcile::actionable`]). A decision is marked applied only when
-    /// every mapped pool succeeded; otherwise the next pass tries it again.
+    /// Apply the planner's decisions not applied yet (see [`pending`]). They are marked
+    /// applied only when every mapped pool succeeded; otherwise the next pass folds them again
+    /// with the newer ones.
     pub async fn pass<'a>(
         &mut self,
         planners: impl IntoIterator<Item = &'a crate::control::planner::PlannerView>,
     ) -> Pass {
         let mut out = Pass::default();
-        let Some(d) = actionable(planners, self.last_applied_ms) else {
+        let pending = pending(planners, self.last_applied_ms);
+        let Some(d) = pending.last().copied() else {
             return out;
         };
         out.decision_ms = Some(d.at_ms);
@@ -385,7 +392,11 @@ impl Reconciler {
                 }
                 continue;
             };
-            match self.kube.reconcile(w, pd, self.replicas_per_node).await {
+            match self
+                .kube
+                .reconcile(w, &pending, self.replicas_per_node)
+                .await
+            {
                 Ok(a) => {
                     if a.from != a.to {
                         println!(
@@ -501,7 +512,7 @@ pub async fn run(a: ReconcileArgs) -> anyhow::Result<std::process::ExitCode> {
                 eprintln!("reconcile: recovered");
                 last_problem.clear();
             }
-            if state != last_state {
+            if state != last_state && !a.once {
                 if let Some(why) = state {
                     eprintln!("reconcile: {why}");
                 }

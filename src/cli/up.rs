@@ -593,8 +593,8 @@ pub const RECONCILE_EVERY: Duration = Duration::from_secs(1);
 /// (leaves routing, finishes what it runs) and stops, and is not restarted. Node 0 (gateway,
 /// router, planner) is never drained. A node that fails while starting is restarted by the
 /// launcher's own rule (at most `--max-restarts` a minute); the planner does not count it
-/// until it is in the view. Only decisions in mode `act`, not stale, each applied once, and
-/// only their changes (`control::reconcile::change`: an up starts, a down drains).
+/// until it is in the view. Only decisions in mode `act`, not stale, each applied once
+/// (`control::reconcile`: only a down decision drains; an up or hold starts).
 struct Reconciler {
     last_applied_ms: Option<u64>,
     per_node: u32,
@@ -614,7 +614,8 @@ impl Reconciler {
             return;
         };
         let planners = fleet.nodes.iter().filter_map(|n| n.planner.as_ref());
-        let Some(d) = crate::control::reconcile::actionable(planners, self.last_applied_ms) else {
+        let pending = crate::control::reconcile::pending(planners, self.last_applied_ms);
+        let Some(d) = pending.last().copied() else {
             return;
         };
         self.last_applied_ms = Some(d.at_ms);
@@ -634,10 +635,13 @@ impl Reconciler {
                 .filter(|p| in_pool(p.index) && !p.stopped && !p.draining)
                 .map(|p| p.index)
                 .collect();
-            // Only the planner's changes: an up raises, a down lowers, a hold touches nothing.
-            let Some(want) =
-                crate::control::reconcile::change(pd, running.len() as u32, self.per_node)
-            else {
+            // The decisions since the last pass, folded: only a down lowers a pool.
+            let Some(want) = crate::control::reconcile::target(
+                &pending,
+                pd.role,
+                running.len() as u32,
+                self.per_node,
+            ) else {
                 continue;
             };
             let want = want as usize;

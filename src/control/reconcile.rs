@@ -2,33 +2,50 @@
 //! through the published fleet view (a gateway's `/v1/fleet`), never by calling it: the local
 //! one (`flotilla up --planner`, `cli/up.rs`: starts and drains node processes) and the
 //! Kubernetes one (`flotilla reconcile`, `cli/reconcile.rs`: patches the replica count of each
-//! pool's StatefulSet or Deployment). Both apply a decision only when the planner acts
-//! (`planner.mode = act`), its signals are fresh, and it is newer than the last one applied;
-//! both count in nodes, each running `worker.replicas` replicas.
+//! pool's StatefulSet or Deployment). Both apply decisions only while the planner acts
+//! (`planner.mode = act`) with fresh signals, each decision once ([`pending`]); both count in
+//! nodes, each running `worker.replicas` replicas.
 //!
-//! And both apply only the planner's *changes* ([`change`]): an `up` decision may raise a
-//! pool, a `down` decision may lower it, a `hold` touches nothing. The decision's `desired`
-//! is computed from the fleet view, which lags the world — after a gateway restart it may
-//! show no worker at all, and pods started by hand are not in it until they join — so
-//! reconciling `hold` decisions would cut a pool the planner never chose to cut, bypassing
-//! its calm intervals and cool-down, and would undo a manual scale-up before the planner
-//! could notice and adopt it.
+//! And neither lets a lagging view cut a pool ([`change`]): a decision's `desired` comes from
+//! the fleet view, which lags the world — after a gateway restart it may show no worker at
+//! all, and pods started by hand are not in it until they join — so only a `down` decision
+//! (which the planner makes after its calm intervals and cool-down) may lower a pool; `up`
+//! and `hold` decisions may only raise it (a hold that waits on replicas it asked for keeps
+//! asking: an `up` a reconciler missed is not lost). The decisions not applied yet are folded
+//! oldest first ([`target`]), so a `down` missed while a reconciler backed off is applied
+//! too; on its first pass it takes only the latest (older ones predate whatever was done by
+//! hand since).
 
 use crate::control::planner::{Action, Decision, PlannerMode, PlannerView, PoolDecision};
+use crate::runtime::role::Role;
 
-/// The decision to apply now, if any: the newest of the planners' latest decisions (one
-/// planner leads; a second would publish its own), when it is `act`, not stale, and newer
-/// than `last_applied_ms` (each decision is applied once).
-pub fn actionable<'a>(
+/// The decisions to apply now, oldest first: the leading planner's decisions newer than
+/// `last_applied_ms` (only its latest when nothing was applied yet), when its latest is `act`
+/// and not stale. One planner leads; should two publish, the one with the newest decision
+/// wins. Empty: nothing to do.
+pub fn pending<'a>(
     planners: impl IntoIterator<Item = &'a PlannerView>,
     last_applied_ms: Option<u64>,
-) -> Option<&'a Decision> {
-    let d = planners
+) -> Vec<&'a Decision> {
+    let Some((view, latest)) = planners
         .into_iter()
-        .filter_map(PlannerView::latest)
-        .max_by_key(|d| d.at_ms)?;
-    let fresh = last_applied_ms.is_none_or(|t| d.at_ms > t);
-    (d.mode == PlannerMode::Act && !d.stale && fresh).then_some(d)
+        .filter_map(|p| p.latest().map(|d| (p, d)))
+        .max_by_key(|(_, d)| d.at_ms)
+    else {
+        return Vec::new();
+    };
+    let fresh = last_applied_ms.is_none_or(|t| latest.at_ms > t);
+    if latest.mode != PlannerMode::Act || latest.stale || !fresh {
+        return Vec::new();
+    }
+    match last_applied_ms {
+        None => vec![latest],
+        Some(t) => view
+            .decisions
+            .iter()
+            .filter(|d| d.at_ms > t && d.mode == PlannerMode::Act && !d.stale)
+            .collect(),
+    }
 }
 
 /// Nodes a pool needs for `desired` replicas at `replicas_per_node` each (a node is the unit
@@ -37,22 +54,38 @@ pub fn nodes_for(desired: u32, replicas_per_node: u32) -> u32 {
     desired.div_ceil(replicas_per_node.max(1))
 }
 
-/// The node count a reconciler should bring a pool at `current` nodes to, if any: an `up`
-/// decision above `current`, a `down` decision below it; `None` otherwise (see the module
-/// doc for why `hold`, and changes against the decision's direction, are left alone).
+/// The node count one decision brings a pool at `current` nodes to, if it changes it: a
+/// `down` decision lowers it to its `desired`; an `up` or a `hold` raises it to its `desired`,
+/// never lowers it (see the module doc).
 pub fn change(pd: &PoolDecision, current: u32, replicas_per_node: u32) -> Option<u32> {
     let want = nodes_for(pd.desired, replicas_per_node);
     match pd.action {
-        Action::Up if want > current => Some(want),
         Action::Down if want < current => Some(want),
+        Action::Up | Action::Hold if want > current => Some(want),
         _ => None,
     }
+}
+
+/// Pool `role` at `current` nodes after `pending` (oldest first): each decision's [`change`]
+/// in turn; `None` when the pool ends where it is, or no decision names it.
+pub fn target(
+    pending: &[&Decision],
+    role: Role,
+    current: u32,
+    replicas_per_node: u32,
+) -> Option<u32> {
+    let mut at = current;
+    for pd in pending.iter().filter_map(|d| d.pool(role)) {
+        if let Some(n) = change(pd, at, replicas_per_node) {
+            at = n;
+        }
+    }
+    (at != current).then_some(at)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::role::Role;
 
     fn decision(at_ms: u64, mode: PlannerMode, stale: bool, desired: u32) -> Decision {
         decision_with(at_ms, mode, stale, desired, Action::Hold)
@@ -97,21 +130,29 @@ mod tests {
 
     #[test]
     fn only_fresh_acting_decisions_are_applied_once() {
+        let at = |p: Vec<&Decision>| p.iter().map(|d| d.at_ms).collect::<Vec<_>>();
         let act = view(vec![decision(1_000, PlannerMode::Act, false, 3)]);
-        assert_eq!(actionable([&act], None).map(|d| d.at_ms), Some(1_000));
-        assert!(actionable([&act], Some(1_000)).is_none(), "applied once");
+        assert_eq!(at(pending([&act], None)), vec![1_000]);
+        assert!(pending([&act], Some(1_000)).is_empty(), "applied once");
         let advisory = view(vec![decision(2_000, PlannerMode::Advisory, false, 3)]);
-        assert!(actionable([&advisory], None).is_none());
+        assert!(pending([&advisory], None).is_empty());
         let stale = view(vec![decision(2_000, PlannerMode::Act, true, 3)]);
-        assert!(
-            actionable([&stale], None).is_none(),
-            "a stale decision holds"
-        );
-        // Two planners (a leader and one taking over): the newest decision wins.
+        assert!(pending([&stale], None).is_empty(), "a stale decision holds");
+        // Two planners (a leader and one taking over): the newest decision's wins.
         let newer = view(vec![decision(5_000, PlannerMode::Act, false, 4)]);
-        let d = actionable([&act, &newer], Some(1_000)).expect("the newer one");
-        assert_eq!(d.pools[0].desired, 4);
-        assert!(actionable(std::iter::empty(), None).is_none());
+        let p = pending([&act, &newer], Some(1_000));
+        assert_eq!(p.last().map(|d| d.pools[0].desired), Some(4));
+        assert!(pending(std::iter::empty(), None).is_empty());
+        // Several unapplied decisions: all since the last applied, oldest first (stale ones
+        // skipped); on a first pass only the latest.
+        let history = view(vec![
+            decision(1_000, PlannerMode::Act, false, 3),
+            decision(2_000, PlannerMode::Act, true, 3),
+            decision(3_000, PlannerMode::Act, false, 3),
+            decision(4_000, PlannerMode::Act, false, 3),
+        ]);
+        assert_eq!(at(pending([&history], Some(1_000))), vec![3_000, 4_000]);
+        assert_eq!(at(pending([&history], None)), vec![4_000]);
     }
 
     #[test]
@@ -123,21 +164,37 @@ mod tests {
     }
 
     #[test]
-    fn only_the_planners_changes_are_applied() {
+    fn a_lagging_view_never_cuts_a_pool() {
         let pd = |desired, action| {
             decision_with(1, PlannerMode::Act, false, desired, action).pools[0].clone()
         };
         // Up raises (5 replicas at 2 per node: 3 nodes); Down lowers.
         assert_eq!(change(&pd(5, Action::Up), 1, 2), Some(3));
         assert_eq!(change(&pd(1, Action::Down), 3, 1), Some(1));
-        // A hold never moves a pool, whatever the view made `desired`: 3 pods started by
-        // hand, or a view emptied by a gateway restart.
+        // Only a down lowers: a hold or an up whose `desired` reads a lagging view (3 pods
+        // started by hand, a view emptied by a gateway restart) leaves the pool.
         assert_eq!(change(&pd(1, Action::Hold), 3, 1), None);
-        assert_eq!(change(&pd(4, Action::Hold), 3, 1), None);
-        // An up decision never lowers (a lagging view: it asks for 1, the pool has 3), a
-        // down decision never raises.
         assert_eq!(change(&pd(1, Action::Up), 3, 1), None);
+        // A down never raises; a hold raises (it waits on replicas it asked for).
         assert_eq!(change(&pd(4, Action::Down), 3, 1), None);
+        assert_eq!(change(&pd(4, Action::Hold), 3, 1), Some(4));
         assert_eq!(change(&pd(3, Action::Up), 3, 1), None, "already there");
+    }
+
+    #[test]
+    fn missed_decisions_are_folded_in_order() {
+        let d = |at, desired, action| decision_with(at, PlannerMode::Act, false, desired, action);
+        // An up missed (the API refused it), then holds waiting on it: still raised.
+        let (up, hold) = (d(1, 3, Action::Up), d(2, 3, Action::Hold));
+        assert_eq!(target(&[&up, &hold], Role::Decode, 0, 1), Some(3));
+        // A down missed while backing off, then a hold at the lower count: lowered.
+        let (down, hold) = (d(1, 2, Action::Down), d(2, 2, Action::Hold));
+        assert_eq!(target(&[&down, &hold], Role::Decode, 3, 1), Some(2));
+        // Down then up: the last word.
+        let up = d(3, 4, Action::Up);
+        assert_eq!(target(&[&down, &up], Role::Decode, 3, 1), Some(4));
+        // Nothing to do, or another pool's decisions.
+        assert_eq!(target(&[&hold], Role::Decode, 2, 1), None);
+        assert_eq!(target(&[&up], Role::Prefill, 2, 1), None);
     }
 }

@@ -319,7 +319,14 @@ impl Planner {
             );
             if to_zero {
                 needed = 0;
-                why = format!("idle for {idle_for_s:.0} s: to zero");
+                why = if bounds.min == 0 {
+                    format!("idle for {idle_for_s:.0} s: to zero")
+                } else {
+                    format!(
+                        "idle for {idle_for_s:.0} s: to the pool's min {}",
+                        bounds.min
+                    )
+                };
             } else if needed == 0 {
                 // A pool goes to zero only when the fleet was idle for `idle_to_zero_s`.
                 needed = 1;
