@@ -292,13 +292,7 @@ async fn workers_rejoin_a_seed_node_restarted_without_join() {
         || async { (nodes_up(&http).await == 3).then_some(()) },
     )
     .await;
-    struct At(String);
-    impl crate::http::Gateway for At {
-        fn gateway(&self) -> &str {
-            &self.0
-        }
-    }
-    wait_routable(&At(http.clone()), 2).await;
+    wait_routable(&crate::http::At(http.clone()), 2).await;
     let body = json!({"model": MODEL, "prompt": "hello", "max_tokens": 4});
     let (status, _, text) = post(&format!("{http}/v1/completions"), &body).await;
     assert_eq!(status, 200, "{text}");

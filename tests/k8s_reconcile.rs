@@ -539,24 +539,6 @@ impl Pods {
     }
 }
 
-/// Ready worker replicas in the fleet view.
-async fn ready_workers(gateway: &str) -> usize {
-    let f: Value = reqwest::get(format!("{gateway}/v1/fleet"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    f["nodes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|n| n["state"] == "up")
-        .flat_map(|n| n["workers"].as_array().cloned().unwrap_or_default())
-        .filter(|w| w["health"] == "ready")
-        .count()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planner_scales_a_statefulset_from_zero_and_back_through_the_api() {
     use tokio::io::AsyncBufReadExt;
@@ -662,7 +644,7 @@ async fn a_planner_scales_a_statefulset_from_zero_and_back_through_the_api() {
     )
     .await;
     poll::poll_until(Duration::from_secs(30), "no ready worker", || async {
-        (ready_workers(&http).await == 0).then_some(())
+        (http::ready_workers(&http::At(http.clone())).await == 0).then_some(())
     })
     .await;
     let patches = world

@@ -12,7 +12,7 @@ mod poll;
 #[path = "common/process.rs"]
 mod process;
 
-use crate::http::{Gateway, MODEL, fleet};
+use crate::http::{Gateway, MODEL, fleet, ready_workers};
 use crate::poll::poll_until;
 use crate::process::Cluster;
 use serde_json::{Value, json};
@@ -29,19 +29,6 @@ const SETS: &[&str] = &[
     "planner.itl_target_ms=2000",
     "planner.aggregated.max=3",
 ];
-
-/// Worker replicas the fleet view lists as ready.
-async fn ready_workers(c: &impl Gateway) -> usize {
-    let f = fleet(c).await;
-    f["nodes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|n| n["state"] == "up")
-        .flat_map(|n| n["workers"].as_array().cloned().unwrap_or_default())
-        .filter(|w| w["health"] == "ready")
-        .count()
-}
 
 /// The planner's latest decision for the aggregated pool, from `/v1/fleet`.
 async fn latest_decision(c: &impl Gateway) -> Option<Value> {

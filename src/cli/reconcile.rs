@@ -221,6 +221,11 @@ fn api_error(w: &Workload, namespace: &str, verb: &str, e: kube::Error) -> ApiEr
     }
 }
 
+/// A Scale object's `spec.replicas` (negative reads as 0).
+fn spec_replicas(s: &k8s_openapi::api::autoscaling::v1::Scale) -> Option<u32> {
+    s.spec.as_ref()?.replicas.map(|n| n.max(0) as u32)
+}
+
 /// The Kubernetes side: reads and patches the workloads' `scale`.
 pub struct Kubernetes {
     client: kube::Client,
@@ -297,12 +302,7 @@ impl Kubernetes {
             .get_scale(w)
             .await
             .map_err(|e| api_error(w, &self.namespace, "get", e))?;
-        let from = scale
-            .spec
-            .as_ref()
-            .and_then(|s| s.replicas)
-            .unwrap_or(0)
-            .max(0) as u32;
+        let from = spec_replicas(&scale).unwrap_or(0);
         let running = |s: &k8s_openapi::api::autoscaling::v1::Scale| {
             s.status
                 .as_ref()
@@ -321,12 +321,7 @@ impl Kubernetes {
             .patch_scale(w, nodes)
             .await
             .map_err(|e| api_error(w, &self.namespace, "patch", e))?;
-        let to = after
-            .spec
-            .as_ref()
-            .and_then(|s| s.replicas)
-            .unwrap_or(nodes as i32)
-            .max(0) as u32;
+        let to = spec_replicas(&after).unwrap_or(nodes);
         Ok(Applied {
             workload: w.clone(),
             from,

@@ -22,6 +22,30 @@ pub trait Gateway {
     }
 }
 
+/// A gateway at a base URL, for nodes a test starts itself.
+#[allow(dead_code, reason = "used by the binaries that start nodes themselves")]
+pub struct At(pub String);
+
+impl Gateway for At {
+    fn gateway(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Worker replicas `/v1/fleet` lists as ready, on nodes that are up.
+#[allow(dead_code, reason = "used by the planner and reconciler tests")]
+pub async fn ready_workers(c: &impl Gateway) -> usize {
+    let f = fleet(c).await;
+    f["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n["state"] == "up")
+        .flat_map(|n| n["workers"].as_array().cloned().unwrap_or_default())
+        .filter(|w| w["health"] == "ready")
+        .count()
+}
+
 /// The gateway's `/v1/fleet`.
 pub async fn fleet(c: &impl Gateway) -> serde_json::Value {
     reqwest::get(c.url("/v1/fleet"))

@@ -310,30 +310,32 @@ fn closed_loop(shared: &Shared) -> Handles {
         .collect()
 }
 
-/// Requests in flight on the fleet: Σ `in_flight` over the workers of every node whose state
-/// is `up` in a `/v1/fleet` body (`{"nodes": [{"state", "workers": [{"in_flight"}]}]}`);
-/// `None` when the body has no `nodes` array.
-pub fn fleet_in_flight(body: &Value) -> Option<u64> {
+/// The workers of every node whose state is `up` in a `/v1/fleet` body (`{"nodes":
+/// [{"state", "workers": [...]}]}`); `None` when the body has no `nodes` array.
+fn up_workers(body: &Value) -> Option<impl Iterator<Item = &Value>> {
     let nodes = body["nodes"].as_array()?;
     Some(
         nodes
             .iter()
             .filter(|n| n["state"].as_str().is_none_or(|s| s == "up"))
-            .flat_map(|n| n["workers"].as_array().into_iter().flatten())
+            .flat_map(|n| n["workers"].as_array().into_iter().flatten()),
+    )
+}
+
+/// Requests in flight on the fleet: Σ `in_flight` over [`up_workers`].
+pub fn fleet_in_flight(body: &Value) -> Option<u64> {
+    Some(
+        up_workers(body)?
             .map(|w| w["in_flight"].as_u64().unwrap_or(0))
             .sum(),
     )
 }
 
-/// Worker replicas a `/v1/fleet` body shows held (every worker of a node that is up, but
-/// the unreachable: starting, ready, draining and unhealthy ones all cost).
+/// Worker replicas a `/v1/fleet` body shows held: [`up_workers`] but the unreachable
+/// (starting, ready, draining and unhealthy ones all cost).
 pub fn fleet_replicas(body: &Value) -> Option<u64> {
-    let nodes = body["nodes"].as_array()?;
     Some(
-        nodes
-            .iter()
-            .filter(|n| n["state"].as_str().is_none_or(|s| s == "up"))
-            .flat_map(|n| n["workers"].as_array().into_iter().flatten())
+        up_workers(body)?
             .filter(|w| w["health"].as_str() != Some("unreachable"))
             .count() as u64,
     )
