@@ -11,7 +11,10 @@
 # Environment: FLOTILLA (binary, default $CARGO_TARGET_DIR/debug/flotilla, else target/…), OUT
 # (/tmp/sim-fidelity), WORKERS (16; or PREFILL and DECODE: a disaggregated fleet, one worker
 # per node), REQUESTS (600), TRACE_SPEEDUP (2), DATASET (mooncake-conversation), SALT (1),
-# SETS (settings for both, space-separated KEY=VALUE).
+# SETS (settings for both, space-separated KEY=VALUE), KILL_AT (a chaos run: seconds into the
+# replay, the live fleet's first worker replica is killed through the chaos API and the sim's
+# worker 0 with --kill; its replica restarts after RESTART_MS, 2000 by default, in the sim).
+# Also draws both runs on one plot: $OUT/live_vs_sim.svg (flotilla plot).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${FLOTILLA:-${CARGO_TARGET_DIR:-target}/debug/flotilla}
@@ -33,12 +36,31 @@ if [ -n "$PREFILL" ]; then
 else
   FLEET_UP=(--nodes 3 --workers "$WORKERS"); FLEET_SIM=(--workers "$WORKERS"); TOTAL=$WORKERS
 fi
-"$BIN" up --engine sim "${FLEET_UP[@]}" --http "$GW" "${SETS_ARGS[@]}" > "$OUT/up.log" 2>&1 &
+KILL_AT=${KILL_AT:-}; RESTART_MS=${RESTART_MS:-2000}
+CHAOS_UP=(); KILL_SIM=()
+if [ -n "$KILL_AT" ]; then
+  CHAOS_UP=(--chaos); KILL_SIM=(--kill "$KILL_AT:0" --restart-ms "$RESTART_MS")
+fi
+"$BIN" up --engine sim "${FLEET_UP[@]}" "${CHAOS_UP[@]}" --http "$GW" "${SETS_ARGS[@]}" > "$OUT/up.log" 2>&1 &
 UP=$!
 wait_fleet "$GW" "$TOTAL" "$OUT/up.log" 120
+KILLER=
+if [ -n "$KILL_AT" ]; then
+  # The worker the sim numbers 0: the first worker in the fleet view's order.
+  TARGET=$("$BIN" status --gateway "$GW" --json | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+ws = sorted(w["id"] for n in d.get("nodes", []) for w in n.get("workers", []))
+print(ws[0] if ws else "")')
+  ( sleep "$KILL_AT"; "$BIN" chaos --gateway "$GW" kill --target "$TARGET" --actor replica \
+      > "$OUT/kill.log" 2>&1 ) &
+  KILLER=$!
+fi
 "$BIN" bench --gateway "$GW" "${WORKLOAD[@]}" --out "$OUT/live" > "$OUT/live.log" 2>&1
+[ -z "$KILLER" ] || wait "$KILLER" || true
 stop_fleet
-"$BIN" sim "${FLEET_SIM[@]}" "${SETS_ARGS[@]}" "${WORKLOAD[@]}" --out "$OUT/sim" > "$OUT/sim.log" 2>&1
+"$BIN" sim "${FLEET_SIM[@]}" "${SETS_ARGS[@]}" "${KILL_SIM[@]}" "${WORKLOAD[@]}" --out "$OUT/sim" > "$OUT/sim.log" 2>&1
+"$BIN" plot "$OUT/live=live" "$OUT/sim=sim" --out "$OUT/live_vs_sim.svg" 2>/dev/null
 
 python3 - "$OUT/live/report.json" "$OUT/sim/report.json" <<'PY'
 import json, sys

@@ -5,6 +5,7 @@
 //! - `generate.rs` — `flotilla generate`: the engine in-process, no cluster.
 //! - `chaos.rs` — `flotilla chaos`: a client of the gateway's chaos API.
 //! - `bench/` — `flotilla bench`: replay a trace or dataset, report latency, goodput, prefix hits.
+//! - `plot.rs` — `flotilla plot`: runs (live and simulated) side by side on one SVG.
 //! - `profile.rs` — `flotilla profile`: time the CPU engine, write the sim engine's profile.
 //! - `sim.rs` — `flotilla sim`: a workload on a simulated fleet (`crate::sim`), reported as `bench` does.
 //! - `reconcile.rs` — `flotilla reconcile`: the planner's decisions applied to Kubernetes
@@ -23,6 +24,7 @@ pub mod chaos;
 pub mod client;
 pub mod cuda;
 pub mod generate;
+pub mod plot;
 pub mod profile;
 #[cfg(feature = "kubernetes")]
 pub mod reconcile;

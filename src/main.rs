@@ -34,7 +34,10 @@ enum Cmd {
     Bench(flotilla::cli::bench::BenchArgs),
     /// Replay a trace or dataset on a simulated fleet (the fleet's own routing, scheduling and
     /// KV code on a virtual clock); report it as `bench` does.
-    Sim(flotilla::cli::sim::SimArgs),
+    Sim(Box<flotilla::cli::sim::SimArgs>),
+    /// Draw runs side by side (`bench` and `sim` output folders): TTFT and ITL CDFs, requests
+    /// in flight over time.
+    Plot(flotilla::cli::plot::PlotArgs),
     /// Measure the CPU engine and write a timing profile for the simulated engine.
     Profile(flotilla::cli::profile::ProfileArgs),
     /// KV transfer between processes: serve a test region, or benchmark the backends.
@@ -295,11 +298,12 @@ async fn main() -> std::process::ExitCode {
             .map_err(anyhow::Error::from)
             .and_then(|r| r)
             .map(|_| std::process::ExitCode::SUCCESS),
-        Cmd::Sim(a) => tokio::task::spawn_blocking(move || flotilla::cli::sim::run(a))
+        Cmd::Sim(a) => tokio::task::spawn_blocking(move || flotilla::cli::sim::run(*a))
             .await
             .map_err(anyhow::Error::from)
             .and_then(|r| r)
             .map(|_| std::process::ExitCode::SUCCESS),
+        Cmd::Plot(a) => flotilla::cli::plot::run(a).map(|_| std::process::ExitCode::SUCCESS),
         Cmd::Bench(a) => flotilla::cli::bench::run(a)
             .await
             .map(|_| std::process::ExitCode::SUCCESS),

@@ -29,7 +29,8 @@
 //!
 //! **Faults** ([`world::SimFault`]): kills (the replica restarts after a delay), hangs and
 //! slow engines (through the worker core's own `InjectedFaults`, as the chaos filters set
-//! them: the watchdog decides), and windows in which KV events are dropped.
+//! them: the watchdog decides), and windows in which KV events are dropped — at given times,
+//! or drawn at rates from a seed ([`faults::FaultRates`]).
 //!
 //! **The planner** ([`world::SimPlannerSpec`]): with one, each pool has spare slots up to
 //! `planner.<pool>.max`; every `planner.interval_s` the live planner's policy
@@ -51,6 +52,7 @@
 //! at the end [`world::SimLeftovers`] counts what is left placed, live, pinned or listened
 //! for (all 0 in a correct run; the tests hold it).
 
+pub mod faults;
 pub mod world;
 
 #[cfg(test)]
@@ -58,6 +60,7 @@ mod tests;
 
 #[cfg(doc)]
 use crate::node::config::Config;
+pub use faults::FaultRates;
 pub use world::{
     Arrivals, ModelFacts, SimCounters, SimFault, SimFleet, SimLeftovers, SimOutcome, SimRecord,
     SimSpec, SimTurn, SimWorkload,

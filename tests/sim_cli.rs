@@ -66,7 +66,13 @@ fn a_trace_replays_the_same_in_two_processes() {
 
 #[test]
 fn impossible_fleets_and_bad_flags_are_refused_by_name() {
-    let cases: [(&[&str], &str); 18] = [
+    let cases: [(&[&str], &str); 24] = [
+        (&["--kill-rate=-1"], "--kill-rate"),
+        (&["--kill-rate", "3", "--arrival", "fixed"], "open-loop"),
+        (&["--hang-rate", "6"], "--hang-rate"),
+        (&["--hang-rate", "6:0"], "--hang-rate"),
+        (&["--slow-rate", "6:1"], "--slow-rate"),
+        (&["--compare", "kill_rate=1,x"], "--compare kill_rate=x"),
         (&["--hang", "5:0"], "--hang"),
         (&["--slow", "1-2:0"], "--slow"),
         (&["--workers", "4", "--hang", "1-2:9"], "--hang …:9"),
@@ -133,21 +139,154 @@ fn impossible_fleets_and_bad_flags_are_refused_by_name() {
 }
 
 #[test]
-fn a_malformed_trace_line_is_named() {
+fn a_malformed_trace_line_is_named_or_skipped_and_counted() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("t.jsonl");
     std::fs::write(
         &p,
         "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 4, \"hash_ids\": [1, 2]}\n\
-         {\"timestamp\": 10, \"input_length\": oops}\n",
+         {\"timestamp\": 10, \"input_length\": oops}\n\
+         {\"timestamp\": 20, \"input_length\": 600, \"output_length\": 4, \"hash_ids\": [1, 3]}\n",
     )
     .unwrap();
     let o = sim(&["--trace", p.to_str().unwrap()]);
     assert!(!o.status.success());
     assert!(text(&o).contains("line 2"), "{}", text(&o));
-    let o = sim(&["--dataset", "sharegpt"]);
-    assert!(!o.status.success());
-    assert!(text(&o).contains("not simulated yet"), "{}", text(&o));
+    let out = dir.path().join("out");
+    let o = sim(&[
+        "--trace",
+        p.to_str().unwrap(),
+        "--skip-bad-lines",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("skipped 1 malformed trace line (--skip-bad-lines): line 2:"),
+        "{}",
+        text(&o)
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report[0]["workload"]["skipped_lines"], 1, "{report}");
+    assert_eq!(report[0]["requests"], 2, "{report}");
+}
+
+/// A chat workload (ShareGPT's format) is rendered through the model's chat template and
+/// tokenizer, as the gateway renders it: a conversation's second turn repeats its first
+/// (system, user, answer), so it hits the prefix cache.
+#[test]
+fn a_chat_workload_is_rendered_through_the_chat_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("sharegpt.json");
+    let conv = |i: usize| {
+        serde_json::json!({
+            "id": format!("c{i}"),
+            "conversations": [
+                {"from": "human", "value": format!("Conversation {i}: tell me about sailing ships and how their rigging works, in detail, please.")},
+                {"from": "gpt", "value": "Square rig, fore-and-aft rig, stays and shrouds hold the masts; halyards raise the sails and sheets trim them."},
+                {"from": "human", "value": "And the flotilla?"},
+                {"from": "gpt", "value": "A small fleet of ships sailing together."},
+            ]
+        })
+    };
+    let data = serde_json::Value::Array((0..4).map(conv).collect());
+    std::fs::write(&p, data.to_string()).unwrap();
+    let out = dir.path().join("out");
+    let o = sim(&[
+        "--dataset",
+        "sharegpt",
+        "--dataset-path",
+        p.to_str().unwrap(),
+        "--workers",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report[0]["requests"], 8, "{report}");
+    assert_eq!(report[0]["errors"], 0, "{report}");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(out.join("requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for session in 0..4 {
+        let turn = |k: u64| {
+            lines
+                .iter()
+                .find(|r| r["session"] == session && r["turn"] == k)
+                .unwrap_or_else(|| panic!("session {session} turn {k}: {lines:?}"))
+        };
+        let (first, second) = (turn(0), turn(1));
+        // The template's role markers and the salted system message come with the text.
+        assert!(first["prompt_tokens"].as_u64().unwrap() > 30, "{first}");
+        assert!(
+            second["prompt_tokens"].as_u64() > first["prompt_tokens"].as_u64(),
+            "{first} {second}"
+        );
+        assert!(second["cached_tokens"].as_u64().unwrap() >= 16, "{second}");
+    }
+}
+
+/// Faults drawn at a rate from the seed: the same seed, the same faults and bytes; every
+/// request still ends exactly once, and the sweep's kills grow with the rate.
+#[test]
+fn faults_at_rates_repeat_from_the_seed_and_nothing_is_lost() {
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    for d in &dirs {
+        let o = sim(&[
+            "--dataset",
+            "mooncake-conversation",
+            "--max-requests",
+            "300",
+            "--speedup",
+            "10",
+            "--workers",
+            "6",
+            "--restart-ms",
+            "500",
+            "--hang-rate",
+            "20:1",
+            "--slow-rate",
+            "20:2:30",
+            "--drop-kv-events-rate",
+            "120:5",
+            "--compare",
+            "kill_rate=0,600",
+            "--out",
+            d.path().to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(
+            text(&o).contains("faults drawn at the given rates"),
+            "{}",
+            text(&o)
+        );
+    }
+    for file in ["report.json", "requests.jsonl", "fleet_events.jsonl"] {
+        let a = std::fs::read(dirs[0].path().join(file)).unwrap();
+        let b = std::fs::read(dirs[1].path().join(file)).unwrap();
+        assert!(a == b, "{file} differs between two runs");
+    }
+    let sim: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dirs[0].path().join("sim.json")).unwrap()).unwrap();
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dirs[0].path().join("report.json")).unwrap())
+            .unwrap();
+    assert_eq!(sim[0]["counters"]["kills"], 0, "{sim}");
+    assert!(sim[1]["counters"]["kills"].as_u64().unwrap() >= 3, "{sim}");
+    assert!(
+        sim[1]["counters"]["migrations"].as_u64().unwrap() >= 1,
+        "{sim}"
+    );
+    for (run, r) in sim.as_array().unwrap().iter().enumerate() {
+        assert_eq!(r["leftovers"]["unfinished"], 0, "{r}");
+        assert_eq!(r["leftovers"]["pinned_blocks"], 0, "{r}");
+        assert_eq!(report[run]["requests"], 300, "{report}");
+    }
 }
 
 #[test]

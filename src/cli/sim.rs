@@ -17,7 +17,8 @@
 //! `--config` file. `--compare KEY=V1,V2,…` runs the workload once per value of any
 //! configuration key, or of `workers`. The token ids of prompts are those `flotilla bench`
 //! sends (the same `--salt` gives the same prompts; the default salt here is 0, not random, so
-//! that runs repeat). Chat workloads (`sharegpt`) are not simulated yet: their prompts are text.
+//! that runs repeat). A chat workload (`--dataset sharegpt`) is rendered through the model's
+//! chat template and tokenizer, as the gateway renders it (`--model`).
 //!
 //! **Faults**: `--kill AT_S:WORKER` (repeatable) kills worker `WORKER` (0-based, in the order
 //! aggregated, prefill, decode) at `AT_S` seconds of simulated time; it restarts after
@@ -26,6 +27,10 @@
 //! down and it restarts), `--slow FROM_S-UNTIL_S:WORKER:DELAY_MS` delays each of its steps
 //! (chaos `hang` and `slow`). `--drop-kv-events FROM_S-UNTIL_S` drops every KV event
 //! batch in that window (the router's index goes stale, as with the chaos `drop_kv_events`).
+//! **At rates**, drawn from `--seed` over the arrivals' span ([`FaultRates`]):
+//! `--kill-rate PER_WORKER_HOUR`, `--hang-rate PER_WORKER_HOUR:DURATION_S`, `--slow-rate
+//! PER_WORKER_HOUR:DURATION_S:DELAY_MS`, `--drop-kv-events-rate PER_HOUR:DURATION_S`;
+//! `--compare kill_rate=0,6,60` sweeps the kill rate.
 //!
 //! **Planner**: `--planner on` puts the planner in the loop (`planner.*` settings; the fleet
 //! flags give each pool's starting size; a scale-up takes `--cold-start-ms`), `oracle` gives
@@ -53,6 +58,7 @@ use anyhow::{Context, bail, ensure};
 use figment::Figment;
 use figment::providers::Serialized;
 
+use crate::cli::bench::driver::chat_salt_prefix;
 use crate::cli::bench::metrics::{self, RequestResult, RunContext, Slo};
 use crate::cli::bench::workload::{Prompt, Workload};
 use crate::cli::bench::{
@@ -60,11 +66,14 @@ use crate::cli::bench::{
     write_outputs,
 };
 use crate::control::planner::cost_per_million_in_slo;
+use crate::model::chat_template::ChatMessage;
 use crate::node::config::Config;
+use crate::request_plane::frontend::Frontend;
 use crate::runtime::role::Role;
 use crate::sim::world::{MAX_SIM_S, SimPlannerKind, SimPlannerSpec, sim_time, static_peak};
 use crate::sim::{
-    Arrivals, ModelFacts, SimFault, SimFleet, SimOutcome, SimRecord, SimSpec, SimTurn, SimWorkload,
+    Arrivals, FaultRates, ModelFacts, SimFault, SimFleet, SimOutcome, SimRecord, SimSpec, SimTurn,
+    SimWorkload,
 };
 use crate::worker::engine::sim::SimProfile;
 
@@ -121,6 +130,22 @@ pub struct SimArgs {
     /// Drop every KV event batch between FROM_S and UNTIL_S seconds: `FROM_S-UNTIL_S`.
     #[arg(long, value_name = "FROM_S-UNTIL_S")]
     pub drop_kv_events: Option<String>,
+    /// Kill random workers at this rate, per worker-hour (6: each worker every 10 minutes
+    /// on average); a Poisson process over the arrivals' span, drawn from `--seed`.
+    #[arg(long, value_name = "PER_WORKER_HOUR", default_value_t = 0.0)]
+    pub kill_rate: f64,
+    /// Hang random workers' engines at a rate, each for DURATION_S:
+    /// `PER_WORKER_HOUR:DURATION_S`.
+    #[arg(long, value_name = "PER_WORKER_HOUR:DURATION_S")]
+    pub hang_rate: Option<String>,
+    /// Slow random workers' engines at a rate, each for DURATION_S by DELAY_MS per step:
+    /// `PER_WORKER_HOUR:DURATION_S:DELAY_MS`.
+    #[arg(long, value_name = "PER_WORKER_HOUR:DURATION_S:DELAY_MS")]
+    pub slow_rate: Option<String>,
+    /// Drop the fleet's KV events in windows at a rate, each for DURATION_S:
+    /// `PER_HOUR:DURATION_S`.
+    #[arg(long, value_name = "PER_HOUR:DURATION_S")]
+    pub drop_kv_events_rate: Option<String>,
     /// The planner in the loop: `off` (the fleet keeps its size), `on` (as configured:
     /// `planner.*`, its mode act or advisory), `oracle` (it knows the coming load), `peak` (no
     /// planner: a static fleet the planner's capacity rule sizes for the workload's busiest
@@ -159,10 +184,67 @@ impl PlannerChoice {
     }
 }
 
-/// A `flotilla bench` workload as the simulator reads it: token-id prompts under one salt.
+/// A `flotilla bench` workload as the simulator reads it: token-id prompts under one salt;
+/// chat prompts (ShareGPT) rendered once, before the run, through the gateway's own
+/// [`Frontend::chat_ids`] (the model's chat template and tokenizer), with the same salted
+/// system message `flotilla bench` sends.
 pub struct BenchWorkload<'a> {
     pub workload: &'a Workload,
     pub salt: u64,
+    /// Chat turns' token ids, `[session][turn]` (empty for a token-id workload).
+    chat: Vec<Vec<Vec<u32>>>,
+}
+
+impl<'a> BenchWorkload<'a> {
+    /// The workload under `salt`; a chat workload needs the model's `frontend`.
+    ///
+    /// # Errors
+    /// A chat workload without a frontend, or a conversation the chat template rejects
+    /// (named).
+    pub fn new(
+        workload: &'a Workload,
+        salt: u64,
+        frontend: Option<&Frontend>,
+    ) -> anyhow::Result<Self> {
+        let chat_turns = workload
+            .sessions
+            .iter()
+            .flat_map(|s| &s.turns)
+            .any(|t| matches!(t.prompt, Prompt::Chat { .. }));
+        let mut chat = Vec::new();
+        if chat_turns {
+            let frontend = frontend.context("a chat workload needs the model's chat template")?;
+            let prefix = chat_salt_prefix(salt);
+            for (i, s) in workload.sessions.iter().enumerate() {
+                let mut turns = Vec::with_capacity(s.turns.len());
+                for (k, t) in s.turns.iter().enumerate() {
+                    let ids = match &t.prompt {
+                        Prompt::Chat { conv, turn } => {
+                            let msgs: Vec<ChatMessage> = conv
+                                .messages(*turn, &prefix)
+                                .into_iter()
+                                .map(|(role, content)| ChatMessage {
+                                    role: role.to_owned(),
+                                    content,
+                                })
+                                .collect();
+                            frontend.chat_ids(&msgs).map_err(|e| {
+                                anyhow::anyhow!("session {i}, turn {k}: {}", e.message)
+                            })?
+                        }
+                        Prompt::Tokens(segs) => synth::token_ids(segs, salt),
+                    };
+                    turns.push(ids);
+                }
+                chat.push(turns);
+            }
+        }
+        Ok(Self {
+            workload,
+            salt,
+            chat,
+        })
+    }
 }
 
 impl SimWorkload for BenchWorkload<'_> {
@@ -176,32 +258,17 @@ impl SimWorkload for BenchWorkload<'_> {
 
     fn turn(&self, i: usize, k: usize) -> SimTurn {
         let t = &self.workload.sessions[i].turns[k];
-        let prompt = match &t.prompt {
-            Prompt::Tokens(segs) => synth::token_ids(segs, self.salt),
-            // Refused before the run (`check_token_prompts`).
-            Prompt::Chat { .. } => Vec::new(),
+        let prompt = match (&t.prompt, self.chat.get(i).and_then(|s| s.get(k))) {
+            (_, Some(ids)) => ids.clone(),
+            (Prompt::Tokens(segs), None) => synth::token_ids(segs, self.salt),
+            // `new` renders every chat turn.
+            (Prompt::Chat { .. }, None) => Vec::new(),
         };
         SimTurn {
             prompt,
             max_tokens: t.max_tokens,
         }
     }
-}
-
-fn check_token_prompts(w: &Workload) -> anyhow::Result<()> {
-    let chat = w
-        .sessions
-        .iter()
-        .flat_map(|s| &s.turns)
-        .any(|t| matches!(t.prompt, Prompt::Chat { .. }));
-    ensure!(
-        !chat,
-        "workload {}: chat prompts (sharegpt) are not simulated yet; use a token-id workload \
-         (--dataset mooncake-conversation, mooncake-synthetic, azure-conv, azure-code, \
-         synthetic-sessions, or --trace)",
-        w.name
-    );
-    Ok(())
 }
 
 /// `--kill`, `--hang`, `--slow` and `--drop-kv-events`.
@@ -283,6 +350,66 @@ pub fn parse_faults(a: &SimArgs) -> anyhow::Result<Vec<SimFault>> {
     Ok(out)
 }
 
+/// `--kill-rate`, `--hang-rate`, `--slow-rate` and `--drop-kv-events-rate`.
+///
+/// # Errors
+/// A malformed value, named.
+pub fn parse_rates(a: &SimArgs) -> anyhow::Result<FaultRates> {
+    let rate = |flag: &str, v: &str| -> anyhow::Result<f64> {
+        let r: f64 = v
+            .trim()
+            .parse()
+            .with_context(|| format!("{flag}: {v:?} is not a rate"))?;
+        ensure!(
+            r.is_finite() && r >= 0.0,
+            "{flag}: {v:?} must be a finite rate ≥ 0"
+        );
+        Ok(r)
+    };
+    let span = |flag: &str, v: &str, unit_s: f64| -> anyhow::Result<Duration> {
+        let x: f64 = v
+            .trim()
+            .parse()
+            .with_context(|| format!("{flag}: {v:?} is not a number"))?;
+        sim_time(x * unit_s).with_context(|| format!("{flag}: {v:?} is out of range"))
+    };
+    let window = |flag: &str, v: &str| -> anyhow::Result<(f64, Duration)> {
+        let (r, d) = v
+            .split_once(':')
+            .with_context(|| format!("{flag} {v}: expected RATE:DURATION_S, e.g. 6:10"))?;
+        let d = span(flag, d, 1.0)?;
+        ensure!(!d.is_zero(), "{flag} {v}: the duration must be > 0");
+        Ok((rate(flag, r)?, d))
+    };
+    let slow = match &a.slow_rate {
+        None => None,
+        Some(v) => {
+            let parts: Vec<&str> = v.split(':').collect();
+            let [r, d, ms] = parts[..] else {
+                bail!(
+                    "--slow-rate {v}: expected PER_WORKER_HOUR:DURATION_S:DELAY_MS, e.g. 6:10:50"
+                );
+            };
+            let (r, d) = window("--slow-rate", &format!("{r}:{d}"))?;
+            Some((r, d, span("--slow-rate", ms, 1e-3)?))
+        }
+    };
+    Ok(FaultRates {
+        kill: rate("--kill-rate", &a.kill_rate.to_string())?,
+        hang: a
+            .hang_rate
+            .as_deref()
+            .map(|v| window("--hang-rate", v))
+            .transpose()?,
+        slow,
+        drop_kv_events: a
+            .drop_kv_events_rate
+            .as_deref()
+            .map(|v| window("--drop-kv-events-rate", v))
+            .transpose()?,
+    })
+}
+
 /// One run of a `--compare` (or the only one): its label and what it changes.
 #[derive(Clone, Debug, PartialEq)]
 struct SimVariant {
@@ -290,6 +417,7 @@ struct SimVariant {
     set: Option<String>,
     workers: Option<usize>,
     planner: Option<PlannerChoice>,
+    kill_rate: Option<f64>,
 }
 
 fn variants(a: &SimArgs, name: &str) -> anyhow::Result<Vec<SimVariant>> {
@@ -299,6 +427,7 @@ fn variants(a: &SimArgs, name: &str) -> anyhow::Result<Vec<SimVariant>> {
             set: None,
             workers: None,
             planner: None,
+            kill_rate: None,
         }]);
     };
     let (key, values) = spec
@@ -329,6 +458,7 @@ fn variants(a: &SimArgs, name: &str) -> anyhow::Result<Vec<SimVariant>> {
                     set: None,
                     workers: Some(n),
                     planner: None,
+                    kill_rate: None,
                 })
             } else if key == "planner" {
                 let p = PlannerChoice::parse(v).with_context(|| format!("--compare {label}"))?;
@@ -337,6 +467,20 @@ fn variants(a: &SimArgs, name: &str) -> anyhow::Result<Vec<SimVariant>> {
                     set: None,
                     workers: None,
                     planner: Some(p),
+                    kill_rate: None,
+                })
+            } else if key == "kill_rate" {
+                let r: f64 = v
+                    .parse()
+                    .ok()
+                    .filter(|r: &f64| r.is_finite() && *r >= 0.0)
+                    .with_context(|| format!("--compare {label}: not a rate ≥ 0"))?;
+                Ok(SimVariant {
+                    label,
+                    set: None,
+                    workers: None,
+                    planner: None,
+                    kill_rate: Some(r),
                 })
             } else {
                 Ok(SimVariant {
@@ -344,6 +488,7 @@ fn variants(a: &SimArgs, name: &str) -> anyhow::Result<Vec<SimVariant>> {
                     label,
                     workers: None,
                     planner: None,
+                    kill_rate: None,
                 })
             }
         })
@@ -603,19 +748,13 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
             .with_context(|| format!("--out {}: cannot create the folder", dir.display()))?;
     }
     let faults = parse_faults(&a)?;
-    ensure!(
-        a.workload.dataset != Some(crate::cli::bench::Dataset::Sharegpt),
-        "--dataset sharegpt: chat prompts are not simulated yet; use a token-id workload \
-         (--dataset mooncake-conversation, mooncake-synthetic, azure-conv, azure-code, \
-         synthetic-sessions, or --trace)"
-    );
+    let rates = parse_rates(&a)?;
     let workload = load_workload(&a.workload)?;
     ensure!(
         workload.requests() > 0,
         "the workload {} is empty",
         workload.name
     );
-    check_token_prompts(&workload)?;
     let (offsets, ideal_table) = arrival_plan(&a.workload, &workload)?;
     let ideal = workload::ideal_rate(&ideal_table);
     let info = workload.info();
@@ -629,18 +768,27 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
         Some(o) => Arrivals::Open(o.clone()),
         None => Arrivals::Closed(a.workload.concurrency),
     };
-    let input = BenchWorkload {
-        workload: &workload,
-        salt,
+    let frontend = if a.workload.dataset == Some(crate::cli::bench::Dataset::Sharegpt) {
+        let config = load_config(&a, None)?;
+        let path = crate::model::resolve_model_path(config.worker.model_path.as_deref())?;
+        Some(Frontend::load(&path, usize::MAX).context("the model's chat template")?)
+    } else {
+        None
     };
+    let input = BenchWorkload::new(&workload, salt, frontend.as_ref())?;
 
     // Check every run's configuration and fleet before the first one starts.
     let variants = variants(&a, &workload.name)?;
     let mut specs = Vec::with_capacity(variants.len());
+    let mut run_faults = Vec::with_capacity(variants.len());
     for v in &variants {
         let config =
             load_config(&a, v.set.as_deref()).with_context(|| format!("run {}", v.label))?;
         let choice = v.planner.unwrap_or(a.planner);
+        let rates = FaultRates {
+            kill: v.kill_rate.unwrap_or(rates.kill),
+            ..rates
+        };
         if choice != PlannerChoice::Off {
             ensure!(
                 offsets.is_some(),
@@ -650,6 +798,27 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
             );
         }
         let mut s = spec(&a, config, v.workers, choice, &faults)?;
+        let mut these = faults.clone();
+        if rates.any() {
+            let Some(o) = &offsets else {
+                bail!(
+                    "fault rates are drawn over the arrivals' span: they need open-loop \
+                     arrivals (a trace, or --arrival poisson/gamma)"
+                );
+            };
+            let horizon = o.iter().copied().fold(0.0, f64::max);
+            let horizon = sim_time(horizon).context("the arrivals' span")?;
+            // The initial fleet (a planner's spare slots are not struck).
+            let drawn = rates.draw(s.workers + s.prefill + s.decode, horizon, a.workload.seed);
+            eprintln!(
+                "[{}] {} faults drawn at the given rates over {:.0} s",
+                v.label,
+                drawn.len(),
+                horizon.as_secs_f64()
+            );
+            these.extend(drawn);
+        }
+        run_faults.push(these);
         if choice == PlannerChoice::Peak
             && let (Some(p), Some(o)) = (s.planner.take(), &offsets)
         {
@@ -676,7 +845,7 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
     let mut events = String::new();
     let mut decisions = String::new();
     let mut plans: Vec<PlanSummary> = Vec::new();
-    for (v, spec) in variants.iter().zip(specs) {
+    for ((v, spec), faults) in variants.iter().zip(specs).zip(run_faults) {
         let (w, p, d) = (spec.workers, spec.prefill, spec.decode);
         let planner_cfg = spec.config.planner.clone();
         let planned = spec.planner.is_some();

@@ -80,13 +80,6 @@ impl Frontend {
         };
         match &req.input {
             Input::Chat(messages) => {
-                let template = self.template.as_ref().ok_or_else(|| {
-                    ApiError::new(
-                        ErrorKind::InvalidRequest,
-                        "this model has no chat template; use /v1/completions",
-                    )
-                    .param("messages")
-                })?;
                 let msgs: Vec<ChatMessage> = messages
                     .iter()
                     .map(|m| ChatMessage {
@@ -97,16 +90,7 @@ impl Frontend {
                         content: m.content.clone(),
                     })
                     .collect();
-                let text = template.render(&msgs, true).map_err(|e| {
-                    ApiError::new(
-                        ErrorKind::InvalidRequest,
-                        format!("the chat template rejected the messages: {e}"),
-                    )
-                    .param("messages")
-                })?;
-                self.tokenizer
-                    .encode(&text)
-                    .map_err(|e| internal(e.to_string()))
+                self.chat_ids(&msgs)
             }
             Input::Text(text) => self
                 .tokenizer
@@ -126,6 +110,36 @@ impl Frontend {
                 Ok(ids.clone())
             }
         }
+    }
+
+    /// A chat's token ids: the messages through the model's chat template (with the
+    /// generation prompt), then the tokenizer — what the gateway places and the workers
+    /// prefill for `/v1/chat/completions` (the simulator reads chat workloads through it too).
+    ///
+    /// # Errors
+    /// As [`Self::prompt_ids`] for chat messages.
+    pub fn chat_ids(&self, msgs: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
+        let template = self.template.as_ref().ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::InvalidRequest,
+                "this model has no chat template; use /v1/completions",
+            )
+            .param("messages")
+        })?;
+        let text = template.render(msgs, true).map_err(|e| {
+            ApiError::new(
+                ErrorKind::InvalidRequest,
+                format!("the chat template rejected the messages: {e}"),
+            )
+            .param("messages")
+        })?;
+        self.tokenizer.encode(&text).map_err(|e| {
+            tracing::error!(error = %e, "tokenization failed");
+            ApiError::new(
+                ErrorKind::Internal,
+                "internal error while tokenizing the prompt",
+            )
+        })
     }
 
     /// `GET /v1/models` entry of the served model.

@@ -29,13 +29,13 @@
 //!   than [`REUSE_TOKENS`] tokens (the workload's own sharing, `workload::Workload::ideal_cached`)
 //!   and the others: count and mean TTFT of each. This is where KV-aware routing pays.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::workload::WorkloadInfo;
 use crate::cli::client::{StreamOutcome, percentile};
 
-/// What one request gave.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+/// What one request gave (a line of `requests.jsonl`, read back by `flotilla plot`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RequestResult {
     /// Its session (index in the workload) and turn.
     pub session: usize,

@@ -172,6 +172,10 @@ pub struct WorkloadArgs {
     /// last one cut).
     #[arg(long)]
     pub max_requests: Option<usize>,
+    /// Skip a malformed trace line (counted: `skipped_lines` in `report.json`, the first few
+    /// printed) instead of stopping on it.
+    #[arg(long)]
+    pub skip_bad_lines: bool,
     /// How sessions arrive [default: `trace` when the workload has timestamps, else `poisson`].
     #[arg(long, value_enum)]
     pub arrival: Option<ArrivalKind>,
@@ -305,6 +309,7 @@ pub fn validate(a: &WorkloadArgs) -> anyhow::Result<()> {
 fn load_dataset_trace(
     file: &str,
     dir: Option<&Path>,
+    bad: &mut trace::BadLines,
 ) -> anyhow::Result<(trace::TraceFormat, Vec<trace::TraceRecord>)> {
     let Some(dir) = dir else {
         return trace::load_bundled(file);
@@ -312,7 +317,7 @@ fn load_dataset_trace(
     let plain = dir.join(file);
     let gz = dir.join(format!("{file}.gz"));
     match [&plain, &gz].into_iter().find(|p| p.exists()) {
-        Some(p) => trace::load(p),
+        Some(p) => trace::load(p, bad),
         None => bail!(
             "--traces-dir: neither {} nor {} exists (leave out --traces-dir to use the bundled \
              trace)",
@@ -332,19 +337,28 @@ pub fn load_workload(a: &WorkloadArgs) -> anyhow::Result<Workload> {
         max_output: a.max_output_tokens,
     };
     let limit = a.max_requests.unwrap_or(usize::MAX);
+    let mut bad = trace::BadLines {
+        skip: a.skip_bad_lines,
+        skipped: Vec::new(),
+    };
     let loaded = match (&a.trace, a.dataset) {
-        (Some(p), _) => Some((trace::trace_name(p), trace::load(p)?)),
+        (Some(p), _) => Some((trace::trace_name(p), trace::load(p, &mut bad)?)),
         (None, Some(d)) => match d.trace_file() {
             Some(f) => Some((
                 trace::trace_name(Path::new(f)),
-                load_dataset_trace(f, a.traces_dir.as_deref())?,
+                load_dataset_trace(f, a.traces_dir.as_deref(), &mut bad)?,
             )),
             None => None,
         },
         (None, None) => bail!("give --trace FILE or --dataset NAME"),
     };
     if let Some((name, (format, records))) = loaded {
-        return Ok(workload::from_trace(&name, format, &records, caps, limit));
+        if let Some(line) = bad.summary() {
+            eprintln!("{line}");
+        }
+        let mut w = workload::from_trace(&name, format, &records, caps, limit);
+        w.adjustments.skipped_lines = bad.skipped.len();
+        return Ok(w);
     }
     match a.dataset {
         Some(Dataset::Sharegpt) => {
@@ -443,6 +457,12 @@ pub fn describe_workload(w: &Workload, ideal: f64, a: &WorkloadArgs, salt: u64) 
         100.0 * ideal,
         workload::SERVER_BLOCK,
     );
+    if adj.skipped_lines > 0 {
+        s.push_str(&format!(
+            "; {} malformed trace lines skipped",
+            adj.skipped_lines
+        ));
+    }
     if let Some(r) = w.trace_block_hit_rate {
         s.push_str(&format!(
             "; trace definition (512-token hash_id blocks seen before, uncapped): {:.1} %",

@@ -205,18 +205,24 @@ fn cdf_points(v: &[f64]) -> Vec<(f64, f64)> {
 
 /// One panel: axes, ticks, and one polyline per series, at horizontal offset `x0`.
 fn panel(out: &mut String, x0: f64, title: &str, series: &[(&str, &[f64])]) {
+    cdf_panel(out, x0, 0.0, title, series);
+}
+
+/// A CDF panel at (`x0`, `y0`).
+fn cdf_panel(out: &mut String, x0: f64, y0: f64, title: &str, series: &[(&str, &[f64])]) {
     let xmax = series
         .iter()
         .flat_map(|(_, v)| v.iter().copied())
         .filter(|x| x.is_finite())
         .fold(0.0_f64, f64::max)
         .max(1.0);
-    let (left, top) = (x0 + MARGIN_L, MARGIN_T);
+    let (left, top) = (x0 + MARGIN_L, y0 + MARGIN_T);
     let bottom = top + PLOT_H;
     let _ = writeln!(
         out,
-        r#"<text x="{:.1}" y="18" font-size="13" text-anchor="middle">{}</text>"#,
+        r#"<text x="{:.1}" y="{:.1}" font-size="13" text-anchor="middle">{}</text>"#,
         left + PLOT_W / 2.0,
+        y0 + 18.0,
         xml_escape(title)
     );
     let _ = writeln!(
@@ -260,6 +266,196 @@ fn panel(out: &mut String, x0: f64, title: &str, series: &[(&str, &[f64])]) {
             xml_escape(label)
         );
     }
+}
+
+/// One run of a side-by-side plot ([`side_by_side_svg`]): its successful requests' TTFTs and
+/// inter-token latencies (ms), and the requests in flight over time (s from the run's first
+/// send, count), a step function sampled at most [`MAX_POINTS`] times.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PlotSeries {
+    pub ttft_ms: Vec<f64>,
+    pub itl_ms: Vec<f64>,
+    pub in_flight: Vec<(f64, f64)>,
+}
+
+impl PlotSeries {
+    /// From a run's requests (`requests.jsonl` lines): each one in flight from its send to its
+    /// end (`sent_s` + `e2e_ms`), failed ones too.
+    pub fn of(results: &[super::metrics::RequestResult]) -> Self {
+        let ok = results.iter().filter(|r| r.ok);
+        let ttft_ms = ok.clone().filter_map(|r| r.ttft_ms).collect();
+        let itl_ms = ok.flat_map(|r| r.itl_ms.iter().copied()).collect();
+        // +1 at each send, −1 at each end; ends before sends at equal times.
+        let mut edges: Vec<(f64, i64)> = results
+            .iter()
+            .flat_map(|r| [(r.sent_s, 1), (r.sent_s + r.e2e_ms / 1000.0, -1)])
+            .filter(|(t, _)| t.is_finite())
+            .collect();
+        edges.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let (Some(first), Some(last)) = (edges.first(), edges.last()) else {
+            return Self {
+                ttft_ms,
+                itl_ms,
+                in_flight: Vec::new(),
+            };
+        };
+        let (t0, t1) = (first.0, last.0);
+        let mut in_flight = Vec::with_capacity(MAX_POINTS + 1);
+        let (mut n, mut k) = (0i64, 0usize);
+        for i in 0..=MAX_POINTS {
+            let t = t0 + (t1 - t0) * i as f64 / MAX_POINTS as f64;
+            // The most in flight since the previous sample, so that short peaks show.
+            let mut peak = n;
+            while k < edges.len() && edges[k].0 <= t {
+                n += edges[k].1;
+                peak = peak.max(n);
+                k += 1;
+            }
+            in_flight.push((t - t0, peak as f64));
+        }
+        Self {
+            ttft_ms,
+            itl_ms,
+            in_flight,
+        }
+    }
+}
+
+/// A line panel at (`x0`, `y0`): `(x, y)` series from 0 to their largest values.
+fn line_panel(
+    out: &mut String,
+    (x0, y0): (f64, f64),
+    title: &str,
+    (x_unit, y_unit): (&str, &str),
+    series: &[(&str, &[(f64, f64)])],
+) {
+    let max = |f: fn(&(f64, f64)) -> f64| {
+        series
+            .iter()
+            .flat_map(|(_, v)| v.iter().map(f))
+            .filter(|x| x.is_finite())
+            .fold(0.0_f64, f64::max)
+            .max(1.0)
+    };
+    let (xmax, ymax) = (max(|p| p.0), max(|p| p.1));
+    let (left, top) = (x0 + MARGIN_L, y0 + MARGIN_T);
+    let bottom = top + PLOT_H;
+    let _ = writeln!(
+        out,
+        r#"<text x="{:.1}" y="{:.1}" font-size="13" text-anchor="middle">{}</text>"#,
+        left + PLOT_W / 2.0,
+        y0 + 18.0,
+        xml_escape(title)
+    );
+    let _ = writeln!(
+        out,
+        r##"<rect x="{left:.1}" y="{top:.1}" width="{PLOT_W:.1}" height="{PLOT_H:.1}" fill="none" stroke="#888"/>"##
+    );
+    for i in 0..=4 {
+        let f = f64::from(i) / 4.0;
+        let _ = writeln!(
+            out,
+            r#"<text x="{:.1}" y="{:.1}" font-size="10" text-anchor="end">{:.0}</text>"#,
+            left - 4.0,
+            bottom - f * PLOT_H + 3.0,
+            f * ymax
+        );
+        let _ = writeln!(
+            out,
+            r#"<text x="{:.1}" y="{:.1}" font-size="10" text-anchor="middle">{:.0}</text>"#,
+            left + f * PLOT_W,
+            bottom + 14.0,
+            f * xmax
+        );
+    }
+    let _ = writeln!(
+        out,
+        r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle">{}</text>"#,
+        left + PLOT_W / 2.0,
+        bottom + 32.0,
+        xml_escape(x_unit)
+    );
+    let _ = writeln!(
+        out,
+        r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="start">{}</text>"#,
+        left + 4.0,
+        top + 12.0,
+        xml_escape(y_unit)
+    );
+    for (k, (label, v)) in series.iter().enumerate() {
+        let pts: Vec<String> = v
+            .iter()
+            .filter(|(x, y)| x.is_finite() && y.is_finite())
+            .map(|&(x, y)| {
+                format!(
+                    "{:.1},{:.1}",
+                    left + x / xmax * PLOT_W,
+                    bottom - y / ymax * PLOT_H
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            r#"<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"><title>{}</title></polyline>"#,
+            COLOURS[k % COLOURS.len()],
+            pts.join(" "),
+            xml_escape(label)
+        );
+    }
+}
+
+/// Runs side by side (a live run and a simulated one, say), one SVG of four panels: the CDFs
+/// of TTFT and of inter-token latency (x: ms, linear from 0 to the largest sample; y:
+/// fraction), the requests in flight over time (x: s from each run's first send), and a
+/// legend. `flotilla plot` draws it from `--out` folders.
+pub fn side_by_side_svg(runs: &[(String, PlotSeries)]) -> String {
+    // The legend fills the fourth quadrant (and below it, for many runs).
+    let legend_top = PANEL_H + MARGIN_T + 10.0;
+    let (w, h) = (
+        2.0 * PANEL_W,
+        (2.0 * PANEL_H).max(legend_top + 18.0 * runs.len() as f64 + 10.0),
+    );
+    let mut out = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0}" height="{h:.0}" viewBox="0 0 {w:.0} {h:.0}" font-family="sans-serif">"#
+    );
+    out.push('\n');
+    let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let ttft: Vec<(&str, &[f64])> = runs
+        .iter()
+        .map(|(l, s)| (l.as_str(), s.ttft_ms.as_slice()))
+        .collect();
+    let itl: Vec<(&str, &[f64])> = runs
+        .iter()
+        .map(|(l, s)| (l.as_str(), s.itl_ms.as_slice()))
+        .collect();
+    let flight: Vec<(&str, &[(f64, f64)])> = runs
+        .iter()
+        .map(|(l, s)| (l.as_str(), s.in_flight.as_slice()))
+        .collect();
+    cdf_panel(&mut out, 0.0, 0.0, "TTFT CDF", &ttft);
+    cdf_panel(&mut out, PANEL_W, 0.0, "Inter-token latency CDF", &itl);
+    line_panel(
+        &mut out,
+        (0.0, PANEL_H),
+        "Requests in flight",
+        ("s from the first request", "requests"),
+        &flight,
+    );
+    for (k, (label, _)) in runs.iter().enumerate() {
+        let y = legend_top + 18.0 * k as f64;
+        let colour = COLOURS[k % COLOURS.len()];
+        let _ = writeln!(
+            out,
+            r#"<line x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{colour}" stroke-width="3"/><text x="{:.1}" y="{:.1}" font-size="12">{}</text>"#,
+            PANEL_W + MARGIN_L,
+            PANEL_W + MARGIN_L + 24.0,
+            PANEL_W + MARGIN_L + 30.0,
+            y + 4.0,
+            xml_escape(label)
+        );
+    }
+    out.push_str("</svg>\n");
+    out
 }
 
 /// An SVG with two panels, the CDFs of TTFT and of end-to-end latency (x: ms, linear from 0

@@ -77,11 +77,11 @@ pub const BUNDLED: [(&str, &[u8]); 4] = [
 ///
 /// # Errors
 /// `path` cannot be read, decompressed or parsed (see [`parse_mooncake`],
-/// [`parse_azure`]).
-pub fn load(path: &Path) -> anyhow::Result<(TraceFormat, Vec<TraceRecord>)> {
+/// [`parse_azure`]; `bad` says whether a malformed line stops it).
+pub fn load(path: &Path, bad: &mut BadLines) -> anyhow::Result<(TraceFormat, Vec<TraceRecord>)> {
     let bytes =
         std::fs::read(path).with_context(|| format!("cannot read trace {}", path.display()))?;
-    parse_file(path, &bytes).with_context(|| format!("trace {}", path.display()))
+    parse_file(path, &bytes, bad).with_context(|| format!("trace {}", path.display()))
 }
 
 /// The bundled trace `file` (a name of [`BUNDLED`], e.g. `azure_llm_2023_conv.csv`).
@@ -93,12 +93,20 @@ pub fn load_bundled(file: &str) -> anyhow::Result<(TraceFormat, Vec<TraceRecord>
         .iter()
         .find(|(name, _)| *name == file)
         .with_context(|| format!("no bundled trace named {file}"))?;
-    parse_file(Path::new(&format!("{name}.gz")), gz)
-        .with_context(|| format!("bundled trace {name}"))
+    parse_file(
+        Path::new(&format!("{name}.gz")),
+        gz,
+        &mut BadLines::default(),
+    )
+    .with_context(|| format!("bundled trace {name}"))
 }
 
 /// Parse the bytes of a trace file named `name` (gzip when it ends in `.gz`).
-fn parse_file(name: &Path, bytes: &[u8]) -> anyhow::Result<(TraceFormat, Vec<TraceRecord>)> {
+fn parse_file(
+    name: &Path,
+    bytes: &[u8],
+    bad: &mut BadLines,
+) -> anyhow::Result<(TraceFormat, Vec<TraceRecord>)> {
     let (name, text) = if name.extension().is_some_and(|e| e == "gz") {
         let mut text = String::new();
         flate2::read::GzDecoder::new(bytes)
@@ -111,8 +119,8 @@ fn parse_file(name: &Path, bytes: &[u8]) -> anyhow::Result<(TraceFormat, Vec<Tra
     };
     let format = detect_format(&name, &text);
     let records = match format {
-        TraceFormat::Mooncake => parse_mooncake(&text),
-        TraceFormat::Azure => parse_azure(&text),
+        TraceFormat::Mooncake => parse_mooncake(&text, bad),
+        TraceFormat::Azure => parse_azure(&text, bad),
     }?;
     Ok((format, records))
 }
@@ -140,18 +148,74 @@ struct MooncakeLine {
     hash_ids: Vec<u64>,
 }
 
+/// What a parser does with a malformed line: stop on it (the default), or skip and count it
+/// (`--skip-bad-lines`).
+#[derive(Debug, Default)]
+pub struct BadLines {
+    /// Skip malformed lines instead of stopping.
+    pub skip: bool,
+    /// The lines skipped, each with why (`line 7: …`), in file order.
+    pub skipped: Vec<String>,
+}
+
+impl BadLines {
+    /// Skip malformed lines, counting them.
+    pub fn skipping() -> Self {
+        Self {
+            skip: true,
+            skipped: Vec::new(),
+        }
+    }
+
+    /// A malformed line: `Ok` (recorded) when skipping, else the error.
+    fn bad(&mut self, e: anyhow::Error) -> anyhow::Result<()> {
+        if self.skip {
+            self.skipped.push(format!("{e:#}"));
+            Ok(())
+        } else {
+            Err(e)
+        }
+    }
+
+    /// One line for the operator: how many lines were skipped, and the first few.
+    pub fn summary(&self) -> Option<String> {
+        const SHOWN: usize = 3;
+        let n = self.skipped.len();
+        (n > 0).then(|| {
+            let first: Vec<&str> = self
+                .skipped
+                .iter()
+                .take(SHOWN)
+                .map(String::as_str)
+                .collect();
+            format!(
+                "skipped {n} malformed trace line{} (--skip-bad-lines): {}{}",
+                if n == 1 { "" } else { "s" },
+                first.join("; "),
+                if n > SHOWN { "; …" } else { "" }
+            )
+        })
+    }
+}
+
 /// Parse Mooncake JSONL (blank lines skipped); timestamps made relative to the first record.
 ///
 /// # Errors
-/// A non-blank line is not a Mooncake record (the error names the line).
-pub fn parse_mooncake(text: &str) -> anyhow::Result<Vec<TraceRecord>> {
+/// A non-blank line is not a Mooncake record (the error names the line), unless `bad` skips
+/// it.
+pub fn parse_mooncake(text: &str, bad: &mut BadLines) -> anyhow::Result<Vec<TraceRecord>> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let l: MooncakeLine =
-            serde_json::from_str(line).with_context(|| format!("line {}", i + 1))?;
+        let l: MooncakeLine = match serde_json::from_str(line) {
+            Ok(l) => l,
+            Err(e) => {
+                bad.bad(anyhow::Error::new(e).context(format!("line {}", i + 1)))?;
+                continue;
+            }
+        };
         out.push(TraceRecord {
             timestamp_ms: l.timestamp,
             input_tokens: l.input_length,
@@ -167,8 +231,9 @@ pub fn parse_mooncake(text: &str) -> anyhow::Result<Vec<TraceRecord>> {
 ///
 /// # Errors
 /// The CSV is empty or malformed, lacks one of the three columns, or a row has too
-/// few fields, a bad token count or a bad timestamp (the error names the line).
-pub fn parse_azure(text: &str) -> anyhow::Result<Vec<TraceRecord>> {
+/// few fields, a bad token count or a bad timestamp (the error names the line; `bad` may skip
+/// such a row).
+pub fn parse_azure(text: &str, bad: &mut BadLines) -> anyhow::Result<Vec<TraceRecord>> {
     let mut rd = csv::ReaderBuilder::new()
         .trim(csv::Trim::All)
         .flexible(true)
@@ -190,7 +255,13 @@ pub fn parse_azure(text: &str) -> anyhow::Result<Vec<TraceRecord>> {
     );
     let mut out = Vec::new();
     for row in rd.records() {
-        let row = row.context("CSV")?;
+        let row = match row {
+            Ok(row) => row,
+            Err(e) => {
+                bad.bad(anyhow::Error::new(e).context("CSV"))?;
+                continue;
+            }
+        };
         let line = row.position().map_or(0, |p| p.line());
         let field = |k: usize| {
             row.get(k)
@@ -201,13 +272,20 @@ pub fn parse_azure(text: &str) -> anyhow::Result<Vec<TraceRecord>> {
             s.parse()
                 .with_context(|| format!("line {line}: not a token count: {s}"))
         };
-        out.push(TraceRecord {
-            timestamp_ms: parse_datetime_s(field(ts)?).with_context(|| format!("line {line}"))?
-                * 1000.0,
-            input_tokens: num(ctx)?,
-            output_tokens: num(gen_col)?,
-            hash_ids: Vec::new(),
-        });
+        let record = || -> anyhow::Result<TraceRecord> {
+            Ok(TraceRecord {
+                timestamp_ms: parse_datetime_s(field(ts)?)
+                    .with_context(|| format!("line {line}"))?
+                    * 1000.0,
+                input_tokens: num(ctx)?,
+                output_tokens: num(gen_col)?,
+                hash_ids: Vec::new(),
+            })
+        };
+        match record() {
+            Ok(r) => out.push(r),
+            Err(e) => bad.bad(e)?,
+        }
     }
     rebase(&mut out);
     Ok(out)
@@ -249,14 +327,14 @@ mod tests {
 
 {"timestamp": 4000, "input_length": 12, "output_length": 1, "hash_ids": [0]}
 "#;
-        let r = parse_mooncake(text).unwrap();
+        let r = parse_mooncake(text, &mut BadLines::default()).unwrap();
         assert_eq!(r.len(), 2);
         assert_eq!(r[0].timestamp_ms, 0.0);
         assert_eq!(r[1].timestamp_ms, 3000.0);
         assert_eq!(r[0].input_tokens, 700);
         assert_eq!(r[0].hash_ids, vec![0, 1]);
         assert_eq!(r[1].output_tokens, 1);
-        let err = parse_mooncake("{\"timestamp\": 0}\n").unwrap_err();
+        let err = parse_mooncake("{\"timestamp\": 0}\n", &mut BadLines::default()).unwrap_err();
         assert!(format!("{err:#}").contains("line 1"), "{err:#}");
     }
 
@@ -266,7 +344,7 @@ mod tests {
                     2023-11-16 18:15:46.6805900,374,44\n\
                     2023-11-16 18:15:50.9951690,396,109\n\
                     2023-11-17 00:00:00,1,2\n";
-        let r = parse_azure(text).unwrap();
+        let r = parse_azure(text, &mut BadLines::default()).unwrap();
         assert_eq!(r.len(), 3);
         assert_eq!(r[0].timestamp_ms, 0.0);
         assert!(
@@ -278,8 +356,50 @@ mod tests {
         assert!((r[2].timestamp_ms - 20_653_319.41).abs() < 1e-2);
         assert_eq!((r[1].input_tokens, r[1].output_tokens), (396, 109));
         assert!(r[0].hash_ids.is_empty());
-        assert!(parse_azure("a,b\n1,2\n").is_err());
-        assert!(parse_azure("TIMESTAMP,ContextTokens,GeneratedTokens\nx,1,2\n").is_err());
+        assert!(parse_azure("a,b\n1,2\n", &mut BadLines::default()).is_err());
+        assert!(
+            parse_azure(
+                "TIMESTAMP,ContextTokens,GeneratedTokens\nx,1,2\n",
+                &mut BadLines::default()
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn bad_lines_stop_the_parse_or_are_skipped_and_counted() {
+        let text = "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1}\n\
+                    not json\n\
+                    {\"timestamp\": 10}\n\
+                    {\"timestamp\": 20, \"input_length\": 6, \"output_length\": 2}\n";
+        let err = parse_mooncake(text, &mut BadLines::default()).unwrap_err();
+        assert!(format!("{err:#}").starts_with("line 2:"), "{err:#}");
+        let mut bad = BadLines::skipping();
+        let r = parse_mooncake(text, &mut bad).unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[1].input_tokens, 6);
+        assert_eq!(bad.skipped.len(), 2);
+        assert!(bad.skipped[1].starts_with("line 3:"), "{:?}", bad.skipped);
+        let summary = bad.summary().unwrap();
+        assert!(
+            summary.starts_with("skipped 2 malformed trace lines"),
+            "{summary}"
+        );
+
+        let csv = "TIMESTAMP,ContextTokens,GeneratedTokens\n\
+                   2023-11-16 18:15:46,374,44\n\
+                   2023-11-16 18:15:47,x,44\n\
+                   2023-11-16 18:15:48\n\
+                   2023-11-16 18:15:49,3,4\n";
+        let err = parse_azure(csv, &mut BadLines::default()).unwrap_err();
+        assert!(format!("{err:#}").contains("line 3"), "{err:#}");
+        let mut bad = BadLines::skipping();
+        let r = parse_azure(csv, &mut bad).unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[1].timestamp_ms, 3000.0);
+        assert_eq!(bad.skipped.len(), 2, "{:?}", bad.skipped);
+        assert!(bad.skipped[1].contains("line 4"), "{:?}", bad.skipped);
+        assert_eq!(BadLines::skipping().summary(), None);
     }
 
     #[test]
@@ -328,15 +448,18 @@ mod tests {
         let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
         enc.write_all(text.as_bytes()).unwrap();
         std::fs::write(&gz, enc.finish().unwrap()).unwrap();
-        let a = load(&plain).unwrap();
-        let b = load(&gz).unwrap();
+        let a = load(&plain, &mut BadLines::default()).unwrap();
+        let b = load(&gz, &mut BadLines::default()).unwrap();
         assert_eq!(a, b);
         assert_eq!(a.0, TraceFormat::Mooncake);
         assert_eq!(a.1[0].hash_ids, vec![1, 2]);
         assert_eq!(trace_name(&gz), "t");
         assert_eq!(trace_name(&plain), "t");
         let missing = dir.path().join("missing.csv");
-        let e = format!("{:#}", load(&missing).unwrap_err());
+        let e = format!(
+            "{:#}",
+            load(&missing, &mut BadLines::default()).unwrap_err()
+        );
         assert!(e.contains(&missing.display().to_string()), "{e}");
     }
 }

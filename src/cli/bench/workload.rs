@@ -131,6 +131,8 @@ pub struct Adjustments {
     pub capped_outputs: usize,
     /// Session turns dropped because their prompt would exceed `--max-input-tokens`.
     pub dropped_turns: usize,
+    /// Malformed trace lines skipped (`--skip-bad-lines`).
+    pub skipped_lines: usize,
 }
 
 /// A workload ready to send.
@@ -654,7 +656,8 @@ mod tests {
             Adjustments {
                 truncated_inputs: 1,
                 capped_outputs: 1,
-                dropped_turns: 0
+                dropped_turns: 0,
+                skipped_lines: 0,
             }
         );
         assert!(w.has_timestamps());
