@@ -14,6 +14,8 @@
 # SETS (settings for both, space-separated KEY=VALUE), KILL_AT (a chaos run: seconds into the
 # replay, the live fleet's first worker replica is killed through the chaos API and the sim's
 # worker 0 with --kill; its replica restarts after RESTART_MS, 2000 by default, in the sim).
+# ENGINE=cpu runs the live fleet on the real model (the CPU engine) and the sim on PROFILE
+# (a `flotilla profile` output, required with it); NODES (3) sets the live fleet's processes.
 # Also draws both runs on one plot: $OUT/live_vs_sim.svg (flotilla plot).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,14 +36,19 @@ if [ -n "$PREFILL" ]; then
   FLEET_UP=(--prefill "$PREFILL" --decode "$DECODE"); FLEET_SIM=(--prefill "$PREFILL" --decode "$DECODE")
   TOTAL=$((PREFILL + DECODE))
 else
-  FLEET_UP=(--nodes 3 --workers "$WORKERS"); FLEET_SIM=(--workers "$WORKERS"); TOTAL=$WORKERS
+  FLEET_UP=(--nodes "${NODES:-3}" --workers "$WORKERS"); FLEET_SIM=(--workers "$WORKERS"); TOTAL=$WORKERS
+fi
+ENGINE=${ENGINE:-sim}; PROFILE_SIM=()
+if [ "$ENGINE" = cpu ]; then
+  [ -n "${PROFILE:-}" ] || { echo "ENGINE=cpu needs PROFILE=FILE (flotilla profile --out FILE)" >&2; exit 2; }
+  PROFILE_SIM=(--set "worker.sim_profile=$PROFILE")
 fi
 KILL_AT=${KILL_AT:-}; RESTART_MS=${RESTART_MS:-2000}
 CHAOS_UP=(); KILL_SIM=()
 if [ -n "$KILL_AT" ]; then
   CHAOS_UP=(--chaos); KILL_SIM=(--kill "$KILL_AT:0" --restart-ms "$RESTART_MS")
 fi
-"$BIN" up --engine sim "${FLEET_UP[@]}" "${CHAOS_UP[@]}" --http "$GW" "${SETS_ARGS[@]}" > "$OUT/up.log" 2>&1 &
+"$BIN" up --engine "$ENGINE" "${FLEET_UP[@]}" "${CHAOS_UP[@]}" --http "$GW" "${SETS_ARGS[@]}" > "$OUT/up.log" 2>&1 &
 UP=$!
 wait_fleet "$GW" "$TOTAL" "$OUT/up.log" 120
 KILLER=
@@ -59,7 +66,7 @@ fi
 "$BIN" bench --gateway "$GW" "${WORKLOAD[@]}" --out "$OUT/live" > "$OUT/live.log" 2>&1
 [ -z "$KILLER" ] || wait "$KILLER" || true
 stop_fleet
-"$BIN" sim "${FLEET_SIM[@]}" "${SETS_ARGS[@]}" "${KILL_SIM[@]}" "${WORKLOAD[@]}" --out "$OUT/sim" > "$OUT/sim.log" 2>&1
+"$BIN" sim "${FLEET_SIM[@]}" "${SETS_ARGS[@]}" "${PROFILE_SIM[@]}" "${KILL_SIM[@]}" "${WORKLOAD[@]}" --out "$OUT/sim" > "$OUT/sim.log" 2>&1
 "$BIN" plot "$OUT/live=live" "$OUT/sim=sim" --out "$OUT/live_vs_sim.svg" 2>/dev/null
 
 python3 - "$OUT/live/report.json" "$OUT/sim/report.json" <<'PY'

@@ -39,6 +39,12 @@
 //! spare replicas (taking requests after the cold start) or drain running ones
 //! (`WorkerCore::drain`). An oracle variant replaces the forecast with the workload's true
 //! coming load. Replica-seconds per pool are counted from each start to each retirement.
+//! A pool at zero scales from zero as the live one does: an admitted request that finds no
+//! worker while the planner acts waits at the gateway
+//! ([`waits_for_capacity`](crate::request_plane::admission::waits_for_capacity), counted in the
+//! gateway's `waiting_for_capacity`, which the planner reads) until a replica is up, or is
+//! refused (503, `cold_start`) after `gateway.cold_start_timeout_ms`; the wait is looked at
+//! once per heartbeat (the live gateway wakes on each published view).
 //!
 //! **Deterministic.** Events are handled in (time, order of scheduling); the clock starts at a
 //! fixed wall time ([`world::START_WALL_MS`]); nothing iterates a hash map where the order

@@ -38,6 +38,42 @@ use crate::request_plane::error::{RETRY_AFTER_S, ShedReason};
 use crate::runtime::ids::WorkerId;
 use std::collections::HashMap;
 
+/// Whether the fleet view shows a worker that may take requests.
+pub fn has_worker(nodes: &[NodeView]) -> bool {
+    nodes
+        .iter()
+        .filter(|n| n.state == NodeState::Up)
+        .flat_map(|n| &n.workers)
+        .any(|w| w.health.may_route())
+}
+
+/// Whether a planner that may bring a worker up is in the fleet: one publishing decisions in
+/// mode `act`, or a planner node that has not published its first decision yet (it starts
+/// within `planner.interval_s`; a request that finds it then waits, and stops waiting if it
+/// turns out advisory).
+pub fn planner_may_act(nodes: &[NodeView]) -> bool {
+    nodes
+        .iter()
+        .filter(|n| n.state == NodeState::Up)
+        .any(|n| match &n.planner {
+            Some(p) => p.mode == crate::control::planner::PlannerMode::Act,
+            None => n.roles.contains(&crate::runtime::role::NodeRole::Planner),
+        })
+}
+
+/// Scale from zero: whether an admitted request waits for a worker to start (at most
+/// `cold_start_timeout`, `gateway.cold_start_timeout_ms`) instead of going to the router
+/// now — when no worker serves the model and a planner that acts is in the fleet. Without
+/// such a planner a fleet with no worker refuses at once (case B15), as the router decides.
+/// The live gateway (`actors/gateway/serve.rs`) and the simulator ask this.
+pub fn waits_for_capacity(
+    nodes: &[NodeView],
+    planner_acts: bool,
+    cold_start_timeout: std::time::Duration,
+) -> bool {
+    planner_acts && !cold_start_timeout.is_zero() && !has_worker(nodes)
+}
+
 /// Most seconds a TTFT-target refusal asks the client to wait.
 pub const MAX_RETRY_AFTER_S: u64 = 60;
 

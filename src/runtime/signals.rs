@@ -207,6 +207,12 @@ impl GatewayCounters {
         CapacityWait(self)
     }
 
+    /// Set the count of requests waiting for a worker, for a caller that keeps its own
+    /// (the simulator, whose waits outlive any guard).
+    pub fn set_waiting_for_capacity(&self, n: u64) {
+        self.waiting_for_capacity.store(n, Ordering::Relaxed);
+    }
+
     /// A request of `prompt_tokens` arrived.
     pub fn arrived(&self, prompt_tokens: u64) {
         self.arrivals.fetch_add(1, Ordering::Relaxed);

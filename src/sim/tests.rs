@@ -266,6 +266,7 @@ fn the_simulator_shares_the_live_decision_code() {
         "c.scheduler_config(",
         "c.sim_transfer()",
         "config.migration_policy()",
+        "waits_for_capacity(",
     ] {
         assert!(
             src.contains(shared),
@@ -282,11 +283,17 @@ fn the_simulator_shares_the_live_decision_code() {
         "fn form_batch",
         "fn step_ms",
         "fn migrate",
+        "fn has_worker",
+        "fn planner_may_act",
         "impl Selector",
         "impl Policy",
     ] {
         assert!(!src.contains(own), "the simulator defines its own `{own}`");
     }
+    assert!(
+        include_str!("../actors/gateway/serve.rs").contains("waits_for_capacity("),
+        "the live gateway no longer asks waits_for_capacity"
+    );
     let live = include_str!("../supervisors/tree/args.rs");
     for shared in [
         "config.admission()",
@@ -587,4 +594,52 @@ fn a_kill_while_the_planner_resizes_the_fleet_loses_nothing() {
     );
     assert_conserved(&out, w.0.len());
     assert!(out.records.iter().filter(|r| r.ok).count() * 100 >= w.0.len() * 95);
+}
+
+/// Scale from zero in the simulator as in the live fleet: a pool the planner took to zero
+/// after an idle spell, then a request — it waits at the gateway (not refused) while the
+/// planner asks for a replica and the replica starts, then is served; with a cold-start
+/// timeout shorter than the cold start it is refused with 503 (`cold_start`), never lost.
+#[test]
+fn a_request_at_zero_waits_for_the_planner_to_start_a_replica() {
+    use crate::control::planner::PlannerMode;
+    let scaled_to_zero = |timeout_ms: u64| {
+        let mut s = planned(world::SimPlannerKind::Forecast, PlannerMode::Act);
+        s.config.planner.aggregated.min = 0;
+        s.config.planner.idle_to_zero_s = 5.0;
+        s.config.gateway.cold_start_timeout_ms = timeout_ms;
+        s
+    };
+    let w = Fixed(
+        (0..2)
+            .map(|i| {
+                vec![SimTurn {
+                    prompt: prompt(7 + i, 300),
+                    max_tokens: 16,
+                }]
+            })
+            .collect(),
+    );
+    // One request at 0 s, the next at 30 s: the pool is at zero by then.
+    let arrivals = Arrivals::Open(vec![0.0, 30.0]);
+    let out = run(scaled_to_zero(120_000), &w, arrivals.clone(), &[]);
+    assert_conserved(&out, 2);
+    assert!(out.records.iter().all(|r| r.ok), "{:?}", out.records);
+    assert_eq!(out.counters.shed, 0);
+    let (ups, downs) = ups_and_downs(&out);
+    assert!(downs >= 1 && ups >= 1, "ups {ups}, downs {downs}");
+    let late = out.records.iter().find(|r| r.session == 1).unwrap();
+    let ttft = late.ttft_ms.unwrap();
+    // The wait: up to one planner interval (1 s), then the 2 s cold start.
+    assert!((2_000.0..3_500.0).contains(&ttft), "TTFT at zero {ttft} ms");
+    let early = out.records.iter().find(|r| r.session == 0).unwrap();
+    assert!(early.ttft_ms.unwrap() < 500.0, "{early:?}");
+
+    let out = run(scaled_to_zero(1_000), &w, arrivals, &[]);
+    assert_conserved(&out, 2);
+    let late = out.records.iter().find(|r| r.session == 1).unwrap();
+    assert!(!late.ok);
+    let err = late.error.as_deref().unwrap_or_default();
+    assert!(err.starts_with("status 503"), "{err}");
+    assert_eq!(out.counters.shed, 1);
 }

@@ -24,8 +24,9 @@ use crate::control::planner::{
 };
 use crate::kv::{BlockPool, KvEvent};
 use crate::node::config::Config;
-use crate::request_plane::admission::{Admission, AdmissionVerdict};
+use crate::request_plane::admission::{Admission, AdmissionVerdict, waits_for_capacity};
 use crate::request_plane::error::RequestError;
+use crate::request_plane::error::ShedReason;
 use crate::request_plane::events::FleetEventKind;
 use crate::request_plane::protocol::{OwnerStatus, SubmitRequest, TokenEvent, TokenEventKind};
 use crate::request_plane::request::{RequestCore, RequestCoreConfig, RequestEffect};
@@ -377,6 +378,8 @@ enum Ev {
     Hang(usize, bool),
     /// The planner's interval.
     Plan,
+    /// Requests waiting for a worker to start (scale from zero) look at the view again.
+    CapacityCheck,
     /// Worker `.0`'s cold start (asked for in generation `.1`) is over: it boots.
     Ready(usize, u32),
 }
@@ -454,6 +457,16 @@ struct SimPlannerState {
     pools: Vec<Role>,
 }
 
+/// A request admitted while no worker served the model and a planner acts: it waits at the
+/// gateway for one to start (`waits_for_capacity`), as the live gateway's request does.
+struct CapacityWaiter {
+    session: usize,
+    turn: usize,
+    since: Instant,
+    prompt: SimTurn,
+    record: SimRecord,
+}
+
 struct SimRequest {
     core: RequestCore,
     sent: Instant,
@@ -499,6 +512,10 @@ pub struct SimFleet<'w> {
     /// Sessions not finished yet (the planner stops when none is left).
     sessions_left: usize,
     planner: Option<SimPlannerState>,
+    /// Requests waiting for a worker to start, oldest first, and whether a look at the view
+    /// is scheduled for them.
+    capacity_waits: Vec<CapacityWaiter>,
+    capacity_check: bool,
     replica_seconds: HashMap<Role, f64>,
     out: SimOutcome,
 }
@@ -587,6 +604,8 @@ impl<'w> SimFleet<'w> {
                 Arrivals::Closed(_) => workload.sessions(),
             },
             planner: None,
+            capacity_waits: Vec::new(),
+            capacity_check: false,
             replica_seconds: HashMap::new(),
             out: SimOutcome::default(),
             spec,
@@ -954,6 +973,7 @@ impl<'w> SimFleet<'w> {
                 }
             }
             Ev::Plan => self.plan_interval(),
+            Ev::CapacityCheck => self.capacity_check(),
             Ev::Ready(i, generation) => {
                 let w = &self.workers[i];
                 if w.phase == Phase::Starting && w.generation == generation {
@@ -1289,14 +1309,11 @@ impl<'w> SimFleet<'w> {
         let verdict = self
             .admission
             .decide(false, self.requests.len(), Some(&self.views));
-        if let Some(p) = self.planner.as_ref() {
-            // As a live gateway counts them: shed for capacity, or arrived.
-            match verdict {
-                AdmissionVerdict::Admit => p.gateway.arrived(turn.prompt.len() as u64),
-                _ => p.gateway.shed(),
-            }
-        }
         if verdict != AdmissionVerdict::Admit {
+            if let Some(p) = self.planner.as_ref() {
+                // As a live gateway counts it: demand the fleet could not take.
+                p.gateway.shed();
+            }
             self.out.counters.shed += 1;
             record.error = Some(match verdict {
                 AdmissionVerdict::Shed { reason, .. } => {
@@ -1305,6 +1322,83 @@ impl<'w> SimFleet<'w> {
                 _ => "status 503: no fleet view".into(),
             });
             return self.end_session_with(i, k, record);
+        }
+        if waits_for_capacity(&self.views, self.planner_acts(), self.cold_start_timeout()) {
+            self.capacity_waits.push(CapacityWaiter {
+                session: i,
+                turn: k,
+                since: now,
+                prompt: turn,
+                record,
+            });
+            return self.capacity_waits_changed();
+        }
+        self.launch(turn, record, now);
+    }
+
+    /// Whether the planner in the loop acts (a live gateway sees it in the fleet view).
+    fn planner_acts(&self) -> bool {
+        self.planner.is_some() && self.spec.config.planner.mode == PlannerMode::Act
+    }
+
+    fn cold_start_timeout(&self) -> Duration {
+        Duration::from_millis(self.spec.config.gateway.cold_start_timeout_ms)
+    }
+
+    /// The count of waiting requests changed: publish it (the planner reads it) and look at
+    /// the view again at the next heartbeat, or at the oldest wait's timeout if sooner.
+    fn capacity_waits_changed(&mut self) {
+        if let Some(p) = self.planner.as_ref() {
+            p.gateway
+                .set_waiting_for_capacity(self.capacity_waits.len() as u64);
+        }
+        if self.capacity_check {
+            return;
+        }
+        let Some(oldest) = self.capacity_waits.first().map(|w| w.since) else {
+            return;
+        };
+        let timeout_in = (oldest + self.cold_start_timeout()).saturating_duration_since(self.now());
+        self.capacity_check = true;
+        self.schedule_in(self.heartbeat.min(timeout_in), Ev::CapacityCheck);
+    }
+
+    /// The waiting requests look at the view: with a worker up (or no planner that acts)
+    /// they go on, oldest first; past `gateway.cold_start_timeout_ms` one is refused (503),
+    /// as the live gateway refuses it.
+    fn capacity_check(&mut self) {
+        self.capacity_check = false;
+        self.refresh_views();
+        let now = self.now();
+        let timeout = self.cold_start_timeout();
+        let go = !waits_for_capacity(&self.views, self.planner_acts(), timeout);
+        for w in std::mem::take(&mut self.capacity_waits) {
+            let waited = now.saturating_duration_since(w.since);
+            if go {
+                self.launch(w.prompt, w.record, w.since);
+            } else if waited >= timeout {
+                if let Some(p) = self.planner.as_ref() {
+                    p.gateway.shed();
+                }
+                self.out.counters.shed += 1;
+                let reason = ShedReason::ColdStart {
+                    waited_ms: waited.as_millis() as u64,
+                };
+                let mut record = w.record;
+                record.error = Some(format!("status 503: {}", reason.message()));
+                self.end_session_with(w.session, w.turn, record);
+            } else {
+                self.capacity_waits.push(w);
+            }
+        }
+        self.capacity_waits_changed();
+    }
+
+    /// An admitted request (sent at `sent`) goes to the request core, which places it.
+    fn launch(&mut self, turn: SimTurn, record: SimRecord, sent: Instant) {
+        if let Some(p) = self.planner.as_ref() {
+            // As a live gateway counts it, once the request is on its way.
+            p.gateway.arrived(turn.prompt.len() as u64);
         }
         let rid = RequestId(self.next_request);
         self.next_request += 1;
@@ -1339,7 +1433,7 @@ impl<'w> SimFleet<'w> {
             rid,
             SimRequest {
                 core,
-                sent: now,
+                sent,
                 last_chunk: None,
                 record,
                 finished: false,

@@ -27,7 +27,9 @@ use crate::openai::response::{
 };
 use crate::openai::sse;
 use crate::openai::stop::StopMatcher;
-use crate::request_plane::admission::AdmissionVerdict;
+use crate::request_plane::admission::{
+    AdmissionVerdict, has_worker, planner_may_act, waits_for_capacity,
+};
 use crate::request_plane::error::{RequestError, ShedReason};
 use crate::request_plane::frontend::TokRef;
 use crate::request_plane::protocol::TokenEventKind;
@@ -86,31 +88,6 @@ fn admit(s: &GatewayShared, serving: &Serving) -> Result<(), RequestError> {
     }
 }
 
-/// Whether the fleet view shows a worker that may take requests.
-fn has_worker(nodes: &[crate::control::discovery::membership::NodeView]) -> bool {
-    use crate::control::discovery::membership::NodeState;
-    nodes
-        .iter()
-        .filter(|n| n.state == NodeState::Up)
-        .flat_map(|n| &n.workers)
-        .any(|w| w.health.may_route())
-}
-
-/// Whether a planner that may bring a worker up is in the fleet: one publishing decisions in
-/// mode `act`, or a planner node that has not published its first decision yet (it starts
-/// within `planner.interval_s`; a request that finds it then waits, and stops waiting if it
-/// turns out advisory).
-fn planner_may_act(nodes: &[crate::control::discovery::membership::NodeView]) -> bool {
-    use crate::control::discovery::membership::NodeState;
-    nodes
-        .iter()
-        .filter(|n| n.state == NodeState::Up)
-        .any(|n| match &n.planner {
-            Some(p) => p.mode == crate::control::planner::PlannerMode::Act,
-            None => n.roles.contains(&crate::runtime::role::NodeRole::Planner),
-        })
-}
-
 /// Scale from zero: when no worker serves the model and a planner that acts is in the fleet
 /// ([`planner_may_act`]), wait (counted in this gateway's `waiting_for_capacity`, which the
 /// planner reads) until one comes up, at most `gateway.cold_start_timeout_ms`; past it, 503
@@ -122,9 +99,7 @@ async fn wait_for_capacity(s: &GatewayShared, serving: &Serving) -> Result<(), R
     // Only a planner that acts brings a worker up: without one, a fleet with no worker
     // refuses at once (B15), as admission and the router decide.
     if serving.pin.is_some()
-        || serving.cold_start_timeout.is_zero()
-        || !planner_may_act(&fleet)
-        || has_worker(&fleet)
+        || !waits_for_capacity(&fleet, planner_may_act(&fleet), serving.cold_start_timeout)
     {
         return Ok(());
     }
