@@ -263,6 +263,11 @@ async fn a_measured_cpu_profile_drives_a_sim_fleet() {
     let p = flotilla::worker::engine::sim::SimProfile::load(&out).unwrap();
     assert!(p.source.contains("CPU engine"), "{}", p.source);
     assert!(p.prefill_ms(512) > p.prefill_ms(16), "{p:?}");
+    // The measured points travel with the fit: prefills of 1…512 tokens, decodes of 1…8
+    // sequences (the batch), and the cost of a cached prefix.
+    assert_eq!(p.prefill_points.len(), 11, "{p:?}");
+    assert_eq!(p.decode_points.len(), 4, "{p:?}");
+    assert!(p.prefill_context_ms >= 0.0, "{p:?}");
     let set = format!("worker.sim_profile={}", out.display());
     let c = FleetOptions::new(1).set(&set).start().await;
     wait_routable(&c, 1).await;

@@ -121,7 +121,7 @@ fn a_tiny_fleet_event_by_event() {
     assert_eq!(r.itl_ms.len(), 3);
     for gap in &r.itl_ms {
         // KV use of one short sequence in a 28 672-block pool: u ≈ 0.
-        let d = p.decode_ms(0.0);
+        let d = p.decode_ms(0.0, 1);
         assert!((gap - d).abs() < 0.01, "ITL {gap} vs {d}");
     }
     let e2e = ttft + r.itl_ms.iter().sum::<f64>();

@@ -17,7 +17,7 @@
 //!   the rate is cut to the utilisation `ρ` at which the p99 TTFT of an M/D/1 queue, about
 //!   `s + s·ln(100ρ) / (2(1−ρ))` (half the M/M/1 wait, Kingman's heavy-traffic rule for
 //!   deterministic service), stays within the target;
-//! - `B` sequences of context `C` decode in a step of `decode_ms(B·C / kv_tokens)`; `B` is the
+//! - `B` sequences of context `C` decode in a step of `decode_ms(B·C / kv_tokens, B)`; `B` is the
 //!   largest batch within `max_num_seqs`, 90 % of the KV pool and the ITL target, and the rate
 //!   is `B / step`.
 
@@ -63,8 +63,8 @@ pub struct StepModel<'a> {
     pub source: String,
     /// Time of a prefill step of `tokens` tokens (ms).
     pub prefill_ms: &'a dyn Fn(usize) -> f64,
-    /// Time of a decode step at KV utilisation `u` in [0, 1] (ms).
-    pub decode_ms: &'a dyn Fn(f64) -> f64,
+    /// Time of a decode step at KV utilisation `u` in [0, 1] with `n` sequences (ms).
+    pub decode_ms: &'a dyn Fn(f64, usize) -> f64,
     /// KV tokens one replica holds.
     pub kv_tokens: usize,
     /// `worker.max_num_seqs`.
@@ -112,10 +112,10 @@ impl CapacityProfile {
                 let fits = ((KV_FILL * kv / ctx).floor() as usize).min(m.max_num_seqs);
                 // The largest batch whose step holds the ITL target (at least one sequence).
                 let mut b = fits.max(1);
-                while b > 1 && (m.decode_ms)(b as f64 * ctx / kv) > itl_target_ms {
+                while b > 1 && (m.decode_ms)(b as f64 * ctx / kv, b) > itl_target_ms {
                     b -= 1;
                 }
-                let step = (m.decode_ms)(b as f64 * ctx / kv).max(1e-3);
+                let step = (m.decode_ms)(b as f64 * ctx / kv, b).max(1e-3);
                 CapacityPoint {
                     tokens: c,
                     tokens_per_s: b as f64 * 1000.0 / step,

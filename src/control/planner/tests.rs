@@ -88,7 +88,7 @@ fn h100_capacity() -> CapacityProfile {
                 4.21e-7 * t * t + 0.01518 * t + 16.5
             }
         },
-        decode_ms: &|u| (-25.74 * u * u + 54.01 * u + 5.74).max(1.0),
+        decode_ms: &|u, _| (-25.74 * u * u + 54.01 * u + 5.74).max(1.0),
         kv_tokens: 458_752,
         max_num_seqs: 64,
         max_num_batched_tokens: 512,

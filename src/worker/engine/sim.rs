@@ -11,10 +11,22 @@
 //! reads its whole context — the "logical" active KV Dynamo's mocker uses too):
 //!
 //! ```text
-//! prefill_ms(T) = a·T² + b·T + c                     (only when T > 0)
-//! decode_ms(u)  = max(min_decode_ms, d·u² + e·u + f)  (only when the step decodes)
-//! step_ms       = (prefill_ms + decode_ms) / speedup
+//! prefill_ms(T)   = a·T² + b·T + c + g·Σ Tᵢ·Pᵢ             (only when T > 0)
+//! decode_ms(u, n) = max(min_decode_ms, d·u² + e·u + f(n))  (only when the step decodes)
+//! step_ms         = (prefill_ms + decode_ms) / speedup
 //! ```
+//!
+//! with `Tᵢ` the new tokens of prefill chunk `i` after `Pᵢ` tokens of context already in the
+//! KV (a cached prefix, or earlier chunks), `g` the profile's `prefill_context_ms` (0 in the
+//! H100 fit; measured by `flotilla profile` on a CPU, where attention over a long prefix
+//! shows), `n` the sequences decoding in the step and `f(n)` the constant `f` of the H100 fit
+//! (on a GPU a decode step reads the weights once and each row's KV, so its cost is in `u`),
+//! or, when the profile carries measured `decode_points` `[[n, ms], …]` (decode steps of `n`
+//! short sequences: on a CPU each row also costs its own matrix-vector work), those points
+//! interpolated. Likewise measured `prefill_points` `[[T, ms], …]` replace the prefill
+//! quadratic, which cannot follow a CPU kernel's steps between tile sizes. Points are
+//! interpolated linearly: the first point's time below it, the last two points' slope
+//! beyond them. `flotilla profile` measures both.
 //!
 //! The default [`SimProfile`] is a published fit of vLLM on one H100 (the one NVIDIA Dynamo's
 //! mocker engine ships): `prefill_ms = 4.21e-7·T² + 0.01518·T + 16.5`,
@@ -80,6 +92,18 @@ pub struct SimProfile {
     /// the pool is `worker.kv_blocks` or the CPU engine's default.
     #[serde(default)]
     pub kv_tokens: Option<usize>,
+    /// Each new prefill token costs this much more per token of context before it (ms;
+    /// see the module docs).
+    #[serde(default)]
+    pub prefill_context_ms: f64,
+    /// Measured decode steps of `n` short sequences, `[n, ms]` in increasing `n`: they
+    /// replace `decode[2]` when present (see the module docs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub decode_points: Vec<(usize, f64)>,
+    /// Measured one-sequence prefills, `[tokens, ms]` in increasing `tokens`: interpolated
+    /// instead of the quadratic when present (see the module docs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefill_points: Vec<(usize, f64)>,
 }
 
 impl Default for SimProfile {
@@ -98,6 +122,9 @@ impl SimProfile {
             decode: [-25.74, 54.01, 5.74],
             min_decode_ms: 1.0,
             kv_tokens: Some(H100_LLAMA3_8B_KV_TOKENS),
+            prefill_context_ms: 0.0,
+            decode_points: Vec::new(),
+            prefill_points: Vec::new(),
         }
     }
 
@@ -123,14 +150,18 @@ impl SimProfile {
             return 0.0;
         }
         let t = tokens as f64;
+        if let Some(ms) = interpolate(&self.prefill_points, t) {
+            return ms.max(0.0);
+        }
         let [a, b, c] = self.prefill;
         (a * t * t + b * t + c).max(0.0)
     }
 
-    /// Decode step time at KV utilisation `u` in `[0, 1]` (ms).
-    pub fn decode_ms(&self, u: f64) -> f64 {
+    /// Decode step time at KV utilisation `u` in `[0, 1]` with `n` sequences decoding (ms).
+    pub fn decode_ms(&self, u: f64, n: usize) -> f64 {
         let u = u.clamp(0.0, 1.0);
         let [d, e, f] = self.decode;
+        let f = interpolate(&self.decode_points, n as f64).unwrap_or(f);
         (d * u * u + e * u + f).max(self.min_decode_ms)
     }
 
@@ -151,7 +182,7 @@ impl SimProfile {
         let m = StepModel {
             source: format!("the sim profile \"{}\" at {speedup}× speed", self.source),
             prefill_ms: &|t| self.prefill_ms(t) / speedup,
-            decode_ms: &|u| self.decode_ms(u) / speedup,
+            decode_ms: &|u, n| self.decode_ms(u, n) / speedup,
             kv_tokens,
             max_num_seqs,
             max_num_batched_tokens,
@@ -161,20 +192,52 @@ impl SimProfile {
 
     /// Time of one step (ms, before speedup).
     pub fn step_ms(&self, batch: &StepBatch, num_blocks: usize) -> f64 {
-        let prefill: usize = batch
-            .seqs
-            .iter()
-            .filter(|s| !(s.tokens.len() == 1 && s.start_pos > 0 && s.sample))
-            .map(|s| s.tokens.len())
-            .sum();
+        let chunks = || {
+            batch
+                .seqs
+                .iter()
+                .filter(|s| !(s.tokens.len() == 1 && s.start_pos > 0 && s.sample))
+        };
+        let prefill: usize = chunks().map(|s| s.tokens.len()).sum();
+        let attention = if self.prefill_context_ms > 0.0 {
+            let tp: usize = chunks().map(|s| s.tokens.len() * s.start_pos).sum();
+            self.prefill_context_ms * tp as f64
+        } else {
+            0.0
+        };
         let decodes = batch
             .seqs
             .iter()
-            .any(|s| s.tokens.len() == 1 && s.start_pos > 0);
+            .filter(|s| s.tokens.len() == 1 && s.start_pos > 0)
+            .count();
         let blocks: usize = batch.seqs.iter().map(|s| s.block_table.len()).sum();
         let u = blocks as f64 / num_blocks.max(1) as f64;
-        self.prefill_ms(prefill) + if decodes { self.decode_ms(u) } else { 0.0 }
+        self.prefill_ms(prefill)
+            + attention
+            + if decodes > 0 {
+                self.decode_ms(u, decodes)
+            } else {
+                0.0
+            }
     }
+}
+
+/// Linear interpolation through `points` (increasing `x`) at `x`: the first point's `y` below
+/// it, the last two points' slope beyond them; `None` without points.
+fn interpolate(points: &[(usize, f64)], x: f64) -> Option<f64> {
+    let (&(x0, y0), rest) = points.split_first()?;
+    if x <= x0 as f64 || rest.is_empty() {
+        return Some(y0);
+    }
+    let seg = points
+        .windows(2)
+        .find(|w| x <= w[1].0 as f64)
+        .unwrap_or(&points[points.len() - 2..]);
+    let ((xa, ya), (xb, yb)) = ((seg[0].0 as f64, seg[0].1), (seg[1].0 as f64, seg[1].1));
+    if xb <= xa {
+        return Some(yb);
+    }
+    Some(ya + (yb - ya) * (x - xa) / (xb - xa))
 }
 
 /// KV capacity of the H100 profile (tokens): see the module docs.
@@ -345,10 +408,41 @@ mod tests {
         assert_eq!(p.prefill_ms(0), 0.0);
         let t = 1000.0;
         assert!((p.prefill_ms(1000) - (4.21e-7 * t * t + 0.01518 * t + 16.5)).abs() < 1e-9);
-        assert!((p.decode_ms(0.5) - (-25.74 * 0.25 + 54.01 * 0.5 + 5.74)).abs() < 1e-9);
-        assert!(p.decode_ms(0.0) >= 1.0);
+        assert!((p.decode_ms(0.5, 8) - (-25.74 * 0.25 + 54.01 * 0.5 + 5.74)).abs() < 1e-9);
+        assert!(p.decode_ms(0.0, 1) >= 1.0);
         // Monotone where it matters: more tokens take longer.
         assert!(p.prefill_ms(4096) > p.prefill_ms(512));
+    }
+
+    /// A measured CPU profile: decode steps follow their measured batch points (plus the KV
+    /// term), prefills their measured points (flat below the first, the last slope beyond).
+    #[test]
+    fn a_measured_profile_prices_each_decoding_sequence_and_follows_its_points() {
+        let p: SimProfile = serde_json::from_str(
+            r#"{"source":"cpu","prefill":[0,1,0],"decode":[0,10,99],"min_decode_ms":5,
+                "decode_points":[[1,9],[2,12],[4,17],[8,26]],
+                "prefill_points":[[16,40],[64,130],[128,560]]}"#,
+        )
+        .unwrap();
+        assert!((p.decode_ms(0.5, 1) - 14.0).abs() < 1e-9);
+        assert!((p.decode_ms(0.5, 3) - 19.5).abs() < 1e-9);
+        assert!((p.decode_ms(0.5, 10) - 35.5).abs() < 1e-9);
+        assert_eq!(p.prefill_ms(0), 0.0);
+        assert_eq!(p.prefill_ms(4), 40.0);
+        assert!((p.prefill_ms(40) - 85.0).abs() < 1e-9);
+        assert!((p.prefill_ms(96) - 345.0).abs() < 1e-9);
+        assert!((p.prefill_ms(192) - 990.0).abs() < 1e-9);
+        // Round trip: the fields survive a write and a read.
+        let back: SimProfile = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+        assert_eq!(back, p);
+        // Without points or a batch term: the quadratic and u alone, as before.
+        let h = SimProfile::h100_vllm();
+        assert_eq!(h.decode_ms(0.3, 1), h.decode_ms(0.3, 64));
+        assert!(
+            !serde_json::to_string(&h)
+                .unwrap()
+                .contains("prefill_points")
+        );
     }
 
     #[test]
