@@ -66,7 +66,8 @@ fn a_trace_replays_the_same_in_two_processes() {
 
 #[test]
 fn impossible_fleets_and_bad_flags_are_refused_by_name() {
-    let cases: [(&[&str], &str); 24] = [
+    let cases: [(&[&str], &str); 25] = [
+        (&["--kill-rate", "1e12", "--turns", "1"], "kill rate draws"),
         (&["--kill-rate=-1"], "--kill-rate"),
         (&["--kill-rate", "3", "--arrival", "fixed"], "open-loop"),
         (&["--hang-rate", "6"], "--hang-rate"),
@@ -326,4 +327,52 @@ fn a_planner_run_writes_its_decisions_and_costs() {
     assert!(on["decisions"].as_u64().unwrap() > 10, "{on}");
     assert!(on["replica_seconds"].as_f64().unwrap() > 0.0, "{on}");
     assert!(on["cost_per_million_in_slo"].as_f64().is_some(), "{on}");
+}
+
+/// A fleet deployed at zero: the planner starts the first replica for the first requests,
+/// which wait for it, takes the pool back to zero when idle, and starts one again for a late
+/// request.
+#[test]
+fn a_fleet_can_start_at_zero_under_a_planner() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("gap.jsonl");
+    std::fs::write(
+        &p,
+        "{\"timestamp\": 0, \"input_length\": 500, \"output_length\": 50, \"hash_ids\": [1]}\n\
+         {\"timestamp\": 200, \"input_length\": 500, \"output_length\": 50, \"hash_ids\": [2]}\n\
+         {\"timestamp\": 60000, \"input_length\": 500, \"output_length\": 50, \"hash_ids\": [3]}\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = sim(&[
+        "--trace",
+        p.to_str().unwrap(),
+        "--workers",
+        "0",
+        "--planner",
+        "on",
+        "--set",
+        "planner.aggregated.min=0",
+        "--set",
+        "planner.idle_to_zero_s=5",
+        "--set",
+        "planner.interval_s=1",
+        "--cold-start-ms",
+        "2000",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(out.join("requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    for r in &lines {
+        assert_eq!(r["ok"], true, "{r}");
+        // Each waited for a replica to start: the cold start (2 s) at least.
+        let ttft = r["ttft_ms"].as_f64().unwrap();
+        assert!((2_000.0..4_500.0).contains(&ttft), "{r}");
+    }
 }

@@ -25,7 +25,7 @@ use crate::cli::bench::report::{PlotSeries, side_by_side_svg};
 #[derive(Clone, Debug, clap::Args)]
 pub struct PlotArgs {
     /// Output folders of `flotilla bench --out` or `flotilla sim --out`, each optionally
-    /// `DIR=LABEL`.
+    /// `DIR=LABEL` (split at the last `=`; default label: the folder's name).
     #[arg(required = true, value_name = "DIR[=LABEL]")]
     pub runs: Vec<String>,
     /// The SVG to write.

@@ -554,7 +554,13 @@ fn spec(
             "--decode: a prefill pool needs a decode pool to hand its prompts to"
         );
     }
-    ensure!(total > 0, "--workers: the fleet needs at least one worker");
+    // A planner that acts may start the first replica (a fleet at zero waits for it).
+    let may_start = matches!(planner, PlannerChoice::On | PlannerChoice::Oracle);
+    ensure!(
+        total > 0 || may_start,
+        "--workers: the fleet needs at least one worker (or a planner that starts one: \
+         --planner on with planner.aggregated.min = 0)"
+    );
     for f in faults {
         if let Some(worker) = f.worker() {
             let flag = match f {
@@ -756,10 +762,8 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
         workload.name
     );
     let (offsets, ideal_table) = arrival_plan(&a.workload, &workload)?;
-    let ideal = workload::ideal_rate(&ideal_table);
     let info = workload.info();
     let salt = a.workload.salt.unwrap_or(0);
-    eprintln!("{}", describe_workload(&workload, ideal, &a.workload, salt));
     let slo = Slo {
         ttft_ms: Some(a.workload.slo_ttft_ms),
         itl_ms: Some(a.workload.slo_itl_ms),
@@ -776,6 +780,32 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
         None
     };
     let input = BenchWorkload::new(&workload, salt, frontend.as_ref())?;
+    // A chat workload's ideal hit rate from the token ids the gateway would place (the
+    // bench's is estimated from the text, without the template), in arrival order.
+    let ideal_table = if input.chat.is_empty() {
+        ideal_table
+    } else {
+        let mut order: Vec<usize> = (0..workload.sessions.len()).collect();
+        if let Some(o) = &offsets {
+            order.retain(|&i| i < o.len());
+            order.sort_by(|&x, &y| o[x].total_cmp(&o[y]));
+        }
+        let flat = workload::ideal_cached_tokens(
+            order
+                .iter()
+                .flat_map(|&i| input.chat[i].iter().cloned())
+                .collect::<Vec<_>>()
+                .into_iter(),
+        );
+        let mut flat = flat.into_iter();
+        let mut table = vec![Vec::new(); workload.sessions.len()];
+        for &i in &order {
+            table[i] = flat.by_ref().take(input.chat[i].len()).collect();
+        }
+        table
+    };
+    let ideal = workload::ideal_rate(&ideal_table);
+    eprintln!("{}", describe_workload(&workload, ideal, &a.workload, salt));
 
     // Check every run's configuration and fleet before the first one starts.
     let variants = variants(&a, &workload.name)?;
@@ -793,7 +823,7 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
             ensure!(
                 offsets.is_some(),
                 "--planner {}: the planner is simulated on open-loop arrivals (a trace, \
-                 or --arrival poisson/constant); closed-loop clients hold the load fixed",
+                 or --arrival poisson or gamma); closed-loop clients hold the load fixed",
                 choice.name()
             );
         }
@@ -809,12 +839,20 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
             let horizon = o.iter().copied().fold(0.0, f64::max);
             let horizon = sim_time(horizon).context("the arrivals' span")?;
             // The initial fleet (a planner's spare slots are not struck).
-            let drawn = rates.draw(s.workers + s.prefill + s.decode, horizon, a.workload.seed);
+            let drawn = rates
+                .draw(s.workers + s.prefill + s.decode, horizon, a.workload.seed)
+                .with_context(|| format!("run {}", v.label))?;
+            let count = |f: fn(&SimFault) -> bool| drawn.iter().filter(|x| f(x)).count();
             eprintln!(
-                "[{}] {} faults drawn at the given rates over {:.0} s",
+                "[{}] faults drawn at the given rates over {:.0} s: {} kills, {} hangs, {} slow \
+                 windows, {} dropped-KV-event windows (a kill that finds its worker down is a \
+                 no-op)",
                 v.label,
-                drawn.len(),
-                horizon.as_secs_f64()
+                horizon.as_secs_f64(),
+                count(|x| matches!(x, SimFault::Kill { .. })),
+                count(|x| matches!(x, SimFault::Hang { .. })),
+                count(|x| matches!(x, SimFault::Slow { .. })),
+                count(|x| matches!(x, SimFault::DropKvEvents { .. })),
             );
             these.extend(drawn);
         }

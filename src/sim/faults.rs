@@ -46,10 +46,18 @@ impl FaultRates {
     /// `[0, horizon)`, drawn from `seed`: kind by kind (kills, hangs, slow windows, dropped
     /// events), each in time order and from its own stream, so that changing one rate leaves
     /// the others' draws alone.
-    pub fn draw(&self, workers: usize, horizon: Duration, seed: u64) -> Vec<SimFault> {
+    ///
+    /// # Errors
+    /// A rate that would draw more than [`MAX_FAULTS`] faults of one kind (named).
+    pub fn draw(
+        &self,
+        workers: usize,
+        horizon: Duration,
+        seed: u64,
+    ) -> anyhow::Result<Vec<SimFault>> {
         let mut out = Vec::new();
         if workers == 0 || horizon.is_zero() {
-            return out;
+            return Ok(out);
         }
         let n = workers as f64;
         // One stream per kind: the seed mixed with the kind's tag (splitmix64 constants).
@@ -57,7 +65,7 @@ impl FaultRates {
             |tag: u64| StdRng::seed_from_u64(seed ^ tag.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         if self.kill > 0.0 {
             let mut rng = stream(1);
-            for at in arrivals(&mut rng, self.kill * n / 3600.0, horizon) {
+            for at in arrivals(&mut rng, self.kill * n / 3600.0, horizon, "kill")? {
                 out.push(SimFault::Kill {
                     at,
                     worker: rng.random_range(0..workers),
@@ -67,7 +75,7 @@ impl FaultRates {
         if let Some((rate, len)) = self.hang.filter(|h| h.0 > 0.0) {
             let mut rng = stream(2);
             let mut busy_until = vec![Duration::ZERO; workers];
-            for from in arrivals(&mut rng, rate * n / 3600.0, horizon) {
+            for from in arrivals(&mut rng, rate * n / 3600.0, horizon, "hang")? {
                 let worker = rng.random_range(0..workers);
                 if from < busy_until[worker] {
                     continue;
@@ -83,7 +91,7 @@ impl FaultRates {
         if let Some((rate, len, delay)) = self.slow.filter(|s| s.0 > 0.0) {
             let mut rng = stream(3);
             let mut busy_until = vec![Duration::ZERO; workers];
-            for from in arrivals(&mut rng, rate * n / 3600.0, horizon) {
+            for from in arrivals(&mut rng, rate * n / 3600.0, horizon, "slow")? {
                 let worker = rng.random_range(0..workers);
                 if from < busy_until[worker] {
                     continue;
@@ -100,7 +108,7 @@ impl FaultRates {
         if let Some((rate, len)) = self.drop_kv_events.filter(|d| d.0 > 0.0) {
             let mut rng = stream(4);
             let mut busy_until = Duration::ZERO;
-            for from in arrivals(&mut rng, rate / 3600.0, horizon) {
+            for from in arrivals(&mut rng, rate / 3600.0, horizon, "drop-kv-events")? {
                 if from < busy_until {
                     continue;
                 }
@@ -111,25 +119,43 @@ impl FaultRates {
                 });
             }
         }
-        out
+        Ok(out)
     }
 }
 
+/// Most faults of one kind a run draws: a rate beyond it is an error, not a run that fills
+/// memory with fault events.
+pub const MAX_FAULTS: usize = 1_000_000;
+
 /// The times of a Poisson process of `per_s` events per second over `[0, horizon)`
 /// (exponential gaps by inversion).
-fn arrivals(rng: &mut StdRng, per_s: f64, horizon: Duration) -> Vec<Duration> {
+///
+/// # Errors
+/// More than [`MAX_FAULTS`] expected.
+fn arrivals(
+    rng: &mut StdRng,
+    per_s: f64,
+    horizon: Duration,
+    kind: &str,
+) -> anyhow::Result<Vec<Duration>> {
     let mut out = Vec::new();
     if !(per_s > 0.0 && per_s.is_finite()) {
-        return out;
+        return Ok(out);
     }
     let end = horizon.as_secs_f64();
+    let expected = per_s * end;
+    anyhow::ensure!(
+        expected <= MAX_FAULTS as f64,
+        "the {kind} rate draws about {expected:.3e} faults over {end:.0} s, more than \
+         {MAX_FAULTS}: lower it"
+    );
     let mut t = 0.0;
     loop {
         // 1 − U is in (0, 1]: its logarithm is finite.
         let u: f64 = rng.random();
         t += -(1.0 - u).ln() / per_s;
-        if t >= end {
-            return out;
+        if t >= end || out.len() > 2 * MAX_FAULTS {
+            return Ok(out);
         }
         out.push(Duration::from_secs_f64(t));
     }
@@ -146,7 +172,7 @@ mod tests {
             ..FaultRates::default()
         };
         // 10 workers × 60 per worker-hour over an hour: 600 expected.
-        let f = r.draw(10, Duration::from_secs(3600), 7);
+        let f = r.draw(10, Duration::from_secs(3600), 7).unwrap();
         assert!((520..=680).contains(&f.len()), "{}", f.len());
         let mut per = [0usize; 10];
         for x in &f {
@@ -157,14 +183,18 @@ mod tests {
             per[*worker] += 1;
         }
         assert!(per.iter().all(|&c| c > 30), "{per:?}");
-        assert_eq!(f, r.draw(10, Duration::from_secs(3600), 7));
-        assert_ne!(f, r.draw(10, Duration::from_secs(3600), 8));
-        assert!(
-            FaultRates::default()
-                .draw(10, Duration::from_secs(3600), 7)
-                .is_empty()
-        );
-        assert!(r.draw(0, Duration::from_secs(3600), 7).is_empty());
+        assert_eq!(f, r.draw(10, Duration::from_secs(3600), 7).unwrap());
+        assert_ne!(f, r.draw(10, Duration::from_secs(3600), 8).unwrap());
+        let none = FaultRates::default().draw(10, Duration::from_secs(3600), 7);
+        assert!(none.unwrap().is_empty());
+        assert!(r.draw(0, Duration::from_secs(3600), 7).unwrap().is_empty());
+        // A rate that would fill memory is refused, by kind.
+        let huge = FaultRates {
+            kill: 1e12,
+            ..FaultRates::default()
+        };
+        let e = huge.draw(10, Duration::from_secs(60), 7).unwrap_err();
+        assert!(format!("{e}").contains("kill rate"), "{e}");
     }
 
     #[test]
@@ -176,7 +206,7 @@ mod tests {
             drop_kv_events: Some((200.0, Duration::from_secs(20))),
             ..FaultRates::default()
         };
-        let f = r.draw(3, Duration::from_secs(600), 1);
+        let f = r.draw(3, Duration::from_secs(600), 1).unwrap();
         let mut last: std::collections::HashMap<(u8, Option<usize>), Duration> = Default::default();
         let mut count = [0usize; 3];
         for x in &f {
@@ -195,7 +225,9 @@ mod tests {
         }
         assert!(count.iter().all(|&c| c > 3), "{count:?}");
         // The kill stream is its own: adding kills leaves the hangs where they were.
-        let with_kills = FaultRates { kill: 50.0, ..r }.draw(3, Duration::from_secs(600), 1);
+        let with_kills = FaultRates { kill: 50.0, ..r }
+            .draw(3, Duration::from_secs(600), 1)
+            .unwrap();
         let windows: Vec<_> = with_kills
             .into_iter()
             .filter(|x| !matches!(x, SimFault::Kill { .. }))

@@ -623,13 +623,18 @@ impl<'w> SimFleet<'w> {
             .collect();
         if let Some(ps) = fleet.spec.planner.clone() {
             let pc = &fleet.spec.config.planner;
-            let pools: Vec<Role> = initial
+            // The pools the fleet starts with, and those `planner.pools` names (a pool
+            // deployed at zero); a fleet at zero naming none is aggregated.
+            let mut pools: Vec<Role> = initial
                 .iter()
-                .filter(|(_, n)| *n > 0)
+                .filter(|(r, n)| *n > 0 || pc.pools.contains(r))
                 .map(|(r, _)| *r)
                 .collect();
+            if pools.is_empty() {
+                pools.push(Role::Aggregated);
+            }
             for &(role, n) in &initial {
-                if n > 0 {
+                if pools.contains(&role) {
                     let spare = (pc.bounds(role).max as usize).saturating_sub(n);
                     slots.extend(std::iter::repeat_n((role, false), spare));
                 }
@@ -1385,6 +1390,7 @@ impl<'w> SimFleet<'w> {
                     waited_ms: waited.as_millis() as u64,
                 };
                 let mut record = w.record;
+                record.e2e_ms = waited.as_secs_f64() * 1000.0;
                 record.error = Some(format!("status 503: {}", reason.message()));
                 self.end_session_with(w.session, w.turn, record);
             } else {

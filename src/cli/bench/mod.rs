@@ -367,7 +367,13 @@ pub fn load_workload(a: &WorkloadArgs) -> anyhow::Result<Workload> {
                 .clone()
                 .unwrap_or_else(sharegpt::default_path);
             let convs = sharegpt::load(&path, limit)?;
-            ensure!(!convs.is_empty(), "no conversation in {}", path.display());
+            ensure!(
+                !convs.is_empty(),
+                "no conversation in {}: expected a JSON array of {{\"id\": \"…\", \
+                 \"conversations\": [{{\"from\": \"human\", \"value\": \"…\"}}, …]}} objects \
+                 (records that do not parse are left out)",
+                path.display()
+            );
             Ok(workload::from_sharegpt(&convs, caps, limit))
         }
         _ => {

@@ -8,7 +8,8 @@
 //! - **Azure** (`*.csv`): header `TIMESTAMP,ContextTokens,GeneratedTokens` (any column order),
 //!   timestamps `YYYY-MM-DD HH:MM:SS[.fraction]`; no prefix information.
 //!
-//! Both become [`TraceRecord`]s with timestamps in ms relative to the first record.
+//! Both become [`TraceRecord`]s in time order, with timestamps in ms relative to the earliest
+//! record.
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
@@ -198,7 +199,7 @@ impl BadLines {
     }
 }
 
-/// Parse Mooncake JSONL (blank lines skipped); timestamps made relative to the first record.
+/// Parse Mooncake JSONL (blank lines skipped); records sorted by time, timestamps made relative to the earliest.
 ///
 /// # Errors
 /// A non-blank line is not a Mooncake record (the error names the line), unless `bad` skips
@@ -227,7 +228,7 @@ pub fn parse_mooncake(text: &str, bad: &mut BadLines) -> anyhow::Result<Vec<Trac
     Ok(out)
 }
 
-/// Parse an Azure LLM inference CSV; timestamps made relative to the first record.
+/// Parse an Azure LLM inference CSV; records sorted by time, timestamps made relative to the earliest.
 ///
 /// # Errors
 /// The CSV is empty or malformed, lacks one of the three columns, or a row has too
@@ -246,23 +247,50 @@ pub fn parse_azure(text: &str, bad: &mut BadLines) -> anyhow::Result<Vec<TraceRe
         header
             .iter()
             .position(|c| c.eq_ignore_ascii_case(name))
-            .with_context(|| format!("CSV header has no column {name}: {}", header.as_slice()))
+            .with_context(|| {
+                format!(
+                    "CSV header has no column {name}: {}",
+                    header.iter().collect::<Vec<_>>().join(",")
+                )
+            })
     };
     let (ts, ctx, gen_col) = (
         col("TIMESTAMP")?,
         col("ContextTokens")?,
         col("GeneratedTokens")?,
     );
+    let newlines: Vec<usize> = text
+        .bytes()
+        .enumerate()
+        .filter(|&(_, b)| b == b'\n')
+        .map(|(i, _)| i)
+        .collect();
+    // A record's position may point at the line break before it (csv's reader treats "\r\n"
+    // as two terminators, and skips blank lines): step over breaks to its first byte.
+    let bytes = text.as_bytes();
+    let line_at = |byte: usize| {
+        let first = bytes
+            .get(byte..)
+            .and_then(|rest| rest.iter().position(|b| !matches!(b, b'\r' | b'\n')))
+            .map_or(bytes.len(), |k| byte + k);
+        newlines.partition_point(|&nl| nl < first) + 1
+    };
     let mut out = Vec::new();
     for row in rd.records() {
         let row = match row {
             Ok(row) => row,
             Err(e) => {
-                bad.bad(anyhow::Error::new(e).context("CSV"))?;
+                let at = e.position().map_or_else(
+                    || "CSV".to_owned(),
+                    |p| format!("line {}", line_at(p.byte() as usize)),
+                );
+                bad.bad(anyhow::Error::new(e).context(at))?;
                 continue;
             }
         };
-        let line = row.position().map_or(0, |p| p.line());
+        // The file line of the row, from its byte offset (csv's own line count drifts on
+        // CRLF files and after blank lines).
+        let line = row.position().map_or(0, |p| line_at(p.byte() as usize));
         let field = |k: usize| {
             row.get(k)
                 .with_context(|| format!("line {line}: too few columns"))
@@ -291,8 +319,11 @@ pub fn parse_azure(text: &str, bad: &mut BadLines) -> anyhow::Result<Vec<TraceRe
     Ok(out)
 }
 
-/// Make timestamps relative to the first record (which becomes 0).
+/// Put the records in time order (stable: equal times keep the file's order) and make their
+/// timestamps relative to the earliest (which becomes 0). A trace whose lines are not in time
+/// order, or start below 0, replays as the times say.
 fn rebase(records: &mut [TraceRecord]) {
+    records.sort_by(|a, b| a.timestamp_ms.total_cmp(&b.timestamp_ms));
     if let Some(t0) = records.first().map(|r| r.timestamp_ms) {
         for r in records.iter_mut() {
             r.timestamp_ms -= t0;
@@ -400,6 +431,31 @@ mod tests {
         assert_eq!(bad.skipped.len(), 2, "{:?}", bad.skipped);
         assert!(bad.skipped[1].contains("line 4"), "{:?}", bad.skipped);
         assert_eq!(BadLines::skipping().summary(), None);
+    }
+
+    /// Line numbers are the file's, on CRLF files and past blank lines; records out of time
+    /// order (or below 0) are sorted and rebased to the earliest.
+    #[test]
+    fn csv_lines_are_named_as_the_file_numbers_them_and_records_are_sorted() {
+        let csv = "TIMESTAMP,ContextTokens,GeneratedTokens\r\n\
+                   2023-11-16 18:15:50,374,44\r\n\
+                   2023-11-16 18:15:46,396,109\r\n\
+                   2023-11-16 18:15:47,abc,10\n\
+                   \n\
+                   2023-11-16 18:15:48,100\n";
+        let mut bad = BadLines::skipping();
+        let r = parse_azure(csv, &mut bad).unwrap();
+        assert_eq!(bad.skipped.len(), 2, "{:?}", bad.skipped);
+        assert!(bad.skipped[0].starts_with("line 4:"), "{:?}", bad.skipped);
+        assert!(bad.skipped[1].starts_with("line 6:"), "{:?}", bad.skipped);
+        assert_eq!(r.len(), 2);
+        assert_eq!((r[0].timestamp_ms, r[0].input_tokens), (0.0, 396));
+        assert_eq!((r[1].timestamp_ms, r[1].input_tokens), (4000.0, 374));
+        let m = "{\"timestamp\": 5000, \"input_length\": 1, \"output_length\": 1}\n\
+                 {\"timestamp\": -1000, \"input_length\": 2, \"output_length\": 1}\n";
+        let r = parse_mooncake(m, &mut BadLines::default()).unwrap();
+        assert_eq!((r[0].timestamp_ms, r[0].input_tokens), (0.0, 2));
+        assert_eq!(r[1].timestamp_ms, 6000.0);
     }
 
     #[test]
