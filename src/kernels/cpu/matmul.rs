@@ -7,8 +7,8 @@
 //! - Quantised weights, `32 < m <` [`GEMM_MIN_M`] (larger batches, prefill chunks): a
 //!   panel of 64 weight rows is dequantised into an L2-resident f32 scratch, then swept by a
 //!   4×4 register tile for every group of 4 activation rows.
-//! - Quantised weights, large `m` (prefill): tiles of rows are dequantised to f32 and multiplied
-//!   with `gemm`.
+//! - Quantised weights, very large `m` (an unchunked prefill of 1,024 tokens or more): tiles
+//!   of rows are dequantised to f32 and multiplied with `gemm`.
 //!
 //! SIMD paths are AVX-512F + F16C, detected at run time (`FLOTILLA_NO_SIMD` forces the
 //! portable code). Each weight block is read once per step for the whole batch, and activations
@@ -27,7 +27,11 @@ use super::tile::{C, R};
 use crate::kernels::quant::{MatrixData, QK, WeightMatrix};
 
 /// From this many activation rows on, quantised weights go through dequantised tiles + gemm.
-pub const GEMM_MIN_M: usize = 128;
+/// Below it, the panel kernel: measured against gemm from 128 rows on (the earlier bound) in
+/// the same run, it prefills 512 tokens 1.9× faster (`docs/benchmarks.md`, "Engine (CPU)"):
+/// dequantising a whole 512-row tile to memory for `gemm` costs more than the panel's L2
+/// reuse saves it. Prefill chunks (`worker.max_num_batched_tokens`, 512) stay below it.
+pub const GEMM_MIN_M: usize = 1024;
 /// Weight rows dequantised per gemm tile (bounded scratch: `TILE_ROWS * cols` f32).
 const TILE_ROWS: usize = 512;
 
@@ -550,7 +554,8 @@ mod tests {
                 data: MatrixData::Q4_1(quantize_q4_1(&wf)),
             },
         ];
-        for m in [1, 2, 3, 5, 8, 50] {
+        // Decode rows, panel rows (a prefill chunk, not a multiple of the tile) and gemm rows.
+        for m in [1, 2, 3, 5, 8, 50, 130, 513, GEMM_MIN_M + 3] {
             let x = data(m * k, m as u32);
             for w in &mats {
                 let r = reference(&x, m, &w.to_f32(), n, k);
