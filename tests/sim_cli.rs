@@ -22,6 +22,32 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// A JSON file of an output folder.
+fn json(dir: &std::path::Path, file: &str) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(dir.join(file)).unwrap()).unwrap()
+}
+
+/// The lines of an output folder's `requests.jsonl`.
+fn requests(dir: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Two runs wrote the same bytes.
+fn same_outputs(a: &std::path::Path, b: &std::path::Path) {
+    for file in ["report.json", "requests.jsonl", "fleet_events.jsonl"] {
+        let (x, y) = (
+            std::fs::read(a.join(file)).unwrap(),
+            std::fs::read(b.join(file)).unwrap(),
+        );
+        assert!(!x.is_empty(), "{file} is empty");
+        assert!(x == y, "{file} differs between two runs");
+    }
+}
+
 #[test]
 fn a_trace_replays_the_same_in_two_processes() {
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
@@ -51,14 +77,8 @@ fn a_trace_replays_the_same_in_two_processes() {
             "{out}"
         );
     }
-    for file in ["report.json", "requests.jsonl", "fleet_events.jsonl"] {
-        let a = std::fs::read(dirs[0].path().join(file)).unwrap();
-        let b = std::fs::read(dirs[1].path().join(file)).unwrap();
-        assert!(!a.is_empty(), "{file} is empty");
-        assert!(a == b, "{file} differs between two runs");
-    }
-    let sim: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dirs[0].path().join("sim.json")).unwrap()).unwrap();
+    same_outputs(dirs[0].path(), dirs[1].path());
+    let sim: serde_json::Value = json(dirs[0].path(), "sim.json");
     assert_eq!(sim[0]["counters"]["kills"], 1);
     assert_eq!(sim[0]["leftovers"]["unfinished"], 0);
     assert_eq!(sim[0]["leftovers"]["pinned_blocks"], 0);
@@ -167,8 +187,7 @@ fn a_malformed_trace_line_is_named_or_skipped_and_counted() {
         "{}",
         text(&o)
     );
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+    let report: serde_json::Value = json(&out, "report.json");
     assert_eq!(report[0]["workload"]["skipped_lines"], 1, "{report}");
     assert_eq!(report[0]["requests"], 2, "{report}");
 }
@@ -205,15 +224,10 @@ fn a_chat_workload_is_rendered_through_the_chat_template() {
         out.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", text(&o));
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+    let report: serde_json::Value = json(&out, "report.json");
     assert_eq!(report[0]["requests"], 8, "{report}");
     assert_eq!(report[0]["errors"], 0, "{report}");
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(out.join("requests.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines: Vec<serde_json::Value> = requests(&out);
     for session in 0..4 {
         let turn = |k: u64| {
             lines
@@ -267,16 +281,9 @@ fn faults_at_rates_repeat_from_the_seed_and_nothing_is_lost() {
             text(&o)
         );
     }
-    for file in ["report.json", "requests.jsonl", "fleet_events.jsonl"] {
-        let a = std::fs::read(dirs[0].path().join(file)).unwrap();
-        let b = std::fs::read(dirs[1].path().join(file)).unwrap();
-        assert!(a == b, "{file} differs between two runs");
-    }
-    let sim: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dirs[0].path().join("sim.json")).unwrap()).unwrap();
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dirs[0].path().join("report.json")).unwrap())
-            .unwrap();
+    same_outputs(dirs[0].path(), dirs[1].path());
+    let sim: serde_json::Value = json(dirs[0].path(), "sim.json");
+    let report: serde_json::Value = json(dirs[0].path(), "report.json");
     assert_eq!(sim[0]["counters"]["kills"], 0, "{sim}");
     assert!(sim[1]["counters"]["kills"].as_u64().unwrap() >= 3, "{sim}");
     assert!(
@@ -321,8 +328,7 @@ fn a_planner_run_writes_its_decisions_and_costs() {
     let pool = &first["decision"]["pools"][0];
     assert_eq!(pool["role"], "aggregated");
     assert!(pool["reason"].as_str().unwrap().contains("req/s"), "{pool}");
-    let sim: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(d.path().join("sim.json")).unwrap()).unwrap();
+    let sim: serde_json::Value = json(d.path(), "sim.json");
     let on = &sim[1]["planner"];
     assert!(on["decisions"].as_u64().unwrap() > 10, "{on}");
     assert!(on["replica_seconds"].as_f64().unwrap() > 0.0, "{on}");
@@ -363,11 +369,7 @@ fn a_fleet_can_start_at_zero_under_a_planner() {
         out.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", text(&o));
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(out.join("requests.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines: Vec<serde_json::Value> = requests(&out);
     assert_eq!(lines.len(), 3);
     for r in &lines {
         assert_eq!(r["ok"], true, "{r}");

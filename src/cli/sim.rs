@@ -62,8 +62,8 @@ use crate::cli::bench::driver::chat_salt_prefix;
 use crate::cli::bench::metrics::{self, RequestResult, RunContext, Slo};
 use crate::cli::bench::workload::{Prompt, Workload};
 use crate::cli::bench::{
-    WorkloadArgs, arrival_plan, describe_workload, load_workload, report, synth, workload,
-    write_outputs,
+    WorkloadArgs, arrival_order, arrival_plan, describe_workload, load_workload, report, synth,
+    workload, write_outputs,
 };
 use crate::control::planner::cost_per_million_in_slo;
 use crate::model::chat_template::ChatMessage;
@@ -785,24 +785,16 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
     let ideal_table = if input.chat.is_empty() {
         ideal_table
     } else {
-        let mut order: Vec<usize> = (0..workload.sessions.len()).collect();
-        if let Some(o) = &offsets {
-            order.retain(|&i| i < o.len());
-            order.sort_by(|&x, &y| o[x].total_cmp(&o[y]));
-        }
+        let order = arrival_order(workload.sessions.len(), offsets.as_deref());
         let flat = workload::ideal_cached_tokens(
-            order
-                .iter()
-                .flat_map(|&i| input.chat[i].iter().cloned())
-                .collect::<Vec<_>>()
-                .into_iter(),
+            order.iter().flat_map(|&i| input.chat[i].iter().cloned()),
         );
-        let mut flat = flat.into_iter();
-        let mut table = vec![Vec::new(); workload.sessions.len()];
-        for &i in &order {
-            table[i] = flat.by_ref().take(input.chat[i].len()).collect();
-        }
-        table
+        workload::per_session(
+            &order,
+            |i| input.chat[i].len(),
+            workload.sessions.len(),
+            flat,
+        )
     };
     let ideal = workload::ideal_rate(&ideal_table);
     eprintln!("{}", describe_workload(&workload, ideal, &a.workload, salt));

@@ -74,13 +74,14 @@ impl FaultRates {
         }
         if let Some((rate, len)) = self.hang.filter(|h| h.0 > 0.0) {
             let mut rng = stream(2);
-            let mut busy_until = vec![Duration::ZERO; workers];
-            for from in arrivals(&mut rng, rate * n / 3600.0, horizon, "hang")? {
-                let worker = rng.random_range(0..workers);
-                if from < busy_until[worker] {
-                    continue;
-                }
-                busy_until[worker] = from + len;
+            for (from, worker) in windows(
+                &mut rng,
+                rate * n / 3600.0,
+                horizon,
+                len,
+                Some(workers),
+                "hang",
+            )? {
                 out.push(SimFault::Hang {
                     from,
                     until: from + len,
@@ -90,13 +91,14 @@ impl FaultRates {
         }
         if let Some((rate, len, delay)) = self.slow.filter(|s| s.0 > 0.0) {
             let mut rng = stream(3);
-            let mut busy_until = vec![Duration::ZERO; workers];
-            for from in arrivals(&mut rng, rate * n / 3600.0, horizon, "slow")? {
-                let worker = rng.random_range(0..workers);
-                if from < busy_until[worker] {
-                    continue;
-                }
-                busy_until[worker] = from + len;
+            for (from, worker) in windows(
+                &mut rng,
+                rate * n / 3600.0,
+                horizon,
+                len,
+                Some(workers),
+                "slow",
+            )? {
                 out.push(SimFault::Slow {
                     from,
                     until: from + len,
@@ -107,12 +109,14 @@ impl FaultRates {
         }
         if let Some((rate, len)) = self.drop_kv_events.filter(|d| d.0 > 0.0) {
             let mut rng = stream(4);
-            let mut busy_until = Duration::ZERO;
-            for from in arrivals(&mut rng, rate / 3600.0, horizon, "drop-kv-events")? {
-                if from < busy_until {
-                    continue;
-                }
-                busy_until = from + len;
+            for (from, _) in windows(
+                &mut rng,
+                rate / 3600.0,
+                horizon,
+                len,
+                None,
+                "drop-kv-events",
+            )? {
                 out.push(SimFault::DropKvEvents {
                     from,
                     until: from + len,
@@ -121,6 +125,32 @@ impl FaultRates {
         }
         Ok(out)
     }
+}
+
+/// Windows of `len` starting at a Poisson process's times, each on a worker drawn uniformly
+/// from `0..n` (`workers: Some(n)`), or fleet-wide (`None`: worker 0, nothing drawn); a
+/// window that would overlap the previous one on its worker is not drawn.
+///
+/// # Errors
+/// As [`arrivals`].
+fn windows(
+    rng: &mut StdRng,
+    per_s: f64,
+    horizon: Duration,
+    len: Duration,
+    workers: Option<usize>,
+    kind: &str,
+) -> anyhow::Result<Vec<(Duration, usize)>> {
+    let mut busy_until = vec![Duration::ZERO; workers.unwrap_or(1)];
+    let mut out = Vec::new();
+    for from in arrivals(rng, per_s, horizon, kind)? {
+        let worker = workers.map_or(0, |n| rng.random_range(0..n));
+        if from >= busy_until[worker] {
+            busy_until[worker] = from + len;
+            out.push((from, worker));
+        }
+    }
+    Ok(out)
 }
 
 /// Most faults of one kind a run draws: a rate beyond it is an error, not a run that fills

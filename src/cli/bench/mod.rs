@@ -437,12 +437,19 @@ pub fn arrival_plan(
         ArrivalKind::Poisson
     });
     let offsets = arrival_offsets(a, kind, w)?;
-    let mut order: Vec<usize> = (0..w.sessions.len()).collect();
-    if let Some(o) = &offsets {
+    let order = arrival_order(w.sessions.len(), offsets.as_deref());
+    Ok((offsets, w.ideal_cached_in(&order)))
+}
+
+/// The order `sessions` sessions start in: by their `offsets` (those without one are not
+/// sent), or as listed (closed loop).
+pub fn arrival_order(sessions: usize, offsets: Option<&[f64]>) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..sessions).collect();
+    if let Some(o) = offsets {
         order.retain(|&i| i < o.len());
         order.sort_by(|&x, &y| o[x].total_cmp(&o[y]));
     }
-    Ok((offsets, w.ideal_cached_in(&order)))
+    order
 }
 
 /// Lines about the workload for stderr: size, what the caps changed, hit-rate ceilings.

@@ -208,64 +208,15 @@ fn panel(out: &mut String, x0: f64, title: &str, series: &[(&str, &[f64])]) {
     cdf_panel(out, x0, 0.0, title, series);
 }
 
-/// A CDF panel at (`x0`, `y0`).
+/// A CDF panel at (`x0`, `y0`): x in ms, y the fraction of samples at or below it.
 fn cdf_panel(out: &mut String, x0: f64, y0: f64, title: &str, series: &[(&str, &[f64])]) {
-    let xmax = series
+    let curves: Vec<Vec<(f64, f64)>> = series.iter().map(|(_, v)| cdf_points(v)).collect();
+    let lines: Vec<(&str, &[(f64, f64)])> = series
         .iter()
-        .flat_map(|(_, v)| v.iter().copied())
-        .filter(|x| x.is_finite())
-        .fold(0.0_f64, f64::max)
-        .max(1.0);
-    let (left, top) = (x0 + MARGIN_L, y0 + MARGIN_T);
-    let bottom = top + PLOT_H;
-    let _ = writeln!(
-        out,
-        r#"<text x="{:.1}" y="{:.1}" font-size="13" text-anchor="middle">{}</text>"#,
-        left + PLOT_W / 2.0,
-        y0 + 18.0,
-        xml_escape(title)
-    );
-    let _ = writeln!(
-        out,
-        r##"<rect x="{left:.1}" y="{top:.1}" width="{PLOT_W:.1}" height="{PLOT_H:.1}" fill="none" stroke="#888"/>"##
-    );
-    for i in 0..=4 {
-        let f = f64::from(i) / 4.0;
-        let y = bottom - f * PLOT_H;
-        let x = left + f * PLOT_W;
-        let _ = writeln!(
-            out,
-            r#"<text x="{:.1}" y="{:.1}" font-size="10" text-anchor="end">{:.2}</text>"#,
-            left - 4.0,
-            y + 3.0,
-            f
-        );
-        let _ = writeln!(
-            out,
-            r#"<text x="{x:.1}" y="{:.1}" font-size="10" text-anchor="middle">{:.0}</text>"#,
-            bottom + 14.0,
-            f * xmax
-        );
-    }
-    let _ = writeln!(
-        out,
-        r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle">ms</text>"#,
-        left + PLOT_W / 2.0,
-        bottom + 32.0
-    );
-    for (k, (label, v)) in series.iter().enumerate() {
-        let pts: Vec<String> = cdf_points(v)
-            .iter()
-            .map(|&(x, f)| format!("{:.1},{:.1}", left + x / xmax * PLOT_W, bottom - f * PLOT_H))
-            .collect();
-        let _ = writeln!(
-            out,
-            r#"<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"><title>{}</title></polyline>"#,
-            COLOURS[k % COLOURS.len()],
-            pts.join(" "),
-            xml_escape(label)
-        );
-    }
+        .zip(&curves)
+        .map(|((label, _), c)| (*label, c.as_slice()))
+        .collect();
+    line_panel(out, (x0, y0), title, ("ms", ""), true, &lines);
 }
 
 /// One run of a side-by-side plot ([`side_by_side_svg`]): its successful requests' TTFTs and
@@ -322,11 +273,14 @@ impl PlotSeries {
 }
 
 /// A line panel at (`x0`, `y0`): `(x, y)` series from 0 to their largest values.
+///
+/// `fraction`: y is a fraction (axis 0 to 1, two decimals) rather than a count.
 fn line_panel(
     out: &mut String,
     (x0, y0): (f64, f64),
     title: &str,
     (x_unit, y_unit): (&str, &str),
+    fraction: bool,
     series: &[(&str, &[(f64, f64)])],
 ) {
     let max = |f: fn(&(f64, f64)) -> f64| {
@@ -337,7 +291,9 @@ fn line_panel(
             .fold(0.0_f64, f64::max)
             .max(1.0)
     };
-    let (xmax, ymax) = (max(|p| p.0), max(|p| p.1));
+    let xmax = max(|p| p.0);
+    let ymax = if fraction { 1.0 } else { max(|p| p.1) };
+    let y_digits = if fraction { 2 } else { 0 };
     let (left, top) = (x0 + MARGIN_L, y0 + MARGIN_T);
     let bottom = top + PLOT_H;
     let _ = writeln!(
@@ -355,9 +311,10 @@ fn line_panel(
         let f = f64::from(i) / 4.0;
         let _ = writeln!(
             out,
-            r#"<text x="{:.1}" y="{:.1}" font-size="10" text-anchor="end">{:.0}</text>"#,
+            r#"<text x="{:.1}" y="{:.1}" font-size="10" text-anchor="end">{:.*}</text>"#,
             left - 4.0,
             bottom - f * PLOT_H + 3.0,
+            y_digits,
             f * ymax
         );
         let _ = writeln!(
@@ -375,13 +332,15 @@ fn line_panel(
         bottom + 32.0,
         xml_escape(x_unit)
     );
-    let _ = writeln!(
-        out,
-        r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="start">{}</text>"#,
-        left + 4.0,
-        top + 12.0,
-        xml_escape(y_unit)
-    );
+    if !y_unit.is_empty() {
+        let _ = writeln!(
+            out,
+            r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="start">{}</text>"#,
+            left + 4.0,
+            top + 12.0,
+            xml_escape(y_unit)
+        );
+    }
     for (k, (label, v)) in series.iter().enumerate() {
         let pts: Vec<String> = v
             .iter()
@@ -439,6 +398,7 @@ pub fn side_by_side_svg(runs: &[(String, PlotSeries)]) -> String {
         (0.0, PANEL_H),
         "Requests in flight",
         ("s from the first request", "requests"),
+        false,
         &flight,
     );
     for (k, (label, _)) in runs.iter().enumerate() {

@@ -208,13 +208,25 @@ impl Workload {
                 Prompt::Chat { .. } => Vec::new(),
             }))
         };
-        let mut flat = flat.into_iter();
-        let mut out = vec![Vec::new(); self.sessions.len()];
-        for (&i, s) in order.iter().zip(&sessions) {
-            out[i] = flat.by_ref().take(s.turns.len()).collect();
-        }
-        out
+        let turns = |i: usize| self.sessions.get(i).map_or(0, |s| s.turns.len());
+        per_session(order, turns, self.sessions.len(), flat)
     }
+}
+
+/// A flat per-turn list (sessions in `order`, turns in order) back into a table indexed
+/// `[session][turn]` of `sessions` sessions; sessions not in `order` get no entries.
+pub fn per_session<T: Clone>(
+    order: &[usize],
+    turns: impl Fn(usize) -> usize,
+    sessions: usize,
+    flat: Vec<T>,
+) -> Vec<Vec<T>> {
+    let mut flat = flat.into_iter();
+    let mut out = vec![Vec::new(); sessions];
+    for &i in order {
+        out[i] = flat.by_ref().take(turns(i)).collect();
+    }
+    out
 }
 
 /// Length caps, in tokens.
