@@ -6,6 +6,8 @@
 //! - `hash.rs` — block hash / sequence hash recipe (XXH3-64) and [`block_hashes`].
 //! - `pool.rs` — [`BlockPool`]: ids, refcounts, prefix cache, eviction, KV event outbox.
 //! - `eviction.rs` — [`EvictionPolicy`]: LRU with a frequency bias.
+//! - `tiers.rs` — the lower tiers G2 (host) and G3 (disk): offload, demotion, onboard, the
+//!   copies a driver carries out ([`TierCopy`]), [`TierConfig`].
 //! - `lease.rs` — [`SeqLease`]: the value that stands for a sequence's blocks; drop-safe.
 //! - `events.rs` — [`KvEvent`] and friends (serde), [`EventReplay`] (reference consumer).
 //! - `vllm.rs` — vLLM's KV event wire format (MessagePack) and [`vllm::Translator`], which
@@ -67,6 +69,7 @@ pub mod faults;
 pub mod hash;
 mod lease;
 pub mod pool;
+pub mod tiers;
 pub mod vllm;
 pub mod zmq;
 
@@ -74,9 +77,14 @@ pub mod zmq;
 mod invariants;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tier_tests;
 
 pub use events::{EventError, EventReplay, KvEvent, KvEventData, SnapshotBlock, StoredBlock, Tier};
 pub use eviction::EvictionPolicy;
 pub use hash::{ROOT_PARENT_SEQ_HASH, block_hash, block_hashes, sequence_hash};
 pub use lease::SeqLease;
 pub use pool::{Allocation, BlockPool, PoolError, PoolUsage};
+pub use tiers::{
+    BlockLoc, CopyId, CopyKind, CopyOutcome, TierConfig, TierCopy, TierCounters, TierUsage,
+};

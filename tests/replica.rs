@@ -129,6 +129,8 @@ impl Harness {
             role,
             disagg: Default::default(),
             sim_transfer: None,
+            tiers: Default::default(),
+            tier_links: None,
             kv_events: None,
             board: board.clone(),
             clock: flotilla::runtime::clock::system(),

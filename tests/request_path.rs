@@ -407,6 +407,7 @@ impl Fleet {
                 self.steps.push((end, wid.clone(), result));
             }
             WorkerEffect::Pull(job) => panic!("no disaggregation here: {job:?}"),
+            WorkerEffect::TierCopies(c) => panic!("no lower KV tiers here: {c:?}"),
             WorkerEffect::Release(_) | WorkerEffect::RoleChanged(_) | WorkerEffect::Ping => {}
             WorkerEffect::ConfirmPull { .. } => panic!("no disaggregation here"),
             WorkerEffect::KvEvents { events, .. } => self.router.kv_events(events),

@@ -498,7 +498,10 @@ async fn handle_msg(
         SchedulerMsg::SetRole(_) => {
             tracing::warn!(worker = %state.args.worker, "an external engine has no disaggregated role; ignored");
         }
-        SchedulerMsg::StepDone(_) | SchedulerMsg::CanaryDone(_) | SchedulerMsg::PullDone(_) => {}
+        SchedulerMsg::StepDone(_)
+        | SchedulerMsg::CanaryDone(_)
+        | SchedulerMsg::PullDone(_)
+        | SchedulerMsg::CopiesDone(_) => {}
     }
     Ok(())
 }

@@ -15,15 +15,16 @@
 //! ([`KvPublisherMsg::EventTokens`]), and the publisher remembers them per block so that the
 //! re-announcements after a clear carry them too.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
 
+use crate::kv::events::parents_first;
 use crate::kv::faults::KvEventFaults;
 use crate::kv::vllm::{VllmBatch, from_flotilla};
 use crate::kv::zmq::ZmqPublisher;
-use crate::kv::{EventReplay, KvEvent, KvEventData, SnapshotBlock};
+use crate::kv::{EventReplay, KvEvent, KvEventData, SnapshotBlock, Tier};
 use crate::runtime::ids::{EventId, SequenceHash, WorkerId};
 use crate::runtime::wire::Wire;
 use std::net::SocketAddr;
@@ -51,8 +52,11 @@ pub struct KvSnapshot {
     pub worker: WorkerId,
     /// Last event applied (`None` before the first).
     pub last_event: Option<EventId>,
-    /// Registered blocks, parents before children.
+    /// Registered blocks (G1), parents before children.
     pub blocks: Vec<SnapshotBlock>,
+    /// The blocks of each lower tier (G2, G3) the worker holds, parents before children.
+    #[serde(default)]
+    pub lower: Vec<(Tier, Vec<SnapshotBlock>)>,
 }
 
 /// Messages of the [`KvEventPublisher`].
@@ -193,6 +197,11 @@ impl KvPublisherState {
             worker: self.worker.clone(),
             last_event: self.mirror.last_event(),
             blocks: parents_first(self.mirror.blocks().values().copied().collect()),
+            lower: [Tier::Host, Tier::Disk]
+                .into_iter()
+                .map(|t| (t, parents_first(self.mirror.tier_blocks(t))))
+                .filter(|(_, b)| !b.is_empty())
+                .collect(),
         }
     }
 
@@ -204,35 +213,6 @@ impl KvPublisherState {
             .filter(|_| !self.faults.drop_event(&self.worker))
             .collect()
     }
-}
-
-fn parents_first(mut blocks: Vec<SnapshotBlock>) -> Vec<SnapshotBlock> {
-    let index: HashMap<_, _> = blocks.iter().map(|b| (b.seq_hash, *b)).collect();
-    let mut done = HashSet::new();
-    let mut out = Vec::with_capacity(blocks.len());
-    blocks.sort_by_key(|b| b.seq_hash);
-    for b in &blocks {
-        let mut chain = vec![*b];
-        let mut cur = b.parent;
-        while let Some(p) = cur {
-            if done.contains(&p) {
-                break;
-            }
-            match index.get(&p) {
-                Some(pb) => {
-                    chain.push(*pb);
-                    cur = pb.parent;
-                }
-                None => break,
-            }
-        }
-        for c in chain.into_iter().rev() {
-            if done.insert(c.seq_hash) {
-                out.push(c);
-            }
-        }
-    }
-    out
 }
 
 impl Actor for KvEventPublisher {

@@ -300,6 +300,11 @@ impl RouterState {
     }
 
     /// Requests placed and not yet released.
+    /// The prefix index.
+    pub fn index(&self) -> &PrefixIndex {
+        &self.index
+    }
+
     pub fn placed(&self) -> usize {
         self.load.len()
     }
@@ -455,7 +460,9 @@ impl RouterState {
     fn on_snapshot(&mut self, snap: KvSnapshot) {
         self.resyncs.remove(&snap.worker);
         let last = snap.last_event.unwrap_or(EventId(0));
-        let report = self.index.resync(&snap.worker, last, &snap.blocks);
+        let mut tiers = vec![(crate::kv::Tier::Device, snap.blocks.as_slice())];
+        tiers.extend(snap.lower.iter().map(|(t, b)| (*t, b.as_slice())));
+        let report = self.index.resync_tiers(&snap.worker, last, &tiers);
         tracing::info!(worker = %snap.worker, blocks = snap.blocks.len(), ?report, "resynced from snapshot");
     }
 

@@ -12,9 +12,10 @@
 //! gone. The policy, the disaggregation protocol and the step protocol are described in
 //! [`crate::worker::scheduler`].
 
+use crate::kv::{CopyId, CopyOutcome, TierConfig, TierCopy};
 use crate::worker::scheduler::{
     BlockPool, DisaggWorker, PullJob, PullResult, PullWork, SCHEDULER_GROUP, SchedulerConfig,
-    SchedulerCore, SchedulerStats, SimTransfer, StatsBoard, StepResult, WorkerCore,
+    SchedulerCore, SchedulerStats, SimTierLinks, SimTransfer, StatsBoard, StepResult, WorkerCore,
     WorkerCoreConfig, WorkerCoreError, WorkerEffect,
 };
 
@@ -56,6 +57,8 @@ pub enum SchedulerMsg {
     HandOffAll(Wire<String>),
     /// Local: a pull of remote KV returned.
     PullDone(Wire<PullResult>),
+    /// Local: copies between KV tiers returned.
+    CopiesDone(Wire<Vec<(CopyId, CopyOutcome)>>),
     /// Change this replica's role (cast): it leaves routing, finishes what it runs, then
     /// switches and is routable again.
     SetRole(Wire<Role>),
@@ -111,6 +114,10 @@ pub struct SchedulerArgs {
     pub transport: Option<std::sync::Arc<crate::transport::Transport>>,
     /// On a simulated engine: the modelled transfer time of a pull.
     pub sim_transfer: Option<SimTransfer>,
+    /// The pool's lower tiers (G2 host, G3 disk: `kv/tiers.rs`).
+    pub tiers: TierConfig,
+    /// On a simulated engine: the modelled speed of copies between tiers.
+    pub tier_links: Option<SimTierLinks>,
     /// Send the token ids of stored blocks with the KV events (the replica publishes
     /// vLLM-format events, which carry them).
     pub token_events: bool,
@@ -128,6 +135,8 @@ pub struct SchedulerState {
     core: WorkerCore,
     engine: ActorRef<EngineWorkerMsg>,
     ticker: Option<tokio::task::JoinHandle<()>>,
+    /// When the modelled tier copy lanes are free again (sim engine: store, load).
+    lanes: [tokio::time::Instant; 2],
 }
 
 /// The Scheduler actor.
@@ -158,6 +167,7 @@ impl SchedulerState {
         match effect {
             WorkerEffect::Step { step, batch } => self.run_step(myself, step, batch),
             WorkerEffect::Pull(job) => self.run_pull(myself, job),
+            WorkerEffect::TierCopies(copies) => self.run_copies(myself, copies),
             WorkerEffect::Release(seq) => {
                 let _ = self.engine.cast(EngineWorkerMsg::Release(seq));
             }
@@ -213,6 +223,34 @@ impl SchedulerState {
                 output,
             })));
         });
+    }
+
+    /// Copies between KV tiers: on a simulated engine each lane (store, load) carries out its
+    /// copies one after another at the modelled speed, and a batch answers `CopiesDone` when
+    /// its last copy ends. An engine without a copier answers them failed (the pool then
+    /// recomputes; configuration refuses tiers there).
+    fn run_copies(&mut self, myself: &ActorRef<SchedulerMsg>, copies: Vec<TierCopy>) {
+        let done = |r: Vec<(CopyId, CopyOutcome)>| SchedulerMsg::CopiesDone(Wire::encode(&r));
+        let Some(links) = self.args.tier_links else {
+            let r = copies.iter().map(|c| (c.id, CopyOutcome::Failed)).collect();
+            let _ = myself.cast(done(r));
+            return;
+        };
+        let (store, load): (Vec<_>, Vec<_>) = copies.into_iter().partition(|c| c.is_store());
+        let now = tokio::time::Instant::now();
+        for (lane, batch) in [(0, store), (1, load)] {
+            if batch.is_empty() {
+                continue;
+            }
+            let end = self.lanes[lane].max(now) + links.time(&batch, self.args.block_size);
+            self.lanes[lane] = end;
+            let r: Vec<_> = batch.iter().map(|c| (c.id, CopyOutcome::Done)).collect();
+            let me = myself.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep_until(end).await;
+                let _ = me.cast(done(r));
+            });
+        }
     }
 
     /// A pull of remote KV (the node's transport actor, or the sim engine's modelled
@@ -290,6 +328,7 @@ impl Actor for Scheduler {
                 .ok_or_else(|| format!("engine worker {} is not running", args.engine_name))?
                 .into();
         let mut pool = BlockPool::new(args.num_blocks, args.block_size, args.salt)?
+            .with_tiers(args.tiers)?
             .with_worker(args.worker.clone());
         if args.token_events {
             pool = pool.with_token_events();
@@ -321,6 +360,7 @@ impl Actor for Scheduler {
             core,
             engine,
             ticker: Some(ticker),
+            lanes: [tokio::time::Instant::now(); 2],
         };
         state.apply(&myself);
         state.args.board.publish(state.core.stats());
@@ -403,6 +443,12 @@ fn handle_msg(msg: SchedulerMsg, state: &mut SchedulerState) -> Result<(), Worke
         SchedulerMsg::PullDone(wire) => {
             if let Ok(result) = wire.decode() {
                 state.core.pull_done(result)?;
+            }
+        }
+        SchedulerMsg::CopiesDone(wire) => {
+            if let Ok(results) = wire.decode() {
+                let results: Vec<(CopyId, CopyOutcome)> = results;
+                state.core.copies_done(&results)?;
             }
         }
         SchedulerMsg::SetRole(wire) => {

@@ -15,7 +15,8 @@
 //! configuration key with `--set section.field=value` (as `flotilla up` takes them; the engine
 //! is always the sim engine, its profile `worker.sim_profile` or the built-in H100 one) or a
 //! `--config` file. `--compare KEY=V1,V2,…` runs the workload once per value of any
-//! configuration key, or of `workers`. The token ids of prompts are those `flotilla bench`
+//! configuration key, or of `workers`; a value `V+KEY2=V2+…` sets further keys in that run
+//! (`--compare worker.kv_host_blocks=0,8192,8192+worker.kv_disk_blocks=32768`). The token ids of prompts are those `flotilla bench`
 //! sends (the same `--salt` gives the same prompts; the default salt here is 0, not random, so
 //! that runs repeat). A chat workload (`--dataset sharegpt`) is rendered through the model's
 //! chat template and tokenizer, as the gateway renders it (`--model`).
@@ -99,7 +100,7 @@ pub struct SimArgs {
     #[arg(long = "set")]
     pub set: Vec<String>,
     /// Run once per value of a configuration key (`router.policy=kv,round_robin`) or of
-    /// `workers` (`workers=16,64,256`).
+    /// `workers` (`workers=16,64,256`); a value `V+KEY2=V2+…` sets further keys in its run.
     #[arg(long)]
     pub compare: Option<String>,
     /// The model whose facts the workers take (context, vocabulary, block-hash salt)
@@ -483,8 +484,19 @@ fn variants(a: &SimArgs, name: &str) -> anyhow::Result<Vec<SimVariant>> {
                     kill_rate: Some(r),
                 })
             } else {
+                // `V+KEY2=V2+…`: one run that sets several keys.
+                let mut parts = v.split('+').map(str::trim);
+                let first = parts.next().unwrap_or_default();
+                let mut set = vec![format!("{key}={first}")];
+                for extra in parts {
+                    ensure!(
+                        extra.contains('='),
+                        "--compare {label}: expected VALUE+KEY=VALUE+… in a value"
+                    );
+                    set.push(extra.to_owned());
+                }
                 Ok(SimVariant {
-                    set: Some(label.clone()),
+                    set: Some(set.join("\n")),
                     label,
                     workers: None,
                     planner: None,
@@ -506,7 +518,12 @@ fn load_config(a: &SimArgs, extra: Option<&str>) -> anyhow::Result<Config> {
             m.display().to_string(),
         ));
     }
-    for kv in a.set.iter().map(String::as_str).chain(extra) {
+    for kv in a
+        .set
+        .iter()
+        .map(String::as_str)
+        .chain(extra.into_iter().flat_map(|e| e.split('\n')))
+    {
         o = o.merge(crate::cli::up::set_override(kv)?);
     }
     Ok(Config::load_with(a.config.as_deref(), o)?)
@@ -886,7 +903,8 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
         let span = outcome.span.as_secs_f64();
         eprintln!(
             "[{}] simulated {span:.1} s in {wall:.2} s ({:.0}× real time): {} events, {} \
-             steps, {} placements, {} migrations, {} shed, {} given up; left over: {}",
+             steps, {} placements, {} migrations, {} shed, {} given up; left over: {}; {} \
+             router index entries differ from the pools",
             v.label,
             span / wall.max(1e-9),
             outcome.counters.events,
@@ -896,7 +914,24 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
             outcome.counters.shed,
             outcome.counters.gave_up,
             outcome.leftovers,
+            outcome.counters.index_mismatches,
         );
+        let t = &outcome.counters.kv_tiers;
+        if t.offloads + t.offload_drops > 0 {
+            eprintln!(
+                "[{}] KV tiers: {} blocks offloaded to G2 ({} dropped: the offload queue or G2 \
+                 full), {} demoted to G3, {} onboarded from G2 and {} from G3, {} copy \
+                 failures, {} corrupt",
+                v.label,
+                t.offloads,
+                t.offload_drops,
+                t.demotions,
+                t.onboards_host,
+                t.onboards_disk,
+                t.copy_failures,
+                t.corrupt
+            );
+        }
         let results: Vec<RequestResult> = outcome
             .records
             .iter()

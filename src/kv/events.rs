@@ -4,7 +4,7 @@
 //! the tier. A consumer applies them in id order; [`EventReplay`] is the reference consumer
 //! (a set of registered blocks) and reports a gap so the caller can ask for a snapshot.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -14,7 +14,7 @@ use crate::runtime::ids::{BlockHash, EventId, SequenceHash, WorkerId};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Tier {
-    /// Accelerator memory (G1). The only tier the pool manages today.
+    /// Accelerator memory (G1): the engine's pool.
     Device,
     /// Host memory (G2).
     Host,
@@ -72,10 +72,13 @@ pub enum EventError {
     Gap { expected: EventId, got: EventId },
 }
 
-/// Reference consumer: applies events in order to a set of registered blocks.
+/// Reference consumer: applies events in order to a set of blocks per tier.
 #[derive(Debug, Default, Clone)]
 pub struct EventReplay {
+    /// G1's blocks.
     blocks: HashMap<SequenceHash, SnapshotBlock>,
+    /// The lower tiers' blocks.
+    lower: HashMap<Tier, HashMap<SequenceHash, SnapshotBlock>>,
     last_event: Option<EventId>,
 }
 
@@ -98,11 +101,15 @@ impl EventReplay {
             });
         }
         self.last_event = Some(ev.event_id);
+        let held = match ev.tier {
+            Tier::Device => &mut self.blocks,
+            tier => self.lower.entry(tier).or_default(),
+        };
         match &ev.data {
             KvEventData::Stored { parent, blocks } => {
                 let mut parent = *parent;
                 for b in blocks {
-                    self.blocks.insert(
+                    held.insert(
                         b.seq_hash,
                         SnapshotBlock {
                             seq_hash: b.seq_hash,
@@ -113,23 +120,67 @@ impl EventReplay {
                     parent = Some(b.seq_hash);
                 }
             }
-            KvEventData::Removed { blocks } => {
-                for h in blocks {
-                    self.blocks.remove(h);
+            KvEventData::Removed { blocks: removed } => {
+                for h in removed {
+                    held.remove(h);
                 }
             }
-            KvEventData::Cleared => self.blocks.clear(),
+            KvEventData::Cleared => held.clear(),
         }
         Ok(())
     }
 
-    /// The blocks currently held, keyed by sequence hash.
+    /// The G1 blocks currently held, keyed by sequence hash.
     pub fn blocks(&self) -> &HashMap<SequenceHash, SnapshotBlock> {
         &self.blocks
+    }
+
+    /// The blocks `tier` currently holds, keyed by sequence hash.
+    pub fn tier_blocks(&self, tier: Tier) -> Vec<SnapshotBlock> {
+        match tier {
+            Tier::Device => self.blocks.values().copied().collect(),
+            t => self
+                .lower
+                .get(&t)
+                .map(|m| m.values().copied().collect())
+                .unwrap_or_default(),
+        }
     }
 
     /// The id of the last applied event.
     pub fn last_event(&self) -> Option<EventId> {
         self.last_event
     }
+}
+
+/// `blocks` reordered so that each block's parent, when listed, comes before it (chains in
+/// order of their smallest hash); what a snapshot must be for a consumer that links each block
+/// to its parent.
+pub fn parents_first(mut blocks: Vec<SnapshotBlock>) -> Vec<SnapshotBlock> {
+    let index: HashMap<_, _> = blocks.iter().map(|b| (b.seq_hash, *b)).collect();
+    let mut done = HashSet::new();
+    let mut out = Vec::with_capacity(blocks.len());
+    blocks.sort_by_key(|b| b.seq_hash);
+    for b in &blocks {
+        let mut chain = vec![*b];
+        let mut cur = b.parent;
+        while let Some(p) = cur {
+            if done.contains(&p) {
+                break;
+            }
+            match index.get(&p) {
+                Some(pb) => {
+                    chain.push(*pb);
+                    cur = pb.parent;
+                }
+                None => break,
+            }
+        }
+        for c in chain.into_iter().rev() {
+            if done.insert(c.seq_hash) {
+                out.push(c);
+            }
+        }
+    }
+    out
 }

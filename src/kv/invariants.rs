@@ -3,8 +3,10 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::events::Tier;
 use super::hash::block_hashes;
 use super::pool::BlockPool;
+use super::tiers::{BlockLoc, CopyKind, Slot};
 use crate::runtime::ids::BlockId;
 
 impl BlockPool {
@@ -20,6 +22,11 @@ impl BlockPool {
             on_free[b.0 as usize] += 1;
         }
         let mut refs: HashMap<BlockId, u32> = HashMap::new();
+        for table in self.lingering.values() {
+            for &b in table {
+                *refs.entry(b).or_default() += 1;
+            }
+        }
         for (seq, st) in &self.seqs {
             let mut seen = HashSet::new();
             for &b in &st.table {
@@ -131,6 +138,117 @@ impl BlockPool {
         let u = self.usage();
         if u.free_blocks != nfree || u.cached_blocks != nevict || u.used_blocks != nused {
             return Err("usage() disagrees with the blocks".into());
+        }
+        self.check_tiers()
+    }
+
+    /// The lower tiers: each store's slots, index and LRU agree, capacities hold, a hash is in
+    /// at most one slot per tier, and every copy in flight holds what it needs (an offload's
+    /// G1 block and target slot, a demotion's target slot, an onboard's pinned source).
+    fn check_tiers(&self) -> Result<(), String> {
+        let Some(t) = self.tiers.as_ref() else {
+            return if self.offloads_of.is_empty() && self.lingering.is_empty() {
+                Ok(())
+            } else {
+                Err("offloads without lower tiers".into())
+            };
+        };
+        let mut pins: HashMap<(Tier, u32), u32> = HashMap::new();
+        let mut reserved: HashMap<(Tier, u32), u32> = HashMap::new();
+        let mut holds: HashMap<u64, u32> = HashMap::new();
+        for c in t.pending.values() {
+            match (c.kind, c.from, c.to) {
+                (CopyKind::Offload, BlockLoc::Device(_), BlockLoc::Host(s)) => {
+                    let table = self
+                        .offload_table
+                        .get(&c.id)
+                        .ok_or("offload without a table")?;
+                    *holds.entry(*table).or_default() += 1;
+                    *reserved.entry((Tier::Host, s)).or_default() += 1;
+                    if !t.incoming_host.contains(&c.block.seq_hash) {
+                        return Err(format!(
+                            "offload of {} not marked incoming",
+                            c.block.seq_hash
+                        ));
+                    }
+                }
+                (CopyKind::Demote, BlockLoc::Host(_), BlockLoc::Disk(s)) => {
+                    *reserved.entry((Tier::Disk, s)).or_default() += 1;
+                }
+                (CopyKind::Onboard(_), from, BlockLoc::Device(_)) => {
+                    let s = match from {
+                        BlockLoc::Host(s) | BlockLoc::Disk(s) => s,
+                        BlockLoc::Device(_) => return Err("onboard from G1".into()),
+                    };
+                    *pins.entry((from.tier(), s)).or_default() += 1;
+                }
+                other => return Err(format!("copy of an impossible shape {other:?}")),
+            }
+        }
+        if holds != self.offloads_of
+            || self.offload_table.len() != holds.values().sum::<u32>() as usize
+        {
+            return Err("offload counts per table disagree with the copies".into());
+        }
+        if let Some(t) = self
+            .lingering
+            .keys()
+            .find(|t| !self.offloads_of.contains_key(t))
+        {
+            return Err(format!("table {t} lingers with no offload in flight"));
+        }
+        for store in std::iter::once(&t.host).chain(t.disk.as_ref()) {
+            let tier = store.tier;
+            if store.slots.len() > store.capacity || store.index.len() > store.capacity {
+                return Err(format!("{tier:?} over capacity"));
+            }
+            let mut seen = std::collections::HashSet::new();
+            let mut lru = 0;
+            for (i, slot) in store.slots.iter().enumerate() {
+                let s = i as u32;
+                let want_pins = pins.get(&(tier, s)).copied().unwrap_or(0);
+                let want_res = reserved.get(&(tier, s)).copied().unwrap_or(0);
+                match slot {
+                    Slot::Free => {
+                        if want_pins + want_res > 0 || !store.free.contains(&s) {
+                            return Err(format!("{tier:?} slot {s}: free but in use"));
+                        }
+                    }
+                    Slot::Reserved => {
+                        if want_res != 1 {
+                            return Err(format!("{tier:?} slot {s}: reserved by {want_res}"));
+                        }
+                    }
+                    Slot::Held(e) => {
+                        if e.pins != want_pins || want_res > 0 {
+                            return Err(format!(
+                                "{tier:?} slot {s}: pins {} != {want_pins}",
+                                e.pins
+                            ));
+                        }
+                        if e.dead {
+                            if e.pins == 0 || store.index.get(&e.block.seq_hash) == Some(&s) {
+                                return Err(format!("{tier:?} slot {s}: dead entry kept"));
+                            }
+                            continue;
+                        }
+                        if !seen.insert(e.block.seq_hash) {
+                            return Err(format!("{tier:?}: {} held twice", e.block.seq_hash));
+                        }
+                        if store.index.get(&e.block.seq_hash) != Some(&s) {
+                            return Err(format!("{tier:?} slot {s}: not indexed"));
+                        }
+                        let in_lru = store.lru.contains(&(e.key, s));
+                        if in_lru != (e.pins == 0) {
+                            return Err(format!("{tier:?} slot {s}: LRU membership wrong"));
+                        }
+                        lru += usize::from(in_lru);
+                    }
+                }
+            }
+            if seen.len() != store.index.len() || lru != store.lru.len() {
+                return Err(format!("{tier:?}: index or LRU lists dead slots"));
+            }
         }
         Ok(())
     }

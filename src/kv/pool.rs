@@ -10,6 +10,7 @@ use super::events::{KvEvent, KvEventData, SnapshotBlock, StoredBlock, Tier};
 use super::eviction::EvictionPolicy;
 use super::hash::{block_hash, sequence_hash};
 use super::lease::{ReturnQueue, SeqLease};
+use super::tiers::{LowerTiers, TierConfig};
 use crate::runtime::ids::{BlockHash, BlockId, EventId, SeqId, SequenceHash, WorkerId};
 
 /// Errors of the block pool. None of them changes the pool (every operation is all-or-nothing).
@@ -33,13 +34,19 @@ pub enum PoolError {
     },
     #[error("the lease of sequence {0} was issued by another pool")]
     ForeignLease(SeqId),
+    #[error("invalid KV tier config: {0}")]
+    InvalidTiers(&'static str),
 }
 
 /// Result of [`BlockPool::allocate_sequence`].
 #[derive(Debug)]
 pub struct Allocation {
-    /// Leading prompt tokens whose KV is already cached (a multiple of the block size).
+    /// Leading prompt tokens whose KV is already cached in G1 (a multiple of the block size).
     pub cached_tokens: usize,
+    /// Prompt tokens after those whose KV is being onboarded from a lower tier (a multiple of
+    /// the block size; 0 without lower tiers): the sequence must not be scheduled until
+    /// [`BlockPool::copies_done`] reports its onboard finished.
+    pub onboard_tokens: usize,
     /// The sequence's blocks: cached prefix first, then fresh blocks for the rest (+1 slot).
     pub block_table: Vec<BlockId>,
     /// Hand back with [`BlockPool::free`].
@@ -98,6 +105,8 @@ pub(super) struct SeqState {
     /// Leading blocks already registered or deduplicated.
     pub(super) hashed_blocks: usize,
     pub(super) last_seq_hash: Option<SequenceHash>,
+    /// Unique per allocation: offload copies of its blocks name it.
+    pub(super) table_id: u64,
 }
 
 /// The block pool of one replica (see the module doc).
@@ -125,6 +134,15 @@ pub struct BlockPool {
     pub(super) tick: u64,
     pub(super) returns: ReturnQueue,
     pub(super) leaked: u64,
+    /// G2 and G3 (`kv/tiers.rs`), when configured.
+    pub(super) tiers: Option<LowerTiers>,
+    pub(super) next_table_id: u64,
+    /// Offload copies in flight per table (see [`BlockPool::free`]).
+    pub(super) offloads_of: HashMap<u64, u32>,
+    /// The table each offload in flight belongs to.
+    pub(super) offload_table: HashMap<super::tiers::CopyId, u64>,
+    /// Tables of freed sequences kept until their offloads return.
+    pub(super) lingering: HashMap<u64, Vec<BlockId>>,
 }
 
 impl BlockPool {
@@ -160,6 +178,11 @@ impl BlockPool {
             tick: 0,
             returns: Arc::new(Mutex::new(Vec::new())),
             leaked: 0,
+            tiers: None,
+            next_table_id: 0,
+            offloads_of: HashMap::new(),
+            offload_table: HashMap::new(),
+            lingering: HashMap::new(),
         })
     }
 
@@ -175,6 +198,17 @@ impl BlockPool {
     pub fn with_token_events(mut self) -> Self {
         self.token_outbox = Some(Vec::new());
         self
+    }
+
+    /// Adds lower tiers (G2 host, G3 disk: `kv/tiers.rs`); a config with no tier on leaves
+    /// the pool as it is.
+    ///
+    /// # Errors
+    /// [`PoolError::InvalidTiers`] ([`TierConfig::validate`]).
+    pub fn with_tiers(mut self, config: TierConfig) -> Result<Self, PoolError> {
+        config.validate().map_err(PoolError::InvalidTiers)?;
+        self.tiers = config.is_on().then(|| LowerTiers::new(config));
+        Ok(self)
     }
 
     /// Replaces the eviction policy.
@@ -237,6 +271,30 @@ impl BlockPool {
         seq: SeqId,
         prompt: &[u32],
     ) -> Result<Allocation, PoolError> {
+        self.allocate(seq, prompt, false)
+    }
+
+    /// [`BlockPool::allocate_sequence`], and the blocks after the G1 prefix hit that a lower
+    /// tier holds (G2 first, then G3, up to the first block in neither) are onboarded: their
+    /// copies wait in [`BlockPool::drain_copies`] and [`Allocation::onboard_tokens`] counts
+    /// them. Without lower tiers, the same as `allocate_sequence`.
+    ///
+    /// # Errors
+    /// As [`BlockPool::allocate_sequence`].
+    pub fn allocate_onboarding(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+    ) -> Result<Allocation, PoolError> {
+        self.allocate(seq, prompt, true)
+    }
+
+    fn allocate(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+        onboard: bool,
+    ) -> Result<Allocation, PoolError> {
         self.reclaim_leaked();
         if prompt.is_empty() {
             return Err(PoolError::EmptyPrompt(seq));
@@ -270,7 +328,22 @@ impl BlockPool {
             }
         }
         self.emit_removed(removed);
+        let lower = if onboard {
+            self.lower_hits(prompt, hits.len(), hits.last().map(|&(_, h)| h))
+        } else {
+            Vec::new()
+        };
+        if let Some(t) = self.tiers.as_mut()
+            && !lower.is_empty()
+        {
+            let targets: Vec<u32> = table[hits.len()..hits.len() + lower.len()]
+                .iter()
+                .map(|b| b.0)
+                .collect();
+            t.onboard(seq, &lower, &targets);
+        }
         let cached_tokens = hits.len() * self.block_size;
+        self.next_table_id += 1;
         self.seqs.insert(
             seq,
             SeqState {
@@ -279,10 +352,12 @@ impl BlockPool {
                 num_computed: cached_tokens,
                 hashed_blocks: hits.len(),
                 last_seq_hash: hits.last().map(|&(_, h)| h),
+                table_id: self.next_table_id,
             },
         );
         Ok(Allocation {
             cached_tokens,
+            onboard_tokens: lower.len() * self.block_size,
             block_table: table,
             lease: SeqLease::new(seq, Arc::clone(&self.returns)),
         })
@@ -372,6 +447,7 @@ impl BlockPool {
         let mut group_tokens: Vec<u32> = Vec::new();
         let keep_tokens = self.token_outbox.is_some();
         let mut group_parent = st.last_seq_hash;
+        let mut offload = Vec::new();
         while (st.hashed_blocks + 1) * bs <= st.num_computed {
             let i = st.hashed_blocks;
             let bh = block_hash(&st.tokens[i * bs..(i + 1) * bs], self.salt);
@@ -395,6 +471,16 @@ impl BlockPool {
                     depth: i,
                 });
                 self.index.insert(sh, b);
+                if self.tiers.is_some() {
+                    offload.push((
+                        b,
+                        SnapshotBlock {
+                            seq_hash: sh,
+                            parent: st.last_seq_hash,
+                            block_hash: bh,
+                        },
+                    ));
+                }
                 group.push(StoredBlock {
                     seq_hash: sh,
                     block_hash: bh,
@@ -408,7 +494,9 @@ impl BlockPool {
             st.hashed_blocks += 1;
         }
         self.emit_stored_tokens(group_parent, group, group_tokens);
+        let table_id = st.table_id;
         self.seqs.insert(seq, st);
+        self.offload(table_id, offload);
         Ok(registered)
     }
 
@@ -552,7 +640,7 @@ impl BlockPool {
         m.hits = m.hits.saturating_add(1);
     }
 
-    fn release(&mut self, b: BlockId) {
+    pub(super) fn release(&mut self, b: BlockId) {
         let m = &mut self.blocks[b.0 as usize];
         m.ref_count = m.ref_count.saturating_sub(1);
         if m.ref_count > 0 {
@@ -597,10 +685,21 @@ impl BlockPool {
         let Some(st) = self.seqs.remove(&seq) else {
             return false;
         };
-        for &b in st.table.iter().rev() {
+        if self.offloads_of.contains_key(&st.table_id) {
+            // Offloads of its blocks are in flight: the whole table stays (so a block being
+            // read is not reused, and no parent is evicted before its child).
+            self.lingering.insert(st.table_id, st.table);
+            return true;
+        }
+        self.release_table(&st.table);
+        true
+    }
+
+    /// Releases a table's blocks, tail first.
+    pub(super) fn release_table(&mut self, table: &[BlockId]) {
+        for &b in table.iter().rev() {
             self.release(b);
         }
-        true
     }
 
     /// A free block with refcount 1, evicting one if the free list is empty.
@@ -648,6 +747,9 @@ impl BlockPool {
             } else {
                 self.index.remove(&reg.seq_hash);
                 removed.push(reg.seq_hash);
+                if let Some(t) = self.tiers.as_mut() {
+                    t.on_device_evict(reg.seq_hash, hits);
+                }
             }
         }
         self.free.push(b);
@@ -655,10 +757,14 @@ impl BlockPool {
     }
 
     fn emit(&mut self, data: KvEventData) {
+        self.emit_in(Tier::Device, data);
+    }
+
+    pub(super) fn emit_in(&mut self, tier: Tier, data: KvEventData) {
         self.outbox.push(KvEvent {
             worker: self.worker.clone(),
             event_id: EventId(self.next_event_id),
-            tier: Tier::Device,
+            tier,
             data,
         });
         self.next_event_id += 1;

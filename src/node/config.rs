@@ -130,6 +130,12 @@ pub struct RouterConfig {
     pub temperature: f64,
     /// Seed of the router's random choices (`random`, `temperature > 0`).
     pub seed: u64,
+    /// `kv`, `dynamo_kv`: what a prefix block cached in G2 (`tier_credit_host`, default 0.75)
+    /// or G3 (`tier_credit_disk`, default 0.25) is worth against one in G1 (NVIDIA Dynamo's
+    /// published weights; `docs/benchmarks.md`, "KV tiers").
+    pub tier_credit_host: f64,
+    /// See `tier_credit_host`.
+    pub tier_credit_disk: f64,
     /// Engines outside Flotilla (vLLM-compatible servers, or another fleet's `worker.http`
     /// faces) that this node's router places requests on, as workers `<node>/<name>`
     /// (`worker::external`). Read by router nodes, which need the gateway role too; other
@@ -148,6 +154,8 @@ impl Default for RouterConfig {
             dynamo_overlap_weight: 1.0,
             temperature: 0.0,
             seed: 0,
+            tier_credit_host: 0.75,
+            tier_credit_disk: 0.25,
             external_workers: Vec::new(),
         }
     }
@@ -379,6 +387,21 @@ pub struct WorkerConfig {
     /// [`DEFAULT_KV_BLOCKS`]. The default model's KV is 46 KiB per token in f32 (30 layers ×
     /// K,V × 3 heads × 64 × 4 bytes), so 512 blocks of 16 tokens take 360 MiB.
     pub kv_blocks: Option<usize>,
+    /// KV tier G2: blocks of host memory per replica that G1 offloads to and onboards from
+    /// (`kv/tiers.rs`); 0 = off. On the CPU engine a block takes what a G1 block takes.
+    pub kv_host_blocks: usize,
+    /// KV tier G3: blocks on local disk per replica, fed by G2's evictions of blocks reused at
+    /// least `kv_disk_min_hits` times; 0 = off. Needs `kv_host_blocks`, and on the CPU engine
+    /// `kv_disk_dir` (the sim engine models the disk).
+    pub kv_disk_blocks: usize,
+    /// G3's directory (one preallocated segment file per replica); `None`: no G3 on the CPU
+    /// engine.
+    pub kv_disk_dir: Option<std::path::PathBuf>,
+    /// Prefix reuses a block needs before G2 demotes it to G3 (frequency filter).
+    pub kv_disk_min_hits: u32,
+    /// Offload copies (G1 → G2, G2 → G3) in flight per replica at most; a block registered
+    /// beyond that is not offloaded (`flotilla_kv_offload_drops_total`).
+    pub kv_offload_in_flight: usize,
     /// Tokens per KV block.
     pub block_size_tokens: usize,
     /// Sequences batched at once per replica.
@@ -427,6 +450,12 @@ pub struct WorkerConfig {
     /// Sim engine: KV bytes per token (default 131072: Llama-3-8B in fp16, 32 layers × K,V ×
     /// 8 KV heads × 128 × 2 bytes, the model of the built-in H100 profile).
     pub sim_kv_bytes_per_token: u64,
+    /// Sim engine: device ↔ host copy bandwidth of the KV tiers, GB/s (default 25: about half
+    /// of PCIe 5.0 x16's 64 GB/s per direction, what pageable-memory copies reach).
+    pub sim_host_gbps: f64,
+    /// Sim engine: host ↔ disk bandwidth of G3, GB/s (default 5: one PCIe 4.0 NVMe drive's
+    /// sequential rate, ~7 GB/s read, less for writes).
+    pub sim_disk_gbps: f64,
     /// Each replica's own OpenAI-compatible HTTP face (`request_plane/gateway/face.rs`), so
     /// that other routers (SGLang's, vLLM's) can route over Flotilla workers: replica `k`
     /// listens on this address with port + k (port 0: a free port each, listed in
@@ -488,6 +517,11 @@ impl Default for WorkerConfig {
             replicas: 1,
             model_path: None,
             kv_blocks: None,
+            kv_host_blocks: 0,
+            kv_disk_blocks: 0,
+            kv_disk_dir: None,
+            kv_disk_min_hits: 1,
+            kv_offload_in_flight: 256,
             block_size_tokens: 16,
             max_num_seqs: 64,
             max_num_batched_tokens: 512,
@@ -504,6 +538,8 @@ impl Default for WorkerConfig {
             sim_transfer_gbps: 25.0,
             sim_transfer_latency_us: 50,
             sim_kv_bytes_per_token: 131_072,
+            sim_host_gbps: 25.0,
+            sim_disk_gbps: 5.0,
             http: None,
             kv_events_addr: None,
             kv_events_layout: Default::default(),
@@ -798,6 +834,38 @@ impl Config {
         if w.kv_blocks == Some(0) {
             return Err(invalid("worker.kv_blocks", "must be at least 1"));
         }
+        if w.kv_disk_blocks > 0 && w.kv_host_blocks == 0 {
+            return Err(invalid(
+                "worker.kv_disk_blocks",
+                "the disk tier (G3) is fed by the host tier (G2): set worker.kv_host_blocks too",
+            ));
+        }
+        if w.kv_host_blocks > 0 && w.engine == EngineKind::Cpu {
+            // The pool's side of the tiers is engine-independent; the CPU engine's copier
+            // (host buffers, disk segments) is not built yet.
+            return Err(invalid(
+                "worker.kv_host_blocks",
+                "the lower KV tiers (G2, G3) run on the sim engine (worker.engine = \"sim\") in \
+                 this version; the CPU engine's copies between tiers are not built yet",
+            ));
+        }
+        if w.kv_disk_blocks > 0 && w.engine == EngineKind::Cpu && w.kv_disk_dir.is_none() {
+            return Err(invalid(
+                "worker.kv_disk_blocks",
+                "the CPU engine keeps G3 in files: set worker.kv_disk_dir",
+            ));
+        }
+        if w.kv_host_blocks > 0 && w.kv_offload_in_flight == 0 {
+            return Err(invalid("worker.kv_offload_in_flight", "must be at least 1"));
+        }
+        for (field, v) in [
+            ("worker.sim_host_gbps", w.sim_host_gbps),
+            ("worker.sim_disk_gbps", w.sim_disk_gbps),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(invalid(field, "must be a positive number"));
+            }
+        }
         for (field, base) in [
             ("worker.http", w.http),
             ("worker.kv_events_addr", w.kv_events_addr),
@@ -849,6 +917,10 @@ impl Config {
             dynamo_overlap_weight: r.dynamo_overlap_weight,
             temperature: r.temperature,
             seed: r.seed,
+            tier_credit: crate::request_plane::router::policy::TierCredit {
+                host: r.tier_credit_host,
+                disk: r.tier_credit_disk,
+            },
         }
     }
 
@@ -893,6 +965,28 @@ impl Config {
 
     /// The sim engine's modelled KV transfer (`worker.sim_transfer_*`,
     /// `sim_kv_bytes_per_token`, `sim_speedup`).
+    /// The lower KV tiers of each replica (`worker.kv_host_blocks`, `kv_disk_*`).
+    pub fn tier_config(&self) -> crate::kv::TierConfig {
+        let w = &self.worker;
+        crate::kv::TierConfig {
+            host_blocks: w.kv_host_blocks,
+            disk_blocks: w.kv_disk_blocks,
+            max_offloads_in_flight: w.kv_offload_in_flight,
+            disk_min_hits: w.kv_disk_min_hits,
+        }
+    }
+
+    /// The sim engine's model of copies between KV tiers.
+    pub fn sim_tier_links(&self) -> crate::worker::scheduler::SimTierLinks {
+        let w = &self.worker;
+        crate::worker::scheduler::SimTierLinks {
+            bytes_per_token: w.sim_kv_bytes_per_token,
+            host_gbps: w.sim_host_gbps,
+            disk_gbps: w.sim_disk_gbps,
+            speedup: w.sim_speedup,
+        }
+    }
+
     pub fn sim_transfer(&self) -> crate::worker::scheduler::SimTransfer {
         let w = &self.worker;
         crate::worker::scheduler::SimTransfer {

@@ -643,3 +643,50 @@ fn a_request_at_zero_waits_for_the_planner_to_start_a_replica() {
     assert!(err.starts_with("status 503"), "{err}");
     assert_eq!(out.counters.shed, 1);
 }
+
+/// A prefix evicted from G1 comes back from G2 on the worker that computed it: the router
+/// credits the G2 copy, the worker onboards it and reports it cached, and the router's index
+/// matches every tier of every pool at the end (KV events carry the tier).
+#[test]
+fn a_prefix_evicted_to_host_memory_is_onboarded_where_it_lives() {
+    let mut s = spec(2);
+    // G1: 24 blocks of 16 tokens per worker; G2: 64 blocks.
+    s.config.worker.kv_blocks = Some(24);
+    s.config.worker.kv_host_blocks = 64;
+    let hot = prompt(5, 160); // 10 blocks
+    let mut turns = vec![vec![SimTurn {
+        prompt: hot.clone(),
+        max_tokens: 2,
+    }]];
+    // Other prompts fill both workers' G1 and evict `hot` from it.
+    for k in 0..6 {
+        turns.push(vec![SimTurn {
+            prompt: prompt(50 + k, 300),
+            max_tokens: 2,
+        }]);
+    }
+    turns.push(vec![SimTurn {
+        prompt: hot,
+        max_tokens: 2,
+    }]);
+    let n = turns.len();
+    let out = run(s, &Fixed(turns), offsets(n, 1.0), &[]);
+    assert_conserved(&out, n);
+    let last = out
+        .records
+        .iter()
+        .find(|r| r.session == n - 1)
+        .expect("the repeat");
+    assert_eq!(
+        last.cached_tokens,
+        Some(144),
+        "9 full blocks onboarded from G2"
+    );
+    assert_eq!(
+        out.counters.index_mismatches, 0,
+        "the index follows every tier"
+    );
+    let t = out.counters.kv_tiers;
+    assert!(t.onboards_host >= 9, "{t:?}");
+    assert!(t.offloads > 0 && t.copy_failures == 0, "{t:?}");
+}

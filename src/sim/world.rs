@@ -22,7 +22,7 @@ use crate::control::discovery::membership::{NodeState, NodeView, WorkerView};
 use crate::control::planner::{
     CapacityProfile, Decision, Forecast, Planner, PlannerMode, PoolCount, ViewReader,
 };
-use crate::kv::{BlockPool, KvEvent};
+use crate::kv::{BlockPool, CopyId, CopyOutcome, KvEvent, TierConfig};
 use crate::node::config::Config;
 use crate::request_plane::admission::{Admission, AdmissionVerdict, waits_for_capacity};
 use crate::request_plane::error::RequestError;
@@ -38,7 +38,7 @@ use crate::worker::engine::StepBatch;
 use crate::worker::engine::sim::{self, SimEngineArgs, SimProfile};
 use crate::worker::scheduler::{
     DisaggWorker, InjectedFaults, PullResult, PullWork, ROUTABLE_GROUP, SCHEDULER_GROUP,
-    SchedulerCore, StepResult, WorkerCore, WorkerCoreConfig, WorkerEffect,
+    SchedulerCore, SimTierLinks, StepResult, WorkerCore, WorkerCoreConfig, WorkerEffect,
 };
 
 /// Latest simulated instant an input may name (s): about 31 years.
@@ -230,6 +230,13 @@ pub struct SimCounters {
     pub restarts: u64,
     /// KV event batches dropped by a fault.
     pub kv_batches_dropped: u64,
+    /// The lower KV tiers' counters, summed over the workers' last incarnations.
+    pub kv_tiers: crate::kv::TierCounters,
+    /// (worker, block, tier) entries on which the router's prefix index and the live
+    /// workers' pools disagree once every KV event has arrived, over the workers whose event
+    /// stream the index follows (a worker waiting for a resync is skipped: the simulator
+    /// sends no snapshot).
+    pub index_mismatches: usize,
 }
 
 /// What is left over at the end of a run: each should be 0 (conservation).
@@ -275,6 +282,36 @@ pub struct SimOutcome {
     pub decisions: Vec<Decision>,
     /// Most replicas each pool had at once (ready, starting or draining).
     pub peak_replicas: Vec<(Role, u32)>,
+}
+
+/// Entries on which `index` and `pool` disagree for `worker`: blocks one holds in a tier and
+/// the other does not.
+fn index_mismatches(
+    index: &crate::request_plane::router::index::PrefixIndex,
+    worker: &WorkerId,
+    pool: &BlockPool,
+) -> usize {
+    use crate::kv::Tier;
+    use std::collections::HashSet;
+    if index.is_pending(worker) {
+        // Waiting for a snapshot (a restarted worker's events begin again at 1); the
+        // simulator sends none, so its old contents stay visible, as documented.
+        return 0;
+    }
+    let held: HashSet<(crate::runtime::ids::SequenceHash, Tier)> = index
+        .held_by(worker)
+        .into_iter()
+        .flat_map(|(h, tiers)| tiers.tiers().map(move |t| (h, t)))
+        .collect();
+    let pools: HashSet<_> = [Tier::Device, Tier::Host, Tier::Disk]
+        .into_iter()
+        .flat_map(|t| {
+            pool.snapshot_tier(t)
+                .into_iter()
+                .map(move |b| (b.seq_hash, t))
+        })
+        .collect();
+    held.symmetric_difference(&pools).count()
 }
 
 /// The sets of workers the router reads (the live fleet's process groups): each a list in
@@ -365,6 +402,7 @@ enum Ev {
     Turn(usize, usize),
     StepDone(usize, u32, StepResult),
     PullDone(usize, u32, PullResult),
+    CopiesDone(usize, u32, Vec<(CopyId, CopyOutcome)>),
     Retry(RequestId),
     Tick(usize, u32),
     KvEvents(Vec<KvEvent>),
@@ -442,6 +480,10 @@ struct SimWorker {
     on_since: Option<Instant>,
     /// Bumped each time the slot is asked for: a cold start of an earlier request is dropped.
     generation: u32,
+    /// When its KV tier copy lanes are free again (store: offloads and demotions; load:
+    /// onboards): each lane carries out one copy at a time.
+    store_lane: Instant,
+    load_lane: Instant,
 }
 
 struct SimPlannerState {
@@ -495,6 +537,9 @@ pub struct SimFleet<'w> {
     scheduler: crate::worker::scheduler::SchedulerConfig,
     core_config: WorkerCoreConfig,
     blocks: usize,
+    /// Each replica's lower KV tiers, and the modelled speed of their copies.
+    tiers: TierConfig,
+    tier_links: SimTierLinks,
     tick_period: Duration,
     requests: HashMap<RequestId, SimRequest>,
     listening: HashMap<RequestId, RequestId>,
@@ -576,6 +621,8 @@ impl<'w> SimFleet<'w> {
             core_config,
             engine,
             blocks,
+            tiers: c.tier_config(),
+            tier_links: c.sim_tier_links(),
             workload,
             clock,
             shared,
@@ -709,6 +756,8 @@ impl<'w> SimFleet<'w> {
                 phase: if on { Phase::Running } else { Phase::Off },
                 on_since: on.then_some(start),
                 generation: 0,
+                store_lane: start,
+                load_lane: start,
             });
             if on {
                 fleet.boot(i)?;
@@ -822,6 +871,19 @@ impl<'w> SimFleet<'w> {
                 let s = core.stats();
                 self.out.leftovers.live_sequences += core.num_live() + s.held;
                 self.out.leftovers.pinned_blocks += s.kv_blocks_used;
+                let pool = core.pool();
+                if let Some(t) = pool.tier_usage() {
+                    let (sum, c) = (&mut self.out.counters.kv_tiers, t.counters);
+                    sum.offloads += c.offloads;
+                    sum.offload_drops += c.offload_drops;
+                    sum.demotions += c.demotions;
+                    sum.onboards_host += c.onboards_host;
+                    sum.onboards_disk += c.onboards_disk;
+                    sum.copy_failures += c.copy_failures;
+                    sum.corrupt += c.corrupt;
+                }
+                self.out.counters.index_mismatches +=
+                    index_mismatches(self.router.index(), &w.id, pool);
             }
         }
         let end = self.last_completion.unwrap_or(now);
@@ -865,8 +927,11 @@ impl<'w> SimFleet<'w> {
         let w = &mut self.workers[i];
         w.incarnation += 1;
         let pool = BlockPool::new(self.blocks, self.engine.block_size, self.spec.model.salt)
+            .and_then(|p| p.with_tiers(self.tiers))
             .map_err(|e| anyhow::anyhow!("configuration: worker.kv_blocks: {e}"))?
             .with_worker(w.id.clone());
+        let now = self.clock.now();
+        (w.store_lane, w.load_lane) = (now, now);
         let batcher = SchedulerCore::new(self.scheduler, pool)
             .map_err(|e| anyhow::anyhow!("configuration: worker: {e}"))?;
         let cfg = WorkerCoreConfig {
@@ -927,6 +992,12 @@ impl<'w> SimFleet<'w> {
             Ev::PullDone(i, inc, result) => {
                 if let Some(core) = self.live_core(i, inc) {
                     let r = core.pull_done(result);
+                    self.worker_result(i, r);
+                }
+            }
+            Ev::CopiesDone(i, inc, results) => {
+                if let Some(core) = self.live_core(i, inc) {
+                    let r = core.copies_done(&results);
                     self.worker_result(i, r);
                 }
             }
@@ -1702,6 +1773,29 @@ impl<'w> SimFleet<'w> {
                         let r = result(Err("no transport in the simulator".into()));
                         self.schedule_in(Duration::ZERO, Ev::PullDone(i, inc, r));
                     }
+                }
+            }
+            WorkerEffect::TierCopies(copies) => {
+                // Each lane carries out its copies one after another, after what it has queued;
+                // a batch lands at once when its last copy ends.
+                let (store, load): (Vec<_>, Vec<_>) =
+                    copies.into_iter().partition(|c| c.is_store());
+                let now = self.now();
+                for (lane, batch) in [(true, store), (false, load)] {
+                    if batch.is_empty() {
+                        continue;
+                    }
+                    let took = self.tier_links.time(&batch, self.engine.block_size);
+                    let w = &mut self.workers[i];
+                    let free = if lane {
+                        &mut w.store_lane
+                    } else {
+                        &mut w.load_lane
+                    };
+                    let end = (*free).max(now) + took;
+                    *free = end;
+                    let results = batch.iter().map(|c| (c.id, CopyOutcome::Done)).collect();
+                    self.schedule_at(end, Ev::CopiesDone(i, inc, results));
                 }
             }
             WorkerEffect::Release(_) => {}

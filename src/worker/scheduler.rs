@@ -292,6 +292,38 @@ impl SimTransfer {
     }
 }
 
+/// Sim engine: the modelled speed of copies between KV tiers (`kv/tiers.rs`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SimTierLinks {
+    /// KV bytes per token (all layers, K and V).
+    pub bytes_per_token: u64,
+    /// Device ↔ host bandwidth, GB/s.
+    pub host_gbps: f64,
+    /// Host ↔ disk bandwidth, GB/s.
+    pub disk_gbps: f64,
+    /// The sim engine's speed-up (`worker.sim_speedup`).
+    pub speedup: f64,
+}
+
+impl SimTierLinks {
+    /// Modelled time of `copies` carried out one after another (one lane): each block at the
+    /// bandwidth of the slower end (the disk's for a copy to or from G3, else the host link's).
+    pub fn time(&self, copies: &[crate::kv::TierCopy], block_size: usize) -> std::time::Duration {
+        let bytes = (block_size as u64 * self.bytes_per_token) as f64;
+        let secs: f64 = copies
+            .iter()
+            .map(|c| {
+                let disk =
+                    c.from.tier() == crate::kv::Tier::Disk || c.to.tier() == crate::kv::Tier::Disk;
+                let gbps = if disk { self.disk_gbps } else { self.host_gbps };
+                bytes / (gbps.max(1e-9) * 1e9)
+            })
+            .sum();
+        std::time::Duration::try_from_secs_f64(secs / self.speedup.max(1e-9))
+            .unwrap_or(std::time::Duration::MAX)
+    }
+}
+
 /// Outcome of one engine step (local message payload).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct StepResult {

@@ -240,3 +240,35 @@ fn router_weights_are_checked_when_the_configuration_loads() {
     let cfg = Config::load(None, with_cookie()).unwrap();
     assert_eq!(cfg.selector_config().block_size, 16);
 }
+
+#[test]
+fn kv_tiers_are_checked_with_the_key_named() {
+    for (worker, key) in [
+        (
+            serde_json::json!({"engine": "sim", "kv_disk_blocks": 64}),
+            "worker.kv_disk_blocks",
+        ),
+        (
+            serde_json::json!({"kv_host_blocks": 64}),
+            "worker.kv_host_blocks",
+        ),
+        (
+            serde_json::json!({"engine": "sim", "kv_host_blocks": 8, "sim_host_gbps": 0.0}),
+            "worker.sim_host_gbps",
+        ),
+    ] {
+        let mut o = with_cookie();
+        o["worker"] = worker;
+        let err = Config::load(None, o).unwrap_err().to_string();
+        assert!(err.contains(key), "{key}: {err}");
+    }
+    let mut o = with_cookie();
+    o["worker"] = serde_json::json!({"engine": "sim", "kv_host_blocks": 8, "kv_disk_blocks": 16});
+    o["router"] = serde_json::json!({"tier_credit_host": 2.0});
+    let err = Config::load(None, o.clone()).unwrap_err().to_string();
+    assert!(err.contains("tier_credit"), "{err}");
+    o["router"] = serde_json::json!({});
+    let c = Config::load(None, o).unwrap();
+    let t = c.tier_config();
+    assert_eq!((t.host_blocks, t.disk_blocks, t.disk_min_hits), (8, 16, 1));
+}

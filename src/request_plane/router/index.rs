@@ -495,6 +495,8 @@ pub struct PrefixIndex {
     /// Σ over workers of held blocks.
     holdings: usize,
     max_buffered: usize,
+    /// Whether any worker ever announced a block in a lower tier (G2–G4).
+    lower_tiers: bool,
 }
 
 impl Default for PrefixIndex {
@@ -515,6 +517,7 @@ impl PrefixIndex {
             held_nodes: 0,
             holdings: 0,
             max_buffered: DEFAULT_MAX_BUFFERED,
+            lower_tiers: false,
         }
     }
 
@@ -643,6 +646,12 @@ impl PrefixIndex {
     /// epoch of another index that has had workers).
     pub fn workers_epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// Whether any worker ever announced a block in a tier below G1 (a router then weighs
+    /// overlaps per tier).
+    pub fn has_lower_tiers(&self) -> bool {
+        self.lower_tiers
     }
 
     /// Whether some worker holds `hash` (any tier).
@@ -781,6 +790,7 @@ impl PrefixIndex {
     }
 
     fn store_one(&mut self, slot: u32, bit: u8, parent: Option<SequenceHash>, h: SequenceHash) {
+        self.lower_tiers |= bit != TIER_DEVICE;
         let entry = self.entry_mut(slot);
         let tiers = entry.blocks.entry(h).or_insert(0);
         let was = *tiers;

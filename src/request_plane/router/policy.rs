@@ -70,6 +70,22 @@
 //! hold: they add no decode load there ([`ActiveLoad::active_overlap_at`]).
 //! `dynamo_overlap_weight` defaults to Dynamo's `--kv-overlap-score-weight` default, 1.
 //!
+//! # Tier credit (both kv policies)
+//!
+//! Once any worker has announced a block below G1 ([`PrefixIndex::has_lower_tiers`]), the
+//! overlap is priced per tier: with `d(w)` the leading blocks `w` holds in G1, `dh(w)` in G1 or
+//! G2, and `overlap(w)` in any tier (three index walks),
+//!
+//! ```text
+//! credited(w) = d(w) + tier_credit.host × (dh(w) − d(w)) + tier_credit.disk × (overlap(w) − dh(w))
+//! ```
+//!
+//! replaces `overlap(w)` in the prefill term (`uncached(w) = P − credited(w) × B`), while
+//! [`Cost::uncached_tokens`] (what the worker will prefill, booked in its queue) stays
+//! `P − overlap(w) × B`: a block below G1 saves its prefill but is copied in first. Defaults
+//! 0.75 and 0.25: NVIDIA Dynamo's published weights (KV router, "tier-aware credit"); measured
+//! against others in `docs/benchmarks.md`, "KV tiers".
+//!
 //! # Ties and temperature (both kv policies)
 //!
 //! With `temperature == 0` the lowest cost wins. Costs within `1e-9 × max(1, |min|)` of the
@@ -124,6 +140,7 @@ use crate::runtime::ids::{SequenceHash, WorkerId};
 
 use super::index::{Overlaps, PrefixIndex, TierSet, WorkerSlot};
 use super::load::{ActiveLoad, LoadSlot, WorkerLoad};
+use crate::kv::Tier;
 
 /// Tokens per KV block unless configured (the engine's default).
 pub const DEFAULT_BLOCK_SIZE: u32 = 16;
@@ -228,6 +245,30 @@ pub struct SelectorConfig {
     pub temperature: f64,
     /// Seed of the random generator (temperature sampling, `random`).
     pub seed: u64,
+    /// Both kv policies: what a cached block is worth in each tier below G1, against 1 for a
+    /// block in G1 (see the module docs, "Tier credit").
+    pub tier_credit: TierCredit,
+}
+
+/// What a prefix block cached below G1 is worth to the kv costs, against 1 for a G1 block: it
+/// saves its prefill but must be copied in first. Defaults: NVIDIA Dynamo's published weights
+/// (host 0.75, disk 0.25; `docs/benchmarks.md`, "KV tiers", measures ours against them).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TierCredit {
+    /// A block in G2 (host memory), in [0, 1].
+    pub host: f64,
+    /// A block in G3 (local disk), in [0, 1].
+    pub disk: f64,
+}
+
+impl Default for TierCredit {
+    fn default() -> Self {
+        TierCredit {
+            host: 0.75,
+            disk: 0.25,
+        }
+    }
 }
 
 impl Default for SelectorConfig {
@@ -242,6 +283,7 @@ impl Default for SelectorConfig {
             dynamo_overlap_weight: 1.0,
             temperature: 0.0,
             seed: 0,
+            tier_credit: TierCredit::default(),
         }
     }
 }
@@ -257,6 +299,8 @@ pub enum SelectorConfigError {
     OverlapWeight(f64),
     #[error("temperature must be finite and >= 0, got {0}")]
     Temperature(f64),
+    #[error("tier_credit.host and tier_credit.disk must be in [0, 1], got {0}")]
+    TierCredit(f64),
 }
 
 impl SelectorConfig {
@@ -281,6 +325,11 @@ impl SelectorConfig {
         let t = self.temperature;
         if !(t.is_finite() && t >= 0.0) {
             return Err(SelectorConfigError::Temperature(t));
+        }
+        for c in [self.tier_credit.host, self.tier_credit.disk] {
+            if !(0.0..=1.0).contains(&c) {
+                return Err(SelectorConfigError::TierCredit(c));
+            }
         }
         Ok(())
     }
@@ -355,19 +404,45 @@ pub fn cost_of(
     active_overlap: u32,
     load: WorkerLoad,
 ) -> Cost {
+    let credited = f64::from(overlap_blocks);
+    cost_credited(
+        form,
+        config,
+        prompt_tokens,
+        (overlap_blocks, credited),
+        active_overlap,
+        load,
+    )
+}
+
+/// [`cost_of`] with the overlap credited per tier: `overlap.0` leading blocks cached in any
+/// tier, worth `overlap.1` G1 blocks (≤ `overlap.0`); the prefill term counts the prompt less
+/// the credited blocks, [`Cost::uncached_tokens`] the prompt less all cached blocks (what the
+/// worker will prefill).
+pub fn cost_credited(
+    form: CostForm,
+    config: &SelectorConfig,
+    prompt_tokens: u32,
+    overlap: (u32, f64),
+    active_overlap: u32,
+    load: WorkerLoad,
+) -> Cost {
+    let (overlap_blocks, credited) = overlap;
     let bs = config.block_size;
     let cached = overlap_blocks.saturating_mul(bs).min(prompt_tokens);
     let uncached = prompt_tokens - cached;
+    let credited_uncached =
+        f64::from(prompt_tokens) - (credited * f64::from(bs)).min(f64::from(prompt_tokens));
     let queued = load.prefill_tokens as f64;
     let request = u64::from(request_blocks(prompt_tokens, bs));
     let (prefill_blocks, decode_blocks, cost) = match form {
         CostForm::Flotilla => {
-            let prefill = (queued + config.overlap_weight * f64::from(uncached)) / f64::from(bs);
+            let prefill = (queued + config.overlap_weight * credited_uncached) / f64::from(bs);
             let decode = (load.decode_blocks + request) as f64;
             (prefill, decode, prefill + config.decode_weight * decode)
         }
         CostForm::Dynamo => {
-            let prefill = (queued + f64::from(uncached)) / f64::from(bs);
+            let prefill = (queued + credited_uncached) / f64::from(bs);
             let new = request.saturating_sub(u64::from(active_overlap));
             let decode = (load.unique_blocks + new) as f64;
             (
@@ -491,7 +566,19 @@ impl Selector {
         }
         self.cache.refresh(live, index, load);
         let overlaps = index.overlaps_in(hashes, self.tiers);
-        let costs = self.costs(&overlaps, hashes, prompt_tokens, load);
+        // Tier credit: walks restricted to G1, and to G1 + G2, price the blocks below them.
+        let lower = index.has_lower_tiers() && self.tiers != TierSet::DEVICE;
+        let device = self.tiers.contains(Tier::Device) && lower;
+        let by_tier = lower.then(|| {
+            let d = if device {
+                Some(index.overlaps_in(hashes, TierSet::DEVICE))
+            } else {
+                None
+            };
+            let dh = index.overlaps_in(hashes, TierSet::DEVICE.with(Tier::Host));
+            (d, dh)
+        });
+        let costs = self.costs(&overlaps, by_tier.as_ref(), hashes, prompt_tokens, load);
         let pick = self.pick(live, &costs, load);
         let c = costs[pick];
         Some(Decision {
@@ -512,21 +599,41 @@ impl Selector {
     fn costs(
         &self,
         overlaps: &Overlaps<'_>,
+        by_tier: Option<&(Option<Overlaps<'_>>, Overlaps<'_>)>,
         hashes: &[SequenceHash],
         prompt_tokens: u32,
         load: &ActiveLoad,
     ) -> Vec<Cost> {
         let cache = &self.cache;
         let form = CostForm::of(self.config.policy);
+        let credit = self.config.tier_credit;
         (0..cache.slots.len())
             .map(|i| {
-                let overlap = cache.slots[i].0.map_or(0, |s| overlaps.at(s));
+                let slot = cache.slots[i].0;
+                let overlap = slot.map_or(0, |s| overlaps.at(s));
+                let credited = match (by_tier, slot) {
+                    (Some((d, dh)), Some(s)) => {
+                        // Leading blocks in G1, then in G2 (or G1), then anywhere (G3).
+                        let all = f64::from(overlap);
+                        let dh = f64::from(dh.at(s)).min(all);
+                        let d = d.as_ref().map_or(0.0, |d| f64::from(d.at(s))).min(dh);
+                        d + credit.host * (dh - d) + credit.disk * (all - dh)
+                    }
+                    _ => f64::from(overlap),
+                };
                 let active = match (form, cache.slots[i].1) {
                     (CostForm::Dynamo, Some(s)) => load.active_overlap_at(s, hashes),
                     _ => 0,
                 };
                 let l = cache.load(i, load);
-                cost_of(form, &self.config, prompt_tokens, overlap, active, l)
+                cost_credited(
+                    form,
+                    &self.config,
+                    prompt_tokens,
+                    (overlap, credited),
+                    active,
+                    l,
+                )
             })
             .collect()
     }

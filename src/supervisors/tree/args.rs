@@ -249,6 +249,11 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
                     .kv_events,
             }),
         sim_transfer: ctx.sim_profile.is_some().then(|| ctx.config.sim_transfer()),
+        tiers: ctx.config.tier_config(),
+        tier_links: ctx
+            .sim_profile
+            .is_some()
+            .then(|| ctx.config.sim_tier_links()),
     })
 }
 
@@ -295,6 +300,10 @@ pub struct ReplicaParams {
     pub disagg: DisaggWorker,
     /// On a simulated engine: the modelled KV transfer.
     pub sim_transfer: Option<SimTransfer>,
+    /// The pool's lower KV tiers (`worker.kv_host_blocks`, `kv_disk_*`).
+    pub tiers: crate::kv::TierConfig,
+    /// On a simulated engine: the modelled speed of copies between tiers.
+    pub tier_links: Option<crate::worker::scheduler::SimTierLinks>,
     /// Publish the KV events in vLLM's format too (`worker.kv_events_addr`).
     pub kv_events: Option<crate::actors::kv_publisher::VllmEventsConfig>,
 }

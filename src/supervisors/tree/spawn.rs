@@ -262,6 +262,8 @@ pub(super) fn scheduler(p: &ReplicaParams) -> ChildSpec {
         disagg: p.disagg,
         transport: p.transport.clone(),
         sim_transfer: p.sim_transfer,
+        tiers: p.tiers,
+        tier_links: p.tier_links,
         token_events: p.kv_events.is_some(),
         board: p.board.clone(),
         clock: p.clock.clone(),

@@ -224,9 +224,12 @@ struct SeqEntry {
     lease: Option<SeqLease>,
     /// See [`SeqRequest::arrival`].
     arrival: u64,
-    /// Remote KV: expected (waiting), being pulled (running, not scheduled), or none.
+    /// Remote KV: expected (waiting), being pulled or onboarded (running, not scheduled), or
+    /// none.
     remote: Remote,
     hand_off: bool,
+    /// Onboarded from a lower tier: the next entry reports its cached tokens (admission).
+    report_cached: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,6 +239,16 @@ enum Remote {
     Expected(usize),
     /// Admitted; the pull of these leading tokens' KV is in flight.
     Pulling(usize),
+    /// Admitted; these leading tokens' KV is being onboarded from a lower tier (G2/G3).
+    Onboarding(usize),
+}
+
+impl Remote {
+    /// Whether a transfer writes the sequence's blocks now (it is not scheduled, preempted or
+    /// freed meanwhile).
+    fn in_flight(self) -> bool {
+        matches!(self, Remote::Pulling(_) | Remote::Onboarding(_))
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -394,6 +407,7 @@ impl SchedulerCore {
                     Remote::None
                 },
                 hand_off: req.hand_off,
+                report_cached: false,
             },
         );
         // After every waiting sequence that arrived no later (a stable insertion).
@@ -482,7 +496,7 @@ impl SchedulerCore {
             }
             let s = self.running[idx];
             let e = &self.seqs[&s];
-            if e.num_computed >= e.prefill_len || matches!(e.remote, Remote::Pulling(_)) {
+            if e.num_computed >= e.prefill_len || e.remote.in_flight() {
                 continue;
             }
             let mut chunk = (e.prefill_len - e.num_computed).min(budget);
@@ -492,7 +506,11 @@ impl SchedulerCore {
                     break;
                 }
             }
-            entries.push(self.entry(s, chunk, None));
+            let report = e.report_cached.then_some(e.num_computed);
+            if let Some(e) = self.seqs.get_mut(&s) {
+                e.report_cached = false;
+            }
+            entries.push(self.entry(s, chunk, report));
             budget -= chunk;
         }
 
@@ -505,7 +523,14 @@ impl SchedulerCore {
             if stall.as_mut().is_some_and(|l| !l.admits()) {
                 break;
             }
-            let alloc = match self.pool.allocate_sequence(s, &self.seqs[&s].tokens) {
+            let entry = &self.seqs[&s];
+            let alloc = if entry.remote == Remote::None {
+                // Blocks after the G1 hit that a lower tier holds are onboarded.
+                self.pool.allocate_onboarding(s, &entry.tokens)
+            } else {
+                self.pool.allocate_sequence(s, &entry.tokens)
+            };
+            let alloc = match alloc {
                 Ok(a) => a,
                 Err(PoolError::OutOfBlocks { .. }) => break,
                 Err(e) => return Err(e.into()),
@@ -533,6 +558,11 @@ impl SchedulerCore {
                     continue;
                 }
                 e.remote = Remote::None;
+            }
+            if alloc.onboard_tokens > 0 {
+                // Runs once its onboard copies return (`copies_done`).
+                e.remote = Remote::Onboarding(alloc.cached_tokens + alloc.onboard_tokens);
+                continue;
             }
             let mut chunk = (e.prefill_len - e.num_computed).min(budget);
             if let Some(limit) = stall.as_mut() {
@@ -661,7 +691,7 @@ impl SchedulerCore {
         let Some(e) = self.seqs.get(&seq) else {
             return false;
         };
-        if matches!(e.remote, Remote::Pulling(_)) {
+        if e.remote.in_flight() {
             self.running.retain(|&r| r != seq);
             if let Some(lease) = self.seqs.remove(&seq).and_then(|e| e.lease) {
                 self.orphaned_pulls.insert(seq, lease);
@@ -705,19 +735,44 @@ impl SchedulerCore {
         Ok(true)
     }
 
+    /// Lower-tier copies returned (see `kv/tiers.rs`): each sequence whose onboard finished
+    /// counts the leading blocks that arrived intact as computed (registered: KV events) and
+    /// prefills the rest; one cancelled meanwhile has its blocks freed now.
+    ///
+    /// # Errors
+    /// [`SchedulerError::Pool`] for a broken invariant between the core and its pool.
+    pub fn copies_done(
+        &mut self,
+        results: &[(crate::kv::CopyId, crate::kv::CopyOutcome)],
+    ) -> Result<(), SchedulerError> {
+        for (seq, computed) in self.pool.copies_done(results) {
+            if let Some(lease) = self.orphaned_pulls.remove(&seq) {
+                self.pool.free(lease)?;
+                continue;
+            }
+            let Some(e) = self.seqs.get_mut(&seq) else {
+                continue;
+            };
+            if !matches!(e.remote, Remote::Onboarding(_)) {
+                continue;
+            }
+            e.remote = Remote::None;
+            e.num_computed = e.num_computed.max(computed);
+            e.report_cached = true;
+            let n = e.num_computed;
+            self.pool.mark_computed(seq, n)?;
+        }
+        Ok(())
+    }
+
     /// Sequences handed off whose blocks are still pinned.
     pub fn num_held(&self) -> usize {
         self.held.len()
     }
 
-    /// Pulls in flight (cancelled ones included).
+    /// Pulls and lower-tier onboards in flight (cancelled ones included).
     pub fn num_pulling(&self) -> usize {
-        self.orphaned_pulls.len()
-            + self
-                .seqs
-                .values()
-                .filter(|e| matches!(e.remote, Remote::Pulling(_)))
-                .count()
+        self.orphaned_pulls.len() + self.seqs.values().filter(|e| e.remote.in_flight()).count()
     }
 
     pub fn num_waiting(&self) -> usize {
@@ -733,7 +788,9 @@ impl SchedulerCore {
         self.seqs
             .values()
             .map(|e| match e.remote {
-                Remote::Expected(n) | Remote::Pulling(n) => e.prefill_len.saturating_sub(n),
+                Remote::Expected(n) | Remote::Pulling(n) | Remote::Onboarding(n) => {
+                    e.prefill_len.saturating_sub(n)
+                }
                 Remote::None => e.prefill_len.saturating_sub(e.num_computed),
             })
             .sum()
@@ -780,10 +837,12 @@ impl SchedulerCore {
                 Err(PoolError::OutOfBlocks { .. }) => {
                     // Never a sequence whose pull is in flight: the pull writes its blocks.
                     let seqs = &self.seqs;
-                    let Some(&victim) = self.running.iter().rev().find(|r| {
-                        seqs.get(r)
-                            .is_some_and(|e| !matches!(e.remote, Remote::Pulling(_)))
-                    }) else {
+                    let Some(&victim) = self
+                        .running
+                        .iter()
+                        .rev()
+                        .find(|r| seqs.get(r).is_some_and(|e| !e.remote.in_flight()))
+                    else {
                         return Ok(false);
                     };
                     self.preempt(victim)?;

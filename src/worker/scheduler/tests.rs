@@ -892,3 +892,56 @@ fn remote_tokens_must_end_inside_the_prompt() {
         .unwrap_err();
     assert!(matches!(err, SchedulerError::RemoteBeyondPrompt { .. }));
 }
+
+/// A pool with a host tier: its copies carried out at once (all landed).
+fn run_copies(c: &mut SchedulerCore) -> usize {
+    let copies = c.pool_mut().drain_copies();
+    let n = copies.len();
+    let done: Vec<_> = copies
+        .iter()
+        .map(|k| (k.id, crate::kv::CopyOutcome::Done))
+        .collect();
+    c.copies_done(&done).expect("copies");
+    n
+}
+
+#[test]
+fn a_prefix_onboarded_from_host_runs_after_its_copies_and_reports_them_cached() {
+    let pool = BlockPool::new(8, 4, 7)
+        .expect("pool")
+        .with_tiers(crate::kv::TierConfig {
+            host_blocks: 16,
+            ..Default::default()
+        })
+        .expect("tiers");
+    let mut c = SchedulerCore::new(cfg(4, 64, 64), pool).expect("core");
+    let prompt: Vec<u32> = (0..13).collect();
+    c.add(req(1, prompt.clone(), 1)).expect("add");
+    drive(&mut c);
+    assert_eq!(run_copies(&mut c), 3, "three blocks offloaded");
+    assert_eq!(c.pool_mut().evict(8), 3);
+    // Same prompt: admitted, but not scheduled until its onboard returns.
+    c.add(req(2, prompt.clone(), 1)).expect("add");
+    let b = c.schedule().expect("schedule");
+    assert!(b.entries.is_empty());
+    c.on_step_output(&[]).expect("out");
+    assert_eq!(c.num_pulling(), 1);
+    assert_eq!(run_copies(&mut c), 3, "three blocks onboarded");
+    let b = c.schedule().expect("schedule");
+    assert_eq!(b.entries[0].cached_tokens, Some(12));
+    assert_eq!(b.entries[0].token_ids, vec![12]);
+    c.on_step_output(&sample_all(&b)).expect("out");
+    // Cancelled while onboarding: its blocks are freed when the copies return.
+    c.pool_mut().evict(8);
+    c.add(req(3, prompt, 1)).expect("add");
+    let b = c.schedule().expect("schedule");
+    c.on_step_output(&sample_all(&b)).expect("out");
+    assert!(c.cancel(SeqId(3)));
+    assert!(
+        c.kv_usage().used_blocks > 0,
+        "written by the copies in flight"
+    );
+    run_copies(&mut c);
+    assert_eq!(c.kv_usage().used_blocks, 0);
+    assert!(!c.has_unfinished());
+}

@@ -133,6 +133,9 @@ pub enum WorkerEffect {
     Step { step: u64, batch: StepBatch },
     /// Pull remote KV; answer with [`WorkerCore::pull_done`].
     Pull(PullJob),
+    /// Copies between KV tiers (`kv/tiers.rs`: offloads, demotions, onboards), in issue
+    /// order; answer each with [`WorkerCore::copies_done`].
+    TierCopies(Vec<crate::kv::TierCopy>),
     /// The sequence is gone: the engine may free what it keeps for it.
     Release(SeqId),
     /// A pull of the prefill worker's KV returned: tell that worker to release its blocks.
@@ -286,6 +289,11 @@ impl WorkerCore {
         &self.cfg.worker
     }
 
+    /// The replica's block pool (read-only).
+    pub fn pool(&self) -> &crate::kv::BlockPool {
+        self.core.pool()
+    }
+
     /// Requests queued, running or held here.
     pub fn num_live(&self) -> usize {
         self.live.len()
@@ -425,6 +433,22 @@ impl WorkerCore {
         region: impl Fn() -> Option<RegionDescriptor>,
     ) -> Result<(), WorkerCoreError> {
         self.on_step_done(result, region)?;
+        self.kick()?;
+        self.maybe_switch_role();
+        Ok(())
+    }
+
+    /// Lower-tier copies returned: onboarded sequences run (recomputing what did not arrive
+    /// intact), stored blocks are announced.
+    ///
+    /// # Errors
+    /// A broken invariant of the batch former.
+    pub fn copies_done(
+        &mut self,
+        results: &[(crate::kv::CopyId, crate::kv::CopyOutcome)],
+    ) -> Result<(), WorkerCoreError> {
+        self.core.copies_done(results)?;
+        self.forward_kv_events();
         self.kick()?;
         self.maybe_switch_role();
         Ok(())
@@ -737,6 +761,10 @@ impl WorkerCore {
     }
 
     fn forward_kv_events(&mut self) {
+        let copies = self.core.pool_mut().drain_copies();
+        if !copies.is_empty() {
+            self.effects.push(WorkerEffect::TierCopies(copies));
+        }
         let events: Vec<KvEvent> = self.core.drain_kv_events();
         if events.is_empty() {
             return;
@@ -751,6 +779,10 @@ impl WorkerCore {
             let mut batch = self.core.schedule_with(self.step_model.cost().as_ref())?;
             for order in std::mem::take(&mut batch.pulls) {
                 self.start_pull(order);
+            }
+            let copies = self.core.pool_mut().drain_copies();
+            if !copies.is_empty() {
+                self.effects.push(WorkerEffect::TierCopies(copies));
             }
             let mut seqs = Vec::with_capacity(batch.entries.len());
             for e in &batch.entries {

@@ -7,7 +7,7 @@ use super::*;
 use crate::kv::events::{KvEvent, KvEventData, StoredBlock, Tier};
 use crate::kv::hash::block_hashes;
 use crate::request_plane::router::load::RequestKey;
-use crate::runtime::ids::{EventId, RequestId};
+use crate::runtime::ids::{BlockHash, EventId, RequestId};
 
 fn w(s: &str) -> WorkerId {
     WorkerId::new(s)
@@ -668,4 +668,78 @@ fn a_hot_prefix_still_spreads_under_kv() {
     // Dynamo's form counts the shared prefix once: the holder keeps the first 16 alone.
     let got = route_hot_prefix(Policy::DynamoKv, 16);
     assert_eq!(got.get(&w("a")), Some(&16), "{got:?}");
+}
+
+/// Tier credit: a worker holding the prefix in G2 loses to one holding it in G1 and beats one
+/// holding nothing; with credit 1 the tiers weigh alike.
+#[test]
+fn tier_credit_prices_host_copies_below_device_ones() {
+    let c: Vec<SequenceHash> = (1..=8).map(SequenceHash).collect();
+    let stored = |w: &str, tier: Tier| KvEvent {
+        worker: WorkerId::new(w),
+        event_id: EventId(1),
+        tier,
+        data: KvEventData::Stored {
+            parent: None,
+            blocks: c
+                .iter()
+                .map(|&h| StoredBlock {
+                    seq_hash: h,
+                    block_hash: BlockHash(h.0),
+                })
+                .collect(),
+        },
+    };
+    let mut index = PrefixIndex::new();
+    index.apply(&stored("g1", Tier::Device));
+    index.apply(&stored("g2", Tier::Host));
+    let live = [
+        WorkerId::new("g1"),
+        WorkerId::new("g2"),
+        WorkerId::new("none"),
+    ];
+    let load = ActiveLoad::new();
+    let mut sel = Selector::new(SelectorConfig::default()).expect("config");
+    let costs: Vec<f64> = live
+        .iter()
+        .map(|w| {
+            let one = [w.clone()];
+            sel.select(&one, &c, 8 * 16 + 1, &index, &load)
+                .expect("decision")
+                .cost
+        })
+        .collect();
+    assert!(costs[0] < costs[1] && costs[1] < costs[2], "{costs:?}");
+    // Credit 0.75: the G2 holder's prefill term counts a quarter of the cached tokens.
+    let (d, h) = (costs[0], costs[1]);
+    let want = 4.0 * 0.25 * 128.0 / 16.0;
+    assert!((h - d - want).abs() < 1e-9, "{h} - {d} != {want}");
+    let mut flat = Selector::new(SelectorConfig {
+        tier_credit: TierCredit {
+            host: 1.0,
+            disk: 1.0,
+        },
+        ..SelectorConfig::default()
+    })
+    .expect("config");
+    let d1 = flat
+        .select(&live[..1], &c, 129, &index, &load)
+        .expect("d")
+        .cost;
+    let h1 = flat
+        .select(&live[1..2], &c, 129, &index, &load)
+        .expect("d")
+        .cost;
+    assert!((d1 - h1).abs() < 1e-9);
+    assert!(
+        SelectorConfig {
+            tier_credit: TierCredit {
+                host: 1.5,
+                disk: 0.0
+            },
+            ..SelectorConfig::default()
+        }
+        .validate()
+        .is_err()
+    );
 }
