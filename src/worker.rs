@@ -12,6 +12,9 @@
 //! - `error.rs` — [`WorkerError`]: why a step produced no tokens.
 //! - `faults.rs` — [`WorkerFaults`](faults::WorkerFaults): the chaos faults aimed at this
 //!   node's replicas, as their schedulers and engines read them (written by the Chaos actor).
+//! - `tiers.rs` — the bytes of the lower KV tiers on a real engine: G2 host memory, the G3
+//!   segment file (checksummed records), and the copier threads that carry out the pool's
+//!   tier copies.
 //! - `external.rs` — an engine outside Flotilla (`router.external_workers`) seen as a
 //!   replica: a scheduler-shaped proxy over HTTP and its KV events over ZMQ.
 //!
@@ -23,5 +26,6 @@ mod error;
 pub mod external;
 pub mod faults;
 pub mod scheduler;
+pub mod tiers;
 
 pub use error::WorkerError;

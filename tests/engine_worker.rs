@@ -23,6 +23,7 @@ async fn actor_steps_greedy_like_the_golden() {
             ..EngineConfig::default()
         },
         transport: None,
+        kv_region: None,
     };
     let (actor, handle) = Actor::spawn(None, EngineWorker::<TransformerEngine>::new(), args)
         .await

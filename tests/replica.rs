@@ -11,6 +11,7 @@ use crate::poll::poll_until;
 use flotilla::actors::kv_publisher::KvPublisherMsg;
 use flotilla::actors::scheduler::SchedulerMsg;
 use flotilla::actors::token_sink::TokenSink;
+use flotilla::kv::TierConfig;
 use flotilla::model::{LoadedModel, load_model, resolve_model_path};
 use flotilla::request_plane::protocol::{
     FinishReason, Owner, RemoteKv, SubmitRequest, TokenEventKind, TokenSinkMsg, sink_name,
@@ -71,7 +72,25 @@ impl Harness {
 
     /// As [`Harness::start`], with the owner grace (`cluster.liveness_timeout_ms`) given.
     async fn start_with_grace(name: &str, num_blocks: usize, owner_grace: Duration) -> Self {
-        Self::start_full(name, num_blocks, owner_grace, None, Role::Aggregated).await
+        Self::start_full(name, num_blocks, owner_grace, None, Role::Aggregated, None).await
+    }
+
+    /// A replica with lower KV tiers (`tiers`; G3 in `disk_dir`).
+    async fn start_tiered(
+        name: &str,
+        num_blocks: usize,
+        tiers: TierConfig,
+        disk_dir: Option<std::path::PathBuf>,
+    ) -> Self {
+        Self::start_full(
+            name,
+            num_blocks,
+            Duration::from_secs(3),
+            None,
+            Role::Aggregated,
+            Some((tiers, disk_dir)),
+        )
+        .await
     }
 
     /// A replica in `role` whose KV lives in memory registered with `transport` (run by a
@@ -85,7 +104,7 @@ impl Harness {
         Actor::spawn(Some(format!("{name}/transport")), TransportActor, t.clone())
             .await
             .unwrap();
-        Self::start_full(name, 256, Duration::from_secs(3), Some(t), role).await
+        Self::start_full(name, 256, Duration::from_secs(3), Some(t), role, None).await
     }
 
     async fn start_full(
@@ -94,7 +113,9 @@ impl Harness {
         owner_grace: Duration,
         transport: Option<Arc<Transport>>,
         role: Role,
+        tiers: Option<(TierConfig, Option<std::path::PathBuf>)>,
     ) -> Self {
+        let (tiers, kv_disk_dir) = tiers.unwrap_or_default();
         let node = NodeId::new(name);
         let worker = WorkerId::new(format!("{name}/replica-0"));
         let registry = SinkRegistry::default();
@@ -129,8 +150,10 @@ impl Harness {
             role,
             disagg: Default::default(),
             sim_transfer: None,
-            tiers: Default::default(),
+            tiers,
             tier_links: None,
+            kv_region: Default::default(),
+            kv_disk_dir,
             kv_events: None,
             board: board.clone(),
             clock: flotilla::runtime::clock::system(),
@@ -355,8 +378,15 @@ async fn cancel_frees_the_blocks_and_events_reach_the_kv_publisher() {
         || async { (h.stats().await.kv_blocks_used == baseline).then_some(()) },
     )
     .await;
-    // Subscribers in the KV events group received the same events, in order, from 1.
-    let got = sub_events.lock().unwrap().clone();
+    // Subscribers in the KV events group received the same events, in order, from 1 (the
+    // group is process-wide: other tests' replicas publish there too).
+    let got: Vec<_> = sub_events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| e.worker == h.worker)
+        .cloned()
+        .collect();
     assert!(!got.is_empty(), "KV events reached the subscriber");
     for (i, e) in got.iter().enumerate() {
         assert_eq!(
@@ -364,7 +394,6 @@ async fn cancel_frees_the_blocks_and_events_reach_the_kv_publisher() {
             i as u64 + 1,
             "event ids are consecutive from 1"
         );
-        assert_eq!(e.worker, h.worker);
     }
     // The prompt's full blocks were registered and mirrored by the KV event publisher.
     let kvm: ActorRef<KvPublisherMsg> =
@@ -610,4 +639,79 @@ async fn a_hand_off_is_released_when_its_request_is_cancelled() {
         .unwrap();
     p.wait_released().await;
     p.stop().await;
+}
+
+/// Until no tier copy is in flight; the tier counters then.
+async fn tiers_settled(h: &Harness) -> flotilla::kv::TierUsage {
+    poll_until(Duration::from_secs(20), "tier copies returned", || async {
+        let t = h.stats().await.kv_tiers.expect("tiers on");
+        (t.copies_in_flight == 0).then_some(t)
+    })
+    .await
+}
+
+/// The real model over G1 → G2 → G3: a long prompt pushed out of G1 (and G2) by another one
+/// comes back from the lower tiers with the same greedy ids, its onboarded tokens reported as
+/// cached; a damaged G3 segment is a miss (recomputed, same ids), never served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_evicted_to_host_and_disk_gives_the_same_ids_and_counts_as_cached() {
+    let dir = std::env::temp_dir().join(format!("flotilla-replica-tiers-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let tiers = TierConfig {
+        host_blocks: 20,
+        disk_blocks: 64,
+        disk_min_hits: 0,
+        ..TierConfig::default()
+    };
+    // G1 of 24 blocks: the long prompt (303 tokens, 19 blocks) and a second one of the same
+    // length cannot both stay.
+    let h = Harness::start_tiered("rep-tiers", 24, tiers, Some(dir.clone())).await;
+    let (p3, g3) = golden("long_prompt");
+    let mut other = p3.clone();
+    other[0] = other[0].wrapping_add(1); // another chain, same length
+    let full = (303 - 1) / 16 * 16;
+
+    let mut rx = h.submit(1, p3.clone(), g3.len() as u32);
+    let (ids, _, cached) = collect(&mut rx).await;
+    assert_eq!((ids.as_slice(), cached), (g3.as_slice(), 0));
+    tiers_settled(&h).await;
+    // The other prompt evicts the long one from G1; its offloads push it from G2 to G3.
+    let mut rx = h.submit(2, other.clone(), 4);
+    collect(&mut rx).await;
+    let t = tiers_settled(&h).await;
+    assert!(t.counters.demotions > 0, "{t:?}");
+
+    let mut rx = h.submit(3, p3.clone(), g3.len() as u32);
+    let (ids, _, cached) = collect(&mut rx).await;
+    assert_eq!(ids, g3, "onboarded KV gives the cold run's greedy ids");
+    assert_eq!(
+        cached as usize, full,
+        "G1 + onboarded tokens reported cached"
+    );
+    let t = tiers_settled(&h).await;
+    assert!(t.counters.onboards_disk > 0, "{t:?}");
+
+    // Push it out again, then damage the whole segment: every G3 read is a miss.
+    let mut rx = h.submit(4, other, 4);
+    collect(&mut rx).await;
+    let before = tiers_settled(&h).await;
+    let seg = std::fs::read_dir(&dir)
+        .expect("segment dir")
+        .map(|e| e.expect("entry").path())
+        .find(|p| p.extension().is_some_and(|x| x == "kvseg"))
+        .expect("the G3 segment");
+    let len = std::fs::metadata(&seg).expect("segment").len();
+    std::fs::write(&seg, vec![0x5A; len as usize]).expect("damage the segment");
+    let mut rx = h.submit(5, p3, g3.len() as u32);
+    let (ids, _, _) = collect(&mut rx).await;
+    assert_eq!(ids, g3, "recomputed, never served from a damaged block");
+    let t = tiers_settled(&h).await;
+    assert!(
+        t.counters.corrupt > before.counters.corrupt && t.disk_blocks < before.disk_blocks,
+        "damaged G3 blocks are found and dropped: {before:?} → {t:?}"
+    );
+    assert_eq!(t.counters.onboards_disk, before.counters.onboards_disk);
+    assert_eq!(h.stats().await.kv_blocks_used, 0, "no block leaked");
+    h.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -18,6 +18,7 @@ use crate::worker::scheduler::{
     SchedulerCore, SchedulerStats, SimTierLinks, SimTransfer, StatsBoard, StepResult, WorkerCore,
     WorkerCoreConfig, WorkerCoreError, WorkerEffect,
 };
+use crate::worker::tiers::{TierCopier, TierStores};
 
 use crate::actors::engine_worker::EngineWorkerMsg;
 use crate::actors::kv_publisher::KvPublisherMsg;
@@ -118,6 +119,10 @@ pub struct SchedulerArgs {
     pub tiers: TierConfig,
     /// On a simulated engine: the modelled speed of copies between tiers.
     pub tier_links: Option<SimTierLinks>,
+    /// On a real engine: where the engine published its KV memory (the tier copier's G1).
+    pub kv_region: crate::worker::tiers::KvRegionSlot,
+    /// On a real engine: G3's directory.
+    pub kv_disk_dir: Option<std::path::PathBuf>,
     /// Send the token ids of stored blocks with the KV events (the replica publishes
     /// vLLM-format events, which carry them).
     pub token_events: bool,
@@ -137,6 +142,8 @@ pub struct SchedulerState {
     ticker: Option<tokio::task::JoinHandle<()>>,
     /// When the modelled tier copy lanes are free again (sim engine: store, load).
     lanes: [tokio::time::Instant; 2],
+    /// On a real engine with lower tiers: the threads that move their bytes.
+    copier: Option<TierCopier>,
 }
 
 /// The Scheduler actor.
@@ -231,6 +238,13 @@ impl SchedulerState {
     /// recomputes; configuration refuses tiers there).
     fn run_copies(&mut self, myself: &ActorRef<SchedulerMsg>, copies: Vec<TierCopy>) {
         let done = |r: Vec<(CopyId, CopyOutcome)>| SchedulerMsg::CopiesDone(Wire::encode(&r));
+        if let Some(copier) = &self.copier {
+            let me = myself.clone();
+            copier.submit(copies, move |r| {
+                let _ = me.cast(done(r));
+            });
+            return;
+        }
         let Some(links) = self.args.tier_links else {
             let r = copies.iter().map(|c| (c.id, CopyOutcome::Failed)).collect();
             let _ = myself.cast(done(r));
@@ -302,6 +316,58 @@ impl SchedulerState {
     }
 }
 
+/// On a real engine with lower tiers: the copier over the engine's KV memory, and the tiers
+/// that can be had (G3 off when its segment cannot be made; no tiers when the engine published
+/// no memory). Each loss is logged once.
+fn tier_copier(
+    args: &SchedulerArgs,
+    myself: &ActorRef<SchedulerMsg>,
+) -> (TierConfig, Option<TierCopier>) {
+    let mut tiers = args.tiers;
+    if !tiers.is_on() || args.tier_links.is_some() {
+        return (tiers, None);
+    }
+    let w = args.worker.to_string();
+    let region = args
+        .kv_region
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let Some((g1, layout)) = region else {
+        tracing::error!(worker = %w, "the engine offers no copies of its KV memory: KV tiers off");
+        metrics::counter!("flotilla_kv_tier_off_total", "tier" => "host").increment(1);
+        return (TierConfig::default(), None);
+    };
+    let disk = match (&args.kv_disk_dir, tiers.disk_blocks) {
+        (Some(dir), n) if n > 0 => Some((dir.as_path(), n as u32)),
+        _ => None,
+    };
+    let (stores, why) = match TierStores::new(g1, layout, tiers.host_blocks as u32, disk, &w) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(worker = %w, error = %e, "KV tiers off");
+            metrics::counter!("flotilla_kv_tier_off_total", "tier" => "host").increment(1);
+            return (TierConfig::default(), None);
+        }
+    };
+    if let Some(why) = why {
+        tracing::error!(worker = %w, error = %why, "the disk KV tier (G3) cannot be used: it is off; serving goes on");
+        metrics::counter!("flotilla_kv_tier_off_total", "tier" => "disk").increment(1);
+        tiers.disk_blocks = 0;
+    }
+    let me = myself.clone();
+    let done = move |r: Vec<(CopyId, CopyOutcome)>| {
+        let _ = me.cast(SchedulerMsg::CopiesDone(Wire::encode(&r)));
+    };
+    match TierCopier::start(std::sync::Arc::new(stores), done) {
+        Ok(c) => (tiers, Some(c)),
+        Err(e) => {
+            tracing::error!(worker = %w, error = %e, "KV tier copier threads: tiers off");
+            (TierConfig::default(), None)
+        }
+    }
+}
+
 /// The region a decode worker reads `worker`'s KV from.
 fn region_of(
     transport: Option<&crate::transport::Transport>,
@@ -327,8 +393,9 @@ impl Actor for Scheduler {
             ractor::registry::where_is(args.engine_name.clone())
                 .ok_or_else(|| format!("engine worker {} is not running", args.engine_name))?
                 .into();
+        let (tiers, copier) = tier_copier(&args, &myself);
         let mut pool = BlockPool::new(args.num_blocks, args.block_size, args.salt)?
-            .with_tiers(args.tiers)?
+            .with_tiers(tiers)?
             .with_worker(args.worker.clone());
         if args.token_events {
             pool = pool.with_token_events();
@@ -361,6 +428,7 @@ impl Actor for Scheduler {
             engine,
             ticker: Some(ticker),
             lanes: [tokio::time::Instant::now(); 2],
+            copier,
         };
         state.apply(&myself);
         state.args.board.publish(state.core.stats());

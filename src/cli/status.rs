@@ -90,6 +90,35 @@ pub fn render(fleet: &Fleet) -> String {
             }
         );
     }
+    let tiered: Vec<_> = fleet
+        .nodes
+        .iter()
+        .flat_map(|n| &n.workers)
+        .filter_map(|w| w.kv_tiers.map(|t| (w.id.as_str(), t)))
+        .collect();
+    if !tiered.is_empty() {
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "{:<28} {:>13} {:>13} {:>9} {:>9} {:>9} {:>7} {:>7}",
+            "KV TIERS", "HOST", "DISK", "OFFLOADS", "ONBOARDS", "DEMOTED", "DROPS", "CORRUPT"
+        );
+        for (id, t) in tiered {
+            let c = t.counters;
+            let _ = writeln!(
+                out,
+                "{:<28} {:>13} {:>13} {:>9} {:>9} {:>9} {:>7} {:>7}",
+                id,
+                format!("{}/{}", t.host_blocks, t.host_capacity),
+                format!("{}/{}", t.disk_blocks, t.disk_capacity),
+                c.offloads,
+                c.onboards_host + c.onboards_disk,
+                c.demotions,
+                c.offload_drops,
+                c.corrupt
+            );
+        }
+    }
     let _ = writeln!(out);
     for n in &fleet.nodes {
         if let Some(p) = &n.planner {

@@ -169,6 +169,9 @@ pub enum CopyOutcome {
     /// The source did not hold the block (a wrong sequence hash or checksum on disk): its
     /// entry is dropped and never served.
     Corrupt,
+    /// The disk tier cannot be used any more (a write failed: no space, read-only): G3 is
+    /// turned off (`Cleared {disk}`); nothing landed.
+    TierOff,
 }
 
 /// Counters of the lower tiers since the pool was made, in blocks.
@@ -407,6 +410,8 @@ pub(super) struct Landed {
     pub(super) removed: Vec<(Tier, SequenceHash)>,
     /// Sequences whose onboard finished: the leading blocks that arrived intact.
     pub(super) onboarded: Vec<(SeqId, usize)>,
+    /// G3 was turned off.
+    pub(super) disk_off: bool,
 }
 
 #[derive(Debug)]
@@ -599,6 +604,9 @@ impl LowerTiers {
             if !ok {
                 self.counters.copy_failures += 1;
             }
+            if outcome == CopyOutcome::TierOff && self.disk.take().is_some() {
+                out.disk_off = true;
+            }
             let h = copy.block.seq_hash;
             match (copy.kind, copy.from, copy.to) {
                 (CopyKind::Offload, BlockLoc::Device(_), BlockLoc::Host(slot)) => {
@@ -730,6 +738,9 @@ impl BlockPool {
             }
         }
         self.emit_lower_stored(&landed.stored);
+        if landed.disk_off {
+            self.emit_in(Tier::Disk, KvEventData::Cleared);
+        }
         let bs = self.block_size;
         landed
             .onboarded

@@ -394,8 +394,8 @@ pub struct WorkerConfig {
     /// least `kv_disk_min_hits` times; 0 = off. Needs `kv_host_blocks`, and on the CPU engine
     /// `kv_disk_dir` (the sim engine models the disk).
     pub kv_disk_blocks: usize,
-    /// G3's directory (one preallocated segment file per replica); `None`: no G3 on the CPU
-    /// engine.
+    /// G3's directory (one segment file per replica, sized and cleared at start:
+    /// `worker/tiers.rs`); `None`: no G3 on the CPU engine.
     pub kv_disk_dir: Option<std::path::PathBuf>,
     /// Prefix reuses a block needs before G2 demotes it to G3 (frequency filter).
     pub kv_disk_min_hits: u32,
@@ -838,15 +838,6 @@ impl Config {
             return Err(invalid(
                 "worker.kv_disk_blocks",
                 "the disk tier (G3) is fed by the host tier (G2): set worker.kv_host_blocks too",
-            ));
-        }
-        if w.kv_host_blocks > 0 && w.engine == EngineKind::Cpu {
-            // The pool's side of the tiers is engine-independent; the CPU engine's copier
-            // (host buffers, disk segments) is not built yet.
-            return Err(invalid(
-                "worker.kv_host_blocks",
-                "the lower KV tiers (G2, G3) run on the sim engine (worker.engine = \"sim\") in \
-                 this version; the CPU engine's copies between tiers are not built yet",
             ));
         }
         if w.kv_disk_blocks > 0 && w.engine == EngineKind::Cpu && w.kv_disk_dir.is_none() {

@@ -182,6 +182,10 @@ pub struct SchedulerStats {
     /// model's time for such a step. `None` with no model.
     #[serde(default)]
     pub prefill_tokens_per_s: Option<f64>,
+    /// The lower KV tiers (G2 host, G3 disk): blocks held, copies in flight, counters since
+    /// start. `None` without lower tiers.
+    #[serde(default)]
+    pub kv_tiers: Option<crate::kv::TierUsage>,
 }
 
 /// The stats of a node's replicas as their schedulers last published them: each scheduler

@@ -125,14 +125,76 @@ fn worker_gauges(nodes: &[NodeView]) -> String {
     for (name, help, value) in GAUGES {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
         for w in &workers {
-            let id =
-                w.id.replace('\\', "\\\\")
-                    .replace('"', "\\\"")
-                    .replace('\n', "\\n");
+            let id = escape(&w.id);
             let _ = writeln!(out, "{name}{{worker=\"{id}\"}} {}", value(w));
         }
     }
+    out.push_str(&tier_metrics(&workers));
     out
+}
+
+/// The lower KV tiers of the workers that have them: blocks held per tier (gauge) and the
+/// copy counters (blocks, since each worker's start).
+fn tier_metrics(workers: &[&WorkerView]) -> String {
+    use std::fmt::Write;
+    type Counter = (&'static str, fn(&crate::kv::TierCounters) -> u64);
+    let tiered: Vec<(String, crate::kv::TierUsage)> = workers
+        .iter()
+        .filter_map(|w| w.kv_tiers.map(|t| (escape(&w.id), t)))
+        .collect();
+    let mut out = String::new();
+    if tiered.is_empty() {
+        return out;
+    }
+    let name = "flotilla_worker_kv_tier_blocks";
+    let _ = writeln!(
+        out,
+        "# HELP {name} KV blocks held in a lower tier (host = G2, disk = G3), per worker\n# TYPE {name} gauge"
+    );
+    for (id, t) in &tiered {
+        let _ = writeln!(
+            out,
+            "{name}{{worker=\"{id}\",tier=\"host\"}} {}",
+            t.host_blocks
+        );
+        let _ = writeln!(
+            out,
+            "{name}{{worker=\"{id}\",tier=\"disk\"}} {}",
+            t.disk_blocks
+        );
+    }
+    const COUNTERS: [Counter; 7] = [
+        ("offload", |c| c.offloads),
+        ("offload_drop", |c| c.offload_drops),
+        ("demotion", |c| c.demotions),
+        ("onboard_host", |c| c.onboards_host),
+        ("onboard_disk", |c| c.onboards_disk),
+        ("failure", |c| c.copy_failures),
+        ("corrupt", |c| c.corrupt),
+    ];
+    let name = "flotilla_worker_kv_tier_copies_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} KV blocks moved between tiers since the worker started, per kind \
+         (offload G1→G2, offload_drop not offloaded, demotion G2→G3, onboard_host/onboard_disk \
+         into G1, failure, corrupt: a G3 block refused), per worker\n# TYPE {name} counter"
+    );
+    for (id, t) in &tiered {
+        for (kind, value) in COUNTERS {
+            let _ = writeln!(
+                out,
+                "{name}{{worker=\"{id}\",kind=\"{kind}\"}} {}",
+                value(&t.counters)
+            );
+        }
+    }
+    out
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 async fn fleet(State(s): State<Arc<GatewayShared>>) -> Result<Json<serde_json::Value>, ApiError> {
@@ -248,5 +310,35 @@ mod tests {
         assert!(!text.contains("a/replica-1"), "{text}");
         assert!(!text.contains("b/replica-0"), "{text}");
         assert!(worker_gauges(&[]).is_empty());
+        assert!(!text.contains("kv_tier"), "no tiers, no tier metrics");
+    }
+
+    #[test]
+    fn tier_metrics_follow_each_workers_tiers() {
+        let mut nodes = [node(
+            "a",
+            NodeState::Up,
+            &[("a/replica-0", 0), ("a/replica-1", 0)],
+        )];
+        nodes[0].workers[1].kv_tiers = Some(crate::kv::TierUsage {
+            host_blocks: 7,
+            disk_blocks: 3,
+            counters: crate::kv::TierCounters {
+                offloads: 11,
+                corrupt: 2,
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        let text = worker_gauges(&nodes);
+        for line in [
+            "flotilla_worker_kv_tier_blocks{worker=\"a/replica-1\",tier=\"host\"} 7",
+            "flotilla_worker_kv_tier_blocks{worker=\"a/replica-1\",tier=\"disk\"} 3",
+            "flotilla_worker_kv_tier_copies_total{worker=\"a/replica-1\",kind=\"offload\"} 11",
+            "flotilla_worker_kv_tier_copies_total{worker=\"a/replica-1\",kind=\"corrupt\"} 2",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert!(!text.contains("kv_tier_blocks{worker=\"a/replica-0\""));
     }
 }

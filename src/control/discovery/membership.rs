@@ -114,6 +114,10 @@ pub struct WorkerView {
     /// Where it publishes vLLM-format KV events (`worker.kv_events_addr`), if it does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_events_endpoint: Option<String>,
+    /// Its lower KV tiers (G2 host, G3 disk): blocks held and capacity, copies in flight,
+    /// counters since its start (`kv/tiers.rs`); absent without tiers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_tiers: Option<crate::kv::TierUsage>,
 }
 
 /// What a node says about itself in every heartbeat.

@@ -249,8 +249,8 @@ fn kv_tiers_are_checked_with_the_key_named() {
             "worker.kv_disk_blocks",
         ),
         (
-            serde_json::json!({"kv_host_blocks": 64}),
-            "worker.kv_host_blocks",
+            serde_json::json!({"kv_host_blocks": 64, "kv_disk_blocks": 64}),
+            "worker.kv_disk_dir",
         ),
         (
             serde_json::json!({"engine": "sim", "kv_host_blocks": 8, "sim_host_gbps": 0.0}),

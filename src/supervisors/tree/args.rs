@@ -254,6 +254,8 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
             .sim_profile
             .is_some()
             .then(|| ctx.config.sim_tier_links()),
+        kv_region: Default::default(),
+        kv_disk_dir: w.kv_disk_dir.clone(),
     })
 }
 
@@ -304,6 +306,10 @@ pub struct ReplicaParams {
     pub tiers: crate::kv::TierConfig,
     /// On a simulated engine: the modelled speed of copies between tiers.
     pub tier_links: Option<crate::worker::scheduler::SimTierLinks>,
+    /// The engine's KV memory, for the tier copier (filled by the engine at start).
+    pub kv_region: crate::worker::tiers::KvRegionSlot,
+    /// G3's directory on a real engine (`worker.kv_disk_dir`).
+    pub kv_disk_dir: Option<std::path::PathBuf>,
     /// Publish the KV events in vLLM's format too (`worker.kv_events_addr`).
     pub kv_events: Option<crate::actors::kv_publisher::VllmEventsConfig>,
 }

@@ -445,6 +445,9 @@ pub struct TransformerArgs {
     /// it and registered as the worker's region (unregistered when the engine drops). `None`:
     /// heap pools no peer can read.
     pub transport: Option<(Arc<Transport>, String)>,
+    /// Where the engine publishes its KV memory and layout at start, for the replica's KV
+    /// tier copier (`worker/tiers.rs`); `None`: not published.
+    pub kv_region: Option<crate::worker::tiers::KvRegionSlot>,
 }
 
 /// Unregisters a replica's region when its engine goes (only that epoch: a restarted replica
@@ -506,7 +509,38 @@ impl TransformerEngine {
 impl StepEngine for TransformerEngine {
     type Config = TransformerArgs;
 
-    async fn start(mut args: TransformerArgs) -> Result<Self, EngineError> {
+    async fn start(args: TransformerArgs) -> Result<Self, EngineError> {
+        let slot = args.kv_region.clone();
+        let layout = Engine::layout(&args.weights, args.config);
+        let e = Self::start_engine(args).await?;
+        if let Some(slot) = slot {
+            let memory = e.engine.as_ref().and_then(Engine::kv_memory);
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) = memory.map(|m| (m, layout));
+        }
+        Ok(e)
+    }
+
+    fn info(&self) -> EngineInfo {
+        self.info.clone()
+    }
+
+    async fn step(&mut self, batch: StepBatch) -> Result<StepOutput, EngineError> {
+        self.offload(move |e| e.step(&batch)).await
+    }
+
+    async fn logits(&mut self, batch: StepBatch) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.offload(move |e| e.logits(&batch)).await
+    }
+
+    fn release(&mut self, seq: SeqId) {
+        if let Some(e) = self.engine.as_mut() {
+            e.release(seq);
+        }
+    }
+}
+
+impl TransformerEngine {
+    async fn start_engine(mut args: TransformerArgs) -> Result<Self, EngineError> {
         check(&args.config)?;
         if args.config.device != Device::Cpu {
             // Compiling the kernels and uploading the weights take a while: off the runtime.
@@ -569,23 +603,5 @@ impl StepEngine for TransformerEngine {
             id: d.id,
         });
         Ok(e)
-    }
-
-    fn info(&self) -> EngineInfo {
-        self.info.clone()
-    }
-
-    async fn step(&mut self, batch: StepBatch) -> Result<StepOutput, EngineError> {
-        self.offload(move |e| e.step(&batch)).await
-    }
-
-    async fn logits(&mut self, batch: StepBatch) -> Result<Vec<Vec<f32>>, EngineError> {
-        self.offload(move |e| e.logits(&batch)).await
-    }
-
-    fn release(&mut self, seq: SeqId) {
-        if let Some(e) = self.engine.as_mut() {
-            e.release(seq);
-        }
     }
 }

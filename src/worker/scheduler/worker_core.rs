@@ -1067,6 +1067,7 @@ impl WorkerCore {
                 let ms = c.drain_ms(budget, budget);
                 (ms > 0.0).then(|| budget as f64 / ms * 1e3)
             }),
+            kv_tiers: self.core.pool().tier_usage(),
         }
     }
 }
