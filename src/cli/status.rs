@@ -100,21 +100,34 @@ pub fn render(fleet: &Fleet) -> String {
         let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "{:<28} {:>13} {:>13} {:>9} {:>9} {:>9} {:>7} {:>7}",
-            "KV TIERS", "HOST", "DISK", "OFFLOADS", "ONBOARDS", "DEMOTED", "DROPS", "CORRUPT"
+            "{:<28} {:>13} {:>13} {:>9} {:>9} {:>9} {:>7} {:>8} {:>7}",
+            "KV TIERS",
+            "HOST",
+            "DISK",
+            "OFFLOADS",
+            "ONBOARDS",
+            "DEMOTED",
+            "DROPS",
+            "FAILURES",
+            "CORRUPT"
         );
         for (id, t) in tiered {
             let c = t.counters;
             let _ = writeln!(
                 out,
-                "{:<28} {:>13} {:>13} {:>9} {:>9} {:>9} {:>7} {:>7}",
+                "{:<28} {:>13} {:>13} {:>9} {:>9} {:>9} {:>7} {:>8} {:>7}",
                 id,
                 format!("{}/{}", t.host_blocks, t.host_capacity),
-                format!("{}/{}", t.disk_blocks, t.disk_capacity),
+                if t.disk_capacity == 0 {
+                    "off".to_owned()
+                } else {
+                    format!("{}/{}", t.disk_blocks, t.disk_capacity)
+                },
                 c.offloads,
                 c.onboards_host + c.onboards_disk,
                 c.demotions,
                 c.offload_drops,
+                c.copy_failures,
                 c.corrupt
             );
         }

@@ -183,12 +183,13 @@ pub struct TierCounters {
     pub offload_drops: u64,
     /// G2 → G3 copies that landed.
     pub demotions: u64,
-    /// Blocks onboarded (landed in G1) from G2 and from G3.
+    /// Blocks onboarded from G2 and from G3 and used: the leading intact blocks of each
+    /// sequence's onboard (a block after a failed or corrupt one is recomputed, not counted).
     pub onboards_host: u64,
     pub onboards_disk: u64,
-    /// Copies that failed (any lane).
+    /// Copies that failed (any lane; corrupt blocks are counted in `corrupt` only).
     pub copy_failures: u64,
-    /// Entries found corrupt (dropped).
+    /// G3 blocks found corrupt (dropped, never served).
     pub corrupt: u64,
 }
 
@@ -416,8 +417,8 @@ pub(super) struct Landed {
 
 #[derive(Debug)]
 struct Onboarding {
-    /// Copy ids in block order, with their outcome once known.
-    copies: Vec<(CopyId, Option<bool>)>,
+    /// Copy ids in block order, their source tier, and their outcome once known.
+    copies: Vec<(CopyId, Tier, Option<bool>)>,
 }
 
 /// G2 and G3 of one pool (see the module doc).
@@ -575,7 +576,7 @@ impl LowerTiers {
                 }
                 BlockLoc::Device(_) => continue,
             }
-            copies.push((CopyId(self.next_copy), None));
+            copies.push((CopyId(self.next_copy), hit.from.tier(), None));
             self.issue(
                 CopyKind::Onboard(seq),
                 hit.from,
@@ -601,7 +602,7 @@ impl LowerTiers {
                 continue;
             };
             let ok = outcome == CopyOutcome::Done;
-            if !ok {
+            if matches!(outcome, CopyOutcome::Failed | CopyOutcome::TierOff) {
                 self.counters.copy_failures += 1;
             }
             if outcome == CopyOutcome::TierOff && self.disk.take().is_some() {
@@ -645,21 +646,26 @@ impl LowerTiers {
                             }
                         }
                         store.unpin(s, ok);
-                        if ok {
-                            match store.tier {
-                                Tier::Disk => self.counters.onboards_disk += 1,
-                                _ => self.counters.onboards_host += 1,
-                            }
-                        }
                     }
                     if let Some(o) = self.onboarding.get_mut(&seq) {
                         if let Some(c) = o.copies.iter_mut().find(|c| c.0 == id) {
-                            c.1 = Some(ok);
+                            c.2 = Some(ok);
                         }
-                        if o.copies.iter().all(|c| c.1.is_some()) {
-                            let intact = o.copies.iter().take_while(|c| c.1 == Some(true)).count();
+                        if o.copies.iter().all(|c| c.2.is_some()) {
+                            let used: Vec<Tier> = o
+                                .copies
+                                .iter()
+                                .take_while(|c| c.2 == Some(true))
+                                .map(|c| c.1)
+                                .collect();
+                            for t in &used {
+                                match t {
+                                    Tier::Disk => self.counters.onboards_disk += 1,
+                                    _ => self.counters.onboards_host += 1,
+                                }
+                            }
                             self.onboarding.remove(&seq);
-                            out.onboarded.push((seq, intact));
+                            out.onboarded.push((seq, used.len()));
                         }
                     }
                 }

@@ -376,6 +376,46 @@ impl KvMemory {
         Ok(())
     }
 
+    /// Copies `len` bytes at `offset` into `dst` at `dst_offset`: one `memcpy` between two
+    /// host memories, else through `scratch` (read, then write).
+    ///
+    /// # Safety
+    /// As [`KvMemory::read_into`] for the source range and [`KvMemory::write_from`] for the
+    /// destination range; the two ranges do not overlap.
+    ///
+    /// # Errors
+    /// [`TransportError::OutOfRange`] when a range leaves its region; a staged side's copy
+    /// error.
+    pub unsafe fn copy_to(
+        &self,
+        offset: usize,
+        dst: &KvMemory,
+        dst_offset: usize,
+        len: usize,
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), TransportError> {
+        self.check(offset, len)?;
+        dst.check(dst_offset, len)?;
+        if !self.is_staged() && !dst.is_staged() {
+            // SAFETY: both ranges are in bounds (checked); the caller guarantees no concurrent
+            // access and no overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.ptr.as_ptr().add(offset),
+                    dst.ptr.as_ptr().add(dst_offset),
+                    len,
+                );
+            }
+            return Ok(());
+        }
+        scratch.resize(len, 0);
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            self.read_into(offset, scratch)?;
+            dst.write_from(dst_offset, scratch)
+        }
+    }
+
     fn check(&self, offset: usize, len: usize) -> Result<(), TransportError> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),

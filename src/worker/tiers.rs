@@ -160,16 +160,20 @@ impl TierStores {
         let segs = src_layout
             .segments(dst_layout, &[(s, d)])
             .map_err(|e| e.to_string())?;
-        let mut buf = vec![0u8; src_layout.block_bytes as usize];
+        let mut scratch = Vec::new();
         for seg in segs {
-            let out = &mut buf[..seg.len as usize];
             // SAFETY: the pool's lanes keep the source block unwritten and the target block
-            // unread by anyone else until this copy is answered (module doc, "G1 access").
+            // unread by anyone else until this copy is answered (module doc, "G1 access"); G1
+            // and G2 are distinct allocations.
             unsafe {
-                src.read_into(seg.remote as usize, out)
-                    .map_err(|e| e.to_string())?;
-                dst.write_from(seg.local as usize, out)
-                    .map_err(|e| e.to_string())?;
+                src.copy_to(
+                    seg.remote as usize,
+                    dst,
+                    seg.local as usize,
+                    seg.len as usize,
+                    &mut scratch,
+                )
+                .map_err(|e| e.to_string())?;
             }
         }
         Ok(())
@@ -234,7 +238,7 @@ impl TierStores {
         let per_block = self.g1_layout.bytes_per_block() as usize;
         let mut record = vec![0u8; RECORD_HEADER as usize + per_block];
         if let Err(e) = seg.file.read_exact_at(&mut record, self.record_offset(d)) {
-            tracing::warn!(path = %seg.path.display(), error = %e, "G3 read failed; recomputing");
+            tracing::debug!(path = %seg.path.display(), error = %e, "G3 read failed");
             return CopyOutcome::Corrupt;
         }
         let word = |i: usize| {
@@ -249,7 +253,7 @@ impl TierStores {
             || bh != c.block.block_hash.0
             || sum != xxh3_64_with_seed(payload, seq)
         {
-            tracing::warn!(path = %seg.path.display(), slot = d, "G3 block corrupt (header or checksum): dropped, recomputing");
+            tracing::debug!(path = %seg.path.display(), slot = d, "G3 block corrupt (header or checksum)");
             metrics::counter!("flotilla_kv_tier_corrupt_blocks_total", "tier" => "disk")
                 .increment(1);
             return CopyOutcome::Corrupt;
@@ -315,7 +319,19 @@ impl TierCopier {
                 .name(name.to_owned())
                 .spawn(move || {
                     for batch in rx {
-                        let out = batch.iter().map(|c| (c.id, stores.run(c))).collect();
+                        let out: Vec<_> = batch.iter().map(|c| (c.id, stores.run(c))).collect();
+                        let corrupt = out
+                            .iter()
+                            .filter(|(_, o)| *o == CopyOutcome::Corrupt)
+                            .count();
+                        if corrupt > 0 {
+                            // One line per batch, not per block.
+                            tracing::warn!(
+                                blocks = corrupt,
+                                path = ?stores.disk_path(),
+                                "G3 blocks failed their checksum or could not be read: dropped, their prompts recomputed"
+                            );
+                        }
                         done(out);
                     }
                 })?;

@@ -299,7 +299,9 @@ pub enum SelectorConfigError {
     OverlapWeight(f64),
     #[error("temperature must be finite and >= 0, got {0}")]
     Temperature(f64),
-    #[error("tier_credit.host and tier_credit.disk must be in [0, 1], got {0}")]
+    #[error(
+        "the tier credits (router.tier_credit_host, router.tier_credit_disk) must be in [0, 1], got {0}"
+    )]
     TierCredit(f64),
 }
 

@@ -234,3 +234,62 @@ fn the_copier_answers_every_copy_in_lane_order() {
     );
     drop(copier);
 }
+
+/// A device's pool reached only through copies (what a GPU engine publishes): the stores move
+/// its blocks through the same interface, and never dereference its address.
+#[test]
+fn a_staged_device_pool_offloads_and_onboards_through_its_copies() {
+    use crate::transport::{DeviceAccess, MemoryKind};
+    struct Twin(std::sync::Mutex<Vec<u8>>);
+    impl DeviceAccess for Arc<Twin> {
+        fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), String> {
+            let b = self.0.lock().map_err(|e| e.to_string())?;
+            out.copy_from_slice(&b[offset..offset + out.len()]);
+            Ok(())
+        }
+        fn write(&self, offset: usize, data: &[u8]) -> Result<(), String> {
+            let mut b = self.0.lock().map_err(|e| e.to_string())?;
+            b[offset..offset + data.len()].copy_from_slice(data);
+            Ok(())
+        }
+    }
+    let len = LAYOUT.region_bytes() as usize;
+    let twin = Arc::new(Twin(std::sync::Mutex::new(
+        (0..len).map(|i| (i * 13) as u8).collect(),
+    )));
+    // An address nothing maps: a dereference would crash the test.
+    let addr = std::ptr::NonNull::new(0x10 as *mut u8).expect("non-null");
+    let g1 = KvMemory::staged(
+        addr,
+        len,
+        MemoryKind::Cuda { device: 0 },
+        Box::new(twin.clone()),
+    )
+    .expect("staged");
+    let g1 = Arc::new(g1);
+    let d = dir("staged");
+    let (s, _) = TierStores::new(g1.clone(), LAYOUT, 4, Some((&d, 4)), "gpu").expect("stores");
+    let want = block_of(&g1, 2);
+    let seq = SeqId(3);
+    for c in [
+        copy(
+            1,
+            CopyKind::Offload,
+            BlockLoc::Device(2),
+            BlockLoc::Host(0),
+            5,
+        ),
+        copy(2, CopyKind::Demote, BlockLoc::Host(0), BlockLoc::Disk(0), 5),
+        copy(
+            3,
+            CopyKind::Onboard(seq),
+            BlockLoc::Disk(0),
+            BlockLoc::Device(7),
+            5,
+        ),
+    ] {
+        assert_eq!(s.run(&c), CopyOutcome::Done, "{c:?}");
+    }
+    assert_eq!(block_of(&g1, 7), want);
+    let _ = std::fs::remove_dir_all(&d);
+}
