@@ -7,7 +7,8 @@
 //! - `pool.rs` — [`BlockPool`]: ids, refcounts, prefix cache, eviction, KV event outbox.
 //! - `eviction.rs` — [`EvictionPolicy`]: LRU with a frequency bias.
 //! - `tiers.rs` — the lower tiers G2 (host) and G3 (disk): offload, demotion, onboard, the
-//!   copies a driver carries out ([`TierCopy`]), [`TierConfig`].
+//!   copies a driver carries out ([`TierCopy`]), [`TierConfig`]; `pool_tiers.rs` — the
+//!   pool's methods over them.
 //! - `lease.rs` — [`SeqLease`]: the value that stands for a sequence's blocks; drop-safe.
 //! - `events.rs` — [`KvEvent`] and friends (serde), [`EventReplay`] (reference consumer).
 //! - `vllm.rs` — vLLM's KV event wire format (MessagePack) and [`vllm::Translator`], which
@@ -69,6 +70,7 @@ pub mod faults;
 pub mod hash;
 mod lease;
 pub mod pool;
+mod pool_tiers;
 pub mod tiers;
 pub mod vllm;
 pub mod zmq;
