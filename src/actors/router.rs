@@ -300,6 +300,13 @@ impl RouterState {
     }
 
     /// Requests placed and not yet released.
+    /// `worker` left its groups (died, restarts, retired): forget what it held, its load and
+    /// any resync asked for — what the live router does when a scheduler leaves its group
+    /// (for drivers without process groups: the simulator).
+    pub fn worker_left(&mut self, worker: &WorkerId) {
+        self.purge(worker);
+    }
+
     /// The prefix index.
     pub fn index(&self) -> &PrefixIndex {
         &self.index

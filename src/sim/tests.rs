@@ -81,6 +81,10 @@ fn assert_conserved(out: &SimOutcome, requests: usize) {
     keys.dedup();
     assert_eq!(keys.len(), requests, "each request ended exactly once");
     assert_eq!(out.leftovers, SimLeftovers::default(), "nothing left over");
+    assert_eq!(
+        out.counters.index_mismatches, 0,
+        "the router's index holds what the pools hold"
+    );
 }
 
 #[test]

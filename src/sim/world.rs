@@ -924,6 +924,10 @@ impl<'w> SimFleet<'w> {
 
     /// Start (or restart) worker `i`: a fresh core over an empty pool, joining its groups.
     fn boot(&mut self, i: usize) -> anyhow::Result<()> {
+        // A new incarnation starts with an empty pool: the router forgets the old one's
+        // blocks (and any of its KV events that arrived after it died).
+        let id = self.workers[i].id.clone();
+        self.router.worker_left(&id);
         let w = &mut self.workers[i];
         w.incarnation += 1;
         let pool = BlockPool::new(self.blocks, self.engine.block_size, self.spec.model.salt)
@@ -1233,6 +1237,7 @@ impl<'w> SimFleet<'w> {
         w.ping_parked = false;
         let id = w.id.clone();
         self.groups.leave_all(&id);
+        self.router.worker_left(&id);
         self.views[i].state = NodeState::Down;
         self.account(i, now);
         if had_core {
@@ -1318,6 +1323,7 @@ impl<'w> SimFleet<'w> {
         self.out.counters.kills += 1;
         let id = self.workers[i].id.clone();
         self.groups.leave_all(&id);
+        self.router.worker_left(&id);
         self.views[i].state = NodeState::Down;
         self.fleet_event(FleetEventKind::WorkerDown { worker: id.clone() });
         let mut lost: Vec<(RequestId, RequestId)> = self
