@@ -243,12 +243,34 @@ fn cookie() -> String {
 ///
 /// # Errors
 /// `kv` has no `=`.
-pub fn set_override(kv: &str) -> anyhow::Result<Serialized<serde_json::Value>> {
+pub fn set_override(kv: &str) -> anyhow::Result<SetFlag> {
     let (path, v) = kv
         .split_once('=')
         .ok_or_else(|| anyhow::anyhow!("--set {kv}: expected section.field=value"))?;
     let v = serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.into()));
-    Ok(Serialized::default(path, v))
+    Ok(SetFlag {
+        flag: format!("--set {kv}"),
+        value: Serialized::default(path, v),
+    })
+}
+
+/// One `--set` as a configuration layer, named after the flag in errors (figment would name
+/// the code that built it).
+pub struct SetFlag {
+    flag: String,
+    value: Serialized<serde_json::Value>,
+}
+
+impl figment::Provider for SetFlag {
+    fn metadata(&self) -> figment::Metadata {
+        figment::Metadata::named(self.flag.clone())
+    }
+
+    fn data(
+        &self,
+    ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        self.value.data()
+    }
 }
 
 /// What every node checks first — the configuration and the model path — checked once before

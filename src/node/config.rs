@@ -552,7 +552,7 @@ impl Default for WorkerConfig {
 pub enum ConfigError {
     /// A source could not be read or parsed.
     #[error("configuration: {0}")]
-    Load(#[from] Box<figment::Error>),
+    Load(Box<figment::Error>),
     /// A value is out of range or inconsistent.
     #[error("configuration: {field}: {message}")]
     Invalid {
@@ -561,6 +561,14 @@ pub enum ConfigError {
         /// What is wrong.
         message: String,
     },
+}
+
+// Not `#[from]`: that would make the figment error the source too, and error chains would
+// print it twice.
+impl From<Box<figment::Error>> for ConfigError {
+    fn from(e: Box<figment::Error>) -> Self {
+        ConfigError::Load(e)
+    }
 }
 
 fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {

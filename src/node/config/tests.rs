@@ -272,3 +272,17 @@ fn kv_tiers_are_checked_with_the_key_named() {
     let t = c.tier_config();
     assert_eq!((t.host_blocks, t.disk_blocks, t.disk_min_hits), (8, 16, 1));
 }
+
+#[test]
+fn a_bad_set_flag_is_named_once() {
+    let o = figment::Figment::from(figment::providers::Serialized::default(
+        "node.cookie",
+        "s3cret",
+    ))
+    .merge(crate::cli::up::set_override("worker.kv_host_blocks=abc").expect("flag"));
+    let err = anyhow::Error::from(Config::load_with(None, o).unwrap_err());
+    let text = format!("{err:#}");
+    assert!(text.contains("--set worker.kv_host_blocks=abc"), "{text}");
+    assert_eq!(text.matches("invalid type").count(), 1, "{text}");
+    assert!(!text.contains("src/cli"), "{text}");
+}
