@@ -45,17 +45,7 @@ impl BlockPool {
                 }
             }
         }
-        for tier in [Tier::Host, Tier::Disk] {
-            let removed: Vec<SequenceHash> = landed
-                .removed
-                .iter()
-                .filter(|(t, _)| *t == tier)
-                .map(|(_, h)| *h)
-                .collect();
-            if !removed.is_empty() {
-                self.emit_in(tier, KvEventData::Removed { blocks: removed });
-            }
-        }
+        self.emit_lower_removed(&landed.removed);
         self.emit_lower_stored(&landed.stored);
         if landed.disk_off {
             self.emit_in(Tier::Disk, KvEventData::Cleared);
@@ -145,6 +135,11 @@ impl BlockPool {
                 *self.offloads_of.entry(table_id).or_default() += 1;
             }
         }
+        self.emit_lower_removed(&removed);
+    }
+
+    /// `Removed {tier}` events for lower-tier blocks that left, one per tier.
+    fn emit_lower_removed(&mut self, removed: &[(Tier, SequenceHash)]) {
         for tier in [Tier::Host, Tier::Disk] {
             let hs: Vec<SequenceHash> = removed
                 .iter()

@@ -60,6 +60,20 @@ impl Bytes {
         }
     }
 
+    /// Carries out every copy issued so far (the store lane in order) and reports them all
+    /// landed or corrupt; returns the onboards that finished.
+    fn run_all(&mut self, p: &mut BlockPool) -> Vec<(SeqId, usize)> {
+        self.take(p);
+        let mut r = Vec::new();
+        while let Some(c) = self.store.pop_front() {
+            r.push((c.id, self.run(&c)));
+        }
+        for c in std::mem::take(&mut self.load) {
+            r.push((c.id, self.run(&c)));
+        }
+        p.copies_done(&r)
+    }
+
     /// Carries out one copy: the source must hold the block (else corrupt, which only a
     /// damaged disk slot may be).
     fn run(&mut self, c: &TierCopy) -> CopyOutcome {
@@ -154,22 +168,11 @@ fn only_reused_blocks_are_demoted_to_disk() {
     // G2 holds 2 blocks: a third offload evicts the least recent to G3 if it was reused.
     let mut p = tiered(16, 2, 8, 64);
     let mut bytes = Bytes::default();
-    let run_all = |p: &mut BlockPool, bytes: &mut Bytes| {
-        bytes.take(p);
-        let mut r = Vec::new();
-        while let Some(c) = bytes.store.pop_front() {
-            r.push((c.id, bytes.run(&c)));
-        }
-        for c in std::mem::take(&mut bytes.load) {
-            r.push((c.id, bytes.run(&c)));
-        }
-        p.copies_done(&r)
-    };
     let hot = toks(5, 100); // 1 block
     let a = p.allocate_onboarding(SeqId(1), &hot).expect("alloc");
     p.mark_computed(SeqId(1), 5).expect("mark");
     bytes.write(&p, SeqId(1), 0, 5);
-    run_all(&mut p, &mut bytes);
+    bytes.run_all(&mut p);
     p.free(a.lease).expect("free");
     // Reused once in G1, then evicted: G2's entry carries the hit.
     let b = p.allocate_onboarding(SeqId(2), &hot).expect("alloc");
@@ -182,7 +185,7 @@ fn only_reused_blocks_are_demoted_to_disk() {
             .expect("alloc");
         p.mark_computed(SeqId(k), 5).expect("mark");
         bytes.write(&p, SeqId(k), 0, 5);
-        run_all(&mut p, &mut bytes);
+        bytes.run_all(&mut p);
         p.free(l.lease).expect("free");
     }
     // `hot` went to disk; of the two cold blocks the older left G2 for nowhere.
@@ -198,7 +201,7 @@ fn only_reused_blocks_are_demoted_to_disk() {
     // It onboards from disk, byte-identical.
     let c = p.allocate_onboarding(SeqId(5), &hot).expect("alloc");
     assert_eq!(c.onboard_tokens, 4);
-    assert_eq!(run_all(&mut p, &mut bytes), vec![(SeqId(5), 4)]);
+    assert_eq!(bytes.run_all(&mut p), vec![(SeqId(5), 4)]);
     assert_eq!(p.tier_usage().expect("tiers").counters.onboards_disk, 1);
     p.check_invariants().expect("invariants");
 }
@@ -207,22 +210,11 @@ fn only_reused_blocks_are_demoted_to_disk() {
 fn a_corrupt_disk_block_is_a_miss_and_is_dropped() {
     let mut p = tiered(16, 2, 8, 64);
     let mut bytes = Bytes::default();
-    let run_all = |p: &mut BlockPool, bytes: &mut Bytes| {
-        bytes.take(p);
-        let mut r = Vec::new();
-        while let Some(c) = bytes.store.pop_front() {
-            r.push((c.id, bytes.run(&c)));
-        }
-        for c in std::mem::take(&mut bytes.load) {
-            r.push((c.id, bytes.run(&c)));
-        }
-        p.copies_done(&r)
-    };
     let prompt = toks(9, 100); // 2 blocks, both offloaded to G2
     let a = p.allocate_onboarding(SeqId(1), &prompt).expect("alloc");
     p.mark_computed(SeqId(1), 9).expect("mark");
     bytes.write(&p, SeqId(1), 0, 9);
-    run_all(&mut p, &mut bytes);
+    bytes.run_all(&mut p);
     p.free(a.lease).expect("free");
     // Reused once, then evicted from G1: G2's entries carry the hit.
     let b = p.allocate_onboarding(SeqId(2), &prompt).expect("alloc");
@@ -235,7 +227,7 @@ fn a_corrupt_disk_block_is_a_miss_and_is_dropped() {
         .expect("alloc");
     p.mark_computed(SeqId(3), 9).expect("mark");
     bytes.write(&p, SeqId(3), 0, 9);
-    run_all(&mut p, &mut bytes);
+    bytes.run_all(&mut p);
     p.free(c.lease).expect("free");
     p.evict(16);
     assert_eq!(p.tier_usage().expect("tiers").disk_blocks, 2);
@@ -250,7 +242,7 @@ fn a_corrupt_disk_block_is_a_miss_and_is_dropped() {
     bytes.at.insert(slot, SequenceHash(0xBAD));
     let d = p.allocate_onboarding(SeqId(4), &prompt).expect("alloc");
     assert_eq!(d.onboard_tokens, 8);
-    assert_eq!(run_all(&mut p, &mut bytes), vec![(SeqId(4), 4)]);
+    assert_eq!(bytes.run_all(&mut p), vec![(SeqId(4), 4)]);
     let u = p.tier_usage().expect("tiers");
     assert_eq!((u.counters.corrupt, u.disk_blocks), (1, 1));
     p.check_invariants().expect("invariants");
