@@ -150,6 +150,11 @@ impl Harness {
             role,
             disagg: Default::default(),
             sim_transfer: None,
+            peer_pull: Some(flotilla::worker::scheduler::PeerPullWorker {
+                prior_block_ms: 1.0,
+                fixed_ms: 1.0,
+                ask_timeout: Duration::from_secs(1),
+            }),
             tiers,
             tier_links: None,
             kv_region: Default::default(),
@@ -216,6 +221,7 @@ impl Harness {
             trace_id: None,
             hand_off: false,
             remote_kv: None,
+            fetch: None,
         }
     }
 

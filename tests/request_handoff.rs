@@ -158,6 +158,7 @@ impl Fleet {
                 .map(|(w, hand_off)| Placement {
                     worker: WorkerId::new(*w),
                     hand_off: *hand_off,
+                    fetch: None,
                 })
                 .collect(),
             asked: vec![],
@@ -204,6 +205,7 @@ impl Fleet {
             trace_id: None,
             hand_off: false,
             remote_kv: None,
+            fetch: None,
         };
         let args = RequestArgs {
             job,

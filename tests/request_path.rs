@@ -168,6 +168,7 @@ impl Fleet {
                 owner_grace: Duration::from_secs(5),
                 has_transport: false,
                 sim_transfer: None,
+                peer_pull: None,
             },
             batcher,
             self.shared.clone(),
@@ -261,6 +262,7 @@ impl Fleet {
             trace_id: None,
             hand_off: false,
             remote_kv: None,
+            fetch: None,
         };
         let mut core = RequestCore::new(
             RequestCoreConfig {
@@ -408,6 +410,7 @@ impl Fleet {
             }
             WorkerEffect::Pull(job) => panic!("no disaggregation here: {job:?}"),
             WorkerEffect::TierCopies(c) => panic!("no lower KV tiers here: {c:?}"),
+            WorkerEffect::Fetch { .. } => panic!("no peer pulls here"),
             WorkerEffect::Release(_) | WorkerEffect::RoleChanged(_) | WorkerEffect::Ping => {}
             WorkerEffect::ConfirmPull { .. } => panic!("no disaggregation here"),
             WorkerEffect::KvEvents { events, .. } => self.router.kv_events(events),

@@ -450,6 +450,14 @@ async fn handle_msg(
         SchedulerMsg::Stats(reply) => {
             let _ = reply.send(Wire::encode(&state.stats()));
         }
+        SchedulerMsg::Export(_, reply) => {
+            // Its KV lives in the external engine: nothing a peer can read.
+            let answer: Result<crate::request_plane::protocol::RemoteKv, String> = Err(format!(
+                "{} is an external engine: it exports no KV",
+                state.args.worker
+            ));
+            let _ = reply.send(Wire::encode(&answer));
+        }
         SchedulerMsg::Has(wire, reply) => {
             state.prune();
             let has = wire
@@ -501,7 +509,8 @@ async fn handle_msg(
         SchedulerMsg::StepDone(_)
         | SchedulerMsg::CanaryDone(_)
         | SchedulerMsg::PullDone(_)
-        | SchedulerMsg::CopiesDone(_) => {}
+        | SchedulerMsg::CopiesDone(_)
+        | SchedulerMsg::FetchDone(_) => {}
     }
     Ok(())
 }

@@ -364,6 +364,7 @@ impl RouterState {
                 return Ok(Some(Placement {
                     worker: w.clone(),
                     hand_off,
+                    fetch: None,
                 }));
             }
         }
@@ -423,9 +424,14 @@ impl RouterState {
             .increment(u64::from(d.request_blocks));
         metrics::counter!("flotilla_router_overlap_blocks_total")
             .increment(u64::from(d.overlap_blocks));
+        let fetch = if hand_off { None } else { d.fetch };
+        if fetch.is_some() {
+            metrics::counter!("flotilla_router_fetch_hints_total").increment(1);
+        }
         Ok(Some(Placement {
             worker: d.worker,
             hand_off,
+            fetch,
         }))
     }
 

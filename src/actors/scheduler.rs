@@ -63,6 +63,16 @@ pub enum SchedulerMsg {
     /// Change this replica's role (cast): it leaves routing, finishes what it runs, then
     /// switches and is routable again.
     SetRole(Wire<Role>),
+    /// Peer pull, holder side (call): pin the leading blocks of these tokens held in G1 for
+    /// the peer's request `(node, request)`, answered with what to pull (or why not); the
+    /// peer's `Cancel` of the same key unpins them.
+    #[rpc]
+    Export(
+        Wire<((NodeId, RequestId), Vec<u32>)>,
+        RpcReplyPort<Wire<Result<protocol::RemoteKv, String>>>,
+    ),
+    /// Local: a holder answered a fetch (or did not in time).
+    FetchDone(Wire<((NodeId, RequestId), Result<protocol::RemoteKv, String>)>),
 }
 
 impl SchedulerMsg {
@@ -115,6 +125,8 @@ pub struct SchedulerArgs {
     pub transport: Option<std::sync::Arc<crate::transport::Transport>>,
     /// On a simulated engine: the modelled transfer time of a pull.
     pub sim_transfer: Option<SimTransfer>,
+    /// Peer pulls (G4): `None` when off (`Config::peer_pull_worker`).
+    pub peer_pull: Option<crate::worker::scheduler::PeerPullWorker>,
     /// The pool's lower tiers (G2 host, G3 disk: `kv/tiers.rs`).
     pub tiers: TierConfig,
     /// On a simulated engine: the modelled speed of copies between tiers.
@@ -174,6 +186,18 @@ impl SchedulerState {
         match effect {
             WorkerEffect::Step { step, batch } => self.run_step(myself, step, batch),
             WorkerEffect::Pull(job) => self.run_pull(myself, job),
+            WorkerEffect::Fetch {
+                holder,
+                key,
+                tokens,
+                timeout,
+            } => {
+                let me = myself.clone();
+                tokio::spawn(async move {
+                    let answer = ask_holder(&holder, key.clone(), tokens, timeout).await;
+                    let _ = me.cast(SchedulerMsg::FetchDone(Wire::encode(&(key, answer))));
+                });
+            }
             WorkerEffect::TierCopies(copies) => self.run_copies(myself, copies),
             WorkerEffect::Release(seq) => {
                 let _ = self.engine.cast(EngineWorkerMsg::Release(seq));
@@ -270,7 +294,9 @@ impl SchedulerState {
     /// A pull of remote KV (the node's transport actor, or the sim engine's modelled
     /// transfer), as a task that answers `PullDone`.
     fn run_pull(&self, myself: &ActorRef<SchedulerMsg>, job: PullJob) {
-        let PullJob { seq, blocks, work } = job;
+        let PullJob {
+            seq, blocks, work, ..
+        } = job;
         let done =
             move |outcome| SchedulerMsg::PullDone(Wire::encode(&PullResult { seq, outcome }));
         let me = myself.clone();
@@ -413,6 +439,7 @@ impl Actor for Scheduler {
                 owner_grace: args.owner_grace,
                 has_transport: args.transport.is_some(),
                 sim_transfer: args.sim_transfer,
+                peer_pull: args.peer_pull,
             },
             batcher,
             args.clock.clone(),
@@ -519,6 +546,29 @@ fn handle_msg(msg: SchedulerMsg, state: &mut SchedulerState) -> Result<(), Worke
                 state.core.copies_done(&results)?;
             }
         }
+        SchedulerMsg::Export(wire, reply) => match wire.decode() {
+            Ok((key, tokens)) => {
+                let transport = state.args.transport.clone();
+                let worker = state.args.worker.to_string();
+                let region = region_of(transport.as_deref(), &worker);
+                let answer = state.core.export(key.clone(), &tokens, region);
+                let pinned = answer.is_ok();
+                if reply.send(Wire::encode(&answer)).is_err() && pinned {
+                    // The peer stopped waiting: unpin at once.
+                    state.core.cancel(&key)?;
+                }
+            }
+            Err(e) => {
+                let answer: Result<protocol::RemoteKv, String> =
+                    Err(format!("a request that does not decode: {e}"));
+                let _ = reply.send(Wire::encode(&answer));
+            }
+        },
+        SchedulerMsg::FetchDone(wire) => {
+            if let Ok((key, answer)) = wire.decode() {
+                state.core.fetch_done(&key, answer)?;
+            }
+        }
         SchedulerMsg::SetRole(wire) => {
             if let Ok(role) = wire.decode() {
                 state.core.set_role(role);
@@ -550,6 +600,27 @@ fn handle_msg(msg: SchedulerMsg, state: &mut SchedulerState) -> Result<(), Worke
         }
     }
     Ok(())
+}
+
+/// Peer pull: asks `holder`'s scheduler to pin the prefix for `key`, within `timeout`.
+async fn ask_holder(
+    holder: &WorkerId,
+    key: (NodeId, RequestId),
+    tokens: Vec<u32>,
+    timeout: std::time::Duration,
+) -> Result<protocol::RemoteKv, String> {
+    let name = format!("{holder}/scheduler");
+    let Some(s) = crate::runtime::cluster::member_named(SCHEDULER_GROUP, &name) else {
+        return Err(format!("the holder {holder} is gone"));
+    };
+    let s: ActorRef<SchedulerMsg> = s.into();
+    let ms = timeout.as_millis() as u64;
+    match ractor::call_t!(s, SchedulerMsg::Export, ms, Wire::encode(&(key, tokens))) {
+        Ok(answer) => answer
+            .decode()
+            .map_err(|e| format!("the holder's answer does not decode: {e}"))?,
+        Err(e) => Err(format!("the holder {holder} did not answer: {e}")),
+    }
 }
 
 /// One pull through the node's transport actor (the actor runs it as a task and answers when

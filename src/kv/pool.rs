@@ -363,6 +363,63 @@ impl BlockPool {
         })
     }
 
+    /// Peer pull, holder side: pins the leading full blocks of `tokens` that G1 holds (every
+    /// full block may count, the last token's included: nothing is computed here) under `seq`,
+    /// so that a peer can read them; hand the lease back with [`BlockPool::free`] when the
+    /// peer confirms or the hold ends. Returns the pinned blocks in order (empty: none held,
+    /// and nothing is pinned).
+    ///
+    /// # Errors
+    /// [`PoolError::DuplicateSequence`] when `seq` already holds blocks.
+    pub fn pin_cached(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+    ) -> Result<(Vec<BlockId>, Option<SeqLease>), PoolError> {
+        self.reclaim_leaked();
+        if self.seqs.contains_key(&seq) {
+            return Err(PoolError::DuplicateSequence(seq));
+        }
+        let mut hits = Vec::new();
+        let mut parent = None;
+        for chunk in tokens.chunks_exact(self.block_size) {
+            let sh = sequence_hash(parent, block_hash(chunk, self.salt), self.salt);
+            let Some(&b) = self.index.get(&sh) else { break };
+            hits.push((b, sh));
+            parent = Some(sh);
+        }
+        if hits.is_empty() {
+            return Ok((Vec::new(), None));
+        }
+        let table: Vec<BlockId> = hits.iter().map(|&(b, _)| b).collect();
+        for &b in &table {
+            self.pin(b);
+        }
+        let n = hits.len() * self.block_size;
+        self.next_table_id += 1;
+        self.seqs.insert(
+            seq,
+            SeqState {
+                tokens: tokens[..n].to_vec(),
+                table: table.clone(),
+                num_computed: n,
+                hashed_blocks: hits.len(),
+                last_seq_hash: hits.last().map(|&(_, h)| h),
+                table_id: self.next_table_id,
+            },
+        );
+        Ok((table, Some(SeqLease::new(seq, Arc::clone(&self.returns)))))
+    }
+
+    /// Leading tokens of `prompt` this pool can serve without computing them: the G1 prefix
+    /// hit and the blocks after it that a lower tier holds (full blocks, never the last
+    /// token).
+    pub fn cached_lead(&self, prompt: &[u32]) -> usize {
+        let hits = self.prefix_hits(prompt);
+        let lower = self.lower_hits(prompt, hits.len(), hits.last().map(|&(_, h)| h));
+        (hits.len() + lower.len()) * self.block_size
+    }
+
     /// Grows `seq`'s block table to hold at least `num_slots` token slots. All-or-nothing.
     ///
     /// # Errors

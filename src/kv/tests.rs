@@ -583,3 +583,46 @@ fn token_events_give_each_stored_event_its_blocks_tokens() {
     assert!(!q.drain_events().is_empty());
     assert!(q.drain_event_tokens().is_empty());
 }
+
+#[test]
+fn pin_cached_holds_the_cached_prefix_against_eviction_until_its_lease_is_freed() {
+    let mut p = pool(8, 4);
+    let shared = toks(10, 100); // two full blocks and a partial one
+    let a = fill(&mut p, 1, &shared);
+    p.free(a.lease).expect("free");
+    let mut asked = shared[..8].to_vec();
+    asked.extend(toks(4, 900));
+    assert_eq!(p.cached_lead(&asked), 8);
+
+    // A prompt with no cached block pins nothing and hands back no lease.
+    let (none, lease) = p.pin_cached(SeqId(3), &toks(8, 5_000)).expect("pin");
+    assert!(none.is_empty() && lease.is_none());
+
+    let (table, lease) = p.pin_cached(SeqId(2), &asked).expect("pin");
+    assert_eq!(
+        table.len(),
+        2,
+        "only the two full leading blocks are cached"
+    );
+    let lease = lease.expect("a lease for the pinned prefix");
+    assert!(matches!(
+        p.pin_cached(SeqId(2), &asked),
+        Err(PoolError::DuplicateSequence(SeqId(2)))
+    ));
+    p.check_invariants().expect("invariants while pinned");
+    // The pinned blocks survive an eviction sweep; the unpinned partial block does not matter.
+    p.evict(8);
+    assert_eq!(p.cached_lead(&asked), 8, "pinned blocks are not evicted");
+    assert_eq!(p.block_table(SeqId(2)), Some(&table[..]));
+
+    p.free(lease).expect("free");
+    p.check_invariants().expect("invariants after unpin");
+    assert_eq!(
+        p.cached_lead(&asked),
+        8,
+        "unpinned blocks stay cached until evicted"
+    );
+    assert!(p.evict(8) >= 2, "unpinned blocks are evictable again");
+    assert_eq!(p.cached_lead(&asked), 0);
+    p.check_invariants().expect("invariants after eviction");
+}

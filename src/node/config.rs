@@ -136,6 +136,13 @@ pub struct RouterConfig {
     pub tier_credit_host: f64,
     /// See `tier_credit_host`.
     pub tier_credit_disk: f64,
+    /// `kv`, `dynamo_kv`: what a prompt block another worker holds in G1 is worth to a
+    /// worker that could pull it (peer pulls, G4), in [0, 1]; 0 (the default) turns peer
+    /// pulls off until a default is measured (NVIDIA Dynamo weighs a shared remote pool at 0.5).
+    pub pull_credit: f64,
+    /// Fewest blocks a placement's fetch hint names beyond what the chosen worker holds
+    /// (default 4).
+    pub pull_min_blocks: u32,
     /// Engines outside Flotilla (vLLM-compatible servers, or another fleet's `worker.http`
     /// faces) that this node's router places requests on, as workers `<node>/<name>`
     /// (`worker::external`). Read by router nodes, which need the gateway role too; other
@@ -156,6 +163,8 @@ impl Default for RouterConfig {
             seed: 0,
             tier_credit_host: 0.75,
             tier_credit_disk: 0.25,
+            pull_credit: 0.0,
+            pull_min_blocks: crate::request_plane::router::policy::PeerPull::DEFAULT_MIN_BLOCKS,
             external_workers: Vec::new(),
         }
     }
@@ -402,6 +411,18 @@ pub struct WorkerConfig {
     /// Offload copies (G1 → G2, G2 → G3) in flight per replica at most; a block registered
     /// beyond that is not offloaded (`flotilla_kv_offload_drops_total`).
     pub kv_offload_in_flight: usize,
+    /// Peer pulls (G4): act on the router's fetch hints — pull a prompt's leading blocks from
+    /// the worker holding them in G1 when the pull is estimated cheaper than the prefill
+    /// (`worker/scheduler.rs`, "Peer pulls"). The router's side is `router.pull_credit`.
+    pub peer_pulls: bool,
+    /// The cost rule's estimate of one block's pull (ms) until a pull was measured here (then
+    /// the measured moving average). Default 1 ms: a 16-token block of the default model is
+    /// 736 KiB, pulled at 0.7–1.9 GB/s over the TCP backend on a 2-core VM
+    /// (`docs/benchmarks.md`, "KV transport"). The sim engine uses its modelled transfer.
+    pub pull_block_ms: f64,
+    /// How long the holder may take to pin the blocks and answer (ms): past it the prefix is
+    /// recomputed.
+    pub pull_ask_timeout_ms: u64,
     /// Tokens per KV block.
     pub block_size_tokens: usize,
     /// Sequences batched at once per replica.
@@ -522,6 +543,9 @@ impl Default for WorkerConfig {
             kv_disk_dir: None,
             kv_disk_min_hits: 1,
             kv_offload_in_flight: 256,
+            peer_pulls: true,
+            pull_block_ms: 1.0,
+            pull_ask_timeout_ms: crate::worker::scheduler::PeerPullWorker::DEFAULT_ASK_TIMEOUT_MS,
             block_size_tokens: 16,
             max_num_seqs: 64,
             max_num_batched_tokens: 512,
@@ -854,6 +878,12 @@ impl Config {
                 "the CPU engine keeps G3 in files: set worker.kv_disk_dir",
             ));
         }
+        if !(w.pull_block_ms.is_finite() && w.pull_block_ms >= 0.0) {
+            return Err(invalid("worker.pull_block_ms", "must be finite and >= 0"));
+        }
+        if w.peer_pulls && w.pull_ask_timeout_ms == 0 {
+            return Err(invalid("worker.pull_ask_timeout_ms", "must be at least 1"));
+        }
         if w.kv_host_blocks > 0 && w.kv_offload_in_flight == 0 {
             return Err(invalid("worker.kv_offload_in_flight", "must be at least 1"));
         }
@@ -920,6 +950,10 @@ impl Config {
                 host: r.tier_credit_host,
                 disk: r.tier_credit_disk,
             },
+            peer_pull: crate::request_plane::router::policy::PeerPull {
+                credit: r.pull_credit,
+                min_blocks: r.pull_min_blocks,
+            },
         }
     }
 
@@ -973,6 +1007,29 @@ impl Config {
             max_offloads_in_flight: w.kv_offload_in_flight,
             disk_min_hits: w.kv_disk_min_hits,
         }
+    }
+
+    /// A replica's side of peer pulls (`worker.peer_pulls`, `pull_block_ms`,
+    /// `pull_ask_timeout_ms`); on the sim engine (`sim`) the pull estimate is the modelled
+    /// transfer's. `None` when off.
+    pub fn peer_pull_worker(&self, sim: bool) -> Option<crate::worker::scheduler::PeerPullWorker> {
+        let w = &self.worker;
+        if !w.peer_pulls {
+            return None;
+        }
+        let (prior_block_ms, fixed_ms) = if sim {
+            let t = self.sim_transfer();
+            let bs = w.block_size_tokens;
+            let fixed = t.time(0, bs).as_secs_f64() * 1e3;
+            (t.time(1, bs).as_secs_f64() * 1e3 - fixed, fixed)
+        } else {
+            (w.pull_block_ms, 1.0)
+        };
+        Some(crate::worker::scheduler::PeerPullWorker {
+            prior_block_ms,
+            fixed_ms,
+            ask_timeout: Duration::from_millis(w.pull_ask_timeout_ms),
+        })
     }
 
     /// The sim engine's model of copies between KV tiers.

@@ -71,6 +71,21 @@ pub struct SubmitRequest {
     /// the first token that worker sampled.
     #[serde(default)]
     pub remote_kv: Option<RemoteKv>,
+    /// Peer pull (G4): the router found more of the prompt's leading blocks in another
+    /// worker's G1 than here; the worker may pull them from that holder instead of
+    /// recomputing them (`worker/scheduler.rs`, "Peer pulls"). A hint, never an order.
+    #[serde(default)]
+    pub fetch: Option<FetchHint>,
+}
+
+/// Where a prompt's leading blocks can be pulled from (peer pull, G4): `holder` keeps the
+/// first `blocks` full blocks of the prompt in its G1 pool, as its KV events announced.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FetchHint {
+    /// The worker holding the blocks.
+    pub holder: WorkerId,
+    /// Leading full blocks of the prompt it holds.
+    pub blocks: u32,
 }
 
 /// KV a prefill worker holds for a decode worker to pull (disaggregated serving).
@@ -131,6 +146,10 @@ pub struct Placement {
     /// Disaggregated: `worker` is a prefill worker; submit with [`SubmitRequest::hand_off`]
     /// and place the decode attempt when it hands off.
     pub hand_off: bool,
+    /// Peer pull: another worker holds more of the prompt than `worker` does, and pulling it
+    /// pays (`router/policy.rs`, "Peer pulls"); passed on in [`SubmitRequest::fetch`].
+    #[serde(default)]
+    pub fetch: Option<FetchHint>,
 }
 
 /// Process group of every TokenSink.

@@ -239,6 +239,11 @@ impl RequestCore {
         if pick.hand_off {
             placing.job.hand_off = true;
         } else {
+            placing.job.fetch = if pending_kv.is_none() {
+                pick.fetch
+            } else {
+                None
+            };
             placing.job.remote_kv = pending_kv;
         }
         placing.worker = Some(pick.worker.clone());
@@ -527,6 +532,7 @@ impl RequestCore {
             Some(worker) => self.picked(Ok(Some(Placement {
                 worker,
                 hand_off: false,
+                fetch: None,
             }))),
             None => self.effects.push(RequestEffect::Route(route)),
         }
@@ -605,6 +611,7 @@ mod tests {
             trace_id: None,
             hand_off: false,
             remote_kv: None,
+            fetch: None,
         };
         RequestCore::new(
             RequestCoreConfig {
@@ -643,6 +650,7 @@ mod tests {
         c.picked(Ok(Some(Placement {
             worker: w(worker),
             hand_off: false,
+            fetch: None,
         })));
         let id = match c.take_effects().as_slice() {
             [RequestEffect::Submit { worker: to, job }] if *to == w(worker) => job.request,
@@ -747,6 +755,7 @@ mod tests {
         c.picked(Ok(Some(Placement {
             worker: w("p/replica-0"),
             hand_off: true,
+            fetch: None,
         })));
         let prefill = match c.take_effects().as_slice() {
             [RequestEffect::Submit { job, .. }] if job.hand_off => job.request,
@@ -772,6 +781,7 @@ mod tests {
         c.picked(Ok(Some(Placement {
             worker: w("d/replica-0"),
             hand_off: false,
+            fetch: None,
         })));
         let decode = match c.take_effects().as_slice() {
             [RequestEffect::Submit { job, .. }] => {

@@ -28,7 +28,9 @@ use crate::request_plane::admission::{Admission, AdmissionVerdict, waits_for_cap
 use crate::request_plane::error::RequestError;
 use crate::request_plane::error::ShedReason;
 use crate::request_plane::events::FleetEventKind;
-use crate::request_plane::protocol::{OwnerStatus, SubmitRequest, TokenEvent, TokenEventKind};
+use crate::request_plane::protocol::{
+    OwnerStatus, RemoteKv, SubmitRequest, TokenEvent, TokenEventKind,
+};
 use crate::request_plane::request::{RequestCore, RequestCoreConfig, RequestEffect};
 use crate::runtime::clock::{Clock, Instant, ManualClock, SharedClock};
 use crate::runtime::ids::{NodeId, RequestId, WorkerId};
@@ -37,8 +39,9 @@ use crate::runtime::signals::GatewayCounters;
 use crate::worker::engine::StepBatch;
 use crate::worker::engine::sim::{self, SimEngineArgs, SimProfile};
 use crate::worker::scheduler::{
-    DisaggWorker, InjectedFaults, PullResult, PullWork, ROUTABLE_GROUP, SCHEDULER_GROUP,
-    SchedulerCore, SimTierLinks, StepResult, WorkerCore, WorkerCoreConfig, WorkerEffect,
+    DisaggWorker, InjectedFaults, PullResult, PullWork, ROUTABLE_GROUP, RequestKey,
+    SCHEDULER_GROUP, SchedulerCore, SimTierLinks, StepResult, WorkerCore, WorkerCoreConfig,
+    WorkerEffect,
 };
 
 /// Latest simulated instant an input may name (s): about 31 years.
@@ -401,7 +404,11 @@ impl WorkerSource for Groups {
 enum Ev {
     Turn(usize, usize),
     StepDone(usize, u32, StepResult),
-    PullDone(usize, u32, PullResult),
+    /// A pull of worker `i` (incarnation) returned; the worker it read from (index,
+    /// incarnation at the pull's start) must still be there for its blocks to be valid.
+    PullDone(usize, u32, PullResult, Option<(usize, u32)>),
+    /// A peer pull's holder answered worker `i` (incarnation).
+    FetchDone(usize, u32, RequestKey, Box<Result<RemoteKv, String>>),
     CopiesDone(usize, u32, Vec<(CopyId, CopyOutcome)>),
     Retry(RequestId),
     Tick(usize, u32),
@@ -610,6 +617,7 @@ impl<'w> SimFleet<'w> {
             owner_grace: Duration::from_millis(c.cluster.liveness_timeout_ms),
             has_transport: false,
             sim_transfer: Some(c.sim_transfer()),
+            peer_pull: c.peer_pull_worker(true),
         };
         let mut fleet = Self {
             admission: c.admission(),
@@ -993,9 +1001,22 @@ impl<'w> SimFleet<'w> {
                     self.worker_result(i, r);
                 }
             }
-            Ev::PullDone(i, inc, result) => {
+            Ev::PullDone(i, inc, mut result, from) => {
+                // A pull whose source died or restarted meanwhile read freed memory: it fails
+                // (the live transport's read fails against a gone region).
+                if let (Some((p, pinc)), Ok(_)) = (from, &result.outcome)
+                    && (self.workers[p].incarnation != pinc || self.workers[p].core.is_none())
+                {
+                    result.outcome = Err("the worker it read from left during the pull".into());
+                }
                 if let Some(core) = self.live_core(i, inc) {
                     let r = core.pull_done(result);
+                    self.worker_result(i, r);
+                }
+            }
+            Ev::FetchDone(i, inc, key, answer) => {
+                if let Some(core) = self.live_core(i, inc) {
+                    let r = core.fetch_done(&key, *answer);
                     self.worker_result(i, r);
                 }
             }
@@ -1498,6 +1519,7 @@ impl<'w> SimFleet<'w> {
             trace_id: None,
             hand_off: false,
             remote_kv: None,
+            fetch: None,
         };
         let mut core = RequestCore::new(
             RequestCoreConfig {
@@ -1764,22 +1786,43 @@ impl<'w> SimFleet<'w> {
                     seq: job.seq,
                     outcome,
                 };
+                let from = job.from.as_ref().and_then(|w| self.index.get(w).copied());
+                let from = from.map(|p| (p, self.workers[p].incarnation));
                 match &job.work {
                     work @ PullWork::Sim { .. } => {
                         if let Some((time, outcome)) = work.simulated(job.blocks) {
                             let r = result(outcome);
-                            self.schedule_in(time, Ev::PullDone(i, inc, r));
+                            self.schedule_in(time, Ev::PullDone(i, inc, r, from));
                         }
                     }
                     PullWork::Fail(why) => {
                         let r = result(Err(why.clone()));
-                        self.schedule_in(Duration::ZERO, Ev::PullDone(i, inc, r));
+                        self.schedule_in(Duration::ZERO, Ev::PullDone(i, inc, r, from));
                     }
                     PullWork::Transport { .. } => {
                         let r = result(Err("no transport in the simulator".into()));
-                        self.schedule_in(Duration::ZERO, Ev::PullDone(i, inc, r));
+                        self.schedule_in(Duration::ZERO, Ev::PullDone(i, inc, r, from));
                     }
                 }
+            }
+            WorkerEffect::Fetch {
+                holder,
+                key,
+                tokens,
+                ..
+            } => {
+                // The ask and its answer each cross the network once.
+                let answer = match self.index.get(&holder).copied() {
+                    Some(p) => match self.workers[p].core.as_mut() {
+                        Some(core) => core.export(key.clone(), &tokens, None),
+                        None => Err(format!("the holder {holder} is down")),
+                    },
+                    None => Err(format!("the holder {holder} is gone")),
+                };
+                self.schedule_in(
+                    2 * self.spec.net_delay,
+                    Ev::FetchDone(i, inc, key, Box::new(answer)),
+                );
             }
             WorkerEffect::TierCopies(copies) => {
                 // Each lane carries out its copies one after another, after what it has queued;

@@ -186,6 +186,45 @@ pub struct SchedulerStats {
     /// start. `None` without lower tiers.
     #[serde(default)]
     pub kv_tiers: Option<crate::kv::TierUsage>,
+    /// Peer pulls (G4), both sides, since start.
+    #[serde(default)]
+    pub peer_pulls: PeerPullCounters,
+}
+
+/// Peer pulls (G4) of one replica since start: as the puller (asked, declined, pulled,
+/// failed) and as the holder (exports). Every count is of requests, except `blocks`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerPullCounters {
+    /// Fetch hints acted on: the holder was asked to pin its blocks.
+    pub asked: u64,
+    /// Fetch hints declined by the cost rule (the prefill here was cheaper than the pull).
+    pub declined: u64,
+    /// Pulls that landed.
+    pub pulled: u64,
+    /// Blocks those pulls brought.
+    pub blocks: u64,
+    /// Asks or pulls that failed (holder gone, slow, refused, transfer error): recomputed.
+    pub failed: u64,
+    /// As the holder: prefixes pinned for a peer to read.
+    pub exported: u64,
+}
+
+/// A replica's side of peer pulls: what a pull costs before any was measured, and how long the
+/// holder may take to pin.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PeerPullWorker {
+    /// Time to pull one block before a pull was measured here (ms); later, the measured
+    /// pulls' moving average replaces it.
+    pub prior_block_ms: f64,
+    /// The ask to the holder (pin and answer): a fixed cost of every pull, and its limit.
+    pub ask_timeout: std::time::Duration,
+    /// Fixed cost of an ask and a pull, besides the blocks (ms).
+    pub fixed_ms: f64,
+}
+
+impl PeerPullWorker {
+    /// The holder's answer must come within this (`worker.pull_ask_timeout_ms` default).
+    pub const DEFAULT_ASK_TIMEOUT_MS: u64 = 1_000;
 }
 
 /// The stats of a node's replicas as their schedulers last published them: each scheduler

@@ -449,6 +449,7 @@ async fn start(
             trace_id: super::edge::request_id(headers),
             hand_off: false,
             remote_kv: None,
+            fetch: None,
         };
         guard
             .0

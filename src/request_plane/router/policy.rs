@@ -86,6 +86,26 @@
 //! 0.75 and 0.25: NVIDIA Dynamo's published weights (KV router, "tier-aware credit"); measured
 //! against others in `docs/benchmarks.md`, "KV tiers".
 //!
+//! # Peer pulls (both kv policies)
+//!
+//! A worker may pull a prompt's leading blocks from the worker that holds them in G1 (G4,
+//! through the KV transport) rather than recompute them. With `g1(v)` the leading blocks `v`
+//! holds in G1 and `h` the worker with the most of them (ties: the first index slot), a
+//! candidate `w ≠ h` short of `pullable(w) = g1(h) − overlap(w) ≥ peer_pull.min_blocks` blocks
+//! is credited
+//!
+//! ```text
+//! credited(w) += peer_pull.credit × pullable(w)
+//! ```
+//!
+//! and when `w` is chosen the [`Decision::fetch`] hint names `h` and `g1(h)`; the worker then
+//! decides with its own measured pull and prefill speeds whether the pull pays
+//! (`worker/scheduler.rs`, "Peer pulls"). [`Cost::uncached_tokens`] still counts the pullable
+//! blocks as prefill (what the worker does when it declines or the pull fails). Default credit
+//! 0 — off, no extra walk — until measured (NVIDIA Dynamo weighs a shared remote pool at 0.5);
+//! floor 4 blocks. Blocks a holder keeps only below G1 are not
+//! pullable: the holder would have to onboard them first.
+//!
 //! # Ties and temperature (both kv policies)
 //!
 //! With `temperature == 0` the lowest cost wins. Costs within `1e-9 × max(1, |min|)` of the
@@ -248,6 +268,43 @@ pub struct SelectorConfig {
     /// Both kv policies: what a cached block is worth in each tier below G1, against 1 for a
     /// block in G1 (see the module docs, "Tier credit").
     pub tier_credit: TierCredit,
+    /// Both kv policies: what a prompt block another worker holds in G1, and this worker
+    /// could pull from it, is worth (see the module docs, "Peer pulls").
+    pub peer_pull: PeerPull,
+}
+
+/// Peer pulls (G4): a worker short of a prompt's leading blocks that another worker holds in
+/// G1 may pull them through the KV transport instead of recomputing them. The router counts
+/// such blocks at `credit` of a G1 block and names the holder in the placement
+/// ([`Decision::fetch`]) when the chosen worker lacks at least `min_blocks` of them.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PeerPull {
+    /// A pullable block against 1 for a G1 block, in [0, 1]; 0 turns peer pulls off.
+    pub credit: f64,
+    /// Fewest blocks worth a pull (a pull costs a round trip to the holder first).
+    pub min_blocks: u32,
+}
+
+impl PeerPull {
+    /// Default floor: 4 blocks (64 tokens at the default block size).
+    pub const DEFAULT_MIN_BLOCKS: u32 = 4;
+
+    /// Whether the router looks for holders at all.
+    pub fn is_on(&self) -> bool {
+        self.credit > 0.0
+    }
+}
+
+/// Off (credit 0) until the fork-heavy benchmark measures a default (issue 30, G4); NVIDIA
+/// Dynamo weighs a block in a shared remote pool at 0.5, the value to start the sweep from.
+impl Default for PeerPull {
+    fn default() -> Self {
+        PeerPull {
+            credit: 0.0,
+            min_blocks: Self::DEFAULT_MIN_BLOCKS,
+        }
+    }
 }
 
 /// What a prefix block cached below G1 is worth to the kv costs, against 1 for a G1 block: it
@@ -284,6 +341,7 @@ impl Default for SelectorConfig {
             temperature: 0.0,
             seed: 0,
             tier_credit: TierCredit::default(),
+            peer_pull: PeerPull::default(),
         }
     }
 }
@@ -303,6 +361,8 @@ pub enum SelectorConfigError {
         "the tier credits (router.tier_credit_host, router.tier_credit_disk) must be in [0, 1], got {0}"
     )]
     TierCredit(f64),
+    #[error("router.pull_credit must be in [0, 1], got {0}")]
+    PullCredit(f64),
 }
 
 impl SelectorConfig {
@@ -327,6 +387,9 @@ impl SelectorConfig {
         let t = self.temperature;
         if !(t.is_finite() && t >= 0.0) {
             return Err(SelectorConfigError::Temperature(t));
+        }
+        if !(0.0..=1.0).contains(&self.peer_pull.credit) {
+            return Err(SelectorConfigError::PullCredit(self.peer_pull.credit));
         }
         for c in [self.tier_credit.host, self.tier_credit.disk] {
             if !(0.0..=1.0).contains(&c) {
@@ -418,7 +481,8 @@ pub fn cost_of(
 }
 
 /// [`cost_of`] with the overlap credited per tier: `overlap.0` leading blocks cached in any
-/// tier, worth `overlap.1` G1 blocks (≤ `overlap.0`); the prefill term counts the prompt less
+/// tier, worth `overlap.1` G1 blocks (below `overlap.0` for copies under G1, above it with
+/// blocks pullable from a peer); the prefill term counts the prompt less
 /// the credited blocks, [`Cost::uncached_tokens`] the prompt less all cached blocks (what the
 /// worker will prefill).
 pub fn cost_credited(
@@ -483,6 +547,9 @@ pub struct Decision {
     pub cost: f64,
     /// Live workers passed (duplicates included).
     pub candidates: usize,
+    /// Peer pull: the worker holding the most leading prompt blocks in G1, when the chosen
+    /// worker lacks at least `peer_pull.min_blocks` of them.
+    pub fetch: Option<crate::request_plane::protocol::FetchHint>,
 }
 
 /// Picks workers (see the module docs).
@@ -580,9 +647,38 @@ impl Selector {
             let dh = index.overlaps_in(hashes, TierSet::DEVICE.with(Tier::Host));
             (d, dh)
         });
-        let costs = self.costs(&overlaps, by_tier.as_ref(), hashes, prompt_tokens, load);
+        // Peer pulls: the worker holding the most leading blocks in G1 (ties: the first slot).
+        let g1 = match &by_tier {
+            _ if !self.config.peer_pull.is_on() || !self.tiers.contains(Tier::Device) => None,
+            Some((d, _)) => d.as_ref(),
+            None => Some(&overlaps),
+        };
+        let holder = g1.and_then(|g1| {
+            g1.iter()
+                .fold(None, |best: Option<(&WorkerId, u32)>, (w, n)| match best {
+                    Some((_, b)) if b >= n => best,
+                    _ => Some((w, n)),
+                })
+        });
+        let costs = self.costs(
+            &overlaps,
+            by_tier.as_ref(),
+            holder,
+            hashes,
+            prompt_tokens,
+            load,
+        );
         let pick = self.pick(live, &costs, load);
         let c = costs[pick];
+        let fetch = holder.and_then(|(w, n)| {
+            let short = n.saturating_sub(c.overlap_blocks);
+            (*w != live[pick] && short >= self.config.peer_pull.min_blocks).then(|| {
+                crate::request_plane::protocol::FetchHint {
+                    holder: w.clone(),
+                    blocks: n,
+                }
+            })
+        });
         Some(Decision {
             worker: live[pick].clone(),
             policy: self.config.policy,
@@ -594,6 +690,7 @@ impl Selector {
             decode_blocks: c.decode_blocks,
             cost: c.cost,
             candidates: live.len(),
+            fetch,
         })
     }
 
@@ -602,6 +699,7 @@ impl Selector {
         &self,
         overlaps: &Overlaps<'_>,
         by_tier: Option<&(Option<Overlaps<'_>>, Overlaps<'_>)>,
+        holder: Option<(&WorkerId, u32)>,
         hashes: &[SequenceHash],
         prompt_tokens: u32,
         load: &ActiveLoad,
@@ -609,6 +707,7 @@ impl Selector {
         let cache = &self.cache;
         let form = CostForm::of(self.config.policy);
         let credit = self.config.tier_credit;
+        let pull = self.config.peer_pull;
         (0..cache.slots.len())
             .map(|i| {
                 let slot = cache.slots[i].0;
@@ -622,6 +721,16 @@ impl Selector {
                         d + credit.host * (dh - d) + credit.disk * (all - dh)
                     }
                     _ => f64::from(overlap),
+                };
+                // Blocks the holder has in G1 beyond this worker's copies, worth a pull.
+                let pullable = match holder {
+                    Some((w, n)) if *w != cache.live[i] => n.saturating_sub(overlap),
+                    _ => 0,
+                };
+                let credited = if pullable >= pull.min_blocks && pullable > 0 {
+                    credited + pull.credit * f64::from(pullable)
+                } else {
+                    credited
                 };
                 let active = match (form, cache.slots[i].1) {
                     (CostForm::Dynamo, Some(s)) => load.active_overlap_at(s, hashes),

@@ -249,6 +249,7 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
                     .kv_events,
             }),
         sim_transfer: ctx.sim_profile.is_some().then(|| ctx.config.sim_transfer()),
+        peer_pull: ctx.config.peer_pull_worker(ctx.sim_profile.is_some()),
         tiers: ctx.config.tier_config(),
         tier_links: ctx
             .sim_profile
@@ -302,6 +303,8 @@ pub struct ReplicaParams {
     pub disagg: DisaggWorker,
     /// On a simulated engine: the modelled KV transfer.
     pub sim_transfer: Option<SimTransfer>,
+    /// Peer pulls (`worker.peer_pulls`): the cost rule's settings, `None` when off.
+    pub peer_pull: Option<crate::worker::scheduler::PeerPullWorker>,
     /// The pool's lower KV tiers (`worker.kv_host_blocks`, `kv_disk_*`).
     pub tiers: crate::kv::TierConfig,
     /// On a simulated engine: the modelled speed of copies between tiers.

@@ -263,6 +263,7 @@ pub(super) fn scheduler(p: &ReplicaParams) -> ChildSpec {
         disagg: p.disagg,
         transport: p.transport.clone(),
         sim_transfer: p.sim_transfer,
+        peer_pull: p.peer_pull,
         tiers: p.tiers,
         tier_links: p.tier_links,
         kv_region: p.kv_region.clone(),

@@ -16,6 +16,7 @@ fn job(max_tokens: u32, ignore_eos: bool) -> SubmitRequest {
         trace_id: None,
         hand_off: false,
         remote_kv: None,
+        fetch: None,
     }
 }
 

@@ -20,13 +20,14 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use super::{
-    DisaggWorker, FillChange, Hang, Health, KvFill, Outbox, PullOrder, PullResult, ROUTABLE_GROUP,
-    SCHEDULER_GROUP, SchedulerCore, SchedulerError, SchedulerStats, SeqRequest, SimTransfer,
-    StepResult, StepShape, StepTimeModel, StepWatchdog, WatchdogVerdict,
+    DisaggWorker, FillChange, Hang, Health, KvFill, Outbox, PeerPullCounters, PeerPullWorker,
+    PullOrder, PullResult, ROUTABLE_GROUP, SCHEDULER_GROUP, SchedulerCore, SchedulerError,
+    SchedulerStats, SeqRequest, SimTransfer, StepResult, StepShape, StepTimeModel, StepWatchdog,
+    WatchdogVerdict,
 };
 use crate::kv::KvEvent;
 use crate::request_plane::protocol::{
-    Owner, OwnerStatus, RemoteKv, SubmitRequest, TokenEvent, TokenEventKind,
+    FetchHint, Owner, OwnerStatus, RemoteKv, SubmitRequest, TokenEvent, TokenEventKind,
 };
 use crate::runtime::clock::{Instant, SharedClock};
 use crate::runtime::ids::{NodeId, RequestId, SeqId, WorkerId};
@@ -65,6 +66,8 @@ pub struct WorkerCoreConfig {
     pub has_transport: bool,
     /// On a simulated engine: the modelled transfer time of a pull.
     pub sim_transfer: Option<SimTransfer>,
+    /// Peer pulls (G4): `None` turns them off here (fetch hints are ignored).
+    pub peer_pull: Option<PeerPullWorker>,
 }
 
 /// The chaos faults aimed at this replica, as the actor reads them before each input.
@@ -121,6 +124,8 @@ impl PullWork {
 #[derive(Clone, Debug, PartialEq)]
 pub struct PullJob {
     pub seq: SeqId,
+    /// The worker read from (a prefill worker, or a peer holding the prefix).
+    pub from: Option<WorkerId>,
     /// Blocks it brings.
     pub blocks: usize,
     pub work: PullWork,
@@ -133,6 +138,15 @@ pub enum WorkerEffect {
     Step { step: u64, batch: StepBatch },
     /// Pull remote KV; answer with [`WorkerCore::pull_done`].
     Pull(PullJob),
+    /// Peer pull: ask `holder` to pin the leading blocks of `tokens` it holds in G1 for this
+    /// request ([`WorkerCore::export`] there), within `timeout`; answer with
+    /// [`WorkerCore::fetch_done`].
+    Fetch {
+        holder: WorkerId,
+        key: RequestKey,
+        tokens: Vec<u32>,
+        timeout: Duration,
+    },
     /// Copies between KV tiers (`kv/tiers.rs`: offloads, demotions, onboards), in issue
     /// order; answer each with [`WorkerCore::copies_done`].
     TierCopies(Vec<crate::kv::TierCopy>),
@@ -191,6 +205,18 @@ struct Live {
     queued_at: Instant,
 }
 
+/// A submission waiting for its holder's answer to a fetch hint.
+struct Fetching {
+    req: SubmitRequest,
+    holder: WorkerId,
+}
+
+/// Blocks pinned here for a peer to pull (peer pulls, holder side).
+struct Export {
+    lease: crate::kv::SeqLease,
+    until: Instant,
+}
+
 /// A handed-off sequence's pinned blocks.
 struct Held {
     request: RequestId,
@@ -226,6 +252,18 @@ pub struct WorkerCore {
     pulls: HashMap<SeqId, (WorkerId, RequestKey)>,
     blocks_pulled: u64,
     pull_fallbacks: u64,
+    /// Peer pulls: submissions waiting for their holder's answer.
+    fetching: HashMap<RequestKey, Fetching>,
+    /// Peer pulls: sequences whose remote KV comes from a peer, and whom to confirm to while
+    /// no pull of theirs runs.
+    peer_seqs: HashMap<SeqId, (WorkerId, RequestKey)>,
+    /// Peer pulls, holder side: prefixes pinned for peers, by the puller's request key.
+    exports: HashMap<RequestKey, Export>,
+    /// Pulls in flight: when each started and how many blocks it brings (the measured rate).
+    pull_started: HashMap<SeqId, (Instant, usize)>,
+    /// Measured pull time per block (ms, moving average), once a pull landed.
+    pull_block_ms: Option<f64>,
+    peer: PeerPullCounters,
     role: Role,
     /// A role change waiting for the replica to be empty.
     next_role: Option<Role>,
@@ -263,6 +301,12 @@ impl WorkerCore {
             pulls: HashMap::new(),
             blocks_pulled: 0,
             pull_fallbacks: 0,
+            fetching: HashMap::new(),
+            peer_seqs: HashMap::new(),
+            exports: HashMap::new(),
+            pull_started: HashMap::new(),
+            pull_block_ms: None,
+            peer: PeerPullCounters::default(),
             role: cfg.role,
             next_role: None,
             draining: false,
@@ -301,12 +345,15 @@ impl WorkerCore {
 
     /// Nothing runs, waits or is held here (a driver may stop ticking it).
     pub fn is_idle(&self) -> bool {
-        self.live.is_empty() && self.held.is_empty()
+        self.live.is_empty()
+            && self.held.is_empty()
+            && self.fetching.is_empty()
+            && self.exports.is_empty()
     }
 
     /// Whether the request `key` is here (queued, running or held).
     pub fn has(&self, key: &RequestKey) -> bool {
-        self.by_request.contains_key(key)
+        self.by_request.contains_key(key) || self.fetching.contains_key(key)
     }
 
     /// Whether token events wait to be delivered.
@@ -343,9 +390,9 @@ impl WorkerCore {
     ///
     /// # Errors
     /// A broken invariant of the batch former while starting steps.
-    pub fn submit(&mut self, req: SubmitRequest) -> Result<(), WorkerCoreError> {
+    pub fn submit(&mut self, mut req: SubmitRequest) -> Result<(), WorkerCoreError> {
         let key = (req.reply_to.clone(), req.request);
-        if self.by_request.contains_key(&key) {
+        if self.has(&key) {
             return Ok(()); // duplicate submission
         }
         let owner = req.owner();
@@ -354,6 +401,195 @@ impl WorkerCore {
             self.emit(&owner, req.request, TokenEventKind::Lost { reason });
             return Ok(());
         }
+        if let Some(hint) = req.fetch.take()
+            && req.remote_kv.is_none()
+            && let Some((tokens, timeout)) = self.fetch_plan(&hint, &req.prompt)
+        {
+            self.peer.asked += 1;
+            metrics::counter!("flotilla_kv_peer_pulls_total", "worker" => self.cfg.worker.to_string(), "outcome" => "asked")
+                .increment(1);
+            self.effects.push(WorkerEffect::Fetch {
+                holder: hint.holder.clone(),
+                key: key.clone(),
+                tokens,
+                timeout,
+            });
+            self.fetching.insert(
+                key,
+                Fetching {
+                    req,
+                    holder: hint.holder,
+                },
+            );
+            return Ok(());
+        }
+        self.enqueue(req);
+        self.kick()
+    }
+
+    /// Peer pulls: what to ask the holder for, and within how long — or `None` when the hint
+    /// is not worth acting on (peer pulls off here, no way to pull, the holder is this worker,
+    /// fewer than one block to gain, or the cost rule: the pull's estimated time ≥ the
+    /// prefill's, see `worker/scheduler.rs`, "Peer pulls").
+    fn fetch_plan(&mut self, hint: &FetchHint, prompt: &[u32]) -> Option<(Vec<u32>, Duration)> {
+        let pp = self.cfg.peer_pull?;
+        if hint.holder == self.cfg.worker
+            || !(self.cfg.has_transport || self.cfg.sim_transfer.is_some())
+        {
+            return None;
+        }
+        let bs = self.cfg.block_size.max(1);
+        // Never the last token (the engine computes at least one), full blocks only.
+        let whole = prompt.len().saturating_sub(1) / bs * bs;
+        let want = (hint.blocks as usize * bs).min(whole);
+        let local = self.core.pool().cached_lead(prompt);
+        if want < local + bs {
+            return None;
+        }
+        let gain = want - local;
+        let block_ms = self.pull_block_ms.unwrap_or(pp.prior_block_ms);
+        let pull_ms = pp.fixed_ms + block_ms * (gain / bs) as f64;
+        let prefill_ms = self
+            .step_model
+            .cost()
+            .map(|c| c.predict_ms(StepShape::of([(local, gain)])) - c.base_ms);
+        if prefill_ms.is_some_and(|p| pull_ms >= p) {
+            self.peer.declined += 1;
+            metrics::counter!("flotilla_kv_peer_pulls_total", "worker" => self.cfg.worker.to_string(), "outcome" => "declined")
+                .increment(1);
+            return None;
+        }
+        Some((prompt[..want].to_vec(), pp.ask_timeout))
+    }
+
+    /// Peer pull, holder side: pin the leading blocks of `tokens` this replica holds in G1 for
+    /// the request `key` of a peer, until the peer confirms (a `Cancel` of `key`) or the hold
+    /// (`disagg.hold_ms`) ends. `region` describes where they can be read from (`None` on a
+    /// simulated engine).
+    ///
+    /// # Errors
+    /// A reason to give the peer (it recomputes): the replica is not serving, `key` is
+    /// already pinned, or none of the prefix is in G1 here.
+    pub fn export(
+        &mut self,
+        key: RequestKey,
+        tokens: &[u32],
+        region: Option<RegionDescriptor>,
+    ) -> Result<RemoteKv, String> {
+        if self.health == Health::Unhealthy {
+            return Err(format!("the holder {} is unhealthy", self.cfg.worker));
+        }
+        if self.exports.contains_key(&key) {
+            return Err("this request's prefix is already pinned here".into());
+        }
+        self.next_seq += 1;
+        let seq = SeqId(self.next_seq);
+        let (blocks, lease) = self
+            .core
+            .pool_mut()
+            .pin_cached(seq, tokens)
+            .map_err(|e| e.to_string())?;
+        let Some(lease) = lease else {
+            return Err(format!(
+                "{} holds none of the prefix in G1",
+                self.cfg.worker
+            ));
+        };
+        let hold = self.cfg.disagg.hold;
+        self.peer.exported += 1;
+        metrics::counter!("flotilla_kv_peer_exports_total", "worker" => self.cfg.worker.to_string())
+            .increment(1);
+        let kv = RemoteKv {
+            worker: self.cfg.worker.clone(),
+            request: key.1,
+            region,
+            tokens: (blocks.len() * self.cfg.block_size) as u32,
+            blocks: blocks.iter().map(|b| b.0).collect(),
+            held_until_ms: self.clock.wall_ms() + hold.as_millis() as u64,
+        };
+        self.exports.insert(
+            key,
+            Export {
+                lease,
+                until: self.clock.now() + hold,
+            },
+        );
+        Ok(kv)
+    }
+
+    /// The holder answered a [`WorkerEffect::Fetch`]: the request is queued, with the pinned
+    /// blocks to pull (or, after a refusal or a timeout, to compute here).
+    ///
+    /// # Errors
+    /// A broken invariant of the batch former while starting steps.
+    pub fn fetch_done(
+        &mut self,
+        key: &RequestKey,
+        answer: Result<RemoteKv, String>,
+    ) -> Result<(), WorkerCoreError> {
+        let Some(Fetching { mut req, holder }) = self.fetching.remove(key) else {
+            // Cancelled (or dropped) meanwhile: unpin what the holder pinned.
+            if let Ok(kv) = answer {
+                self.effects.push(WorkerEffect::ConfirmPull {
+                    prefill: kv.worker,
+                    key: key.clone(),
+                });
+            }
+            return Ok(());
+        };
+        match answer {
+            Ok(kv) if (kv.tokens as usize) < req.prompt.len() && kv.tokens > 0 => {
+                req.remote_kv = Some(kv);
+            }
+            Ok(kv) => {
+                self.effects.push(WorkerEffect::ConfirmPull {
+                    prefill: kv.worker,
+                    key: key.clone(),
+                });
+                self.peer_failed(&holder, "the holder pinned nothing usable");
+            }
+            Err(why) => self.peer_failed(&holder, &why),
+        }
+        let peer = req.remote_kv.is_some();
+        if self.health != Health::Ready {
+            if peer {
+                self.effects.push(WorkerEffect::ConfirmPull {
+                    prefill: holder,
+                    key: key.clone(),
+                });
+            }
+            let reason = format!("the worker is {}", self.health);
+            self.emit(&req.owner(), req.request, TokenEventKind::Lost { reason });
+            return Ok(());
+        }
+        self.enqueue(req);
+        if peer {
+            match self.by_request.get(key) {
+                Some(&seq) => {
+                    self.peer_seqs.insert(seq, (holder, key.clone()));
+                }
+                None => self.effects.push(WorkerEffect::ConfirmPull {
+                    prefill: holder,
+                    key: key.clone(),
+                }),
+            }
+        }
+        self.kick()?;
+        self.forward_kv_events();
+        Ok(())
+    }
+
+    fn peer_failed(&mut self, holder: &WorkerId, why: &str) {
+        self.peer.failed += 1;
+        metrics::counter!("flotilla_kv_peer_pulls_total", "worker" => self.cfg.worker.to_string(), "outcome" => "failed")
+            .increment(1);
+        tracing::info!(worker = %self.cfg.worker, %holder, %why, "peer pull failed; recomputing the prefix here");
+    }
+
+    /// Queue a submission with the batch former (a refusal answers `Failed`, 400).
+    fn enqueue(&mut self, req: SubmitRequest) {
+        let key = (req.reply_to.clone(), req.request);
+        let owner = req.owner();
         self.next_seq += 1;
         let seq = SeqId(self.next_seq);
         // Remote KV must end inside the prompt (the prompt ends with the first token the
@@ -404,7 +640,6 @@ impl WorkerCore {
                 );
             }
         }
-        self.kick()
     }
 
     /// Cancel the request `key` (unknown keys are ignored): its blocks are freed at once.
@@ -412,6 +647,17 @@ impl WorkerCore {
     /// # Errors
     /// A broken invariant of the batch former while starting steps.
     pub fn cancel(&mut self, key: &RequestKey) -> Result<(), WorkerCoreError> {
+        if let Some(e) = self.exports.remove(key) {
+            // A peer's pull is over: unpin.
+            if let Err(err) = self.core.pool_mut().free(e.lease) {
+                tracing::error!(worker = %self.cfg.worker, error = %err, "unpinning an export");
+            }
+            self.forward_kv_events();
+            return self.kick();
+        }
+        if self.fetching.remove(key).is_some() {
+            return Ok(()); // its fetch answer unpins the holder
+        }
         if let Some(seq) = self.by_request.get(key).copied() {
             self.drop_seq(seq);
             self.forward_kv_events();
@@ -462,13 +708,31 @@ impl WorkerCore {
     pub fn pull_done(&mut self, r: PullResult) -> Result<(), WorkerCoreError> {
         let ok = r.outcome.is_ok();
         let w = self.cfg.worker.to_string();
-        match &r.outcome {
-            Ok(blocks) => {
+        let started = self.pull_started.remove(&r.seq);
+        if let (Some((at, n)), Ok(_)) = (started, &r.outcome)
+            && n > 0
+        {
+            // The measured time per block, a moving average (the cost rule's pull estimate).
+            let ms = self.clock.now().saturating_duration_since(at).as_secs_f64() * 1e3 / n as f64;
+            self.pull_block_ms = Some(self.pull_block_ms.map_or(ms, |m| 0.8 * m + 0.2 * ms));
+        }
+        let peer = self.peer_seqs.remove(&r.seq).map(|(holder, _)| holder);
+        match (&r.outcome, peer) {
+            (Ok(blocks), Some(_)) => {
+                self.peer.pulled += 1;
+                self.peer.blocks += *blocks as u64;
+                metrics::counter!("flotilla_kv_peer_pulls_total", "worker" => w.clone(), "outcome" => "pulled")
+                    .increment(1);
+                metrics::counter!("flotilla_kv_peer_pull_blocks_total", "worker" => w)
+                    .increment(*blocks as u64);
+            }
+            (Err(why), Some(holder)) => self.peer_failed(&holder, why),
+            (Ok(blocks), None) => {
                 self.blocks_pulled += *blocks as u64;
                 metrics::counter!("flotilla_disagg_pulled_blocks_total", "worker" => w)
                     .increment(*blocks as u64);
             }
-            Err(why) => {
+            (Err(why), None) => {
                 self.pull_fallbacks += 1;
                 metrics::counter!("flotilla_disagg_pull_fallbacks_total", "worker" => w)
                     .increment(1);
@@ -588,6 +852,7 @@ impl WorkerCore {
         for s in orphans.into_iter().chain(held) {
             self.drop_seq(s);
         }
+        self.fetching.retain(|_, f| f.req.owner() != *owner);
         self.forward_kv_events();
     }
 
@@ -614,6 +879,16 @@ impl WorkerCore {
 
     fn drop_seq(&mut self, seq: SeqId) {
         self.core.cancel(seq);
+        if let Some((holder, key)) = self.peer_seqs.remove(&seq)
+            && !self.pulls.contains_key(&seq)
+        {
+            // Not pulling yet: unpin the holder's blocks now (a running pull confirms when
+            // it returns).
+            self.effects.push(WorkerEffect::ConfirmPull {
+                prefill: holder,
+                key,
+            });
+        }
         if let Some(l) = self.live.remove(&seq) {
             tracing::debug!(worker = %self.cfg.worker, request = %l.request, trace_id = l.trace_id.as_deref().unwrap_or("-"), "sequence dropped");
             self.by_request.remove(&(l.owner.node, l.request));
@@ -625,9 +900,32 @@ impl WorkerCore {
         self.effects.push(WorkerEffect::Release(seq));
     }
 
+    /// Unpins the exports `which` selects.
+    fn release_exports(&mut self, which: impl Fn(&Export) -> bool) {
+        let keys: Vec<RequestKey> = self
+            .exports
+            .iter()
+            .filter(|(_, e)| which(e))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in keys {
+            if let Some(e) = self.exports.remove(&k)
+                && let Err(err) = self.core.pool_mut().free(e.lease)
+            {
+                tracing::error!(worker = %self.cfg.worker, error = %err, "unpinning an export");
+            }
+        }
+    }
+
     /// Releases handed-off blocks whose hold ended without a confirmation.
     fn expire_held(&mut self) {
         let now = self.clock.now();
+        let before = self.exports.len();
+        self.release_exports(|e| e.until <= now);
+        if self.exports.len() < before {
+            tracing::info!(worker = %self.cfg.worker, exports = before - self.exports.len(), "peer-pull pins expired unconfirmed; unpinned");
+            self.forward_kv_events();
+        }
         let expired: Vec<SeqId> = self
             .held
             .iter()
@@ -688,6 +986,7 @@ impl WorkerCore {
         let Some(kv) = kv else {
             self.effects.push(WorkerEffect::Pull(PullJob {
                 seq,
+                from: None,
                 blocks: n,
                 work: PullWork::Fail("no remote KV".into()),
             }));
@@ -729,8 +1028,12 @@ impl WorkerCore {
                 _ => PullWork::Fail("no transport to pull the KV with".into()),
             }
         };
+        if !matches!(work, PullWork::Fail(_)) {
+            self.pull_started.insert(seq, (self.clock.now(), n));
+        }
         self.effects.push(WorkerEffect::Pull(PullJob {
             seq,
+            from: Some(kv.worker.clone()),
             blocks: n,
             work,
         }));
@@ -789,6 +1092,16 @@ impl WorkerCore {
                 let Some(live) = self.live.get_mut(&e.seq) else {
                     continue;
                 };
+                if e.cached_tokens.is_some()
+                    && !self.pulls.contains_key(&e.seq)
+                    && let Some((holder, key)) = self.peer_seqs.remove(&e.seq)
+                {
+                    // Cached here after all (nothing to pull): unpin the holder's blocks.
+                    self.effects.push(WorkerEffect::ConfirmPull {
+                        prefill: holder,
+                        key,
+                    });
+                }
                 if let Some(cached) = e.cached_tokens
                     && !live.admitted
                 {
@@ -990,6 +1303,11 @@ impl WorkerCore {
 
     /// Send `kind` to every live request and drop them all (held hand-offs are released).
     fn drop_all(&mut self, kind: &TokenEventKind) {
+        for (_, f) in std::mem::take(&mut self.fetching) {
+            // Their holders' answers come to nobody: the pins end with their holds.
+            self.emit(&f.req.owner(), f.req.request, kind.clone());
+        }
+        self.release_exports(|_| true);
         let held: Vec<SeqId> = self.held.keys().copied().collect();
         for s in held {
             self.drop_seq(s);
@@ -1068,6 +1386,7 @@ impl WorkerCore {
                 (ms > 0.0).then(|| budget as f64 / ms * 1e3)
             }),
             kv_tiers: self.core.pool().tier_usage(),
+            peer_pulls: self.peer,
         }
     }
 }
@@ -1096,6 +1415,7 @@ mod tests {
                 owner_grace: Duration::from_secs(3),
                 has_transport: false,
                 sim_transfer: None,
+                peer_pull: None,
             },
             batcher,
             Arc::new(clock.clone()),
@@ -1116,6 +1436,7 @@ mod tests {
             trace_id: None,
             hand_off: false,
             remote_kv: None,
+            fetch: None,
         }
     }
 
@@ -1151,6 +1472,119 @@ mod tests {
             |_| OwnerStatus::Present,
         );
         out
+    }
+
+    /// A puller: peer pulls on, pulls simulated (no transport here).
+    fn puller(clock: &ManualClock) -> WorkerCore {
+        let pool = BlockPool::new(64, 4, 7).unwrap();
+        let batcher = SchedulerCore::new(SchedulerConfig::default(), pool).unwrap();
+        WorkerCore::new(
+            WorkerCoreConfig {
+                worker: WorkerId::new("n/replica-1"),
+                eos_token_id: None,
+                block_size: 4,
+                role: Role::Aggregated,
+                disagg: DisaggWorker::default(),
+                step_timeout: Duration::from_secs(2),
+                canary_interval: Duration::from_secs(10),
+                owner_grace: Duration::from_secs(3),
+                has_transport: false,
+                sim_transfer: Some(SimTransfer {
+                    bytes_per_token: 1024,
+                    gbps: 1.0,
+                    latency: Duration::from_micros(100),
+                    speedup: 1.0,
+                }),
+                peer_pull: Some(PeerPullWorker {
+                    prior_block_ms: 0.1,
+                    fixed_ms: 0.1,
+                    ask_timeout: Duration::from_secs(1),
+                }),
+            },
+            batcher,
+            Arc::new(clock.clone()),
+        )
+    }
+
+    fn run_out(w: &mut WorkerCore, clock: &ManualClock) {
+        while let Some(step) = answer(&w.take_effects()) {
+            clock.advance(Duration::from_millis(5));
+            w.step_done(step, || None).unwrap();
+            delivered(w);
+        }
+    }
+
+    #[test]
+    fn a_peer_pull_pins_the_holders_prefix_until_the_puller_confirms_and_a_refusal_recomputes() {
+        let clock = ManualClock::new();
+        let mut h = core(&clock, Role::Aggregated);
+        h.submit(job(1, 2)).unwrap();
+        run_out(&mut h, &clock);
+        let holder = h.worker().clone();
+        let mut p = puller(&clock);
+        p.take_effects();
+        let mut j = job(2, 2);
+        j.fetch = Some(FetchHint {
+            holder: holder.clone(),
+            blocks: 2,
+        });
+        let key = (NodeId::new("gw"), RequestId(2));
+        p.submit(j).unwrap();
+        let asked = p.take_effects();
+        let Some(WorkerEffect::Fetch { tokens, .. }) = asked
+            .iter()
+            .find(|e| matches!(e, WorkerEffect::Fetch { .. }))
+        else {
+            panic!("no fetch: {asked:?}");
+        };
+        assert_eq!(tokens.len(), 8, "two full blocks, never the last token");
+        let kv = h.export(key.clone(), tokens, None).unwrap();
+        assert_eq!((kv.blocks.len(), kv.tokens), (2, 8));
+        assert!(h.pool().usage().used_blocks >= 2, "pinned for the peer");
+        p.fetch_done(&key, Ok(kv)).unwrap();
+        let effects = p.take_effects();
+        let Some(WorkerEffect::Pull(pj)) =
+            effects.iter().find(|e| matches!(e, WorkerEffect::Pull(_)))
+        else {
+            panic!("no pull: {effects:?}");
+        };
+        assert_eq!(pj.from.as_ref(), Some(&holder));
+        assert!(matches!(pj.work, PullWork::Sim { .. }));
+        clock.advance(Duration::from_millis(1));
+        p.pull_done(PullResult {
+            seq: pj.seq,
+            outcome: Ok(pj.blocks),
+        })
+        .unwrap();
+        let effects = p.take_effects();
+        assert!(effects.iter().any(|e| matches!(e,
+            WorkerEffect::ConfirmPull { prefill, key: k } if *prefill == holder && *k == key)));
+        let s = p.stats().peer_pulls;
+        assert_eq!((s.asked, s.pulled, s.blocks, s.failed), (1, 1, 2, 0));
+        if let Some(step) = answer(&effects) {
+            clock.advance(Duration::from_millis(5));
+            p.step_done(step, || None).unwrap();
+            delivered(&mut p);
+        }
+        run_out(&mut p, &clock);
+        assert!(!p.has(&key), "the pulled request ran to its last token");
+        // The confirmation unpins the holder's blocks.
+        h.cancel(&key).unwrap();
+        assert_eq!(h.pool().usage().used_blocks, 0);
+        assert!(h.is_idle());
+        // A refused ask: the prompt is computed here, and the request still runs.
+        let mut j = job(3, 2);
+        j.prompt = (101..=110).collect();
+        j.fetch = Some(FetchHint { holder, blocks: 2 });
+        let key3 = (NodeId::new("gw"), RequestId(3));
+        p.submit(j).unwrap();
+        p.take_effects();
+        let refused = h.export(key3.clone(), &(101..=108).collect::<Vec<u32>>(), None);
+        assert!(refused.is_err(), "the holder holds none of it");
+        p.fetch_done(&key3, refused).unwrap();
+        assert_eq!(p.stats().peer_pulls.failed, 1);
+        run_out(&mut p, &clock);
+        assert!(!p.has(&key3), "it ran to its last token");
     }
 
     #[test]

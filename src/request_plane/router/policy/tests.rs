@@ -743,3 +743,64 @@ fn tier_credit_prices_host_copies_below_device_ones() {
         .is_err()
     );
 }
+
+/// Peer pulls: off by default (no hint); with credit on, a cold worker chosen over a busy
+/// holder is told where the prefix lives, pullable blocks lower its cost, a worker short of
+/// fewer than `min_blocks` gets no hint, and a credit outside [0, 1] is refused.
+#[test]
+fn a_cold_pick_is_told_which_peer_holds_the_prefix_when_pulls_are_on() {
+    let hashes = prompt(32, 9);
+    let mut index = PrefixIndex::new();
+    hold(&mut index, "a", &hashes, 32);
+    let mut load = ActiveLoad::new();
+    load.on_routed(key(1), &w("a"), 0, 2000, 0);
+    let live = [w("a"), w("b")];
+
+    let mut off = selector(Policy::Kv);
+    let d = off.select(&live, &hashes, 32 * 16, &index, &load).unwrap();
+    assert_eq!(d.worker, w("b"));
+    assert_eq!(d.fetch, None, "pulls are off by default");
+
+    let on = |credit: f64| {
+        Selector::new(SelectorConfig {
+            peer_pull: PeerPull {
+                credit,
+                ..PeerPull::default()
+            },
+            ..SelectorConfig::default()
+        })
+    };
+    let mut s = on(0.5).unwrap();
+    let d = s.select(&live, &hashes, 32 * 16, &index, &load).unwrap();
+    assert_eq!(d.worker, w("b"));
+    assert_eq!(
+        d.fetch,
+        Some(crate::request_plane::protocol::FetchHint {
+            holder: w("a"),
+            blocks: 32
+        })
+    );
+    assert!(
+        d.cost
+            < off
+                .select(&live, &hashes, 32 * 16, &index, &load)
+                .unwrap()
+                .cost,
+        "pullable blocks are credited"
+    );
+
+    // b already holds 30 of the 32: 2 pullable blocks are under the floor of 4.
+    hold(&mut index, "b", &hashes, 30);
+    let d = s.select(&live, &hashes, 32 * 16, &index, &load).unwrap();
+    assert_eq!(d.worker, w("b"));
+    assert_eq!(d.fetch, None);
+
+    // The holder itself is never told to pull from itself.
+    load.on_finished(&key(1));
+    load.on_routed(key(2), &w("b"), 0, 2000, 0);
+    let d = s.select(&live, &hashes, 32 * 16, &index, &load).unwrap();
+    assert_eq!(d.worker, w("a"));
+    assert_eq!(d.fetch, None);
+
+    assert!(matches!(on(1.5), Err(SelectorConfigError::PullCredit(_))));
+}
