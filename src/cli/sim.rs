@@ -932,6 +932,14 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
                 t.corrupt
             );
         }
+        let pp = &outcome.counters.peer_pulls;
+        if pp.asked + pp.declined > 0 {
+            eprintln!(
+                "[{}] peer pulls: {} fetch hints declined (prefill cheaper), {} holders asked, \
+                 {} pulls landed ({} blocks), {} failed and recomputed, {} moot (cached here by then)",
+                v.label, pp.declined, pp.asked, pp.pulled, pp.blocks, pp.failed, pp.moot
+            );
+        }
         let results: Vec<RequestResult> = outcome
             .records
             .iter()

@@ -694,3 +694,95 @@ fn a_prefix_evicted_to_host_memory_is_onboarded_where_it_lives() {
     assert!(t.onboards_host >= 9, "{t:?}");
     assert!(t.offloads > 0 && t.copy_failures == 0, "{t:?}");
 }
+
+/// Fork-heavy: one long prefix computed once, then a burst of requests on it with distinct
+/// suffixes, more than its holder takes under the balance guard.
+fn forks(n: u32) -> (Fixed, Arrivals) {
+    let root = prompt(77, 2_048);
+    let mut turns = vec![vec![SimTurn {
+        prompt: root.clone(),
+        max_tokens: 2,
+    }]];
+    for i in 0..n {
+        let mut p = root.clone();
+        p.extend(prompt(500 + i, 32));
+        turns.push(vec![SimTurn {
+            prompt: p,
+            max_tokens: 48,
+        }]);
+    }
+    let mut at = vec![0.0];
+    at.extend((0..n).map(|i| 1.0 + f64::from(i) * 0.002));
+    (Fixed(turns), Arrivals::Open(at))
+}
+
+fn pulling(workers: usize) -> SimSpec {
+    let mut s = spec(workers);
+    s.config.router.pull_credit = 0.5;
+    s
+}
+
+/// Peer pulls on the simulated fleet: workers the burst spreads to pull the shared prefix
+/// from its holder instead of recomputing it; with pulls off (the default) none happen; and
+/// killing the holder while the burst pulls from it loses no request and leaves no pin.
+#[test]
+fn a_fork_burst_pulls_the_prefix_from_its_holder_and_a_killed_holder_loses_nothing() {
+    let (w, at) = forks(32);
+    let off = run(spec(4), &w, at.clone(), &[]);
+    assert_conserved(&off, 33);
+    assert_eq!(off.counters.peer_pulls, Default::default());
+
+    let on = run(pulling(4), &w, at.clone(), &[]);
+    assert_conserved(&on, 33);
+    assert!(on.records.iter().all(|r| r.ok));
+    let pp = on.counters.peer_pulls;
+    assert!(pp.pulled >= 1, "{pp:?}");
+    assert_eq!(pp.blocks % pp.pulled, 0, "whole prefixes: {pp:?}");
+    assert!(pp.exported >= pp.pulled, "{pp:?}");
+    assert_eq!(
+        pp.asked,
+        pp.pulled + pp.failed + pp.moot,
+        "every ask settled: {pp:?}"
+    );
+
+    // The holder is the worker the first request went to.
+    let holder = on
+        .fleet_events
+        .iter()
+        .find_map(|(_, e)| match e {
+            crate::request_plane::events::FleetEventKind::Placed { worker, .. } => {
+                Some(worker.to_string())
+            }
+            _ => None,
+        })
+        .expect("placed");
+    let idx: usize = holder
+        .strip_prefix("sim-")
+        .and_then(|r| r.split('/').next())
+        .and_then(|d| d.parse().ok())
+        .expect("sim-<index>/replica-0");
+    // Kill it 20 ms into the burst, while the first asks and pulls from it are under way.
+    let killed = run(
+        pulling(4),
+        &w,
+        at,
+        &[SimFault::Kill {
+            at: Duration::from_millis(1_020),
+            worker: idx,
+        }],
+    );
+    assert_conserved(&killed, 33);
+    assert!(
+        killed.records.iter().all(|r| r.ok),
+        "every request finished"
+    );
+    assert_eq!(killed.counters.kills, 1);
+    // Killed while its peers' asks or pulls were under way: they failed and recomputed.
+    let pp = killed.counters.peer_pulls;
+    assert!(pp.failed >= 1, "{pp:?}");
+    assert_eq!(
+        pp.asked,
+        pp.pulled + pp.failed + pp.moot,
+        "every ask settled: {pp:?}"
+    );
+}

@@ -235,6 +235,8 @@ pub struct SimCounters {
     pub kv_batches_dropped: u64,
     /// The lower KV tiers' counters, summed over the workers' last incarnations.
     pub kv_tiers: crate::kv::TierCounters,
+    /// Peer pulls (G4), summed over the workers' last incarnations.
+    pub peer_pulls: crate::worker::scheduler::PeerPullCounters,
     /// (worker, block, tier) entries on which the router's prefix index and the live
     /// workers' pools disagree once every KV event has arrived, over the workers whose event
     /// stream the index follows (a worker waiting for a resync is skipped: the simulator
@@ -879,6 +881,14 @@ impl<'w> SimFleet<'w> {
                 let s = core.stats();
                 self.out.leftovers.live_sequences += core.num_live() + s.held;
                 self.out.leftovers.pinned_blocks += s.kv_blocks_used;
+                let (sum, c) = (&mut self.out.counters.peer_pulls, s.peer_pulls);
+                sum.asked += c.asked;
+                sum.declined += c.declined;
+                sum.pulled += c.pulled;
+                sum.blocks += c.blocks;
+                sum.failed += c.failed;
+                sum.moot += c.moot;
+                sum.exported += c.exported;
                 let pool = core.pool();
                 if let Some(t) = pool.tier_usage() {
                     let (sum, c) = (&mut self.out.counters.kv_tiers, t.counters);

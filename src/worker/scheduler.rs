@@ -205,6 +205,11 @@ pub struct PeerPullCounters {
     pub blocks: u64,
     /// Asks or pulls that failed (holder gone, slow, refused, transfer error): recomputed.
     pub failed: u64,
+    /// Asks made moot: by admission the prefix was cached here after all (an earlier
+    /// request computed or pulled it), so nothing was pulled and the holder was unpinned.
+    /// Once every ask has settled, `asked = pulled + failed + moot`.
+    #[serde(default)]
+    pub moot: u64,
     /// As the holder: prefixes pinned for a peer to read.
     pub exported: u64,
 }

@@ -1097,6 +1097,9 @@ impl WorkerCore {
                     && let Some((holder, key)) = self.peer_seqs.remove(&e.seq)
                 {
                     // Cached here after all (nothing to pull): unpin the holder's blocks.
+                    self.peer.moot += 1;
+                    metrics::counter!("flotilla_kv_peer_pulls_total", "worker" => self.cfg.worker.to_string(), "outcome" => "moot")
+                        .increment(1);
                     self.effects.push(WorkerEffect::ConfirmPull {
                         prefill: holder,
                         key,
