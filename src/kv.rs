@@ -88,5 +88,6 @@ pub use hash::{ROOT_PARENT_SEQ_HASH, block_hash, block_hashes, sequence_hash};
 pub use lease::SeqLease;
 pub use pool::{Allocation, BlockPool, PoolError, PoolUsage};
 pub use tiers::{
-    BlockLoc, CopyId, CopyKind, CopyOutcome, TierConfig, TierCopy, TierCounters, TierUsage,
+    BlockLoc, CopyId, CopyKind, CopyOutcome, PeerPullCounters, TierConfig, TierCopy, TierCounters,
+    TierUsage,
 };

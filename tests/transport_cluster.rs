@@ -1,7 +1,8 @@
 //! The transport inside a real cluster: every worker node's engines allocate their KV pools
 //! through the node's transport and publish them as regions in the fleet view; a process with
 //! its own transport can read blocks of a live replica's pool; a restarted replica registers
-//! fresh memory under a newer epoch, and the old one is refused.
+//! fresh memory under a newer epoch, and the old one is refused. Peer pulls (G4) over the same
+//! transport: a worker that lacks a prompt's prefix pulls it from the one that holds it.
 
 #[path = "common/http.rs"]
 mod http;
@@ -18,7 +19,7 @@ use flotilla::transport::{
 };
 use serde_json::{Value, json};
 
-use crate::http::{fleet, wait_routable};
+use crate::http::{MODEL, delta, fleet, placements, post, wait_routable};
 use crate::poll::poll_until;
 use crate::process::Cluster;
 
@@ -135,4 +136,154 @@ async fn replicas_publish_their_kv_regions_and_a_restart_brings_a_new_epoch() {
     assert_eq!(bad.status(), 400);
     let v: Value = bad.json().await.expect("json");
     assert_eq!(v["error"]["param"], "rate");
+}
+
+/// The `peer` field (`kv_peer_pulls`) of every worker in the fleet view, summed.
+async fn peer_pulls(c: &Cluster, field: &str) -> u64 {
+    let f = fleet(c).await;
+    f["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .flat_map(|n| n["workers"].as_array().cloned().unwrap_or_default())
+        .map(|w| w["kv_peer_pulls"][field].as_u64().unwrap_or(0))
+        .sum()
+}
+
+async fn complete(c: &Cluster, prompt: &Value, max_tokens: u32) -> Value {
+    let (s, _, text) = post(
+        &c.url("/v1/completions"),
+        &json!({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(s, 200, "{text}");
+    serde_json::from_str(&text).expect("json")
+}
+
+fn cached(v: &Value) -> u64 {
+    v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// Peer pulls on real processes and the real model (issue 30, G4): with a pull credit of 1 a
+/// worker lacking a prompt's prefix costs the router what its holder does, so consecutive
+/// requests take turns; the one placed on the other worker pulls the 18 leading blocks over
+/// TCP instead of recomputing them — the same greedy text as the cold run, and the pulled
+/// tokens reported as cached. Then a holder killed while a pull from it is delayed: the
+/// puller recomputes, and the text is still right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_pulls_a_prefix_from_its_holder_and_recomputes_when_the_holder_dies() {
+    let c = Cluster::start(
+        3,
+        &[
+            "worker.kv_blocks=256",
+            "chaos.enabled=true",
+            "transport.backend=tcp",
+            "router.pull_credit=1",
+        ],
+    );
+    wait_routable(&c, 2).await;
+    let golden: Value =
+        serde_json::from_str(include_str!("data/smollm2-golden.json")).expect("golden json");
+    let case = golden["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| c["name"] == "long_prompt")
+        .expect("long_prompt")
+        .clone();
+    let prompt = case["prompt_ids"].clone();
+    let want = case["greedy_text"]
+        .as_str()
+        .expect("text")
+        .replace("<|im_end|>", "");
+    let lead = (prompt.as_array().expect("ids").len() as u64 - 1) / 16 * 16;
+
+    // Cold, then warm until the other worker has taken one (and pulled).
+    let cold = complete(&c, &prompt, 16).await;
+    assert_eq!(cold["choices"][0]["text"], want.as_str());
+    let before = placements(&c).await;
+    for _ in 0..4 {
+        let v = complete(&c, &prompt, 16).await;
+        assert_eq!(
+            v["choices"][0]["text"],
+            want.as_str(),
+            "pulled KV, same text"
+        );
+        assert!(cached(&v) >= lead, "pulled or local, cached: {v}");
+    }
+    let spread = delta(&placements(&c).await, &before);
+    assert_eq!(spread.len(), 2, "both workers served: {spread:?}");
+    let pulled = poll_until(Duration::from_secs(10), "a pull landed", || async {
+        let n = peer_pulls(&c, "pulled").await;
+        (n >= 1).then_some(n)
+    })
+    .await;
+    assert_eq!(pulled, 1, "once both hold the prefix, nobody pulls");
+    assert_eq!(peer_pulls(&c, "blocks").await, lead / 16);
+    assert_eq!(peer_pulls(&c, "failed").await, 0);
+
+    // A fresh prompt (the same ids shifted by one token): computed cold on one worker…
+    let mut ids = prompt.as_array().expect("ids").clone();
+    ids.rotate_left(1);
+    let fresh = Value::Array(ids);
+    let reference = complete(&c, &fresh, 16).await["choices"][0]["text"].clone();
+    // …then two at once, so that one is placed on the other worker (the holder has one in
+    // flight), whose pull is held up 3 s; the holder is killed meanwhile.
+    for node in ["node-1", "node-2"] {
+        let r = reqwest::Client::new()
+            .post(c.url("/chaos/faults"))
+            .json(&json!({"kind": "delay_kv_transfer", "delay_ms": 3000, "target": {"node": node}}))
+            .send()
+            .await
+            .expect("chaos");
+        assert_eq!(r.status(), 201, "{:?}", r.text().await);
+    }
+    let runs: Vec<_> = (0..2)
+        .map(|_| {
+            let (c2, p) = (c.url("/v1/completions"), fresh.clone());
+            tokio::spawn(async move {
+                post(
+                    &c2,
+                    &json!({"model": MODEL, "prompt": p, "max_tokens": 16, "temperature": 0}),
+                )
+                .await
+            })
+        })
+        .collect();
+    let puller = poll_until(Duration::from_secs(20), "a peer pull under way", || async {
+        let f = fleet(&c).await;
+        f["nodes"]
+            .as_array()?
+            .iter()
+            .flat_map(|n| n["workers"].as_array().cloned().unwrap_or_default())
+            .find(|w| w["kv_pulls_pending"].as_u64() >= Some(1))
+            .and_then(|w| w["id"].as_str().map(str::to_owned))
+    })
+    .await;
+    let holder = if puller.starts_with("node-1") {
+        "node-2/replica-0"
+    } else {
+        "node-1/replica-0"
+    };
+    let r = reqwest::Client::new()
+        .post(c.url("/chaos/faults"))
+        .json(&json!({"kind": "kill_actor", "actor": "replica", "target": {"worker": holder}}))
+        .send()
+        .await
+        .expect("chaos");
+    assert_eq!(r.status(), 201, "{:?}", r.text().await);
+    for run in runs {
+        let (s, _, text) = run.await.expect("task");
+        assert_eq!(s, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(v["choices"][0]["text"], reference, "recomputed, same text");
+    }
+    poll_until(
+        Duration::from_secs(10),
+        "the failed pull counted",
+        || async { (peer_pulls(&c, "failed").await >= 1).then_some(()) },
+    )
+    .await;
 }

@@ -234,6 +234,7 @@ pub fn set_worker_stats(w: &mut WorkerView, st: &crate::worker::scheduler::Sched
     w.kv_pulls_pending = st.pulls_pending;
     w.kv_blocks_pulled = st.blocks_pulled;
     w.kv_pull_fallbacks = st.pull_fallbacks;
+    w.kv_peer_pulls = st.peer_pulls;
     w.prefill_wait_ms = st.prefill_wait_ms.map(|ms| ms.round() as u64);
     w.prefill_tokens_per_s = st.prefill_tokens_per_s.map(|r| r.round().max(1.0) as u64);
     w.kv_tiers = st.kv_tiers;

@@ -686,3 +686,33 @@ impl LowerTiers {
         }
     }
 }
+
+/// Peer pulls (G4) of one replica since start: as the puller (asked, declined, pulled,
+/// failed) and as the holder (exports). Every count is of requests, except `blocks`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerPullCounters {
+    /// Fetch hints acted on: the holder was asked to pin its blocks.
+    pub asked: u64,
+    /// Fetch hints declined by the cost rule (the prefill here was cheaper than the pull).
+    pub declined: u64,
+    /// Pulls that landed.
+    pub pulled: u64,
+    /// Blocks those pulls brought.
+    pub blocks: u64,
+    /// Asks or pulls that failed (holder gone, slow, refused, transfer error): recomputed.
+    pub failed: u64,
+    /// Asks made moot: by admission the prefix was cached here after all (an earlier
+    /// request computed or pulled it), so nothing was pulled and the holder was unpinned.
+    /// Once every ask has settled, `asked = pulled + failed + moot`.
+    #[serde(default)]
+    pub moot: u64,
+    /// As the holder: prefixes pinned for a peer to read.
+    pub exported: u64,
+}
+
+impl PeerPullCounters {
+    /// No pull asked, declined or exported (what the fleet view leaves out).
+    pub fn is_zero(&self) -> bool {
+        *self == Self::default()
+    }
+}

@@ -739,6 +739,17 @@ fn a_fork_burst_pulls_the_prefix_from_its_holder_and_a_killed_holder_loses_nothi
     assert!(pp.pulled >= 1, "{pp:?}");
     assert_eq!(pp.blocks % pp.pulled, 0, "whole prefixes: {pp:?}");
     assert!(pp.exported >= pp.pulled, "{pp:?}");
+    // Pulled tokens are reported as cached (the admission waits for the pull): with pulls
+    // every fork reports its root's 2,048 tokens cached; without, the forks placed away from
+    // the holder recompute them.
+    let warm = |o: &SimOutcome| {
+        o.records
+            .iter()
+            .filter(|r| r.cached_tokens.unwrap_or(0) >= 2_048)
+            .count()
+    };
+    assert_eq!(warm(&on), 32, "{pp:?}");
+    assert!(warm(&off) < 32);
     assert_eq!(
         pp.asked,
         pp.pulled + pp.failed + pp.moot,

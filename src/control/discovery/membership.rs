@@ -114,6 +114,10 @@ pub struct WorkerView {
     /// Where it publishes vLLM-format KV events (`worker.kv_events_addr`), if it does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_events_endpoint: Option<String>,
+    /// Peer pulls (G4) since the replica started: as the puller (asked, declined, pulled,
+    /// blocks, failed, moot) and as the holder (exported); absent while all are 0.
+    #[serde(default, skip_serializing_if = "crate::kv::PeerPullCounters::is_zero")]
+    pub kv_peer_pulls: crate::kv::PeerPullCounters,
     /// Its lower KV tiers (G2 host, G3 disk): blocks held and capacity, copies in flight,
     /// counters since its start (`kv/tiers.rs`); absent without tiers.
     #[serde(default, skip_serializing_if = "Option::is_none")]

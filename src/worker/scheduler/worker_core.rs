@@ -257,6 +257,10 @@ pub struct WorkerCore {
     /// Peer pulls: sequences whose remote KV comes from a peer, and whom to confirm to while
     /// no pull of theirs runs.
     peer_seqs: HashMap<SeqId, (WorkerId, RequestKey)>,
+    /// Peer pulls running: the tokens cached here before the pull and once it lands. The
+    /// sequence's `Admitted` waits for the pull, so that pulled tokens count as cached and a
+    /// failed pull's recomputed ones do not.
+    peer_admits: HashMap<SeqId, (usize, usize)>,
     /// Peer pulls, holder side: prefixes pinned for peers, by the puller's request key.
     exports: HashMap<RequestKey, Export>,
     /// Pulls in flight: when each started and how many blocks it brings (the measured rate).
@@ -303,6 +307,7 @@ impl WorkerCore {
             pull_fallbacks: 0,
             fetching: HashMap::new(),
             peer_seqs: HashMap::new(),
+            peer_admits: HashMap::new(),
             exports: HashMap::new(),
             pull_started: HashMap::new(),
             pull_block_ms: None,
@@ -717,6 +722,12 @@ impl WorkerCore {
             self.pull_block_ms = Some(self.pull_block_ms.map_or(ms, |m| 0.8 * m + 0.2 * ms));
         }
         let peer = self.peer_seqs.remove(&r.seq).map(|(holder, _)| holder);
+        if let Some((local, pulled)) = self.peer_admits.remove(&r.seq)
+            && let Some(live) = self.live.get(&r.seq)
+        {
+            let (to, req) = (live.owner.clone(), live.request);
+            self.admitted(&to, req, if ok { pulled } else { local });
+        }
         match (&r.outcome, peer) {
             (Ok(blocks), Some(_)) => {
                 self.peer.pulled += 1;
@@ -879,6 +890,7 @@ impl WorkerCore {
 
     fn drop_seq(&mut self, seq: SeqId) {
         self.core.cancel(seq);
+        self.peer_admits.remove(&seq);
         if let Some((holder, key)) = self.peer_seqs.remove(&seq)
             && !self.pulls.contains_key(&seq)
         {
@@ -981,7 +993,13 @@ impl WorkerCore {
         live.admitted = true;
         let kv = live.remote.take();
         let (to, req) = (live.owner.clone(), live.request);
-        self.admitted(&to, req, order.cached_tokens);
+        if self.peer_seqs.contains_key(&seq) {
+            // Admitted once the pull returns (`pull_done`).
+            self.peer_admits
+                .insert(seq, (order.cached_tokens, order.tokens));
+        } else {
+            self.admitted(&to, req, order.cached_tokens);
+        }
         let n = order.blocks.len();
         let Some(kv) = kv else {
             self.effects.push(WorkerEffect::Pull(PullJob {
@@ -1546,6 +1564,13 @@ mod tests {
         assert!(h.pool().usage().used_blocks >= 2, "pinned for the peer");
         p.fetch_done(&key, Ok(kv)).unwrap();
         let effects = p.take_effects();
+        let early = delivered(&mut p);
+        assert!(
+            !early
+                .iter()
+                .any(|e| matches!(e, TokenEventKind::Admitted { .. })),
+            "admitted once the pull lands: {early:?}"
+        );
         let Some(WorkerEffect::Pull(pj)) =
             effects.iter().find(|e| matches!(e, WorkerEffect::Pull(_)))
         else {
@@ -1562,6 +1587,17 @@ mod tests {
         let effects = p.take_effects();
         assert!(effects.iter().any(|e| matches!(e,
             WorkerEffect::ConfirmPull { prefill, key: k } if *prefill == holder && *k == key)));
+        let admitted = delivered(&mut p);
+        assert!(
+            admitted.iter().any(|e| matches!(
+                e,
+                TokenEventKind::Admitted {
+                    cached_tokens: 8,
+                    ..
+                }
+            )),
+            "the pulled tokens count as cached: {admitted:?}"
+        );
         let s = p.stats().peer_pulls;
         assert_eq!((s.asked, s.pulled, s.blocks, s.failed), (1, 1, 2, 0));
         if let Some(step) = answer(&effects) {
