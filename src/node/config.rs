@@ -137,8 +137,9 @@ pub struct RouterConfig {
     /// See `tier_credit_host`.
     pub tier_credit_disk: f64,
     /// `kv`, `dynamo_kv`: what a prompt block another worker holds in G1 is worth to a
-    /// worker that could pull it (peer pulls, G4), in [0, 1]; 0 (the default) turns peer
-    /// pulls off until a default is measured (NVIDIA Dynamo weighs a shared remote pool at 0.5).
+    /// worker that could pull it (peer pulls, G4), in [0, 1]; default 0.75, measured
+    /// (`docs/benchmarks.md`, "Peer pulls"; NVIDIA Dynamo weighs a shared remote pool at 0.5);
+    /// 0 turns peer pulls off.
     pub pull_credit: f64,
     /// Fewest blocks a placement's fetch hint names beyond what the chosen worker holds
     /// (default 4).
@@ -163,7 +164,7 @@ impl Default for RouterConfig {
             seed: 0,
             tier_credit_host: 0.75,
             tier_credit_disk: 0.25,
-            pull_credit: 0.0,
+            pull_credit: crate::request_plane::router::policy::PeerPull::DEFAULT_CREDIT,
             pull_min_blocks: crate::request_plane::router::policy::PeerPull::DEFAULT_MIN_BLOCKS,
             external_workers: Vec::new(),
         }

@@ -723,12 +723,14 @@ fn pulling(workers: usize) -> SimSpec {
 }
 
 /// Peer pulls on the simulated fleet: workers the burst spreads to pull the shared prefix
-/// from its holder instead of recomputing it; with pulls off (the default) none happen; and
+/// from its holder instead of recomputing it; with pulls off (credit 0) none happen; and
 /// killing the holder while the burst pulls from it loses no request and leaves no pin.
 #[test]
 fn a_fork_burst_pulls_the_prefix_from_its_holder_and_a_killed_holder_loses_nothing() {
     let (w, at) = forks(32);
-    let off = run(spec(4), &w, at.clone(), &[]);
+    let mut no_pulls = spec(4);
+    no_pulls.config.router.pull_credit = 0.0;
+    let off = run(no_pulls, &w, at.clone(), &[]);
     assert_conserved(&off, 33);
     assert_eq!(off.counters.peer_pulls, Default::default());
 

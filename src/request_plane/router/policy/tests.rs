@@ -51,9 +51,15 @@ fn hold(index: &mut PrefixIndex, worker: &str, hashes: &[SequenceHash], n: usize
     );
 }
 
+/// A selector with peer pulls off, so the costs are the plain formulas of the module docs
+/// (pull credit has its own tests).
 fn selector(policy: Policy) -> Selector {
     Selector::new(SelectorConfig {
         policy,
+        peer_pull: PeerPull {
+            credit: 0.0,
+            ..PeerPull::default()
+        },
         ..SelectorConfig::default()
     })
     .unwrap()
@@ -699,7 +705,7 @@ fn tier_credit_prices_host_copies_below_device_ones() {
         WorkerId::new("none"),
     ];
     let load = ActiveLoad::new();
-    let mut sel = Selector::new(SelectorConfig::default()).expect("config");
+    let mut sel = selector(Policy::Kv);
     let costs: Vec<f64> = live
         .iter()
         .map(|w| {
@@ -744,7 +750,7 @@ fn tier_credit_prices_host_copies_below_device_ones() {
     );
 }
 
-/// Peer pulls: off by default (no hint); with credit on, a cold worker chosen over a busy
+/// Peer pulls: off at credit 0 (no hint); with credit on (the default), a cold worker chosen over a busy
 /// holder is told where the prefix lives, pullable blocks lower its cost, a worker short of
 /// fewer than `min_blocks` gets no hint, and a credit outside [0, 1] is refused.
 #[test]
@@ -756,11 +762,6 @@ fn a_cold_pick_is_told_which_peer_holds_the_prefix_when_pulls_are_on() {
     load.on_routed(key(1), &w("a"), 0, 2000, 0);
     let live = [w("a"), w("b")];
 
-    let mut off = selector(Policy::Kv);
-    let d = off.select(&live, &hashes, 32 * 16, &index, &load).unwrap();
-    assert_eq!(d.worker, w("b"));
-    assert_eq!(d.fetch, None, "pulls are off by default");
-
     let on = |credit: f64| {
         Selector::new(SelectorConfig {
             peer_pull: PeerPull {
@@ -770,6 +771,16 @@ fn a_cold_pick_is_told_which_peer_holds_the_prefix_when_pulls_are_on() {
             ..SelectorConfig::default()
         })
     };
+    let mut off = on(0.0).unwrap();
+    let d = off.select(&live, &hashes, 32 * 16, &index, &load).unwrap();
+    assert_eq!(d.worker, w("b"));
+    assert_eq!(d.fetch, None, "credit 0: pulls off");
+    assert_eq!(
+        SelectorConfig::default().peer_pull.credit,
+        PeerPull::DEFAULT_CREDIT,
+        "on by default"
+    );
+
     let mut s = on(0.5).unwrap();
     let d = s.select(&live, &hashes, 32 * 16, &index, &load).unwrap();
     assert_eq!(d.worker, w("b"));
