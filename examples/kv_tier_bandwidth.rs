@@ -11,7 +11,11 @@
 //! - `file read`: the segment file read sequentially, 1 MiB at a time, into a buffer made
 //!   beforehand (the bound for G3 → G1; from the page cache when the file was just written, as
 //!   here);
-//! - `onboard G3→G1`: read each record, verify its checksum, scatter it into G1.
+//! - `onboard G3→G1`: read each record, verify its checksum, scatter it into G1;
+//! - `peer pull G1→G1 (tcp)`, `(ucx)`: a peer pull (G4) — one transport (`transport/`) reads
+//!   every block of another's registered G1 into its own, as a worker pulls a prefix from its
+//!   holder; in one process over loopback, the UCX row only where UCX starts (baseline:
+//!   `memcpy`).
 //!
 //! Prints the median GB/s of each row over the rounds and its ratio to its baseline.
 
@@ -20,7 +24,10 @@ use std::time::Instant;
 
 use flotilla::kv::{BlockLoc, CopyId, CopyKind, CopyOutcome, SnapshotBlock, TierCopy};
 use flotilla::runtime::ids::{BlockHash, SeqId, SequenceHash};
-use flotilla::transport::{KvLayout, KvMemory};
+use flotilla::transport::{
+    BackendChoice, KvLayout, KvMemory, PullRequest, RegionDescriptor, TransferFaults, Transport,
+    TransportConfig,
+};
 use flotilla::worker::tiers::TierStores;
 
 fn median(v: &mut [f64]) -> f64 {
@@ -40,6 +47,32 @@ fn copy(kind: CopyKind, from: BlockLoc, to: BlockLoc, h: u64) -> TierCopy {
             block_hash: BlockHash(h),
         },
     }
+}
+
+/// A holder and a puller transport on `backend`, the holder's G1 registered; `None` when the
+/// backend does not start here (UCX without its libraries).
+async fn peers(
+    backend: BackendChoice,
+    g1: Arc<KvMemory>,
+    layout: KvLayout,
+) -> Option<(Transport, Transport, RegionDescriptor)> {
+    let config = || TransportConfig {
+        backend,
+        ..TransportConfig::default()
+    };
+    let holder = Transport::start("holder", config(), TransferFaults::default())
+        .await
+        .ok()?;
+    let puller = Transport::start("puller", config(), TransferFaults::default())
+        .await
+        .ok()?;
+    let from = holder.register("holder/replica-0", layout, g1).await.ok()?;
+    let mem = puller.allocate(layout).await.ok()?;
+    puller
+        .register("puller/replica-0", layout, mem)
+        .await
+        .ok()?;
+    Some((holder, puller, from))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -72,6 +105,17 @@ fn main() -> anyhow::Result<()> {
         }
         Ok(bytes / t.elapsed().as_secs_f64() / 1e9)
     };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut pulls: Vec<(&str, Transport, Transport, RegionDescriptor, Vec<f64>)> = Vec::new();
+    for (name, backend) in [("tcp", BackendChoice::Tcp), ("ucx", BackendChoice::Ucx)] {
+        match rt.block_on(peers(backend, g1.clone(), layout)) {
+            Some((h, p, d)) => pulls.push((name, h, p, d, Vec::new())),
+            None => eprintln!("peer pull over {name}: the backend does not start here; skipped"),
+        }
+    }
     let seq = SeqId(1);
     let (mut mc, mut off, mut on2, mut dem, mut fr, mut on3) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
@@ -109,6 +153,22 @@ fn main() -> anyhow::Result<()> {
             BlockLoc::Device,
             CopyKind::Onboard(seq),
         ))?);
+        for (_, _, puller, from, v) in &mut pulls {
+            let req = PullRequest {
+                from: from.clone(),
+                into: "puller/replica-0".into(),
+                blocks: (0..blocks).map(|i| (i, i)).collect(),
+                deadline: Instant::now() + std::time::Duration::from_secs(120),
+            };
+            let t = Instant::now();
+            let st = rt.block_on(puller.pull(req))?;
+            anyhow::ensure!(
+                st.bytes as f64 == bytes,
+                "pulled {} of {bytes} bytes",
+                st.bytes
+            );
+            v.push(bytes / t.elapsed().as_secs_f64() / 1e9);
+        }
     }
     let (mc, fr) = (median(&mut mc), median(&mut fr));
     println!(
@@ -130,6 +190,13 @@ fn main() -> anyhow::Result<()> {
     println!("| sequential file read (baseline for G3 → G1) | {fr:.2} | 1.00 |");
     let m = median(&mut on3);
     println!("| onboard G3→G1 (read + verify) | {m:.2} | {:.2} |", m / fr);
+    for (name, _, _, _, v) in &mut pulls {
+        let m = median(v);
+        println!(
+            "| peer pull G1→G1 ({name}, loopback) | {m:.2} | {:.2} of memcpy |",
+            m / mc
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

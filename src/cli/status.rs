@@ -132,6 +132,28 @@ pub fn render(fleet: &Fleet) -> String {
             );
         }
     }
+    let pulling: Vec<_> = fleet
+        .nodes
+        .iter()
+        .flat_map(|n| &n.workers)
+        .filter(|w| !w.kv_peer_pulls.is_zero())
+        .map(|w| (w.id.as_str(), w.kv_peer_pulls))
+        .collect();
+    if !pulling.is_empty() {
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "{:<28} {:>7} {:>8} {:>7} {:>8} {:>7} {:>6} {:>9}",
+            "PEER PULLS", "ASKED", "DECLINED", "PULLED", "BLOCKS", "FAILED", "MOOT", "EXPORTED"
+        );
+        for (id, p) in pulling {
+            let _ = writeln!(
+                out,
+                "{:<28} {:>7} {:>8} {:>7} {:>8} {:>7} {:>6} {:>9}",
+                id, p.asked, p.declined, p.pulled, p.blocks, p.failed, p.moot, p.exported
+            );
+        }
+    }
     let _ = writeln!(out);
     for n in &fleet.nodes {
         if let Some(p) = &n.planner {
@@ -192,4 +214,41 @@ pub fn render_planner(node: &str, p: &crate::control::planner::PlannerView) -> S
         let _ = writeln!(out, "  manual change: {m}");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fleet(pulls: serde_json::Value) -> Fleet {
+        serde_json::from_value(serde_json::json!({"nodes": [{
+            "id": "node-1", "addr": "127.0.0.1:1", "http_addr": null, "roles": ["worker"],
+            "pid": 1, "state": "up", "last_seen_ms": 0, "actors": [],
+            "workers": [
+                {"id": "node-1/replica-0", "state": "running", "kv_peer_pulls": pulls},
+                {"id": "node-1/replica-1", "state": "running"}
+            ]
+        }]}))
+        .expect("a fleet")
+    }
+
+    /// Peer pull counters get a table, one row per worker that has any; none without.
+    #[test]
+    fn peer_pulls_are_listed_per_worker_that_has_any() {
+        let out = render(&fleet(serde_json::json!({
+            "asked": 3, "declined": 1, "pulled": 2, "blocks": 36, "failed": 1, "moot": 0,
+            "exported": 4
+        })));
+        let row = out
+            .lines()
+            .find(|l| l.starts_with("node-1/replica-0") && l.contains("36"))
+            .unwrap_or_else(|| panic!("no pulls row:\n{out}"));
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cells[1..], ["3", "1", "2", "36", "1", "0", "4"], "{out}");
+        assert!(out.contains("PEER PULLS"), "{out}");
+        assert!(!out.lines().any(|l| l.starts_with("node-1/replica-1 ")));
+        let zero = serde_json::to_value(crate::kv::PeerPullCounters::default()).expect("json");
+        let quiet = render(&fleet(zero));
+        assert!(!quiet.contains("PEER PULLS"), "{quiet}");
+    }
 }
