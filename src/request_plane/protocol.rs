@@ -25,6 +25,7 @@
 //! liveness timeout) aborts the owner's sequences and frees their KV blocks.
 
 pub use crate::kernels::sample::SamplingParams;
+pub use crate::request_plane::router::policy::FetchHint;
 use crate::request_plane::router::policy::Policy;
 use crate::runtime::ids::{NodeId, RequestId, SequenceHash, WorkerId};
 use crate::runtime::wire::Wire;
@@ -76,16 +77,6 @@ pub struct SubmitRequest {
     /// recomputing them (`worker/scheduler.rs`, "Peer pulls"). A hint, never an order.
     #[serde(default)]
     pub fetch: Option<FetchHint>,
-}
-
-/// Where a prompt's leading blocks can be pulled from (peer pull, G4): `holder` keeps the
-/// first `blocks` full blocks of the prompt in its G1 pool, as its KV events announced.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FetchHint {
-    /// The worker holding the blocks.
-    pub holder: WorkerId,
-    /// Leading full blocks of the prompt it holds.
-    pub blocks: u32,
 }
 
 /// KV a prefill worker holds for a decode worker to pull (disaggregated serving).

@@ -273,6 +273,16 @@ pub struct SelectorConfig {
     pub peer_pull: PeerPull,
 }
 
+/// Where a prompt's leading blocks can be pulled from (peer pull, G4): `holder` keeps the
+/// first `blocks` full blocks of the prompt in its G1 pool, as its KV events announced.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FetchHint {
+    /// The worker holding the blocks.
+    pub holder: WorkerId,
+    /// Leading full blocks of the prompt it holds.
+    pub blocks: u32,
+}
+
 /// Peer pulls (G4): a worker short of a prompt's leading blocks that another worker holds in
 /// G1 may pull them through the KV transport instead of recomputing them. The router counts
 /// such blocks at `credit` of a G1 block and names the holder in the placement
@@ -555,7 +565,7 @@ pub struct Decision {
     pub candidates: usize,
     /// Peer pull: the worker holding the most leading prompt blocks in G1, when the chosen
     /// worker lacks at least `peer_pull.min_blocks` of them.
-    pub fetch: Option<crate::request_plane::protocol::FetchHint>,
+    pub fetch: Option<FetchHint>,
 }
 
 /// Picks workers (see the module docs).
@@ -678,11 +688,9 @@ impl Selector {
         let c = costs[pick];
         let fetch = holder.and_then(|(w, n)| {
             let short = n.saturating_sub(c.overlap_blocks);
-            (*w != live[pick] && short >= self.config.peer_pull.min_blocks).then(|| {
-                crate::request_plane::protocol::FetchHint {
-                    holder: w.clone(),
-                    blocks: n,
-                }
+            (*w != live[pick] && short >= self.config.peer_pull.min_blocks).then(|| FetchHint {
+                holder: w.clone(),
+                blocks: n,
             })
         });
         Some(Decision {

@@ -786,7 +786,7 @@ fn a_cold_pick_is_told_which_peer_holds_the_prefix_when_pulls_are_on() {
     assert_eq!(d.worker, w("b"));
     assert_eq!(
         d.fetch,
-        Some(crate::request_plane::protocol::FetchHint {
+        Some(FetchHint {
             holder: w("a"),
             blocks: 32
         })
