@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Peer pulls (G4) on a fork-heavy agent workload, on the simulated fleet: pulls off
-# (router.pull_credit=0, the default) against pull credits 0.25 / 0.5 / 0.75, one command, one
-# table (docs/benchmarks.md, "Peer pulls").
+# Peer pulls (G4) on a fork-heavy agent workload, on the simulated fleet, one command, one
+# table (docs/benchmarks.md, "Peer pulls"): the router's pure affinity (no pulls, no balance
+# guard), recompute (router.pull_credit=0), and pull credits 0.5 / 0.75 (the default) / 1. The
+# ratio table is against the first variant (affinity).
 #
 # The workload, written as a Mooncake trace (512-token hash_id blocks) so anyone can replay it:
 # AGENTS agents arrive GAP_MS apart; each first sends its root request (ROOT_BLOCKS blocks of

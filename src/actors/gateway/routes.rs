@@ -130,6 +130,59 @@ fn worker_gauges(nodes: &[NodeView]) -> String {
         }
     }
     out.push_str(&tier_metrics(&workers));
+    out.push_str(&peer_pull_metrics(&workers));
+    out
+}
+
+/// Peer pulls (G4) of the workers that have any, from the fleet view (the worker nodes serve
+/// no `/metrics`): requests per outcome, and blocks pulled, since each worker's start.
+fn peer_pull_metrics(workers: &[&WorkerView]) -> String {
+    use std::fmt::Write;
+    type Outcome = (&'static str, fn(&crate::kv::PeerPullCounters) -> u64);
+    const OUTCOMES: [Outcome; 6] = [
+        ("asked", |c| c.asked),
+        ("declined", |c| c.declined),
+        ("pulled", |c| c.pulled),
+        ("failed", |c| c.failed),
+        ("moot", |c| c.moot),
+        ("exported", |c| c.exported),
+    ];
+    let pulling: Vec<(String, crate::kv::PeerPullCounters)> = workers
+        .iter()
+        .filter(|w| !w.kv_peer_pulls.is_zero())
+        .map(|w| (escape(&w.id), w.kv_peer_pulls))
+        .collect();
+    let mut out = String::new();
+    if pulling.is_empty() {
+        return out;
+    }
+    let name = "flotilla_worker_kv_peer_pulls_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Peer pulls (G4) since the worker started, in requests per outcome: as the \
+         puller declined (the cost rule preferred prefill; never asked), asked (the holder was \
+         asked to pin), then pulled, failed (recomputed) or moot (cached here by admission) — \
+         asked = pulled + failed + moot once settled; as the holder exported, per worker\n\
+         # TYPE {name} counter"
+    );
+    for (id, c) in &pulling {
+        for (outcome, value) in OUTCOMES {
+            let _ = writeln!(
+                out,
+                "{name}{{worker=\"{id}\",outcome=\"{outcome}\"}} {}",
+                value(c)
+            );
+        }
+    }
+    let name = "flotilla_worker_kv_peer_pull_blocks_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} KV blocks pulled from peers since the worker started, per worker\n\
+         # TYPE {name} counter"
+    );
+    for (id, c) in &pulling {
+        let _ = writeln!(out, "{name}{{worker=\"{id}\"}} {}", c.blocks);
+    }
     out
 }
 
@@ -340,5 +393,41 @@ mod tests {
             assert!(text.contains(line), "{line} in {text}");
         }
         assert!(!text.contains("kv_tier_blocks{worker=\"a/replica-0\""));
+    }
+
+    #[test]
+    fn peer_pull_metrics_follow_each_workers_counters() {
+        let mut nodes = [node(
+            "a",
+            NodeState::Up,
+            &[("a/replica-0", 0), ("a/replica-1", 0)],
+        )];
+        assert!(
+            !worker_gauges(&nodes).contains("peer_pull"),
+            "none, no lines"
+        );
+        nodes[0].workers[1].kv_peer_pulls = crate::kv::PeerPullCounters {
+            asked: 3,
+            pulled: 2,
+            blocks: 38,
+            moot: 1,
+            ..Default::default()
+        };
+        let text = worker_gauges(&nodes);
+        for line in [
+            "flotilla_worker_kv_peer_pulls_total{worker=\"a/replica-1\",outcome=\"asked\"} 3",
+            "flotilla_worker_kv_peer_pulls_total{worker=\"a/replica-1\",outcome=\"pulled\"} 2",
+            "flotilla_worker_kv_peer_pulls_total{worker=\"a/replica-1\",outcome=\"moot\"} 1",
+            "flotilla_worker_kv_peer_pulls_total{worker=\"a/replica-1\",outcome=\"failed\"} 0",
+            "flotilla_worker_kv_peer_pull_blocks_total{worker=\"a/replica-1\"} 38",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert!(!text.contains("peer_pulls_total{worker=\"a/replica-0\""));
+        assert_eq!(
+            text.matches("# TYPE flotilla_worker_kv_peer_pulls_total counter")
+                .count(),
+            1
+        );
     }
 }

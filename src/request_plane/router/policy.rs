@@ -292,7 +292,7 @@ pub struct FetchHint {
 pub struct PeerPull {
     /// A pullable block against 1 for a G1 block, in [0, 1]; 0 turns peer pulls off.
     pub credit: f64,
-    /// Fewest blocks worth a pull (a pull costs a round trip to the holder first).
+    /// Fewest blocks worth a pull (a pull costs a round trip to the holder first); at least 1.
     pub min_blocks: u32,
 }
 
@@ -379,6 +379,8 @@ pub enum SelectorConfigError {
     TierCredit(f64),
     #[error("router.pull_credit must be in [0, 1], got {0}")]
     PullCredit(f64),
+    #[error("router.pull_min_blocks must be at least 1 (a pull moves whole blocks)")]
+    PullMinBlocks,
 }
 
 impl SelectorConfig {
@@ -406,6 +408,9 @@ impl SelectorConfig {
         }
         if !(0.0..=1.0).contains(&self.peer_pull.credit) {
             return Err(SelectorConfigError::PullCredit(self.peer_pull.credit));
+        }
+        if self.peer_pull.min_blocks == 0 {
+            return Err(SelectorConfigError::PullMinBlocks);
         }
         for c in [self.tier_credit.host, self.tier_credit.disk] {
             if !(0.0..=1.0).contains(&c) {
@@ -688,9 +693,11 @@ impl Selector {
         let c = costs[pick];
         let fetch = holder.and_then(|(w, n)| {
             let short = n.saturating_sub(c.overlap_blocks);
-            (*w != live[pick] && short >= self.config.peer_pull.min_blocks).then(|| FetchHint {
-                holder: w.clone(),
-                blocks: n,
+            (*w != live[pick] && short >= self.config.peer_pull.min_blocks.max(1)).then(|| {
+                FetchHint {
+                    holder: w.clone(),
+                    blocks: n,
+                }
             })
         });
         Some(Decision {
@@ -741,7 +748,7 @@ impl Selector {
                     Some((w, n)) if *w != cache.live[i] => n.saturating_sub(overlap),
                     _ => 0,
                 };
-                let credited = if pullable >= pull.min_blocks && pullable > 0 {
+                let credited = if pullable >= pull.min_blocks.max(1) {
                     credited + pull.credit * f64::from(pullable)
                 } else {
                     credited

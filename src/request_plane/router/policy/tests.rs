@@ -814,4 +814,15 @@ fn a_cold_pick_is_told_which_peer_holds_the_prefix_when_pulls_are_on() {
     assert_eq!(d.fetch, None);
 
     assert!(matches!(on(1.5), Err(SelectorConfigError::PullCredit(_))));
+    let zero_floor = Selector::new(SelectorConfig {
+        peer_pull: PeerPull {
+            credit: 0.5,
+            min_blocks: 0,
+        },
+        ..SelectorConfig::default()
+    });
+    assert!(matches!(
+        zero_floor,
+        Err(SelectorConfigError::PullMinBlocks)
+    ));
 }
