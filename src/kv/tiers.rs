@@ -710,6 +710,19 @@ pub struct PeerPullCounters {
     pub exported: u64,
 }
 
+impl std::ops::AddAssign for PeerPullCounters {
+    /// Field by field (a fleet's sum over its workers).
+    fn add_assign(&mut self, o: Self) {
+        self.asked += o.asked;
+        self.declined += o.declined;
+        self.pulled += o.pulled;
+        self.blocks += o.blocks;
+        self.failed += o.failed;
+        self.moot += o.moot;
+        self.exported += o.exported;
+    }
+}
+
 impl PeerPullCounters {
     /// No pull asked, declined or exported (what the fleet view leaves out).
     pub fn is_zero(&self) -> bool {

@@ -74,6 +74,27 @@ fn run(spec: SimSpec, w: &dyn SimWorkload, arrivals: Arrivals, faults: &[SimFaul
     SimFleet::new(spec, w, arrivals, faults).unwrap().run()
 }
 
+/// The workers the requests were placed on, in the order of the placements.
+fn placements(out: &SimOutcome) -> Vec<String> {
+    out.fleet_events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            crate::request_plane::events::FleetEventKind::Placed { worker, .. } => {
+                Some(worker.to_string())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The index of a simulated worker from its id (`sim-<index>/replica-0`).
+fn worker_index(id: &str) -> usize {
+    id.strip_prefix("sim-")
+        .and_then(|r| r.split('/').next())
+        .and_then(|d| d.parse().ok())
+        .unwrap_or_else(|| panic!("not a sim worker id: {id}"))
+}
+
 fn assert_conserved(out: &SimOutcome, requests: usize) {
     assert_eq!(out.records.len(), requests, "one record per request");
     let mut keys: Vec<(usize, usize)> = out.records.iter().map(|r| (r.session, r.turn)).collect();
@@ -154,16 +175,7 @@ fn a_shared_prefix_is_found_where_it_was_computed() {
     ]);
     let out = run(spec(8), &w, offsets(2, 1.0), &[]);
     assert_conserved(&out, 2);
-    let placed: Vec<String> = out
-        .fleet_events
-        .iter()
-        .filter_map(|(_, e)| match e {
-            crate::request_plane::events::FleetEventKind::Placed { worker, .. } => {
-                Some(worker.to_string())
-            }
-            _ => None,
-        })
-        .collect();
+    let placed = placements(&out);
     assert_eq!(placed.len(), 2);
     assert_eq!(
         placed[0], placed[1],
@@ -344,23 +356,7 @@ fn a_hung_engine_is_found_by_its_watchdog_and_nothing_is_lost() {
     let w = sessions();
     // The worker the first request goes to (the same in every run).
     let calm = run(s.clone(), &w, offsets(24, 0.02), &[]);
-    let first = calm
-        .fleet_events
-        .iter()
-        .find_map(|(_, e)| match e {
-            crate::request_plane::events::FleetEventKind::Placed { worker, .. } => {
-                Some(worker.to_string())
-            }
-            _ => None,
-        })
-        .unwrap();
-    let busy: usize = first
-        .trim_start_matches("sim-")
-        .split('/')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let busy = worker_index(&placements(&calm)[0]);
     let out = run(
         s,
         &w,
@@ -759,21 +755,7 @@ fn a_fork_burst_pulls_the_prefix_from_its_holder_and_a_killed_holder_loses_nothi
     );
 
     // The holder is the worker the first request went to.
-    let holder = on
-        .fleet_events
-        .iter()
-        .find_map(|(_, e)| match e {
-            crate::request_plane::events::FleetEventKind::Placed { worker, .. } => {
-                Some(worker.to_string())
-            }
-            _ => None,
-        })
-        .expect("placed");
-    let idx: usize = holder
-        .strip_prefix("sim-")
-        .and_then(|r| r.split('/').next())
-        .and_then(|d| d.parse().ok())
-        .expect("sim-<index>/replica-0");
+    let idx = worker_index(&placements(&on)[0]);
     // Kill it 20 ms into the burst, while the first asks and pulls from it are under way.
     let killed = run(
         pulling(4),

@@ -881,14 +881,7 @@ impl<'w> SimFleet<'w> {
                 let s = core.stats();
                 self.out.leftovers.live_sequences += core.num_live() + s.held;
                 self.out.leftovers.pinned_blocks += s.kv_blocks_used;
-                let (sum, c) = (&mut self.out.counters.peer_pulls, s.peer_pulls);
-                sum.asked += c.asked;
-                sum.declined += c.declined;
-                sum.pulled += c.pulled;
-                sum.blocks += c.blocks;
-                sum.failed += c.failed;
-                sum.moot += c.moot;
-                sum.exported += c.exported;
+                self.out.counters.peer_pulls += s.peer_pulls;
                 let pool = core.pool();
                 if let Some(t) = pool.tier_usage() {
                     let (sum, c) = (&mut self.out.counters.kv_tiers, t.counters);
