@@ -121,6 +121,7 @@ impl Fleet {
             queues: None,
             bus: Default::default(),
             relay: None,
+            share_load: true,
         })
         .unwrap();
         let mut fleet = Self {

@@ -85,6 +85,9 @@ pub enum RouterMsg {
     Resynced(Wire<KvSnapshot>),
     /// Local, periodic: expire placements, retry lost resyncs.
     Tick(Wire<()>),
+    /// Another router's changes to its load: its registered name and the changes (cast;
+    /// `router.share_load`).
+    PeerLoad(Wire<(String, Vec<load::LoadChange>)>),
 }
 
 /// The Router actor (see [`RouterArgs`]).
@@ -169,6 +172,9 @@ pub struct RouterArgs {
     /// Registered name of this router's [`KvEventsRelay`]: publishers send the snapshots it
     /// asks for there.
     pub relay: Option<String>,
+    /// Tell the other routers every change to this router's load and count theirs
+    /// (`router.share_load`; `load.rs`, "Several routers").
+    pub share_load: bool,
 }
 
 impl RouterArgs {
@@ -182,6 +188,7 @@ impl RouterArgs {
             queues: None,
             bus: Default::default(),
             relay: None,
+            share_load: true,
         }
     }
 }
@@ -203,6 +210,14 @@ pub struct RouterState {
     queues: Option<load::PrefillQueueView>,
     bus: crate::request_plane::events::EventBus,
     relay: Option<String>,
+    share_load: bool,
+    /// This router's changes to its load not told to the other routers yet.
+    shared: Vec<load::LoadChange>,
+    /// Requests in the load that another router placed: key → that router.
+    peer_placed: HashMap<RequestKey, String>,
+    /// The other routers this one knows of (registered names): while there are any, ties
+    /// are spread by request ([`Selector::spread_next`]).
+    peers: std::collections::HashSet<String>,
 }
 
 /// Workers a router may choose: members of the routable schedulers' group (alive, healthy,
@@ -260,6 +275,10 @@ impl RouterState {
             queues: args.queues,
             bus: args.bus,
             relay: args.relay,
+            share_load: args.share_load,
+            shared: Vec::new(),
+            peer_placed: HashMap::new(),
+            peers: Default::default(),
         })
     }
 
@@ -284,13 +303,116 @@ impl RouterState {
     /// A placed request's first token came ([`RouterMsg::FirstToken`]).
     pub fn first_token(&mut self, node: NodeId, request: RequestId) {
         let now = self.now_ms();
-        self.load
-            .on_first_token(&RequestKey::new(node, request), now);
+        self.on_first_token(node, request, now);
     }
 
     /// A placed request ended ([`RouterMsg::Release`]).
     pub fn release(&mut self, node: NodeId, request: RequestId) {
-        self.load.on_finished(&RequestKey::new(node, request));
+        self.on_release(node, request);
+    }
+
+    /// Changes to this router's load since the last call, for the other routers
+    /// ([`RouterMsg::PeerLoad`]); always empty without `share_load`.
+    pub fn take_shared(&mut self) -> Vec<load::LoadChange> {
+        std::mem::take(&mut self.shared)
+    }
+
+    /// Another router's changes to its load ([`RouterMsg::PeerLoad`]), counted here as if
+    /// this router had made them; `from` names that router (its placements are forgotten
+    /// when it leaves: [`RouterState::router_left`]). Ignored without `share_load`.
+    pub fn peer_load(&mut self, from: &str, changes: Vec<load::LoadChange>) {
+        let now = self.now_ms();
+        self.on_peer_load(from, changes, now);
+    }
+
+    /// Router `name` is another router of the fleet (it joined the routers' group, or told
+    /// of a change).
+    pub fn router_joined(&mut self, name: &str) {
+        self.peers.insert(name.to_owned());
+    }
+
+    /// Router `name` left (its node died or it restarted): the placements it told of and
+    /// that have not ended are dropped (their requests died with it, or are released through
+    /// another router that will say so). Returns how many.
+    pub fn router_left(&mut self, name: &str) -> usize {
+        self.peers.remove(name);
+        let keys: Vec<RequestKey> = self
+            .peer_placed
+            .iter()
+            .filter(|(_, r)| r.as_str() == name)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &keys {
+            self.peer_placed.remove(k);
+            self.load.on_finished(k);
+        }
+        keys.len()
+    }
+
+    fn on_first_token(&mut self, node: NodeId, request: RequestId, now: u64) {
+        let key = RequestKey::new(node, request);
+        if self.load.on_first_token(&key, now) && self.share_load {
+            self.shared.push(load::LoadChange::FirstToken {
+                node: key.node,
+                request: key.request,
+            });
+        }
+    }
+
+    fn on_release(&mut self, node: NodeId, request: RequestId) {
+        let key = RequestKey::new(node, request);
+        self.peer_placed.remove(&key);
+        if self.load.on_finished(&key) && self.share_load {
+            self.shared.push(load::LoadChange::Finished {
+                node: key.node,
+                request: key.request,
+            });
+        }
+    }
+
+    fn on_peer_load(&mut self, from: &str, changes: Vec<load::LoadChange>, now: u64) {
+        if !self.share_load {
+            return;
+        }
+        if !self.peers.contains(from) {
+            self.peers.insert(from.to_owned());
+        }
+        for change in changes {
+            let key = change.key();
+            match change {
+                load::LoadChange::Routed {
+                    worker,
+                    policy,
+                    prefill_tokens,
+                    hashes,
+                    blocks,
+                    cursor,
+                    ..
+                } => {
+                    self.load.on_routed_prefix(
+                        key.clone(),
+                        &worker,
+                        prefill_tokens,
+                        &hashes,
+                        blocks,
+                        now,
+                    );
+                    self.peer_placed.insert(key, from.to_owned());
+                    if self.ensure_selector(policy).is_ok()
+                        && let Some(s) = self.selectors.get_mut(&policy)
+                    {
+                        s.follow_cursor(cursor);
+                    }
+                }
+                load::LoadChange::FirstToken { .. } => {
+                    self.load.on_first_token(&key, now);
+                }
+                load::LoadChange::Finished { .. } => {
+                    self.peer_placed.remove(&key);
+                    self.load.on_finished(&key);
+                }
+            }
+        }
     }
 
     /// KV events of the workers ([`RouterMsg::KvEvents`]).
@@ -373,6 +495,9 @@ impl RouterState {
         let Some(selector) = self.selectors.get_mut(&policy) else {
             return Ok(None);
         };
+        if self.share_load && !self.peers.is_empty() {
+            selector.spread_next(spread_of(&key));
+        }
         let Some(mut d) = selector.select(
             &live,
             &req.seq_hashes,
@@ -410,13 +535,26 @@ impl RouterState {
             }
         }
         self.load.on_routed_prefix(
-            key,
+            key.clone(),
             &d.worker,
             d.uncached_tokens,
             &req.seq_hashes,
             d.request_blocks,
             now,
         );
+        self.peer_placed.remove(&key);
+        if self.share_load {
+            self.shared.push(load::LoadChange::Routed {
+                node: key.node,
+                request: key.request,
+                worker: d.worker.clone(),
+                policy,
+                prefill_tokens: d.uncached_tokens,
+                hashes: req.seq_hashes.clone(),
+                blocks: d.request_blocks,
+                cursor: selector.cursor(),
+            });
+        }
         let w = d.worker.to_string();
         metrics::counter!("flotilla_router_placements_total", "worker" => w.clone(), "policy" => d.policy.as_str(), "hand_off" => if hand_off { "true" } else { "false" })
             .increment(1);
@@ -533,9 +671,15 @@ impl Actor for Router {
         myself: ActorRef<Self::Msg>,
         args: RouterArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let state = RouterState::new(args).map_err(|e| e.to_string())?;
+        let mut state = RouterState::new(args).map_err(|e| e.to_string())?;
+        for c in ractor::pg::get_members(&ROUTER_GROUP.to_owned()) {
+            if let Some(name) = c.get_name() {
+                state.router_joined(&name);
+            }
+        }
         ractor::pg::join(ROUTER_GROUP.to_owned(), vec![myself.get_cell()]);
         ractor::pg::monitor(SCHEDULER_GROUP.to_owned(), myself.get_cell());
+        ractor::pg::monitor(ROUTER_GROUP.to_owned(), myself.get_cell());
         myself.send_interval(std::time::Duration::from_secs(1), || {
             RouterMsg::Tick(Wire::encode(&()))
         });
@@ -544,7 +688,7 @@ impl Actor for Router {
 
     async fn handle_supervisor_evt(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         event: ractor::SupervisionEvent,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
@@ -558,6 +702,24 @@ impl Actor for Router {
                     state.bus.emit(FleetEventKind::WorkerDown { worker: w });
                 }
                 state.publish_queues();
+            }
+            E::ProcessGroupChanged(ractor::pg::GroupChangeMessage::Leave(_, group, gone))
+                if group == ROUTER_GROUP =>
+            {
+                for name in gone.iter().filter_map(ractor::ActorCell::get_name) {
+                    let dropped = state.router_left(&name);
+                    tracing::info!(router = %name, dropped, "router left; its placements forgotten");
+                }
+                state.publish_queues();
+            }
+            E::ProcessGroupChanged(ractor::pg::GroupChangeMessage::Join(_, group, came))
+                if group == ROUTER_GROUP =>
+            {
+                for name in came.iter().filter_map(ractor::ActorCell::get_name) {
+                    if Some(&name) != myself.get_name().as_ref() {
+                        state.router_joined(&name);
+                    }
+                }
             }
             E::ProcessGroupChanged(ractor::pg::GroupChangeMessage::Join(_, group, came))
                 if group == SCHEDULER_GROUP =>
@@ -573,7 +735,7 @@ impl Actor for Router {
 
     async fn handle(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
@@ -590,14 +752,17 @@ impl Actor for Router {
             }
             RouterMsg::FirstToken(wire) => {
                 if let Ok((node, request)) = wire.decode() {
-                    state
-                        .load
-                        .on_first_token(&RequestKey::new(node, request), now);
+                    state.on_first_token(node, request, now);
                 }
             }
             RouterMsg::Release(wire) => {
                 if let Ok((node, request)) = wire.decode() {
-                    state.load.on_finished(&RequestKey::new(node, request));
+                    state.on_release(node, request);
+                }
+            }
+            RouterMsg::PeerLoad(wire) => {
+                if let Ok((from, changes)) = wire.decode() {
+                    state.on_peer_load(&from, changes, now);
                 }
             }
             RouterMsg::KvEvents(wire) => {
@@ -612,6 +777,7 @@ impl Actor for Router {
             }
             RouterMsg::Tick(_) => state.tick(now),
         }
+        tell_peers(&myself, state.take_shared());
         if changes_load {
             state.publish_queues();
         }
@@ -627,6 +793,42 @@ impl Actor for Router {
             q.clear();
         }
         Ok(())
+    }
+}
+
+/// A tie offset drawn from the request (splitmix64's finaliser over its id and node), for
+/// [`Selector::spread_next`].
+fn spread_of(key: &RequestKey) -> u64 {
+    let mut z = key.request.0 ^ xxhash_rust::xxh3::xxh3_64(key.node.as_str().as_bytes());
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Casts `changes` (this router's, `router.share_load`) to every other router in
+/// [`ROUTER_GROUP`], once per router per batch. A router that is gone is skipped: its
+/// placements are forgotten by the others when it leaves the group.
+fn tell_peers(myself: &ActorRef<RouterMsg>, changes: Vec<load::LoadChange>) {
+    if changes.is_empty() {
+        return;
+    }
+    let Some(name) = myself.get_name() else {
+        return;
+    };
+    let peers: Vec<ActorRef<RouterMsg>> = ractor::pg::get_members(&ROUTER_GROUP.to_owned())
+        .into_iter()
+        .filter(|c| c.get_id() != myself.get_id())
+        .map(Into::into)
+        .collect();
+    if peers.is_empty() {
+        return;
+    }
+    let wire = Wire::encode(&(name, changes));
+    for p in peers {
+        if p.cast(RouterMsg::PeerLoad(wire.clone())).is_err() {
+            metrics::counter!("flotilla_router_peer_sync_failures_total").increment(1);
+        }
     }
 }
 
@@ -731,9 +933,177 @@ mod tests {
             queues: None,
             bus: Default::default(),
             relay: None,
+            share_load: true,
         })
         .unwrap();
         (state, clock, workers)
+    }
+
+    /// Stored events: worker `w{i % 8}` holds the first `4 + i % 5` blocks of prefix `i`
+    /// (prefix `i`'s block `b` has sequence hash `1000 i + b`), one event per prefix, ids
+    /// counting per worker.
+    fn fleet_events(prefixes: u64) -> Vec<KvEvent> {
+        use crate::kv::{KvEventData, StoredBlock, Tier};
+        let mut next: HashMap<u64, u64> = HashMap::new();
+        (0..prefixes)
+            .map(|i| {
+                let id = next.entry(i % 8).or_insert(0);
+                *id += 1;
+                KvEvent {
+                    worker: WorkerId::new(format!("w{}", i % 8)),
+                    event_id: EventId(*id),
+                    tier: Tier::Device,
+                    data: KvEventData::Stored {
+                        parent: None,
+                        blocks: (0..4 + i % 5)
+                            .map(|b| StoredBlock {
+                                seq_hash: crate::runtime::ids::SequenceHash(1000 * i + b),
+                                block_hash: crate::runtime::ids::BlockHash(1000 * i + b),
+                            })
+                            .collect(),
+                    },
+                }
+            })
+            .collect()
+    }
+
+    /// Request `n`: 12 blocks, the first `n % 9` of prefix `n % 13`, the rest its own.
+    fn prefix_req(n: u64) -> RouteRequest {
+        let p = n % 13;
+        let shared = n % 9;
+        let hashes = (0..12)
+            .map(|b| {
+                let h = if b < shared {
+                    1000 * p + b
+                } else {
+                    1_000_000 * (n + 1) + b
+                };
+                crate::runtime::ids::SequenceHash(h)
+            })
+            .collect();
+        RouteRequest {
+            prompt_tokens: 12 * 16,
+            seq_hashes: hashes,
+            ..req(n)
+        }
+    }
+
+    /// Routers `rs` take requests in turn and tell each other every change at once: each
+    /// placement must be the one a single router taking them all makes.
+    fn shared_routers_place_like_one(policy: Policy) {
+        let all: Vec<String> = (0..8).map(|i| format!("w{i}")).collect();
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        let (mut one, _, w1) = router(policy);
+        w1.set(&all, &all);
+        // It stands for routers that know of each other (ties spread by request).
+        one.router_joined("r-other");
+        let mut rs: Vec<RouterState> = (0..4)
+            .map(|k| {
+                let (mut r, _, w) = router(policy);
+                w.set(&all, &all);
+                for other in (0..4).filter(|o| *o != k) {
+                    r.router_joined(&format!("r{other}"));
+                }
+                r
+            })
+            .collect();
+        let events = fleet_events(13);
+        one.kv_events(events.clone());
+        for r in &mut rs {
+            r.kv_events(events.clone());
+        }
+        let mut spread = std::collections::HashSet::new();
+        for n in 0..200u64 {
+            let k = (n % 4) as usize;
+            let expect = one.place(prefix_req(n)).unwrap().unwrap();
+            let got = rs[k].place(prefix_req(n)).unwrap().unwrap();
+            assert_eq!(got, expect, "request {n} on router {k}");
+            spread.insert(got.worker.clone());
+            // Some requests end, some see their first token, through the router that placed
+            // them (FirstToken and Release go to the request's router).
+            let node = NodeId::new("gw");
+            if n % 3 == 0 {
+                one.first_token(node.clone(), RequestId(n));
+                rs[k].first_token(node.clone(), RequestId(n));
+            }
+            if n >= 5 && n % 2 == 0 {
+                one.release(node.clone(), RequestId(n - 5));
+                rs[((n - 5) % 4) as usize].release(node, RequestId(n - 5));
+            }
+            for from in 0..rs.len() {
+                let changes = rs[from].take_shared();
+                for (to, r) in rs.iter_mut().enumerate() {
+                    if to != from {
+                        r.peer_load(&format!("r{from}"), changes.clone());
+                    }
+                }
+            }
+        }
+        assert!(
+            spread.len() >= 4,
+            "the workload exercises the load, not one worker"
+        );
+        for r in &rs {
+            assert_eq!(
+                r.placed(),
+                one.placed(),
+                "every router counts every placement"
+            );
+        }
+    }
+
+    #[test]
+    fn routers_that_share_their_load_place_like_one_router() {
+        shared_routers_place_like_one(Policy::Kv);
+        shared_routers_place_like_one(Policy::DynamoKv);
+        shared_routers_place_like_one(Policy::LeastLoaded);
+        shared_routers_place_like_one(Policy::RoundRobin);
+    }
+
+    #[test]
+    fn routers_that_do_not_share_their_load_pile_onto_the_same_idle_worker() {
+        let all = ["w0", "w1", "w2", "w3"];
+        let mut rs: Vec<RouterState> = (0..4)
+            .map(|_| {
+                let (mut r, _, w) = router(Policy::Kv);
+                r.share_load = false;
+                w.set(&all, &all);
+                r
+            })
+            .collect();
+        // Four cold requests, one per router, nothing cached: each router sees an idle
+        // fleet and takes the first worker.
+        let picks: std::collections::HashSet<WorkerId> = (0..4)
+            .map(|k| rs[k].place(req(k as u64)).unwrap().unwrap().worker)
+            .collect();
+        assert_eq!(picks.len(), 1, "independent routers collide: {picks:?}");
+        assert!(rs.iter_mut().all(|r| r.take_shared().is_empty()));
+    }
+
+    #[test]
+    fn a_router_that_leaves_takes_its_placements_with_it() {
+        let (mut a, _, wa) = router(Policy::LeastLoaded);
+        let (mut b, _, wb) = router(Policy::LeastLoaded);
+        wa.set(&["w0", "w1"], &["w0", "w1"]);
+        wb.set(&["w0", "w1"], &["w0", "w1"]);
+        let p = a.place(req(1)).unwrap().unwrap();
+        b.peer_load("ra", a.take_shared());
+        assert_eq!(b.load.in_flight(&p.worker), 1, "b counts a's placement");
+        // b's own next pick avoids the busy worker.
+        let q = b.place(req(2)).unwrap().unwrap();
+        assert_ne!(q.worker, p.worker);
+        // A release through b of a's request is told to a too.
+        b.release(NodeId::new("gw"), RequestId(1));
+        a.peer_load("rb", b.take_shared());
+        assert_eq!(a.load.in_flight(&p.worker), 0);
+        assert_eq!(a.load.in_flight(&q.worker), 1, "b's placement reached a");
+        // b leaves: a forgets what b placed, and only that.
+        let (mut c, _, wc) = router(Policy::LeastLoaded);
+        wc.set(&["w0", "w1"], &["w0", "w1"]);
+        c.place(req(3)).unwrap();
+        a.peer_load("rc", c.take_shared());
+        assert_eq!(a.router_left("rb"), 1);
+        assert_eq!(a.placed(), 1, "c's placement stays");
     }
 
     fn req(n: u64) -> RouteRequest {

@@ -15,8 +15,11 @@
 //! configuration key with `--set section.field=value` (as `flotilla up` takes them; the engine
 //! is always the sim engine, its profile `worker.sim_profile` or the built-in H100 one) or a
 //! `--config` file. `--compare KEY=V1,V2,…` runs the workload once per value of any
-//! configuration key, or of `workers`; a value `V+KEY2=V2+…` sets further keys in that run
-//! (`--compare worker.kv_host_blocks=0,8192,8192+worker.kv_disk_blocks=32768`). The token ids of prompts are those `flotilla bench`
+//! configuration key, or of `workers` or `routers`; a value `V+KEY2=V2+…` sets further keys in
+//! that run (`--compare worker.kv_host_blocks=0,8192,8192+worker.kv_disk_blocks=32768`).
+//! `--routers N` runs N routers, each request sent to one of them (drawn from its id), every
+//! one applying every KV event and, with `router.share_load`, the others' load changes after
+//! `--net-delay-ms` (`--compare routers=1,2,4,8,8+router.share_load=false`). The token ids of prompts are those `flotilla bench`
 //! sends (the same `--salt` gives the same prompts; the default salt here is 0, not random, so
 //! that runs repeat). A chat workload (`--dataset sharegpt`) is rendered through the model's
 //! chat template and tokenizer, as the gateway renders it (`--model`).
@@ -99,8 +102,10 @@ pub struct SimArgs {
     /// Set a configuration value, `section.field=value` (repeatable).
     #[arg(long = "set")]
     pub set: Vec<String>,
-    /// Run once per value of a configuration key (`router.policy=kv,round_robin`) or of
-    /// `workers` (`workers=16,64,256`); a value `V+KEY2=V2+…` sets further keys in its run.
+    /// Run once per value of a configuration key (`router.policy=kv,round_robin`), of
+    /// `workers` (`workers=16,64,256`), `routers`, `planner` or `kill_rate`; a value
+    /// `V+KEY2=V2+…` sets further configuration keys in its run
+    /// (`routers=1,8,8+router.share_load=false`).
     #[arg(long)]
     pub compare: Option<String>,
     /// The model whose facts the workers take (context, vocabulary, block-hash salt)
@@ -110,9 +115,15 @@ pub struct SimArgs {
     /// Delay of KV events from a worker to the router (ms).
     #[arg(long, default_value_t = 1.0)]
     pub kv_event_delay_ms: f64,
-    /// Delay of token events from a worker to the gateway (ms).
+    /// Delay of token events from a worker to the gateway, and of a router's load changes to
+    /// the other routers (ms).
     #[arg(long, default_value_t = 0.2)]
     pub net_delay_ms: f64,
+    /// Routers, each a router node of the live fleet: every one applies every KV event, and
+    /// each request is sent to one of them (clients spread over gateways); with
+    /// `router.share_load` (default) they count each other's placements.
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub routers: usize,
     /// Kill worker WORKER at AT_S seconds of simulated time: `AT_S:WORKER` (repeatable).
     /// Workers are numbered from 0: the aggregated ones, then prefill, then decode.
     #[arg(long, value_name = "AT_S:WORKER")]
@@ -412,11 +423,12 @@ pub fn parse_rates(a: &SimArgs) -> anyhow::Result<FaultRates> {
 }
 
 /// One run of a `--compare` (or the only one): its label and what it changes.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 struct SimVariant {
     label: String,
     set: Option<String>,
     workers: Option<usize>,
+    routers: Option<usize>,
     planner: Option<PlannerChoice>,
     kill_rate: Option<f64>,
 }
@@ -425,10 +437,7 @@ fn variants(a: &SimArgs, name: &str) -> anyhow::Result<Vec<SimVariant>> {
     let Some(spec) = &a.compare else {
         return Ok(vec![SimVariant {
             label: name.to_owned(),
-            set: None,
-            workers: None,
-            planner: None,
-            kill_rate: None,
+            ..SimVariant::default()
         }]);
     };
     let (key, values) = spec
@@ -445,64 +454,60 @@ fn variants(a: &SimArgs, name: &str) -> anyhow::Result<Vec<SimVariant>> {
         .iter()
         .map(|v| {
             let label = format!("{key}={v}");
-            if key == "workers" {
+            // `V+KEY2=V2+…`: one run that also sets further configuration keys.
+            let mut parts = v.split('+').map(str::trim);
+            let v = parts.next().unwrap_or_default();
+            let mut set = Vec::new();
+            for extra in parts {
                 ensure!(
-                    a.prefill.is_none() && a.decode.is_none(),
-                    "--compare workers=…: sizes an aggregated fleet; it cannot be combined with \
-                     --prefill/--decode (compare worker.… keys, or run each split)"
+                    extra.contains('='),
+                    "--compare {label}: expected VALUE+KEY=VALUE+… in a value"
                 );
-                let n: usize = v
-                    .parse()
-                    .with_context(|| format!("--compare {label}: not a worker count"))?;
-                Ok(SimVariant {
-                    label,
-                    set: None,
-                    workers: Some(n),
-                    planner: None,
-                    kill_rate: None,
-                })
-            } else if key == "planner" {
-                let p = PlannerChoice::parse(v).with_context(|| format!("--compare {label}"))?;
-                Ok(SimVariant {
-                    label,
-                    set: None,
-                    workers: None,
-                    planner: Some(p),
-                    kill_rate: None,
-                })
-            } else if key == "kill_rate" {
-                let r: f64 = v
-                    .parse()
-                    .ok()
-                    .filter(|r: &f64| r.is_finite() && *r >= 0.0)
-                    .with_context(|| format!("--compare {label}: not a rate ≥ 0"))?;
-                Ok(SimVariant {
-                    label,
-                    set: None,
-                    workers: None,
-                    planner: None,
-                    kill_rate: Some(r),
-                })
-            } else {
-                // `V+KEY2=V2+…`: one run that sets several keys.
-                let mut parts = v.split('+').map(str::trim);
-                let first = parts.next().unwrap_or_default();
-                let mut set = vec![format!("{key}={first}")];
-                for extra in parts {
-                    ensure!(
-                        extra.contains('='),
-                        "--compare {label}: expected VALUE+KEY=VALUE+… in a value"
-                    );
-                    set.push(extra.to_owned());
-                }
-                Ok(SimVariant {
-                    set: Some(set.join("\n")),
-                    label,
-                    workers: None,
-                    planner: None,
-                    kill_rate: None,
-                })
+                set.push(extra.to_owned());
             }
+            let mut run = SimVariant {
+                label: label.clone(),
+                ..SimVariant::default()
+            };
+            match key {
+                "workers" => {
+                    ensure!(
+                        a.prefill.is_none() && a.decode.is_none(),
+                        "--compare workers=…: sizes an aggregated fleet; it cannot be combined \
+                         with --prefill/--decode (compare worker.… keys, or run each split)"
+                    );
+                    run.workers = Some(
+                        v.parse()
+                            .with_context(|| format!("--compare {label}: not a worker count"))?,
+                    );
+                }
+                "routers" => {
+                    run.routers = Some(
+                        v.parse()
+                            .ok()
+                            .filter(|n: &usize| *n >= 1)
+                            .with_context(|| {
+                                format!("--compare {label}: not a router count ≥ 1")
+                            })?,
+                    );
+                }
+                "planner" => {
+                    run.planner = Some(
+                        PlannerChoice::parse(v).with_context(|| format!("--compare {label}"))?,
+                    );
+                }
+                "kill_rate" => {
+                    run.kill_rate = Some(
+                        v.parse()
+                            .ok()
+                            .filter(|r: &f64| r.is_finite() && *r >= 0.0)
+                            .with_context(|| format!("--compare {label}: not a rate ≥ 0"))?,
+                    );
+                }
+                _ => set.insert(0, format!("{key}={v}")),
+            }
+            run.set = (!set.is_empty()).then(|| set.join("\n"));
+            Ok(run)
         })
         .collect()
 }
@@ -626,6 +631,7 @@ fn spec(
         model,
         kv_event_delay,
         net_delay,
+        routers: a.routers,
         restart_delay: (a.restart_ms > 0).then(|| Duration::from_millis(a.restart_ms)),
     })
 }
@@ -837,6 +843,7 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
             );
         }
         let mut s = spec(&a, config, v.workers, choice, &faults)?;
+        s.routers = v.routers.unwrap_or(a.routers);
         let mut these = faults.clone();
         if rates.any() {
             let Some(o) = &offsets else {

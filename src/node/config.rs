@@ -144,6 +144,11 @@ pub struct RouterConfig {
     /// Fewest blocks a placement's fetch hint names beyond what the chosen worker holds
     /// (default 4).
     pub pull_min_blocks: u32,
+    /// Several routers (nodes with the router role) tell each other every change to the
+    /// load they put on the workers and count each other's (default true; false: each
+    /// counts only its own placements, as independent routers do). The prefix index is
+    /// shared either way: every router applies every worker's KV events.
+    pub share_load: bool,
     /// Engines outside Flotilla (vLLM-compatible servers, or another fleet's `worker.http`
     /// faces) that this node's router places requests on, as workers `<node>/<name>`
     /// (`worker::external`). Read by router nodes, which need the gateway role too; other
@@ -166,6 +171,7 @@ impl Default for RouterConfig {
             tier_credit_disk: 0.25,
             pull_credit: crate::request_plane::router::policy::PeerPull::DEFAULT_CREDIT,
             pull_min_blocks: crate::request_plane::router::policy::PeerPull::DEFAULT_MIN_BLOCKS,
+            share_load: true,
             external_workers: Vec::new(),
         }
     }

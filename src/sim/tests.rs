@@ -40,6 +40,7 @@ fn spec(workers: usize) -> SimSpec {
         },
         kv_event_delay: Duration::from_millis(1),
         net_delay: Duration::from_micros(200),
+        routers: 1,
         planner: None,
         restart_delay: Some(Duration::from_secs(2)),
     }
@@ -270,7 +271,7 @@ fn the_simulator_shares_the_live_decision_code() {
     let src = include_str!("world.rs");
     for shared in [
         "RouterState::new(",
-        ".router\n                    .place(",
+        ".place(route)",
         "RequestCore::new(",
         "WorkerCore::new(",
         "SchedulerCore::new(",
@@ -779,5 +780,33 @@ fn a_fork_burst_pulls_the_prefix_from_its_holder_and_a_killed_holder_loses_nothi
         pp.asked,
         pp.pulled + pp.failed + pp.moot,
         "every ask settled: {pp:?}"
+    );
+}
+
+/// Four routers sharing their load, each request sent to one of them, with a worker killed
+/// mid-run: nothing is lost or left over (every router's placements end, every router's
+/// index equals the pools), and the prefix hits are those of one router.
+#[test]
+fn four_routers_lose_nothing_and_hit_the_cache_like_one() {
+    let w = sessions();
+    let kill = [SimFault::Kill {
+        at: Duration::from_millis(150),
+        worker: 0,
+    }];
+    let one = run(spec(3), &w, offsets(24, 0.02), &kill);
+    let mut four = spec(3);
+    four.routers = 4;
+    let four = run(four, &w, offsets(24, 0.02), &kill);
+    for out in [&one, &four] {
+        assert_conserved(out, 72);
+        assert!(out.records.iter().all(|r| r.ok && r.output_tokens == 24));
+    }
+    let cached = |o: &SimOutcome| -> u64 { o.records.iter().filter_map(|r| r.cached_tokens).sum() };
+    assert!(cached(&one) > 0);
+    assert!(
+        cached(&four) as f64 >= 0.98 * cached(&one) as f64,
+        "four routers {} against one {}",
+        cached(&four),
+        cached(&one)
     );
 }

@@ -89,8 +89,13 @@ pub struct SimSpec {
     pub model: ModelFacts,
     /// Delay of a KV event batch from a worker to the router.
     pub kv_event_delay: Duration,
-    /// Delay of token events from a worker to the gateway.
+    /// Delay of token events from a worker to the gateway, and of one router's load changes
+    /// to the others.
     pub net_delay: Duration,
+    /// Routers (≥ 1), each applying every KV event; each request goes to one of them, drawn
+    /// from its id (clients spread over several gateways). With `router.share_load` they
+    /// tell each other their load changes after `net_delay`.
+    pub routers: usize,
     /// How long a killed replica takes to come back (`None`: it stays down).
     pub restart_delay: Option<Duration>,
     /// The planner in the loop (`None`: the fleet keeps its size).
@@ -429,6 +434,12 @@ enum Ev {
     CapacityCheck,
     /// Worker `.0`'s cold start (asked for in generation `.1`) is over: it boots.
     Ready(usize, u32),
+    /// Router `.1`'s load changes reach router `.0`.
+    LoadSync(
+        usize,
+        usize,
+        Vec<crate::request_plane::router::load::LoadChange>,
+    ),
 }
 
 /// Where a worker slot is in its life.
@@ -539,7 +550,7 @@ pub struct SimFleet<'w> {
     heap: BinaryHeap<Scheduled>,
     seq: u64,
     groups: Arc<Groups>,
-    router: RouterState,
+    routers: Vec<RouterState>,
     workers: Vec<SimWorker>,
     index: HashMap<WorkerId, usize>,
     engine: SimEngineArgs,
@@ -591,12 +602,22 @@ impl<'w> SimFleet<'w> {
         let start = clock.now();
         let groups = Arc::new(Groups::default());
         let c = &spec.config;
+        anyhow::ensure!(spec.routers >= 1, "--routers: at least one router");
         let mut router_args = RouterArgs::new(c.selector_config());
         router_args.clock = shared.clone();
         router_args.workers = groups.clone();
         router_args.disagg = DisaggRouting::from(&c.disagg);
-        let router = RouterState::new(router_args)
+        router_args.share_load = c.router.share_load;
+        let routers = (0..spec.routers)
+            .map(|_| RouterState::new(router_args.clone()))
+            .collect::<Result<Vec<_>, _>>()
             .map_err(|e| anyhow::anyhow!("configuration: router: {e}"))?;
+        let mut routers = routers;
+        for (k, r) in routers.iter_mut().enumerate() {
+            for other in (0..spec.routers).filter(|&o| o != k) {
+                r.router_joined(&format!("sim-router-{other}"));
+            }
+        }
         let block_size = c.worker.block_size_tokens;
         let blocks = c.worker.kv_blocks_with(Some(&spec.profile));
         let engine = SimEngineArgs {
@@ -642,7 +663,7 @@ impl<'w> SimFleet<'w> {
             heap: BinaryHeap::new(),
             seq: 0,
             groups,
-            router,
+            routers,
             workers: Vec::new(),
             index: HashMap::new(),
             requests: HashMap::new(),
@@ -874,7 +895,7 @@ impl<'w> SimFleet<'w> {
                 self.out.records.push(rec);
             }
         }
-        self.out.leftovers.placed = self.router.placed();
+        self.out.leftovers.placed = self.routers.iter().map(RouterState::placed).sum();
         self.out.leftovers.listening = self.listening.len();
         for w in &self.workers {
             if let Some(core) = &w.core {
@@ -893,8 +914,9 @@ impl<'w> SimFleet<'w> {
                     sum.copy_failures += c.copy_failures;
                     sum.corrupt += c.corrupt;
                 }
-                self.out.counters.index_mismatches +=
-                    index_mismatches(self.router.index(), &w.id, pool);
+                for r in &self.routers {
+                    self.out.counters.index_mismatches += index_mismatches(r.index(), &w.id, pool);
+                }
             }
         }
         let end = self.last_completion.unwrap_or(now);
@@ -938,7 +960,9 @@ impl<'w> SimFleet<'w> {
         // A new incarnation starts with an empty pool: the router forgets the old one's
         // blocks (and any of its KV events that arrived after it died).
         let id = self.workers[i].id.clone();
-        self.router.worker_left(&id);
+        for r in &mut self.routers {
+            r.worker_left(&id);
+        }
         let w = &mut self.workers[i];
         w.incarnation += 1;
         let pool = BlockPool::new(self.blocks, self.engine.block_size, self.spec.model.salt)
@@ -1042,7 +1066,17 @@ impl<'w> SimFleet<'w> {
                     self.mark_request(rid);
                 }
             }
-            Ev::KvEvents(events) => self.router.kv_events(events),
+            Ev::KvEvents(events) => {
+                if let Some((last, rest)) = self.routers.split_last_mut() {
+                    for r in rest {
+                        r.kv_events(events.clone());
+                    }
+                    last.kv_events(events);
+                }
+            }
+            Ev::LoadSync(to, from, changes) => {
+                self.routers[to].peer_load(&format!("sim-router-{from}"), changes);
+            }
             Ev::Tokens(events) => {
                 for ev in events {
                     if let Some(rid) = self.listening.get(&ev.request).copied()
@@ -1261,7 +1295,9 @@ impl<'w> SimFleet<'w> {
         w.ping_parked = false;
         let id = w.id.clone();
         self.groups.leave_all(&id);
-        self.router.worker_left(&id);
+        for r in &mut self.routers {
+            r.worker_left(&id);
+        }
         self.views[i].state = NodeState::Down;
         self.account(i, now);
         if had_core {
@@ -1347,7 +1383,9 @@ impl<'w> SimFleet<'w> {
         self.out.counters.kills += 1;
         let id = self.workers[i].id.clone();
         self.groups.leave_all(&id);
-        self.router.worker_left(&id);
+        for r in &mut self.routers {
+            r.worker_left(&id);
+        }
         self.views[i].state = NodeState::Down;
         self.fleet_event(FleetEventKind::WorkerDown { worker: id.clone() });
         let mut lost: Vec<(RequestId, RequestId)> = self
@@ -1599,6 +1637,31 @@ impl<'w> SimFleet<'w> {
         }
     }
 
+    /// The router request `rid` asks (a client's gateway): drawn from its id, so runs
+    /// repeat.
+    fn router_of(&self, rid: RequestId) -> usize {
+        let n = self.routers.len() as u64;
+        if n == 1 {
+            return 0;
+        }
+        // splitmix64's finaliser spreads consecutive ids.
+        let mut z = rid.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) % n) as usize
+    }
+
+    /// Router `k`'s load changes reach the other routers after `net_delay`.
+    fn share_load(&mut self, k: usize) {
+        let changes = self.routers[k].take_shared();
+        if changes.is_empty() || self.routers.len() == 1 {
+            return;
+        }
+        for to in (0..self.routers.len()).filter(|&to| to != k) {
+            self.schedule_in(self.spec.net_delay, Ev::LoadSync(to, k, changes.clone()));
+        }
+    }
+
     fn drive_request(&mut self, rid: RequestId) {
         let Some(r) = self.requests.get_mut(&rid) else {
             return;
@@ -1612,10 +1675,11 @@ impl<'w> SimFleet<'w> {
     fn request_effect(&mut self, rid: RequestId, effect: RequestEffect) {
         match effect {
             RequestEffect::Route(route) => {
-                let pick = self
-                    .router
+                let k = self.router_of(rid);
+                let pick = self.routers[k]
                     .place(route)
                     .map_err(|_| RequestError::RouterReply);
+                self.share_load(k);
                 if let Some(r) = self.requests.get_mut(&rid) {
                     r.core.picked(pick);
                 }
@@ -1651,8 +1715,16 @@ impl<'w> SimFleet<'w> {
                     self.worker_result(i, r);
                 }
             }
-            RequestEffect::ReleasePlacement((node, id)) => self.router.release(node, id),
-            RequestEffect::FirstToken((node, id)) => self.router.first_token(node, id),
+            RequestEffect::ReleasePlacement((node, id)) => {
+                let k = self.router_of(rid);
+                self.routers[k].release(node, id);
+                self.share_load(k);
+            }
+            RequestEffect::FirstToken((node, id)) => {
+                let k = self.router_of(rid);
+                self.routers[k].first_token(node, id);
+                self.share_load(k);
+            }
             RequestEffect::AskHas { worker, key } => {
                 let has = self
                     .index

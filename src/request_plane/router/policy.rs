@@ -580,6 +580,8 @@ pub struct Selector {
     tiers: TierSet,
     rng: StdRng,
     cursor: u64,
+    /// Added to the cursor for the next decision only ([`Selector::spread_next`]).
+    spread: u64,
     cache: LiveCache,
 }
 
@@ -624,6 +626,7 @@ impl Selector {
             config,
             tiers: TierSet::ALL,
             cursor: 0,
+            spread: 0,
             cache: LiveCache::default(),
         })
     }
@@ -637,6 +640,26 @@ impl Selector {
     /// The settings.
     pub fn config(&self) -> &SelectorConfig {
         &self.config
+    }
+
+    /// The rotating cursor that breaks ties (module docs, "Ties and temperature").
+    pub fn cursor(&self) -> u64 {
+        self.cursor
+    }
+
+    /// Moves the cursor to where another router's selector left it after its decision, so
+    /// routers that share their load (`router.share_load`) break the next tie alike.
+    pub fn follow_cursor(&mut self, cursor: u64) {
+        self.cursor = cursor;
+    }
+
+    /// The next decision breaks a tie at `cursor + offset` instead of `cursor` (the cursor
+    /// still advances by one). Routers that share their load pass an offset drawn from the
+    /// request, so requests placed at once by different routers — which see the same loads
+    /// and the same cursor — spread over tied workers instead of all taking the same one,
+    /// while any router given the same request and state still picks the same worker.
+    pub fn spread_next(&mut self, offset: u64) {
+        self.spread = offset;
     }
 
     /// Picks one of `live` for a request of `prompt_tokens` tokens whose full blocks have the
@@ -832,7 +855,8 @@ impl Selector {
     /// the one under the rotating cursor; advances the cursor.
     fn take_turn(&mut self, live: &[WorkerId], candidates: Vec<usize>) -> usize {
         let sorted = sorted_unique(live, candidates);
-        let i = sorted[(self.cursor % sorted.len() as u64) as usize];
+        let turn = self.cursor.wrapping_add(std::mem::take(&mut self.spread));
+        let i = sorted[(turn % sorted.len() as u64) as usize];
         self.cursor = self.cursor.wrapping_add(1);
         i
     }

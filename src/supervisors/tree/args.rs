@@ -72,6 +72,7 @@ pub(super) fn router(ctx: &NodeContext) -> RouterArgs {
     .then(|| ctx.prefill_queues.clone());
     args.bus = ctx.events.clone();
     args.relay = Some(ctx.name("kv_event_relay"));
+    args.share_load = ctx.config.router.share_load;
     args
 }
 
