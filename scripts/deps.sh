@@ -7,7 +7,9 @@ set -euo pipefail
 # - libucx-dev: UCX, the KV transport's fast path. The binary loads libucp.so.0 at run time
 #   (src/transport/ucx/sys.rs holds bindings generated from these headers), so building needs
 #   neither it nor libclang; without it the transport falls back to TCP and the UCX tests skip.
-pkgs=(libucx-dev)
+# - haproxy: tests/gateways.rs runs deploy/haproxy/haproxy.cfg in front of two gateways
+#   (skipped without it).
+pkgs=(libucx-dev haproxy)
 need=()
 command -v python3 >/dev/null || need+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)

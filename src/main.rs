@@ -51,9 +51,15 @@ enum Cmd {
 
 #[derive(Args)]
 struct UpArgs {
-    /// Number of node processes (node 0: gateway + router; the others: workers).
+    /// Number of node processes (node 0: gateway + router; the others: workers), not counting
+    /// the extra gateways of `--gateways`.
     #[arg(long, default_value_t = 3)]
     nodes: usize,
+    /// Gateway + router nodes: node 0 and N − 1 more, gateway k serving HTTP on the `--http`
+    /// port plus k (any of them serves any request; the routers share one prefix index and
+    /// their load).
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    gateways: usize,
     /// Model file served by the workers.
     #[arg(long, env = "FLOTILLA_MODEL")]
     model: Option<PathBuf>,
@@ -272,6 +278,7 @@ async fn main() -> std::process::ExitCode {
                 a.set
             },
             chaos: a.chaos,
+            gateways: a.gateways,
             restart: !a.no_restart,
             max_restarts: a.max_restarts,
             planner: a.planner,

@@ -1,13 +1,16 @@
 //! `flotilla up`: a local cluster of node processes on loopback.
 //!
 //! Node 0 runs the gateway and router roles; nodes 1.. run workers and join node 0 (with a
-//! single node, it runs every role). Every child gets a fresh random cookie, a free loopback
+//! single node, it runs every role). `--gateways N` adds N − 1 more gateway + router nodes
+//! (slots after the worker slots), gateway k serving HTTP on the `--http` port + k (port 0:
+//! any free port each); any of them serves any request, and the routers share their load
+//! (`router.share_load`). Every child gets a fresh random cookie, a free loopback
 //! cluster port and KV transport port (outside the ephemeral range, see `runtime::ports`; a
 //! node that finds one taken all the same exits with `PORT_TAKEN_EXIT` and `up` starts the
 //! cluster again on other ports, [`PORT_ATTEMPTS`] starts in all), and `PR_SET_PDEATHSIG` so
 //! it dies with this process even on SIGKILL. Once the
 //! gateway reports every node up, the summary is printed (and a machine-readable
-//! `FLOTILLA_UP {"gateway": URL}` line). A node that exits before that (HTTP port in use,
+//! `FLOTILLA_UP {"gateway": URL, "gateways": [URL, …]}` line). A node that exits before that (HTTP port in use,
 //! model missing, …) fails `up` at once: its own error is already on stderr, the other
 //! nodes are stopped and `up` returns an error naming the node. After start-up, a node that
 //! dies (crash, chaos `kill_node`) is started again under its name and joins the others; one
@@ -61,6 +64,8 @@ pub struct UpOptions {
     /// Run the planner on node 0 and reconcile its decisions (`--planner`): worker nodes
     /// started and drained to the desired counts (see [`reconcile`]).
     pub planner: bool,
+    /// Gateway + router nodes (≥ 1): node 0 and `gateways − 1` more (`--gateways`).
+    pub gateways: usize,
 }
 
 struct NodeProc {
@@ -119,10 +124,32 @@ struct Launch {
     transport_ports: Vec<u16>,
     /// `worker.role` of each node slot that sets one (slot 0: none).
     slot_roles: Vec<Option<crate::runtime::role::Role>>,
+    /// The extra gateway nodes' slots (after every worker slot).
+    gateway_slots: Vec<usize>,
     opts: UpOptions,
 }
 
 impl Launch {
+    /// Whether slot `i` runs a gateway (node 0 and the extra gateway slots).
+    fn is_gateway(&self, i: usize) -> bool {
+        i == 0 || self.gateway_slots.contains(&i)
+    }
+
+    /// The HTTP address gateway slot `i` is first started on: `--http`, its port + k for the
+    /// k-th extra gateway (port 0 stays 0: a free port each).
+    fn first_http(&self, i: usize) -> Option<SocketAddr> {
+        let k = if i == 0 {
+            0
+        } else {
+            1 + self.gateway_slots.iter().position(|&g| g == i)?
+        };
+        let mut addr = self.opts.http;
+        if addr.port() != 0 {
+            addr.set_port(addr.port().checked_add(u16::try_from(k).ok()?)?);
+        }
+        Some(addr)
+    }
+
     /// Start node `i`, joining `join`, serving HTTP on `http` (node 0); its ready line goes to
     /// `ready`, its other output to ours.
     fn spawn(
@@ -139,6 +166,7 @@ impl Launch {
             (0, 1, true) => "gateway,router,worker,planner",
             (0, _, false) => "gateway,router",
             (0, _, true) => "gateway,router,planner",
+            _ if self.is_gateway(i) => "gateway,router",
             _ => "worker",
         };
         let mut cmd = Command::new(&self.exe);
@@ -220,7 +248,7 @@ impl Launch {
 
 /// How the start-up phase of `up` ended.
 enum Startup {
-    /// Every node is up: the gateway URL and the fleet.
+    /// Every node is up: the first gateway's URL and the fleet.
     Formed((String, crate::cli::status::Fleet)),
     /// A node exited, or the cluster did not form in time.
     Failed(anyhow::Error),
@@ -349,7 +377,10 @@ async fn start_cluster(
     sigterm: &mut tokio::signal::unix::Signal,
 ) -> anyhow::Result<(Startup, Started)> {
     let exe = std::env::current_exe()?;
-    let slots = slot_roles.len().max(opts.nodes);
+    let worker_slots = slot_roles.len().max(opts.nodes);
+    let gateway_slots: Vec<usize> =
+        (worker_slots..worker_slots + opts.gateways.saturating_sub(1)).collect();
+    let slots = worker_slots + gateway_slots.len();
     // Two ports per node (cluster, KV transport), all picked before any is released so that
     // they differ, and outside the ephemeral range so that no `bind(:0)` takes one before its
     // node binds it (see `runtime::ports`); a node binds its own, so no node binds port 0.
@@ -366,11 +397,16 @@ async fn start_cluster(
         ports: ports.clone(),
         transport_ports,
         slot_roles: slot_roles.to_vec(),
+        gateway_slots: gateway_slots.clone(),
         opts: opts.clone(),
     };
-    for i in 0..opts.nodes {
+    let first: Vec<usize> = (0..opts.nodes)
+        .chain(gateway_slots.iter().copied())
+        .collect();
+    let total = first.len();
+    for i in first {
         let join = if i == 0 { vec![] } else { vec![seed.clone()] };
-        let http = (i == 0).then(|| opts.http.to_string());
+        let http = launch.first_http(i).map(|a| a.to_string());
         match launch.spawn(i, &join, http.as_deref(), &ready_tx) {
             Ok(child) => procs.push(NodeProc::started(i, child)),
             Err(e) => {
@@ -398,7 +434,7 @@ async fn start_cluster(
                     .iter()
                     .filter(|n| n.state == crate::control::discovery::membership::NodeState::Up)
                     .count();
-                if up >= opts.nodes {
+                if up >= total {
                     return Ok::<_, anyhow::Error>((gateway, fleet));
                 }
             }
@@ -484,10 +520,35 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
         ports,
         ready_tx,
     } = started;
+    // Every gateway node's bound HTTP address, by node name (a restarted one binds it again).
+    let mut gateway_http: std::collections::BTreeMap<String, String> = Default::default();
     let gateway_addr = match result {
         Startup::Formed((gateway, fleet)) => {
-            println!("Flotilla is up: {} node(s)", opts.nodes);
-            println!("gateway: {gateway}");
+            for n in &fleet.nodes {
+                if let Some(h) = &n.http_addr
+                    && n.roles.contains(&crate::runtime::role::NodeRole::Gateway)
+                {
+                    gateway_http.insert(n.id.to_string(), h.clone());
+                }
+            }
+            let urls: Vec<String> = (0..procs.len())
+                .filter_map(|k| {
+                    let p = procs.get(k)?;
+                    launch
+                        .is_gateway(p.index)
+                        .then(|| gateway_http.get(&p.name))?
+                })
+                .map(|h| format!("http://{h}"))
+                .collect();
+            println!(
+                "Flotilla is up: {} node(s)",
+                opts.nodes + opts.gateways.saturating_sub(1)
+            );
+            if urls.len() > 1 {
+                println!("gateways: {} (any serves any request)", urls.join(" "));
+            } else {
+                println!("gateway: {gateway}");
+            }
             println!("model:   {}", model.display());
             if gateway.trim_end_matches('/') != crate::cli::DEFAULT_GATEWAY {
                 // `flotilla status` and `flotilla chaos` default to DEFAULT_GATEWAY.
@@ -495,7 +556,10 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
             }
             println!();
             print!("{}", crate::cli::status::render(&fleet));
-            println!("{UP_PREFIX}{}", serde_json::json!({ "gateway": gateway }));
+            println!(
+                "{UP_PREFIX}{}",
+                serde_json::json!({ "gateway": gateway, "gateways": urls })
+            );
             println!("Ctrl-C stops the cluster.");
             gateway.trim_start_matches("http://").to_owned()
         }
@@ -520,7 +584,14 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     // a signal) is started again under the same name, joining the others; more than
     // `max_restarts` within RESPAWN_WINDOW and it stays down. A node that stops cleanly (it
     // drained after its own SIGTERM) stays stopped.
-    let gateway_http = gateway_addr;
+    let gateway_urls: Vec<String> = std::iter::once(gateway_addr.clone())
+        .chain(
+            gateway_http
+                .values()
+                .filter(|h| **h != gateway_addr)
+                .cloned(),
+        )
+        .collect();
     let mut reconciler = Reconciler {
         last_applied_ms: None,
         per_node: config.worker.replicas.max(1),
@@ -534,7 +605,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
                 if opts.planner && std::time::Instant::now() >= reconciler.next_at {
                     reconciler.next_at = std::time::Instant::now() + RECONCILE_EVERY;
                     reconciler
-                        .reconcile(&gateway_http, &mut procs, &launch, &ports, &ready_tx)
+                        .reconcile(&gateway_urls, &mut procs, &launch, &ports, &ready_tx)
                         .await;
                 }
                 for p in procs.iter_mut() {
@@ -569,8 +640,15 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
                     eprintln!("flotilla up: {} exited ({status}); starting it again", p.name);
                     p.restarts.push(now);
                     let join = peers(&ports, i);
-                    let http = (i == 0).then_some(gateway_http.as_str());
-                    match launch.spawn(i, &join, http, &ready_tx) {
+                    let http = if launch.is_gateway(i) {
+                        gateway_http
+                            .get(&p.name)
+                            .cloned()
+                            .or_else(|| launch.first_http(i).map(|a| a.to_string()))
+                    } else {
+                        None
+                    };
+                    match launch.spawn(i, &join, http.as_deref(), &ready_tx) {
                         Ok(child) => p.child = child,
                         Err(e) => eprintln!("flotilla up: cannot restart {}: {e}", node_name(i)),
                     }
@@ -626,13 +704,21 @@ struct Reconciler {
 impl Reconciler {
     async fn reconcile(
         &mut self,
-        gateway: &str,
+        gateways: &[String],
         procs: &mut Vec<NodeProc>,
         launch: &Launch,
         ports: &[u16],
         ready: &tokio::sync::mpsc::UnboundedSender<ReadyLine>,
     ) {
-        let Ok((fleet, _)) = crate::cli::status::fetch(gateway).await else {
+        // Any gateway will do: each publishes the same fleet view.
+        let mut fleet = None;
+        for g in gateways {
+            if let Ok((f, _)) = crate::cli::status::fetch(g).await {
+                fleet = Some(f);
+                break;
+            }
+        }
+        let Some(fleet) = fleet else {
             return;
         };
         let planners = fleet.nodes.iter().filter_map(|n| n.planner.as_ref());
@@ -644,6 +730,7 @@ impl Reconciler {
         for pd in &d.pools {
             let in_pool = |i: usize| {
                 i > 0
+                    && !launch.is_gateway(i)
                     && launch
                         .slot_roles
                         .get(i)

@@ -250,9 +250,34 @@ fn escape(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// `GET /v1/fleet`: every node (`nodes`, this one first), and for clients and load balancers
+/// the gateways (`gateways`: node, `url`, state — any live one serves any request) and the
+/// routers (`routers`: node, state).
 async fn fleet(State(s): State<Arc<GatewayShared>>) -> Result<Json<serde_json::Value>, ApiError> {
     let nodes = s.fresh_fleet().await?;
-    Ok(Json(json!({ "nodes": nodes })))
+    let gateways = fleet_members(&nodes, NodeRole::Gateway);
+    let routers = fleet_members(&nodes, NodeRole::Router);
+    Ok(Json(
+        json!({ "nodes": nodes, "gateways": gateways, "routers": routers }),
+    ))
+}
+
+/// The nodes with `role`: `{"node", "state", "url"?}` (`url` for a gateway with an HTTP
+/// address).
+fn fleet_members(nodes: &[NodeView], role: NodeRole) -> Vec<serde_json::Value> {
+    nodes
+        .iter()
+        .filter(|n| n.roles.contains(&role))
+        .map(|n| {
+            let mut v = json!({ "node": n.id, "state": n.state });
+            if role == NodeRole::Gateway
+                && let Some(h) = &n.http_addr
+            {
+                v["url"] = json!(format!("http://{h}"));
+            }
+            v
+        })
+        .collect()
 }
 
 /// `GET /v1/fleet/events`: this node's fleet events as they happen, one SSE record each
