@@ -10,5 +10,6 @@
 
 pub mod chaos;
 pub mod discovery;
+pub mod leadership;
 pub mod planner;
 pub mod reconcile;

@@ -211,7 +211,9 @@ fn decision(
             pools,
             manual: vec![],
             cost_per_hour: 0.0,
+            term: 0,
         }],
+        leadership: None,
     }
 }
 
@@ -735,4 +737,54 @@ async fn a_hanging_api_server_does_not_keep_the_reconciler_from_stopping() {
         .expect("SIGTERM stops it mid-call")
         .unwrap();
     assert!(status.success(), "{status:?}");
+}
+
+/// Fencing through the Kubernetes reconciler: a leader's decision (term 5) is applied; a newer
+/// decision from a planner that still claims to lead in term 3 (a deposed leader on the far
+/// side of a partition) patches nothing, and a standby's is ignored.
+#[tokio::test]
+async fn a_deposed_leaders_decisions_are_refused() {
+    use flotilla::control::leadership::Standing;
+    let mut world = World::default();
+    world
+        .replicas
+        .insert("statefulsets/flotilla-decode".into(), 1);
+    let (server, world) = fake_api(world).await;
+    let dir = tempfile::tempdir().unwrap();
+    let kube = Kubernetes::new(client(&kubeconfig(dir.path(), &server)).await, None);
+    let mut r = Reconciler::new(kube, workloads(&["decode=statefulset/flotilla-decode"]), 1);
+    let led = |at_ms: u64, desired: u32, standing: Standing| {
+        let mut v = decision(
+            at_ms,
+            PlannerMode::Act,
+            false,
+            &[(Role::Decode, desired, Action::Up)],
+        );
+        v.decisions[0].term = standing.term();
+        v.leadership = Some(standing);
+        v
+    };
+    let leader = led(1_000, 3, Standing::Leader { term: 5 });
+    let pass = r.pass([&leader]).await;
+    assert_eq!(
+        pass.applied.iter().map(|a| a.to).collect::<Vec<_>>(),
+        vec![3]
+    );
+    world.lock().unwrap().seen.clear();
+    let deposed = led(2_000, 6, Standing::Leader { term: 3 });
+    let standby = led(
+        3_000,
+        9,
+        Standing::Standby {
+            term: 5,
+            leader: None,
+        },
+    );
+    let pass = r.pass([&deposed, &standby]).await;
+    assert_eq!(pass.decision_ms, None, "nothing to apply");
+    assert!(pass.applied.is_empty());
+    assert!(
+        world.lock().unwrap().seen.is_empty(),
+        "no call to the API server"
+    );
 }

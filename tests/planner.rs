@@ -232,3 +232,141 @@ async fn bench_reports_the_fleets_cost_per_million_tokens_within_the_slos() {
     assert!(line.contains("at $3.6/replica-hour"), "{line}");
     assert!(line.contains("cost per million of them: $"), "{line}");
 }
+
+/// Planner nodes that `/v1/fleet` at `base` shows leading, among nodes it sees up:
+/// (node, term).
+async fn leaders(base: &str) -> Vec<(String, u64)> {
+    let Ok(r) = reqwest::get(format!("{base}/v1/fleet")).await else {
+        return Vec::new();
+    };
+    let Ok(f) = r.json::<Value>().await else {
+        return Vec::new();
+    };
+    f["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n["state"] == "up" && n["planner"]["leadership"]["state"] == "leader")
+        .map(|n| {
+            (
+                n["id"].as_str().unwrap_or_default().to_owned(),
+                n["planner"]["leadership"]["term"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// Three planner nodes (`--gateways 3 --planner`: each gateway node also plans): exactly one
+/// leads, through a lease a majority of the control nodes grant. Killing the leader, a
+/// standby leads in a higher term within the liveness timeout (3 s; the bound here allows for
+/// a busy machine); cutting the new leader off from the others (chaos partition), one on the
+/// majority side leads in a higher term still, and once the cut heals the cut-off one is a
+/// standby: one leader again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_of_three_planners_leads_and_a_standby_takes_over() {
+    let mut sets = SETS.to_vec();
+    sets.push("planner.mode=advisory");
+    let c = Cluster::start_with(
+        2,
+        &["--engine", "sim", "--planner", "--gateways", "3", "--chaos"],
+        &sets,
+    );
+    let f = fleet(&c).await;
+    let gateways: Vec<(String, String)> = f["gateways"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            (
+                g["node"].as_str().unwrap().to_owned(),
+                g["url"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(gateways.len(), 3, "{gateways:?}");
+    let other_than = |node: &str| {
+        gateways
+            .iter()
+            .find(|(n, _)| n != node)
+            .map(|(_, u)| u.clone())
+            .unwrap()
+    };
+    let (first, term1) = poll_until(Duration::from_secs(30), "one planner leads", || async {
+        let l = leaders(&c.gateway).await;
+        (l.len() == 1).then(|| l[0].clone())
+    })
+    .await;
+    let chaos = |base: String, body: Value| async move {
+        let r = reqwest::Client::new()
+            .post(format!("{base}/chaos/faults"))
+            .json(&body)
+            .send()
+            .await
+            .expect("chaos");
+        assert_eq!(r.status(), 201, "{:?}", r.text().await);
+    };
+
+    // The leader dies: a standby takes over in a higher term.
+    let via = other_than(&first);
+    chaos(
+        via.clone(),
+        json!({"kind": "kill_node", "target": {"node": first}}),
+    )
+    .await;
+    let killed = std::time::Instant::now();
+    let (second, term2) = poll_until(Duration::from_secs(20), "a standby leads", || async {
+        let l = leaders(&via).await;
+        l.into_iter().find(|(n, t)| *n != first && *t > term1)
+    })
+    .await;
+    let took = killed.elapsed();
+    eprintln!(
+        "planner take-over after the leader's kill: {} ms (term {term1} → {term2})",
+        took.as_millis()
+    );
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+
+    // The new leader is cut off from every other node: it stops leading, and a planner on
+    // the majority side leads in a higher term.
+    let via = gateways
+        .iter()
+        .find(|(n, _)| *n != second && *n != first)
+        .map(|(_, u)| u.clone())
+        .unwrap();
+    chaos(
+        via.clone(),
+        json!({"kind": "partition", "nodes": [second], "target": "any_busy", "duration_ms": 8000}),
+    )
+    .await;
+    let (third, term3) = poll_until(
+        Duration::from_secs(20),
+        "the majority side leads",
+        || async {
+            let l = leaders(&via).await;
+            l.into_iter().find(|(n, t)| *n != second && *t > term2)
+        },
+    )
+    .await;
+    eprintln!("after the partition: {third} leads in term {term3}");
+    // Healed: one leader, and the cut-off one stands by.
+    poll_until(
+        Duration::from_secs(40),
+        "one leader after the cut heals",
+        || async {
+            let l = leaders(&via).await;
+            let f: Value = reqwest::get(format!("{via}/v1/fleet"))
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            let cut_off_stands_by = f["nodes"].as_array()?.iter().any(|n| {
+                n["id"] == second.as_str()
+                    && n["state"] == "up"
+                    && n["planner"]["leadership"]["state"] == "standby"
+            });
+            (l.len() == 1 && cut_off_stands_by).then_some(())
+        },
+    )
+    .await;
+}

@@ -50,6 +50,13 @@ pub enum DiscoveryMsg {
     /// The fleet as this node sees it, this node first.
     #[rpc]
     GetFleet(RpcReplyPort<Wire<Vec<NodeView>>>),
+    /// A planner node asks for this node's vote for leadership, or renews it
+    /// (`control/leadership.rs`).
+    #[rpc]
+    Vote(
+        Wire<crate::control::leadership::VoteRequest>,
+        RpcReplyPort<Wire<crate::control::leadership::VoteReply>>,
+    ),
 }
 
 /// What Discovery needs to start.
@@ -97,6 +104,8 @@ pub struct DiscoveryArgs {
     pub planner: crate::control::planner::PlannerBoard,
     /// The node's fleet event bus (membership changes).
     pub bus: crate::request_plane::events::EventBus,
+    /// The planner leadership lease this node votes on (`control/leadership.rs`).
+    pub lease: crate::control::leadership::LeaseConfig,
 }
 
 /// The Discovery actor.
@@ -111,6 +120,9 @@ pub struct DiscoveryState {
     session_sub: Option<(String, JoinHandle<()>)>,
     tick_no: u64,
     last_rejoin: Option<crate::runtime::clock::Instant>,
+    /// This node's vote on the planner lease. It starts refusing every grant for one lease
+    /// (a vote granted before a restart has run out by then), since it is not kept on disk.
+    voter: crate::control::leadership::Voter,
 }
 
 impl DiscoveryState {
@@ -316,7 +328,9 @@ impl Actor for Discovery {
         for role in &args.roles {
             ractor::pg::join(role_group(*role), vec![myself.get_cell()]);
         }
+        let voter = crate::control::leadership::Voter::quiet(args.clock.wall_ms(), &args.lease);
         let state = DiscoveryState {
+            voter,
             membership: Membership::new(me, args.leases),
             args,
             ticker: None,
@@ -490,6 +504,16 @@ impl Actor for Discovery {
                 let view = state.membership.view(now);
                 let _ = reply.send(Wire::encode(&view));
                 state.args.fleet.publish(view);
+            }
+            DiscoveryMsg::Vote(req, reply) => {
+                if let Ok(req) = req.decode() {
+                    let now_ms = state.args.clock.wall_ms();
+                    let answer = state.voter.on_request(&req, now_ms, &state.args.lease);
+                    if answer.granted && state.voter.term() == req.term {
+                        tracing::debug!(term = req.term, candidate = %req.candidate, "planner lease granted");
+                    }
+                    let _ = reply.send(Wire::encode(&answer));
+                }
             }
         }
         Ok(())

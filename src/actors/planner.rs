@@ -9,14 +9,25 @@
 //! It starts and drains nothing itself: in mode `act` a reconciler (`flotilla up --planner`)
 //! applies the desired counts; in mode `advisory` nobody does. A view that has not changed
 //! for two intervals (this node's Discovery stopped publishing) makes the policy hold.
+//!
+//! Several nodes may hold the role: one leads, through a lease that a majority of the control
+//! nodes (gateway, router or planner roles) grant it (`control/leadership.rs`, a
+//! [`Candidate`] ticked every [`LEASE_TICK`]; the votes are RPCs to each control node's
+//! Discovery). Only the leader plans (a fresh policy each time it is elected); standbys keep
+//! reading the view and publish as standbys. The leader's decisions carry its term, and
+//! reconcilers apply only a leader's, refusing a term below the highest they have seen.
 
 use crate::control::discovery::FleetView;
 use crate::control::discovery::membership::NodeView;
+use crate::control::leadership::{Candidate, LeaseConfig, LeaseEffect, Standing, VoteReply};
 use crate::control::planner::{
     Action, CapacityProfile, Decision, Planner, PlannerBoard, PlannerConfig, PlannerView,
     ViewReader,
 };
 use crate::runtime::clock::SharedClock;
+use crate::runtime::ids::NodeId;
+use crate::runtime::role::NodeRole;
+use crate::runtime::wire::Wire;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -25,10 +36,17 @@ use std::time::Duration;
 /// The Planner actor.
 pub struct PlannerActor;
 
+/// How often the leadership lease is looked at (ms).
+pub const LEASE_TICK: Duration = Duration::from_millis(100);
+
 /// Its messages (local only).
 pub enum PlannerMsg {
     /// The interval's timer.
     Tick,
+    /// The lease's timer.
+    LeaseTick,
+    /// A control node's answer to round `.0` of vote requests.
+    Voted(u64, NodeId, VoteReply),
 }
 
 impl ractor::Message for PlannerMsg {}
@@ -43,6 +61,12 @@ pub struct PlannerArgs {
     /// Where it publishes its view for the heartbeat.
     pub board: PlannerBoard,
     pub clock: SharedClock,
+    /// This node's name (it stands for the lease under it).
+    pub node: NodeId,
+    /// The lease's timing (`cluster.liveness_timeout_ms`).
+    pub lease: LeaseConfig,
+    /// `cluster.liveness_timeout_ms`: how long it waits after start before it stands.
+    pub liveness_ms: u64,
 }
 
 /// Its state.
@@ -56,6 +80,10 @@ pub struct PlannerState {
     fresh_at_ms: u64,
     last_tick_ms: Option<u64>,
     decisions: VecDeque<Decision>,
+    candidate: Candidate,
+    /// The control nodes seen (the lease's voters): a control node that goes away keeps
+    /// counting, so both sides of a partition count the same voters.
+    voters: std::collections::BTreeSet<NodeId>,
 }
 
 impl Actor for PlannerActor {
@@ -70,6 +98,7 @@ impl Actor for PlannerActor {
     ) -> Result<Self::State, ActorProcessingErr> {
         let interval = Duration::from_secs_f64(args.config.interval_s);
         myself.send_interval(interval, || PlannerMsg::Tick);
+        myself.send_interval(LEASE_TICK, || PlannerMsg::LeaseTick);
         tracing::info!(
             mode = ?args.config.mode,
             interval_s = args.config.interval_s,
@@ -78,31 +107,138 @@ impl Actor for PlannerActor {
         );
         let mut view = args.fleet.subscribe();
         view.mark_changed();
-        Ok(PlannerState {
+        let mut state = PlannerState {
             planner: Planner::new(args.config.clone(), args.capacity.clone()),
             reader: ViewReader::with_pools(&args.config.pools),
             fresh_at_ms: args.clock.wall_ms(),
             last_tick_ms: None,
             decisions: VecDeque::new(),
+            candidate: Candidate::new(
+                args.node.clone(),
+                args.lease,
+                // Planner nodes stand one after another when a lease runs out.
+                (xxhash_rust::xxh3::xxh3_64(args.node.as_str().as_bytes()) % 4)
+                    * args.lease.renew_ms,
+            ),
+            voters: std::iter::once(args.node.clone()).collect(),
             view,
             args,
-        })
+        };
+        // Stand only once the membership has had a liveness timeout to fill.
+        state
+            .candidate
+            .hold_until(state.args.clock.wall_ms() + state.args.liveness_ms);
+        Ok(state)
     }
 
     async fn handle(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             PlannerMsg::Tick => st.tick(),
+            PlannerMsg::LeaseTick => {
+                st.learn_voters();
+                let now = st.args.clock.wall_ms();
+                let effects = st.candidate.tick(now, st.voters.len());
+                st.carry_out(&myself, effects);
+            }
+            PlannerMsg::Voted(round, from, reply) => {
+                let now = st.args.clock.wall_ms();
+                let effects = st.candidate.on_reply(round, from, &reply, now);
+                st.carry_out(&myself, effects);
+            }
         }
         Ok(())
     }
 }
 
 impl PlannerState {
+    /// Adds the control nodes of the latest fleet view to the voters.
+    fn learn_voters(&mut self) {
+        let Some(nodes) = self.args.fleet.latest() else {
+            return;
+        };
+        for n in nodes.iter() {
+            let control = n
+                .roles
+                .iter()
+                .any(|r| matches!(r, NodeRole::Gateway | NodeRole::Router | NodeRole::Planner));
+            if control && !self.voters.contains(&n.id) {
+                self.voters.insert(n.id.clone());
+            }
+        }
+    }
+
+    /// Sends a round's requests (one RPC per voter, each answer cast back), and says when it
+    /// leads or stops leading.
+    fn carry_out(&mut self, myself: &ActorRef<PlannerMsg>, effects: Vec<LeaseEffect>) {
+        for e in effects {
+            match e {
+                LeaseEffect::Ask { round, request } => {
+                    let timeout = self.args.lease.renew_ms;
+                    for voter in &self.voters {
+                        let name = format!("{voter}/discovery");
+                        let Some(cell) = crate::runtime::cluster::member_named(
+                            crate::control::discovery::DISCOVERY_GROUP,
+                            &name,
+                        ) else {
+                            continue; // unreachable now: no vote
+                        };
+                        let disc: ActorRef<crate::actors::discovery::DiscoveryMsg> = cell.into();
+                        let (me, voter, wire) =
+                            (myself.clone(), voter.clone(), Wire::encode(&request));
+                        tokio::spawn(async move {
+                            let answer = ractor::call_t!(
+                                disc,
+                                crate::actors::discovery::DiscoveryMsg::Vote,
+                                timeout,
+                                wire
+                            );
+                            if let Ok(w) = answer
+                                && let Ok(reply) = w.decode()
+                            {
+                                // The planner stopped: nothing to tell.
+                                let _ = me.cast(PlannerMsg::Voted(round, voter, reply));
+                            }
+                        });
+                    }
+                }
+                LeaseEffect::Elected { term } => {
+                    tracing::info!(term, voters = self.voters.len(), "planner: leading");
+                    // A fresh policy: hysteresis from its own decisions only, none from an
+                    // earlier reign.
+                    self.planner =
+                        Planner::new(self.args.config.clone(), self.args.capacity.clone());
+                    metrics::gauge!("flotilla_planner_leader").set(1.0);
+                    metrics::gauge!("flotilla_planner_term").set(term as f64);
+                    self.publish();
+                }
+                LeaseEffect::SteppedDown { term } => {
+                    tracing::warn!(
+                        term,
+                        "planner: lease ran out without a majority; standing by"
+                    );
+                    metrics::gauge!("flotilla_planner_leader").set(0.0);
+                    self.publish();
+                }
+            }
+        }
+    }
+
+    /// Publishes the latest decisions and the standing for the heartbeat.
+    fn publish(&self) {
+        self.args.board.publish(PlannerView {
+            mode: self.args.config.mode,
+            interval_s: self.args.config.interval_s,
+            capacity: self.args.capacity.source.clone(),
+            decisions: self.decisions.iter().cloned().collect(),
+            leadership: Some(self.candidate.standing()),
+        });
+    }
+
     fn tick(&mut self) {
         let now_ms = self.args.clock.wall_ms();
         if self.view.has_changed().unwrap_or(false) {
@@ -115,7 +251,14 @@ impl PlannerState {
         self.last_tick_ms = Some(now_ms);
         let nodes = self.args.fleet.latest().unwrap_or_else(|| Arc::from([]));
         let signals = self.reader.read(&nodes, self.fresh_at_ms, window_s);
-        let d = self.planner.plan(&signals, now_ms, None);
+        // Only the leader plans: a standby's policy would keep hysteresis about changes no one
+        // made (and take the fleet that stayed as a pool grown by hand). A standby keeps its
+        // reader's baselines current, so its first interval as leader diffs one interval.
+        let Standing::Leader { term } = self.candidate.standing() else {
+            return;
+        };
+        let mut d = self.planner.plan(&signals, now_ms, None);
+        d.term = term;
         for p in &d.pools {
             let pool = p.role.as_str();
             metrics::gauge!("flotilla_planner_desired_replicas", "pool" => pool)
@@ -129,6 +272,7 @@ impl PlannerState {
                     desired = p.desired,
                     action = ?p.action,
                     mode = ?d.mode,
+                    term = d.term,
                     reason = %p.reason,
                     "planner decision"
                 );
@@ -141,11 +285,6 @@ impl PlannerState {
         while self.decisions.len() > PlannerView::KEEP {
             self.decisions.pop_front();
         }
-        self.args.board.publish(PlannerView {
-            mode: self.args.config.mode,
-            interval_s: self.args.config.interval_s,
-            capacity: self.args.capacity.source.clone(),
-            decisions: self.decisions.iter().cloned().collect(),
-        });
+        self.publish();
     }
 }

@@ -337,6 +337,8 @@ pub struct Reconciler {
     pub workloads: Vec<Workload>,
     pub replicas_per_node: u32,
     last_applied_ms: Option<u64>,
+    /// The highest planner term seen: a deposed leader's decisions are refused.
+    fence: crate::control::reconcile::Fence,
     warned_unmapped: Vec<Role>,
 }
 
@@ -359,6 +361,7 @@ impl Reconciler {
             workloads,
             replicas_per_node: replicas_per_node.max(1),
             last_applied_ms: None,
+            fence: Default::default(),
             warned_unmapped: Vec::new(),
         }
     }
@@ -371,7 +374,15 @@ impl Reconciler {
         planners: impl IntoIterator<Item = &'a crate::control::planner::PlannerView>,
     ) -> Pass {
         let mut out = Pass::default();
-        let pending = pending(planners, self.last_applied_ms);
+        let refused = self.fence.refused;
+        let pending = pending(planners, self.last_applied_ms, &mut self.fence);
+        if self.fence.refused > refused {
+            eprintln!(
+                "reconcile: refused the decisions of a planner leading in a term below {} \
+                 (a deposed leader)",
+                self.fence.term
+            );
+        }
         let Some(d) = pending.last().copied() else {
             return out;
         };

@@ -176,9 +176,18 @@ pub fn render(fleet: &Fleet) -> String {
 pub fn render_planner(node: &str, p: &crate::control::planner::PlannerView) -> String {
     let mut out = String::new();
     let mode = format!("{:?}", p.mode).to_lowercase();
+    let lead = match &p.leadership {
+        None => String::new(),
+        Some(crate::control::leadership::Standing::Leader { term }) => {
+            format!("; LEADER, term {term}")
+        }
+        Some(crate::control::leadership::Standing::Standby { term, .. }) => {
+            format!("; standby, term {term}")
+        }
+    };
     let _ = writeln!(
         out,
-        "planner on {node} ({mode}, every {} s; capacity: {})",
+        "planner on {node} ({mode}, every {} s; capacity: {}{lead})",
         p.interval_s, p.capacity
     );
     let Some(d) = p.latest() else {

@@ -166,6 +166,7 @@ impl Launch {
             (0, 1, true) => "gateway,router,worker,planner",
             (0, _, false) => "gateway,router",
             (0, _, true) => "gateway,router,planner",
+            _ if self.is_gateway(i) && opts.planner => "gateway,router,planner",
             _ if self.is_gateway(i) => "gateway,router",
             _ => "worker",
         };
@@ -594,6 +595,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
         .collect();
     let mut reconciler = Reconciler {
         last_applied_ms: None,
+        fence: Default::default(),
         per_node: config.worker.replicas.max(1),
         next_at: std::time::Instant::now(),
     };
@@ -697,6 +699,8 @@ pub const RECONCILE_EVERY: Duration = Duration::from_secs(1);
 /// (`control::reconcile`: only a down decision drains; an up or hold starts).
 struct Reconciler {
     last_applied_ms: Option<u64>,
+    /// The highest planner term seen (`control::reconcile::Fence`).
+    fence: crate::control::reconcile::Fence,
     per_node: u32,
     next_at: std::time::Instant,
 }
@@ -722,7 +726,16 @@ impl Reconciler {
             return;
         };
         let planners = fleet.nodes.iter().filter_map(|n| n.planner.as_ref());
-        let pending = crate::control::reconcile::pending(planners, self.last_applied_ms);
+        let refused = self.fence.refused;
+        let pending =
+            crate::control::reconcile::pending(planners, self.last_applied_ms, &mut self.fence);
+        if self.fence.refused > refused {
+            eprintln!(
+                "flotilla up: refused the decisions of a planner leading in a term below {} \
+                 (a deposed leader)",
+                self.fence.term
+            );
+        }
         let Some(d) = pending.last().copied() else {
             return;
         };

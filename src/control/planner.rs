@@ -280,6 +280,11 @@ pub struct PlannerView {
     pub capacity: String,
     /// The latest decisions, oldest first (at most [`PlannerView::KEEP`]).
     pub decisions: Vec<Decision>,
+    /// Whether this planner leads, and in which term (`control/leadership.rs`); reconcilers
+    /// apply only a leader's decisions. `None`: a planner that stands for no lease (read as
+    /// leading in term 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leadership: Option<crate::control::leadership::Standing>,
 }
 
 impl PlannerView {
@@ -289,6 +294,15 @@ impl PlannerView {
     /// The latest decision.
     pub fn latest(&self) -> Option<&Decision> {
         self.decisions.last()
+    }
+
+    /// The term it leads in, if it leads (a planner without a lease: term 0).
+    pub fn leading_term(&self) -> Option<u64> {
+        match &self.leadership {
+            None => Some(0),
+            Some(s) if s.leads() => Some(s.term()),
+            Some(_) => None,
+        }
     }
 }
 

@@ -19,23 +19,41 @@
 use crate::control::planner::{Action, Decision, PlannerMode, PlannerView, PoolDecision};
 use crate::runtime::role::Role;
 
+/// The highest leader term a reconciler has seen (`control/leadership.rs`): a decision made
+/// under a lower term comes from a deposed leader and is refused.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fence {
+    /// The highest term seen.
+    pub term: u64,
+    /// Times a leader's decisions were refused for a stale term.
+    pub refused: u64,
+}
+
 /// The decisions to apply now, oldest first: the leading planner's decisions newer than
-/// `last_applied_ms` (only its latest when nothing was applied yet), when its latest is `act`
-/// and not stale. One planner leads; should two publish, the one with the newest decision
-/// wins. Empty: nothing to do.
+/// `last_applied_ms` (only its latest when nothing was applied yet), made in its current term,
+/// when its latest is `act` and not stale. Only planners that lead count (a standby's view
+/// is ignored; a view without leadership is a lone planner, term 0); should two claim to
+/// lead, the higher term wins. A leader whose term is below `fence.term` is refused (counted
+/// in `fence.refused`); otherwise `fence.term` rises to its term. Empty: nothing to do.
 pub fn pending<'a>(
     planners: impl IntoIterator<Item = &'a PlannerView>,
     last_applied_ms: Option<u64>,
+    fence: &mut Fence,
 ) -> Vec<&'a Decision> {
-    let Some((view, latest)) = planners
+    let Some((view, term, latest)) = planners
         .into_iter()
-        .filter_map(|p| p.latest().map(|d| (p, d)))
-        .max_by_key(|(_, d)| d.at_ms)
+        .filter_map(|p| Some((p, p.leading_term()?, p.latest()?)))
+        .max_by_key(|(_, term, d)| (*term, d.at_ms))
     else {
         return Vec::new();
     };
+    if term < fence.term {
+        fence.refused += 1;
+        return Vec::new();
+    }
+    fence.term = term;
     let fresh = last_applied_ms.is_none_or(|t| latest.at_ms > t);
-    if latest.mode != PlannerMode::Act || latest.stale || !fresh {
+    if latest.mode != PlannerMode::Act || latest.stale || !fresh || latest.term != term {
         return Vec::new();
     }
     match last_applied_ms {
@@ -43,7 +61,7 @@ pub fn pending<'a>(
         Some(t) => view
             .decisions
             .iter()
-            .filter(|d| d.at_ms > t && d.mode == PlannerMode::Act && !d.stale)
+            .filter(|d| d.at_ms > t && d.mode == PlannerMode::Act && !d.stale && d.term == term)
             .collect(),
     }
 }
@@ -116,6 +134,7 @@ mod tests {
             }],
             manual: vec![],
             cost_per_hour: 0.0,
+            term: 0,
         }
     }
 
@@ -125,6 +144,7 @@ mod tests {
             interval_s: 10.0,
             capacity: String::new(),
             decisions: d,
+            leadership: None,
         }
     }
 
@@ -132,17 +152,26 @@ mod tests {
     fn only_fresh_acting_decisions_are_applied_once() {
         let at = |p: Vec<&Decision>| p.iter().map(|d| d.at_ms).collect::<Vec<_>>();
         let act = view(vec![decision(1_000, PlannerMode::Act, false, 3)]);
-        assert_eq!(at(pending([&act], None)), vec![1_000]);
-        assert!(pending([&act], Some(1_000)).is_empty(), "applied once");
+        assert_eq!(
+            at(pending([&act], None, &mut Fence::default())),
+            vec![1_000]
+        );
+        assert!(
+            pending([&act], Some(1_000), &mut Fence::default()).is_empty(),
+            "applied once"
+        );
         let advisory = view(vec![decision(2_000, PlannerMode::Advisory, false, 3)]);
-        assert!(pending([&advisory], None).is_empty());
+        assert!(pending([&advisory], None, &mut Fence::default()).is_empty());
         let stale = view(vec![decision(2_000, PlannerMode::Act, true, 3)]);
-        assert!(pending([&stale], None).is_empty(), "a stale decision holds");
+        assert!(
+            pending([&stale], None, &mut Fence::default()).is_empty(),
+            "a stale decision holds"
+        );
         // Two planners (a leader and one taking over): the newest decision's wins.
         let newer = view(vec![decision(5_000, PlannerMode::Act, false, 4)]);
-        let p = pending([&act, &newer], Some(1_000));
+        let p = pending([&act, &newer], Some(1_000), &mut Fence::default());
         assert_eq!(p.last().map(|d| d.pools[0].desired), Some(4));
-        assert!(pending(std::iter::empty(), None).is_empty());
+        assert!(pending(std::iter::empty(), None, &mut Fence::default()).is_empty());
         // Several unapplied decisions: all since the last applied, oldest first (stale ones
         // skipped); on a first pass only the latest.
         let history = view(vec![
@@ -151,8 +180,60 @@ mod tests {
             decision(3_000, PlannerMode::Act, false, 3),
             decision(4_000, PlannerMode::Act, false, 3),
         ]);
-        assert_eq!(at(pending([&history], Some(1_000))), vec![3_000, 4_000]);
-        assert_eq!(at(pending([&history], None)), vec![4_000]);
+        assert_eq!(
+            at(pending([&history], Some(1_000), &mut Fence::default())),
+            vec![3_000, 4_000]
+        );
+        assert_eq!(
+            at(pending([&history], None, &mut Fence::default())),
+            vec![4_000]
+        );
+    }
+
+    #[test]
+    fn only_the_leader_acts_and_a_deposed_leader_is_fenced() {
+        use crate::control::leadership::Standing;
+        let led = |term: u64, at: u64, desired: u32, leads: bool| {
+            let mut d = decision(at, PlannerMode::Act, false, desired);
+            d.term = term;
+            let mut v = view(vec![d]);
+            v.leadership = Some(if leads {
+                Standing::Leader { term }
+            } else {
+                Standing::Standby { term, leader: None }
+            });
+            v
+        };
+        let mut fence = Fence::default();
+        // A standby's decisions are ignored, even newer ones.
+        let leader = led(3, 1_000, 2, true);
+        let standby = led(3, 2_000, 9, false);
+        let p = pending([&leader, &standby], None, &mut fence);
+        assert_eq!(
+            p.iter().map(|d| d.pools[0].desired).collect::<Vec<_>>(),
+            vec![2]
+        );
+        assert_eq!(fence.term, 3);
+        // Both claim to lead (a partition, seen from both sides): the higher term wins.
+        let successor = led(4, 1_500, 5, true);
+        let old = led(3, 3_000, 1, true);
+        let p = pending([&old, &successor], Some(1_000), &mut fence);
+        assert_eq!(
+            p.iter().map(|d| d.pools[0].desired).collect::<Vec<_>>(),
+            vec![5]
+        );
+        assert_eq!(fence.term, 4);
+        // Only the deposed leader is in sight now (its side of the cut): refused.
+        let p = pending([&old], Some(1_500), &mut fence);
+        assert!(p.is_empty(), "a stale term acts on nothing");
+        assert_eq!(fence.refused, 1);
+        // A leader's decisions from before it led (term 0, as a standby) are not applied.
+        let mut mixed = led(5, 4_000, 7, true);
+        let mut early = decision(3_500, PlannerMode::Act, false, 8);
+        early.term = 0;
+        mixed.decisions.insert(0, early);
+        let p = pending([&mixed], Some(3_000), &mut fence);
+        assert_eq!(p.iter().map(|d| d.at_ms).collect::<Vec<_>>(), vec![4_000]);
     }
 
     #[test]

@@ -751,6 +751,7 @@ mod tests {
                 interval_s: 10.0,
                 capacity: String::new(),
                 decisions: vec![],
+                leadership: None,
             }),
             regions: vec![],
         }

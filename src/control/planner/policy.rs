@@ -71,6 +71,10 @@ pub struct Decision {
     pub manual: Vec<String>,
     /// Cost of the desired fleet ($/hour, from each pool's `dollars_per_hour`).
     pub cost_per_hour: f64,
+    /// The leader's term when it was made (its fencing token; 0 for a planner that stands for
+    /// no lease, and in `flotilla sim`).
+    #[serde(default)]
+    pub term: u64,
 }
 
 impl Decision {
@@ -234,6 +238,7 @@ impl Planner {
             pools,
             manual: Vec::new(),
             cost_per_hour,
+            term: 0,
         }
     }
 
@@ -494,6 +499,7 @@ impl Planner {
             pools,
             manual,
             cost_per_hour,
+            term: 0,
         }
     }
 

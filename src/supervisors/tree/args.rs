@@ -59,6 +59,7 @@ pub(super) fn discovery(ctx: &NodeContext) -> DiscoveryArgs {
         worker_stats: ctx.worker_stats.clone(),
         planner: ctx.planner.clone(),
         bus: ctx.events.clone(),
+        lease: crate::control::leadership::LeaseConfig::from_liveness(c.liveness_timeout_ms),
     }
 }
 

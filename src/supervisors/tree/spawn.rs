@@ -37,6 +37,11 @@ pub(super) fn planner(ctx: &NodeContext) -> Option<ChildSpec> {
         fleet: ctx.fleet.clone(),
         board: ctx.planner.clone(),
         clock: ctx.clock.clone(),
+        node: ctx.node_id.clone(),
+        lease: crate::control::leadership::LeaseConfig::from_liveness(
+            ctx.config.cluster.liveness_timeout_ms,
+        ),
+        liveness_ms: ctx.config.cluster.liveness_timeout_ms,
     };
     Some(
         ChildSpec::actor("planner", Some(ctx.name("planner")), move || {
