@@ -95,8 +95,9 @@ struct UpArgs {
     /// Disaggregated: this many decode worker nodes (with `--prefill`).
     #[arg(long, requires = "prefill")]
     decode: Option<usize>,
-    /// Run the planner on node 0 (`planner.*` settings) and start or drain worker nodes to
-    /// its decisions (mode act; in mode advisory it only publishes them).
+    /// Run the planner on node 0 (and on every gateway node of `--gateways`: one leads, the
+    /// others stand by; `planner.*` settings) and start or drain worker nodes to its
+    /// decisions (mode act; in mode advisory it only publishes them).
     #[arg(long)]
     planner: bool,
 }

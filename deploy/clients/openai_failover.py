@@ -1,7 +1,9 @@
 """An OpenAI client that fails over between Flotilla gateways (README, "Several gateways").
 
 Any gateway serves any request. Each gateway gets the `openai` client's own retries (connection
-errors, 408/429/5xx, with back-off); when they are spent, the request goes to the next gateway.
+errors, timeouts, 408/409/429/5xx, with back-off); when they are spent, a connection error, a
+timeout or a 5xx (a dead, shedding or draining gateway) sends the request to the next gateway.
+Chat completions only; the same shape works for `completions.create`.
 A stream is read to its end before it is returned, so one cut by its gateway's death is sent
 again whole (greedy or seeded requests give the same text again).
 

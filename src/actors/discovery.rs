@@ -450,7 +450,21 @@ impl Actor for Discovery {
                     }
                 }
                 let ev = state.membership.tick(now);
+                // A node past the liveness timeout whose session is still open (a cut link
+                // sends nothing): close it, so its actors leave the process groups here.
+                let down: Vec<NodeId> = ev
+                    .iter()
+                    .filter_map(|e| match e {
+                        MembershipEvent::NodeDown(n) => Some(n.clone()),
+                        _ => None,
+                    })
+                    .collect();
                 state.publish(ev);
+                for n in down {
+                    if crate::runtime::cluster::drop_session(&state.args.server, n.as_str()).await {
+                        tracing::warn!(seen_by = %state.args.node_id, node = %n, "closed the session of a node past the liveness timeout");
+                    }
+                }
                 let view = state.membership.view(now);
                 // The cluster addresses of the live peers (for the seeds' re-dial below).
                 let live: std::collections::HashSet<std::net::SocketAddr> = view

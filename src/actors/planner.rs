@@ -128,6 +128,7 @@ impl Actor for PlannerActor {
         state
             .candidate
             .hold_until(state.args.clock.wall_ms() + state.args.liveness_ms);
+        state.publish();
         Ok(state)
     }
 
@@ -255,6 +256,7 @@ impl PlannerState {
         // made (and take the fleet that stayed as a pool grown by hand). A standby keeps its
         // reader's baselines current, so its first interval as leader diffs one interval.
         let Standing::Leader { term } = self.candidate.standing() else {
+            self.publish(); // a standby says so (and which term it has heard of)
             return;
         };
         let mut d = self.planner.plan(&signals, now_ms, None);

@@ -122,7 +122,7 @@ pub struct SimArgs {
     /// Routers, each a router node of the live fleet: every one applies every KV event, and
     /// each request is sent to one of them (clients spread over gateways); with
     /// `router.share_load` (default) they count each other's placements.
-    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub routers: usize,
     /// Kill worker WORKER at AT_S seconds of simulated time: `AT_S:WORKER` (repeatable).
     /// Workers are numbered from 0: the aggregated ones, then prefill, then decode.
@@ -461,7 +461,8 @@ fn variants(a: &SimArgs, name: &str) -> anyhow::Result<Vec<SimVariant>> {
             for extra in parts {
                 ensure!(
                     extra.contains('='),
-                    "--compare {label}: expected VALUE+KEY=VALUE+… in a value"
+                    "--compare {label}: `{extra}` is not KEY=VALUE (a value is VALUE+KEY=VALUE+…, \
+                     e.g. routers=8+router.share_load=false)"
                 );
                 set.push(extra.to_owned());
             }

@@ -2,7 +2,8 @@
 //!
 //! Node 0 runs the gateway and router roles; nodes 1.. run workers and join node 0 (with a
 //! single node, it runs every role). `--gateways N` adds N − 1 more gateway + router nodes
-//! (slots after the worker slots), gateway k serving HTTP on the `--http` port + k (port 0:
+//! (slots after the worker slots, named `gateway-<k>`), gateway k serving HTTP on the `--http`
+//! port + k (port 0:
 //! any free port each); any of them serves any request, and the routers share their load
 //! (`router.share_load`). Every child gets a fresh random cookie, a free loopback
 //! cluster port and KV transport port (outside the ephemeral range, see `runtime::ports`; a
@@ -92,11 +93,11 @@ fn node_name(i: usize) -> String {
 }
 
 impl NodeProc {
-    /// Node slot `i`, just started.
-    fn started(i: usize, child: Child) -> Self {
+    /// Node slot `i`, just started under `name`.
+    fn started(i: usize, name: String, child: Child) -> Self {
         Self {
             index: i,
-            name: node_name(i),
+            name,
             child,
             draining: false,
             restarts: Vec::new(),
@@ -130,6 +131,14 @@ struct Launch {
 }
 
 impl Launch {
+    /// Slot `i`'s node name: `node-<i>`, or `gateway-<k>` for the k-th extra gateway.
+    fn name(&self, i: usize) -> String {
+        match self.gateway_slots.iter().position(|&g| g == i) {
+            Some(k) => format!("gateway-{}", k + 1),
+            None => node_name(i),
+        }
+    }
+
     /// Whether slot `i` runs a gateway (node 0 and the extra gateway slots).
     fn is_gateway(&self, i: usize) -> bool {
         i == 0 || self.gateway_slots.contains(&i)
@@ -160,7 +169,7 @@ impl Launch {
         ready: &tokio::sync::mpsc::UnboundedSender<ReadyLine>,
     ) -> anyhow::Result<Child> {
         let opts = &self.opts;
-        let name = node_name(i);
+        let name = self.name(i);
         let roles = match (i, opts.nodes, opts.planner) {
             (0, 1, false) => "gateway,router,worker",
             (0, 1, true) => "gateway,router,worker,planner",
@@ -409,7 +418,7 @@ async fn start_cluster(
         let join = if i == 0 { vec![] } else { vec![seed.clone()] };
         let http = launch.first_http(i).map(|a| a.to_string());
         match launch.spawn(i, &join, http.as_deref(), &ready_tx) {
-            Ok(child) => procs.push(NodeProc::started(i, child)),
+            Ok(child) => procs.push(NodeProc::started(i, launch.name(i), child)),
             Err(e) => {
                 stop_all(&mut procs).await;
                 return Err(e);
@@ -652,7 +661,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
                     };
                     match launch.spawn(i, &join, http.as_deref(), &ready_tx) {
                         Ok(child) => p.child = child,
-                        Err(e) => eprintln!("flotilla up: cannot restart {}: {e}", node_name(i)),
+                        Err(e) => eprintln!("flotilla up: cannot restart {}: {e}", launch.name(i)),
                     }
                 }
             }
@@ -789,7 +798,7 @@ impl Reconciler {
                     match launch.spawn(i, &join, None, ready) {
                         Ok(child) => {
                             procs.retain(|p| p.index != i);
-                            procs.push(NodeProc::started(i, child));
+                            procs.push(NodeProc::started(i, launch.name(i), child));
                         }
                         Err(e) => eprintln!("flotilla up: cannot start {}: {e}", node_name(i)),
                     }

@@ -22,7 +22,9 @@
 //!   can grant a new term, so two leaders never act at once.
 //! - A refused request tells the candidate the voter's term, its lease holder and how long the
 //!   lease still runs: the candidate adopts the term and waits until that lease has run out
-//!   (plus a spread by node, so standbys do not stand at once) before standing again. A
+//!   (plus a spread by node, so standbys do not stand at once) before standing again, in a
+//!   term above the highest any voter told of (the same term again if it was refused only for
+//!   a live lease: terms count elections, not attempts). A
 //!   voter never raises its term on a refusal, so a standby that keeps asking never disturbs a
 //!   leader that keeps renewing.
 //! - **Fencing.** Every decision a leader publishes carries its term; a reconciler remembers
@@ -201,6 +203,8 @@ pub struct Candidate {
     leader_seen: Option<NodeId>,
     /// This node's place among the planner nodes, to spread their attempts.
     spread_ms: u64,
+    /// The highest term a voter has answered with.
+    seen_term: u64,
 }
 
 impl Candidate {
@@ -218,6 +222,7 @@ impl Candidate {
             next_ask_ms: 0,
             leader_seen: None,
             spread_ms,
+            seen_term: 0,
         }
     }
 
@@ -263,7 +268,10 @@ impl Candidate {
         let due = now_ms >= self.next_ask_ms && (leading || now_ms >= self.wait_until_ms);
         if self.round.is_none() && due && voters > 0 {
             if self.lead_until_ms.is_none() {
-                self.term += 1; // stand in a new term
+                // Stand in a term above every term a voter has told of; an attempt refused
+                // only for a live lease is made again in the same term, so terms count
+                // elections, not attempts.
+                self.term = self.term.max(self.seen_term + 1);
             }
             let id = self.next_round;
             self.next_round += 1;
@@ -299,6 +307,7 @@ impl Candidate {
             // A standby adopts a higher term (it stands above it next); a leader keeps the
             // term it leads in — its decisions carry it — and steps down only when its lease
             // runs out.
+            self.seen_term = self.seen_term.max(reply.term);
             if reply.term > self.term && self.lead_until_ms.is_none() {
                 self.term = reply.term;
             }
@@ -314,6 +323,7 @@ impl Candidate {
             }
             return out;
         }
+        self.seen_term = self.seen_term.max(reply.term);
         let Some(r) = self.round.as_mut().filter(|r| r.id == round) else {
             return out; // a late answer to a round given up
         };
@@ -452,6 +462,14 @@ mod tests {
             .map(|(_, _, t)| *t)
             .collect();
         assert_eq!(terms.len(), 1, "one term while it leads: {terms:?}");
+        let term = *terms.iter().next().unwrap();
+        for c in &w.candidates {
+            assert!(
+                c.standing().term() <= term + 1,
+                "a standby's term stays within one of the leader's: {:?}",
+                c.standing()
+            );
+        }
         w.never_two_leaders();
     }
 

@@ -94,6 +94,26 @@ fn peer_node(ses: &NodeServerSessionInformation) -> Option<String> {
         .map(|n| n.name.split('@').next().unwrap_or_default().to_owned())
 }
 
+/// Stops the cluster session with node `peer`, if one is established: its actors leave
+/// every process group on this node at once (requests placed there migrate, routers purge
+/// its workers). Discovery calls it for a node past the liveness timeout, because a cut
+/// network (a link down, a host gone) sends no FIN or RST: the session would otherwise stay
+/// open until TCP gave up, minutes later. A node that comes back dials in again.
+pub async fn drop_session(server: &ActorRef<NodeServerMessage>, peer: &str) -> bool {
+    let Ok(sessions) = ractor::call_t!(server, NodeServerMessage::GetSessions, 2_000) else {
+        return false;
+    };
+    let mut dropped = false;
+    for ses in sessions.values() {
+        if peer_node(ses).as_deref() == Some(peer) {
+            ses.actor
+                .stop(Some(format!("{peer} past the liveness timeout")));
+            dropped = true;
+        }
+    }
+    dropped
+}
+
 impl PartitionFilter {
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Partition>> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
