@@ -38,7 +38,7 @@
 //! groups ([`ProcessGroups`]); unit tests drive the same state with a `ManualClock` and a fixed
 //! list of workers.
 
-use crate::request_plane::router::{index, load, policy};
+use crate::request_plane::router::{index, load, policy, sync};
 
 use crate::actors::kv_publisher::{
     KV_EVENTS_GROUP, KV_PUBLISHER_GROUP, KvEventsMsg, KvPublisherMsg, KvSnapshot,
@@ -87,7 +87,7 @@ pub enum RouterMsg {
     Tick(Wire<()>),
     /// Another router's changes to its load: its registered name and the changes (cast;
     /// `router.share_load`).
-    PeerLoad(Wire<(String, Vec<load::LoadChange>)>),
+    PeerLoad(Wire<(String, Vec<sync::LoadChange>)>),
 }
 
 /// The Router actor (see [`RouterArgs`]).
@@ -212,7 +212,7 @@ pub struct RouterState {
     relay: Option<String>,
     share_load: bool,
     /// This router's changes to its load not told to the other routers yet.
-    shared: Vec<load::LoadChange>,
+    shared: Vec<sync::LoadChange>,
     /// Requests in the load that another router placed: key → that router.
     peer_placed: HashMap<RequestKey, String>,
     /// The other routers this one knows of (registered names): while there are any, ties
@@ -313,14 +313,14 @@ impl RouterState {
 
     /// Changes to this router's load since the last call, for the other routers
     /// ([`RouterMsg::PeerLoad`]); always empty without `share_load`.
-    pub fn take_shared(&mut self) -> Vec<load::LoadChange> {
+    pub fn take_shared(&mut self) -> Vec<sync::LoadChange> {
         std::mem::take(&mut self.shared)
     }
 
     /// Another router's changes to its load ([`RouterMsg::PeerLoad`]), counted here as if
     /// this router had made them; `from` names that router (its placements are forgotten
     /// when it leaves: [`RouterState::router_left`]). Ignored without `share_load`.
-    pub fn peer_load(&mut self, from: &str, changes: Vec<load::LoadChange>) {
+    pub fn peer_load(&mut self, from: &str, changes: Vec<sync::LoadChange>) {
         let now = self.now_ms();
         self.on_peer_load(from, changes, now);
     }
@@ -352,7 +352,7 @@ impl RouterState {
     fn on_first_token(&mut self, node: NodeId, request: RequestId, now: u64) {
         let key = RequestKey::new(node, request);
         if self.load.on_first_token(&key, now) && self.share_load {
-            self.shared.push(load::LoadChange::FirstToken {
+            self.shared.push(sync::LoadChange::FirstToken {
                 node: key.node,
                 request: key.request,
             });
@@ -363,14 +363,14 @@ impl RouterState {
         let key = RequestKey::new(node, request);
         self.peer_placed.remove(&key);
         if self.load.on_finished(&key) && self.share_load {
-            self.shared.push(load::LoadChange::Finished {
+            self.shared.push(sync::LoadChange::Finished {
                 node: key.node,
                 request: key.request,
             });
         }
     }
 
-    fn on_peer_load(&mut self, from: &str, changes: Vec<load::LoadChange>, now: u64) {
+    fn on_peer_load(&mut self, from: &str, changes: Vec<sync::LoadChange>, now: u64) {
         if !self.share_load {
             return;
         }
@@ -380,7 +380,7 @@ impl RouterState {
         for change in changes {
             let key = change.key();
             match change {
-                load::LoadChange::Routed {
+                sync::LoadChange::Routed {
                     worker,
                     policy,
                     prefill_tokens,
@@ -404,10 +404,10 @@ impl RouterState {
                         s.follow_cursor(cursor);
                     }
                 }
-                load::LoadChange::FirstToken { .. } => {
+                sync::LoadChange::FirstToken { .. } => {
                     self.load.on_first_token(&key, now);
                 }
-                load::LoadChange::Finished { .. } => {
+                sync::LoadChange::Finished { .. } => {
                     self.peer_placed.remove(&key);
                     self.load.on_finished(&key);
                 }
@@ -544,7 +544,7 @@ impl RouterState {
         );
         self.peer_placed.remove(&key);
         if self.share_load {
-            self.shared.push(load::LoadChange::Routed {
+            self.shared.push(sync::LoadChange::Routed {
                 node: key.node,
                 request: key.request,
                 worker: d.worker.clone(),
@@ -809,7 +809,7 @@ fn spread_of(key: &RequestKey) -> u64 {
 /// Casts `changes` (this router's, `router.share_load`) to every other router in
 /// [`ROUTER_GROUP`], once per router per batch. A router that is gone is skipped: its
 /// placements are forgotten by the others when it leaves the group.
-fn tell_peers(myself: &ActorRef<RouterMsg>, changes: Vec<load::LoadChange>) {
+fn tell_peers(myself: &ActorRef<RouterMsg>, changes: Vec<sync::LoadChange>) {
     if changes.is_empty() {
         return;
     }

@@ -8,9 +8,12 @@
 //! - `policy.rs` — [`policy::Selector`]: `kv` (`(queued + overlap_weight × uncached) / B +
 //!   decode_blocks`), `dynamo_kv` (NVIDIA Dynamo's cost), `least_loaded`, `round_robin`,
 //!   `random`.
+//! - `sync.rs` — [`sync::LoadChange`]: what routers tell each other of their load
+//!   (`router.share_load`).
 //!
 //! The actor that drives them is [`crate::actors::router`].
 
 pub mod index;
 pub mod load;
 pub mod policy;
+pub mod sync;

@@ -438,7 +438,7 @@ enum Ev {
     LoadSync(
         usize,
         usize,
-        Vec<crate::request_plane::router::load::LoadChange>,
+        Vec<crate::request_plane::router::sync::LoadChange>,
     ),
 }
 

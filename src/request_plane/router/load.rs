@@ -35,7 +35,8 @@
 //!
 //! # Several routers (`router.share_load`)
 //!
-//! Each router tells the others every change it makes to its own model as a [`LoadChange`]
+//! Each router tells the others every change it makes to its own model as a `LoadChange`
+//! (`sync.rs`)
 //! (a placement with what it counts, a first token, an end), and applies theirs to its own
 //! model as if it had made them: every router then counts the load of every placement in the
 //! fleet, one network hop late, and N routers fed the same KV events and the same changes in
@@ -60,44 +61,6 @@ impl RequestKey {
     /// `request` of `node`.
     pub fn new(node: NodeId, request: RequestId) -> Self {
         Self { node, request }
-    }
-}
-
-/// A change one router made to its [`ActiveLoad`], told to the other routers (module doc,
-/// "Several routers").
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub enum LoadChange {
-    /// `request` of gateway `node` was placed on `worker` by `policy`
-    /// ([`ActiveLoad::on_routed_prefix`]'s arguments).
-    Routed {
-        node: NodeId,
-        request: RequestId,
-        worker: WorkerId,
-        policy: super::policy::Policy,
-        /// Uncached prompt tokens to prefill.
-        prefill_tokens: u32,
-        /// The prompt's full blocks' sequence hashes.
-        hashes: Vec<SequenceHash>,
-        /// KV blocks in all (prompt blocks, rounded up).
-        blocks: u32,
-        /// The placing selector's tie cursor after the decision
-        /// ([`super::policy::Selector::follow_cursor`]).
-        cursor: u64,
-    },
-    /// Its first token came ([`ActiveLoad::on_first_token`]).
-    FirstToken { node: NodeId, request: RequestId },
-    /// It ended ([`ActiveLoad::on_finished`]).
-    Finished { node: NodeId, request: RequestId },
-}
-
-impl LoadChange {
-    /// The request the change is about.
-    pub fn key(&self) -> RequestKey {
-        match self {
-            Self::Routed { node, request, .. }
-            | Self::FirstToken { node, request }
-            | Self::Finished { node, request } => RequestKey::new(node.clone(), *request),
-        }
     }
 }
 
