@@ -643,6 +643,9 @@ impl RouterState {
     /// returns the workers whose resync is due (never asked, or asked [`RESYNC_RETRY_MS`] ago).
     fn housekeeping(&mut self, now: u64) -> Vec<WorkerId> {
         self.load.expire(now, LEASE_TTL_MS);
+        // Peers' placements dropped by expiry or a purged worker leave the origin map too.
+        let load = &self.load;
+        self.peer_placed.retain(|k, _| load.worker_of(k).is_some());
         let alive = self.workers.alive();
         let known: Vec<WorkerId> = self.index.workers().cloned().collect();
         for w in known.iter().filter(|w| !alive.contains(w)) {
@@ -796,14 +799,12 @@ impl Actor for Router {
     }
 }
 
-/// A tie offset drawn from the request (splitmix64's finaliser over its id and node), for
+/// A tie offset drawn from the request (its id and node, mixed), for
 /// [`Selector::spread_next`].
 fn spread_of(key: &RequestKey) -> u64 {
-    let mut z = key.request.0 ^ xxhash_rust::xxh3::xxh3_64(key.node.as_str().as_bytes());
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    crate::runtime::ids::mix64(
+        key.request.0 ^ xxhash_rust::xxh3::xxh3_64(key.node.as_str().as_bytes()),
+    )
 }
 
 /// Casts `changes` (this router's, `router.share_load`) to every other router in
@@ -1104,6 +1105,19 @@ mod tests {
         a.peer_load("rc", c.take_shared());
         assert_eq!(a.router_left("rb"), 1);
         assert_eq!(a.placed(), 1, "c's placement stays");
+        // c's worker dies: its placement goes, and so does the note of who placed it.
+        let w = a
+            .load
+            .worker_of(&RequestKey::new(NodeId::new("gw"), RequestId(3)))
+            .cloned();
+        a.worker_left(&w.unwrap());
+        let now = a.now_ms();
+        a.housekeeping(now);
+        assert_eq!(a.placed(), 0);
+        assert!(
+            a.peer_placed.is_empty(),
+            "no origin kept for a placement gone"
+        );
     }
 
     fn req(n: u64) -> RouteRequest {

@@ -92,3 +92,12 @@ int_id!(
     /// Per-worker monotonic KV event id.
     EventId(u64)
 );
+
+/// SplitMix64 finaliser: a bijective 64-bit mix with good avalanche (Steele et al. 2014); the
+/// synthetic workloads' seeds, the router's tie spread and the simulator's router choice.
+pub fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}

@@ -1644,11 +1644,8 @@ impl<'w> SimFleet<'w> {
         if n == 1 {
             return 0;
         }
-        // splitmix64's finaliser spreads consecutive ids.
-        let mut z = rid.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) % n) as usize
+        // Mixed, so consecutive ids spread.
+        (crate::runtime::ids::mix64(rid.0) % n) as usize
     }
 
     /// Router `k`'s load changes reach the other routers after `net_delay`.

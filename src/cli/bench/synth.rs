@@ -12,13 +12,7 @@ pub const TOKEN_MIN: u32 = 1000;
 /// Largest synthetic token id (exclusive).
 pub const TOKEN_MAX: u32 = 30_000;
 
-/// SplitMix64 finaliser: a bijective 64-bit mix with good avalanche (Steele et al. 2014).
-pub fn mix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+pub use crate::runtime::ids::mix64;
 
 /// Combine two 64-bit values into one seed (order matters).
 pub fn combine(a: u64, b: u64) -> u64 {
