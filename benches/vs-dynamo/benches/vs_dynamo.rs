@@ -1,6 +1,6 @@
 //! Flotilla's `PrefixIndex` against Dynamo's `RadixTree` (see the package's README.md).
 //!
-//! For each W ∈ {16, 64, 256} (`VS_DYNAMO_WORKERS=64` keeps one): build both indexes from the
+//! For each W ∈ {16, 64, 256, 1024} (`VS_DYNAMO_WORKERS=64` keeps one): build both indexes from the
 //! same ~1M-holding event stream (timed), assert that they agree, time churn and find-matches
 //! with plain timers (p50/p99), then criterion's means for the same operations. The markdown
 //! table of Flotilla/Dynamo ratios is printed at the end.

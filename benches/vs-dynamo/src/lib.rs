@@ -1,7 +1,7 @@
 //! Flotilla's [`PrefixIndex`] against NVIDIA Dynamo's [`RadixTree`] (`dynamo-kv-router` 1.6.1),
 //! fed the same event stream and asked the same questions.
 //!
-//! The world is the one of Flotilla's `benches/router.rs` (per worker count W ∈ {16, 64, 256}):
+//! The world is the one of Flotilla's `benches/router.rs` (per worker count W ∈ {16, 64, 256, 1024}):
 //! - 8 system prompts of 64 blocks, each stored by every worker;
 //! - per worker, `(1 000 000 / W − 512) / 448` conversations: one system prompt followed by a
 //!   448-block tail unique to the worker, stored as 7 `Stored` events of 64 blocks;
@@ -47,7 +47,7 @@ pub fn worker_counts() -> Vec<usize> {
     let only: Option<usize> = std::env::var("VS_DYNAMO_WORKERS")
         .ok()
         .and_then(|v| v.parse().ok());
-    [16, 64, 256]
+    [16, 64, 256, 1024]
         .into_iter()
         .filter(|w| only.is_none_or(|o| o == *w))
         .collect()

@@ -2,22 +2,34 @@
 //!
 //! # Structure
 //!
-//! A radix tree over sequence hashes (see `kv_block_manager::hash`): one node per block,
-//! keyed by its [`SequenceHash`] in a hash map, with a link to its parent's sequence hash
-//! (`None` = first block of a sequence) and a count of child nodes. Equal sequence hashes mean
-//! equal prefixes (block 0 up to this block), so a node *is* a prefix and the tree needs no
-//! token comparison. Each node lists its *holders*: the workers holding the block and, per
-//! worker, a 4-bit set of [`Tier`]s, packed into one `u32` (`slot << 4 | tiers`, sorted by
-//! slot; a slot is the worker's interned index). Up to three holders live inline in the node;
-//! more spill to a boxed list plus a bitset of their slots.
+//! A path-compressed radix tree over sequence hashes (see `kv_block_manager::hash`). Equal
+//! sequence hashes mean equal prefixes (block 0 up to this block), so a block *is* a prefix
+//! and the tree needs no token comparison. A node (an *edge*) is a run of blocks, each the
+//! parent of the next, that the same workers hold in the same tiers: a worker's unshared tail
+//! of 448 blocks is one node, a system prompt every worker holds is another. Each node lists
+//! its *holders*: the workers holding its blocks and, per worker, a 4-bit set of [`Tier`]s,
+//! packed into one `u32` (`slot << 4 | tiers`, sorted by slot; a slot is the worker's interned
+//! index). Up to three holders live inline; more spill to a boxed list plus a bitset of their
+//! slots. Nodes live in an arena; a *block map* sends every block's sequence hash to its node
+//! and its position there. A node branches only at its end (its children start with the
+//! blocks whose parent is its last block).
+//!
+//! The tree is kept *canonical*: a node that is its parent's only child and has the same
+//! holders is merged into it. A change to some blocks of a node (a worker stores or evicts
+//! part of it) splits the node where the change starts and ends; the shorter part moves, so
+//! a split or merge costs the length of the shorter part in block-map updates. A `Stored`
+//! chain that continues a leaf held by the same worker alone in the same tier is appended to
+//! it: one block-map insert per block, the common case of a conversation growing.
 //!
 //! A node exists while it has a holder or a child. A `Stored` chain whose parent has no node
-//! yet creates that parent as a *placeholder* (no holder, parent unknown), so the tree stays
-//! connected; placeholders are dropped once their last child goes. The worker is **not**
-//! recorded as holding the parent: the event says only that it holds the chain, and a chain
-//! cut from its prefix is still stored because its blocks are real (their sequence hashes
-//! name the whole prefix). Such blocks never add to the worker's overlap until the missing
-//! ancestors are stored too, because overlap counts leading blocks only.
+//! yet creates that parent as a *placeholder* (a one-block node with no holder, parent
+//! unknown), so the tree stays connected; placeholders are dropped once their last child goes.
+//! The worker is **not** recorded as holding the parent: the event says only that it holds
+//! the chain, and a chain cut from its prefix is still stored because its blocks are real
+//! (their sequence hashes name the whole prefix). Such blocks never add to the worker's
+//! overlap until the missing ancestors are stored too, because overlap counts leading blocks
+//! only. When a block whose parent was unknown is stored again with its parent, its node is
+//! linked under it (never into a cycle: only corrupt events could ask for one).
 //!
 //! # Overlap (the query)
 //!
@@ -29,16 +41,20 @@
 //! ```
 //!
 //! i.e. the number of leading blocks `w` can reuse; the prefix reuse of vLLM automatic prefix
-//! caching stops at the first miss the same way. The walk looks up `h_0, h_1, …` in the node
-//! map, 64 hashes at a time before using any (independent lookups overlap their cache misses,
-//! which dominate on a large index), and narrows the set of workers still matching: when a
-//! node's holders are exactly the active set (the common case: a shared system prompt, or one
-//! worker's own conversation) nothing changes, which costs a comparison of ≤ 3 slots or of
-//! `⌈workers/64⌉` bitset words; otherwise the active set is intersected with the holders
-//! (bitset membership, binary search, or a merge, whichever is cheapest). The walk stops at
-//! the first hash without a node or once no worker is left. Cost: one hash lookup per
-//! matched block, `O(workers/64)` per block in the common case and at most
-//! `O(|active| + |holders|)`; scratch vectors of `O(workers)` and 64 entries.
+//! caching stops at the first miss the same way. `h_0` is a first block (a block stored with
+//! no parent), as every request's is: the walk looks it up among the heads of the tree's
+//! first nodes (a small map, in cache), so a hash stored only under some parent (which only
+//! corrupt events could make) does not start a match. The walk then compares the request with the node's blocks from there (a contiguous compare, eight
+//! hashes at a time), then looks up the first hash past the matched run, and so on: one
+//! lookup per node met, not per block. At each node it narrows the set of workers still
+//! matching: when the node's holders are exactly the active set (the common case: a shared
+//! system prompt, or one worker's own conversation) nothing changes, which costs a comparison
+//! of ≤ 3 slots or of `⌈workers/64⌉` bitset words; otherwise the active set is intersected
+//! with the holders (bitset membership, binary search, or a merge, whichever is cheapest).
+//! The walk stops at the first hash not in the tree or once no worker is left; a request
+//! whose first hash is not in the tree costs one lookup and allocates nothing. Cost: one
+//! lookup per node, one compare per matched block, `O(workers/64)` per node in the common
+//! case and at most `O(|active| + |holders|)`; scratch vectors of `O(workers)`.
 //!
 //! # Event protocol
 //!
@@ -82,13 +98,17 @@
 //!
 //! # Costs
 //!
-//! `Stored` and `Removed`: one node-map and one worker-map operation per block, plus a
-//! sorted insert or removal in the node's holder list (`O(holders)`). `Cleared` and
-//! [`PrefixIndex::remove_worker`]: `O(blocks the worker held)` such steps, found through a
-//! per-worker map of held sequence hashes (no scan of the tree). Memory: a 48-byte map bucket per node (at most three holders inline;
-//! a node with more adds a boxed list of 4 bytes per holder plus a `⌈workers/64⌉`-word
-//! bitset) and a 16-byte bucket per (worker, block) in the per-worker maps, at the maps' load
-//! factor (½ to ⅞).
+//! `Stored`: one block-map insert per new block appended or put in a new node; for blocks
+//! already in the tree, one lookup per run of blocks in one node, plus the splits that
+//! isolate the run when the worker's tiers there change (`O(shorter part)` block-map updates
+//! each, `O(holders)` for the holder lists). `Removed`: one lookup per run likewise; the
+//! tail of a leaf held by the worker alone (the usual eviction) is cut off in place.
+//! `Cleared` and [`PrefixIndex::remove_worker`]: `O(nodes the worker held)` holder updates,
+//! plus the blocks of the nodes left empty, found through a per-worker set of held nodes (no
+//! scan of the tree). Memory: a 16-byte block-map entry and an 8-byte hash in its node per
+//! block in the tree (at the map's load factor, ½ to ⅞), plus per node about 100 bytes and
+//! its holder list (a boxed list of 4 bytes per holder plus a `⌈workers/64⌉`-word bitset past
+//! three holders), plus a 4-byte entry per (worker, node) in the workers' node sets.
 //!
 //! Hashing: sequence hashes are already XXH3 outputs, so the maps use foldhash's fast hasher
 //! ([`FastMap`]) instead of SipHash. It is not HashDoS-resistant; inputs come from our own
@@ -100,6 +120,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::kv::events::{KvEvent, KvEventData, SnapshotBlock, Tier};
 use crate::runtime::ids::{EventId, SequenceHash, WorkerId};
 
+mod tree;
+
+use tree::{Loc, Node, NodeId};
+
 /// Events buffered per pending worker before further ones are ignored.
 pub const DEFAULT_MAX_BUFFERED: usize = 4096;
 
@@ -108,6 +132,9 @@ pub const DEFAULT_MAX_BUFFERED: usize = 4096;
 
 /// A `HashMap` with foldhash's fast hasher at a fixed seed (deterministic across runs).
 pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
+
+/// A `HashSet` with the same hasher.
+pub type FastSet<K> = std::collections::HashSet<K, foldhash::fast::FixedState>;
 
 // ---------------------------------------------------------------------------------------------
 // Tiers
@@ -334,61 +361,6 @@ impl Holders {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Nodes
-
-/// A node's parent link.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Parent {
-    /// First block of a sequence.
-    Root,
-    Known(SequenceHash),
-    /// A placeholder created as some block's parent: its own parent is not known yet.
-    Unknown,
-}
-
-#[derive(Debug, Clone)]
-struct Node {
-    parent: Parent,
-    children: u32,
-    /// Union of the holders' tiers (every holder qualifies for a filter containing it).
-    tiers_any: u8,
-    holders: Holders,
-}
-
-impl Node {
-    const fn new(parent: Parent) -> Self {
-        Node {
-            parent,
-            children: 0,
-            tiers_any: 0,
-            holders: Holders::new(),
-        }
-    }
-
-    fn is_garbage(&self) -> bool {
-        self.holders.is_empty() && self.children == 0
-    }
-
-    /// Sets `slot`'s tiers (0 removes it); returns whether the holder list went from
-    /// empty to non-empty (+1), non-empty to empty (-1) or neither (0).
-    fn set_holder(&mut self, slot: u32, tiers: u8) -> i8 {
-        let was_empty = self.holders.is_empty();
-        match (self.holders.find(slot), tiers) {
-            (Ok(i), 0) => self.holders.remove_at(i),
-            (Ok(i), t) => self.holders.set_at(i, pack(slot, t)),
-            (Err(_), 0) => {}
-            (Err(i), t) => self.holders.insert_at(i, pack(slot, t)),
-        }
-        self.tiers_any = self.holders.tier_union();
-        match (was_empty, self.holders.is_empty()) {
-            (true, false) => 1,
-            (false, true) => -1,
-            _ => 0,
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // Public protocol types
 
 /// Why a worker needs a resync.
@@ -442,8 +414,10 @@ struct Pending {
 #[derive(Debug, Clone)]
 struct WorkerEntry {
     id: WorkerId,
-    /// Held blocks and the tier bits each is held in.
-    blocks: FastMap<SequenceHash, u8>,
+    /// Nodes this worker holds (in some tier).
+    nodes: FastSet<NodeId>,
+    /// Blocks in those nodes.
+    held: usize,
     /// Id of the last applied event (0: none).
     last_event: u64,
     pending: Option<Pending>,
@@ -453,7 +427,8 @@ impl WorkerEntry {
     fn new(id: WorkerId) -> Self {
         WorkerEntry {
             id,
-            blocks: FastMap::default(),
+            nodes: FastSet::default(),
+            held: 0,
             last_event: 0,
             pending: None,
         }
@@ -484,14 +459,24 @@ fn classify(last: u64, got: u64) -> ResyncReason {
 /// Global prefix index over every worker's KV blocks (see the module docs).
 #[derive(Debug, Clone)]
 pub struct PrefixIndex {
-    nodes: FastMap<SequenceHash, Node>,
+    /// Every block in the tree: its node and position.
+    blocks: FastMap<SequenceHash, Loc>,
+    /// Heads of the nodes with a `Root` link (first blocks), where a query starts: a small
+    /// map, in cache, so a request that matches nothing costs one cheap lookup.
+    roots: FastMap<SequenceHash, NodeId>,
+    /// The arena (free slots have no blocks).
+    nodes: Vec<Node>,
+    free_nodes: Vec<NodeId>,
+    live_nodes: usize,
+    /// Nodes changed by the event being applied, to merge afterwards (scratch).
+    touched: Vec<NodeId>,
     slots: Vec<Option<WorkerEntry>>,
     free_slots: Vec<u32>,
     by_id: FastMap<WorkerId, u32>,
     /// Bumped whenever a slot is handed out or freed (see [`PrefixIndex::slot`]).
     epoch: u64,
-    /// Nodes with at least one holder.
-    held_nodes: usize,
+    /// Blocks in nodes with at least one holder.
+    held_blocks: usize,
     /// Σ over workers of held blocks.
     holdings: usize,
     max_buffered: usize,
@@ -509,12 +494,17 @@ impl PrefixIndex {
     /// An empty index.
     pub fn new() -> Self {
         PrefixIndex {
-            nodes: FastMap::default(),
+            blocks: FastMap::default(),
+            roots: FastMap::default(),
+            nodes: Vec::new(),
+            free_nodes: Vec::new(),
+            live_nodes: 0,
+            touched: Vec::new(),
             slots: Vec::new(),
             free_slots: Vec::new(),
             by_id: FastMap::default(),
             epoch: 0,
-            held_nodes: 0,
+            held_blocks: 0,
             holdings: 0,
             max_buffered: DEFAULT_MAX_BUFFERED,
             lower_tiers: false,
@@ -578,10 +568,12 @@ impl PrefixIndex {
         self.purge_blocks(slot);
         for (tier, blocks) in snapshot {
             let bit = tier_bit(*tier);
+            self.lower_tiers |= bit != TIER_DEVICE && !blocks.is_empty();
             for b in *blocks {
-                self.store_one(slot, bit, b.parent, b.seq_hash);
+                self.store_chain(slot, bit, b.parent, 1, |_| b.seq_hash);
             }
         }
+        self.normalize();
         self.entry_mut(slot).last_event = last_event_id.0;
         let buffered = pending.map(|p| p.buffered).unwrap_or_default();
         self.replay(slot, buffered)
@@ -610,19 +602,31 @@ impl PrefixIndex {
 
     /// Like [`PrefixIndex::overlaps`], counting only copies in `tiers`.
     pub fn overlaps_in(&self, hashes: &[SequenceHash], tiers: TierSet) -> Overlaps<'_> {
+        let first = hashes.first().and_then(|h| self.roots.get(h));
+        let Some(mut loc) = first.map(|id| Loc {
+            node: *id,
+            pos: self.node(*id).base,
+        }) else {
+            // Nothing matches: no scratch at all.
+            return Overlaps {
+                index: self,
+                scores: Vec::new(),
+            };
+        };
         let mut walk = Walk::new(self.slots.len(), tiers);
-        let mut found: Vec<Found<'_>> = Vec::with_capacity(WALK_CHUNK.min(hashes.len()));
-        for chunk in hashes.chunks(WALK_CHUNK) {
-            // Look a whole chunk up first: independent lookups overlap their cache misses.
-            found.clear();
-            found.extend(
-                chunk
-                    .iter()
-                    .map_while(|h| self.nodes.get(h).map(Found::new)),
-            );
-            let whole = found.len() == chunk.len();
-            if !found.iter().all(|f| walk.step(f)) || !whole {
+        let mut depth = 0;
+        loop {
+            let node = self.node(loc.node);
+            let off = node.offset(loc.pos);
+            // ≥ 1: the map sent `hashes[depth]` to this block.
+            let run = common_prefix(&node.blocks[off..], &hashes[depth..]);
+            if !walk.step(node, run as u32) {
                 break;
+            }
+            depth += run;
+            match hashes.get(depth).and_then(|h| self.blocks.get(h)) {
+                Some(next) => loc = *next,
+                None => break,
             }
         }
         Overlaps {
@@ -633,7 +637,7 @@ impl PrefixIndex {
 
     /// Distinct blocks held by at least one worker.
     pub fn num_blocks(&self) -> usize {
-        self.held_nodes
+        self.held_blocks
     }
 
     /// `worker`'s slot, to read [`Overlaps::at`] without hashing its id again. A slot stays
@@ -656,12 +660,18 @@ impl PrefixIndex {
 
     /// Whether some worker holds `hash` (any tier).
     pub fn contains(&self, hash: SequenceHash) -> bool {
-        self.nodes.get(&hash).is_some_and(|n| !n.holders.is_empty())
+        let loc = self.blocks.get(&hash);
+        loc.is_some_and(|l| !self.node(l.node).holders.is_empty())
     }
 
-    /// Nodes in the tree, placeholders (unheld parents of held blocks) included.
+    /// Blocks in the tree, placeholders (unheld parents of held blocks) included.
     pub fn num_nodes(&self) -> usize {
-        self.nodes.len()
+        self.blocks.len()
+    }
+
+    /// Nodes (edges) of the compressed tree: runs of blocks with the same holders.
+    pub fn num_edges(&self) -> usize {
+        self.live_nodes
     }
 
     /// Σ over workers of the blocks each holds (a block held by 3 workers counts 3).
@@ -681,22 +691,30 @@ impl PrefixIndex {
 
     /// Blocks held by `worker` (any tier); 0 if unknown.
     pub fn blocks_of(&self, worker: &WorkerId) -> usize {
-        self.entry(worker).map_or(0, |e| e.blocks.len())
+        self.entry(worker).map_or(0, |e| e.held)
     }
 
     /// Tiers in which `worker` holds `hash` (empty if none).
     pub fn tiers_of(&self, worker: &WorkerId, hash: SequenceHash) -> TierSet {
-        let bits = self
-            .entry(worker)
-            .and_then(|e| e.blocks.get(&hash).copied());
-        TierSet(bits.unwrap_or(0))
+        let (Some(slot), Some(loc)) = (self.by_id.get(worker), self.blocks.get(&hash)) else {
+            return TierSet::EMPTY;
+        };
+        TierSet(self.node(loc.node).tiers_of(*slot))
     }
 
     /// Every block `worker` holds with its tiers, in no particular order.
     pub fn held_by(&self, worker: &WorkerId) -> Vec<(SequenceHash, TierSet)> {
-        self.entry(worker).map_or_else(Vec::new, |e| {
-            e.blocks.iter().map(|(h, t)| (*h, TierSet(*t))).collect()
-        })
+        let Some(slot) = self.by_id.get(worker).copied() else {
+            return Vec::new();
+        };
+        let entry = self.entry(worker).expect("a mapped worker has an entry");
+        let mut out = Vec::with_capacity(entry.held);
+        for id in &entry.nodes {
+            let node = self.node(*id);
+            let tiers = TierSet(node.tiers_of(slot));
+            out.extend(node.blocks.iter().map(|h| (*h, tiers)));
+        }
+        out
     }
 
     /// Id of the last event applied for `worker` (`EventId(0)`: none yet); `None` if unknown.
@@ -774,132 +792,19 @@ impl PrefixIndex {
         let bit = tier_bit(tier);
         match data {
             KvEventData::Stored { parent, blocks } => {
-                let mut parent = *parent;
-                for b in blocks {
-                    self.store_one(slot, bit, parent, b.seq_hash);
-                    parent = Some(b.seq_hash);
-                }
+                self.lower_tiers |= bit != TIER_DEVICE && !blocks.is_empty();
+                self.store_chain(slot, bit, *parent, blocks.len(), |i| blocks[i].seq_hash);
             }
-            KvEventData::Removed { blocks } => {
-                for h in blocks {
-                    self.remove_one(slot, bit, *h);
-                }
-            }
-            KvEventData::Cleared => self.clear_tier(slot, bit),
+            KvEventData::Removed { blocks } => self.remove_blocks(slot, bit, blocks),
+            KvEventData::Cleared => self.clear_bits(slot, bit),
         }
-    }
-
-    fn store_one(&mut self, slot: u32, bit: u8, parent: Option<SequenceHash>, h: SequenceHash) {
-        self.lower_tiers |= bit != TIER_DEVICE;
-        let entry = self.entry_mut(slot);
-        let tiers = entry.blocks.entry(h).or_insert(0);
-        let was = *tiers;
-        if was & bit != 0 {
-            return;
-        }
-        *tiers |= bit;
-        if was == 0 {
-            self.holdings += 1;
-        }
-        self.ensure_node(h, parent);
-        let node = self.nodes.get_mut(&h).expect("ensure_node created it");
-        if node.set_holder(slot, was | bit) > 0 {
-            self.held_nodes += 1;
-        }
-    }
-
-    fn remove_one(&mut self, slot: u32, bit: u8, h: SequenceHash) {
-        let entry = self.entry_mut(slot);
-        let Some(tiers) = entry.blocks.get_mut(&h) else {
-            return;
-        };
-        if *tiers & bit == 0 {
-            return;
-        }
-        *tiers &= !bit;
-        let now = *tiers;
-        if now == 0 {
-            entry.blocks.remove(&h);
-            self.holdings -= 1;
-        }
-        self.set_node_holder(h, slot, now);
-    }
-
-    fn clear_tier(&mut self, slot: u32, bit: u8) {
-        let entry = self.entry_mut(slot);
-        let held: Vec<SequenceHash> = entry
-            .blocks
-            .iter()
-            .filter(|(_, t)| **t & bit != 0)
-            .map(|(h, _)| *h)
-            .collect();
-        for h in held {
-            self.remove_one(slot, bit, h);
-        }
+        self.normalize();
     }
 
     /// Drops every block of `slot` (all tiers); buffered events are left to the caller.
     fn purge_blocks(&mut self, slot: u32) {
-        let blocks = std::mem::take(&mut self.entry_mut(slot).blocks);
-        self.holdings -= blocks.len();
-        for h in blocks.into_keys() {
-            self.set_node_holder(h, slot, 0);
-        }
-    }
-
-    /// Sets `slot`'s tiers on node `h` (0 removes it) and collects the node if it emptied.
-    fn set_node_holder(&mut self, h: SequenceHash, slot: u32, tiers: u8) {
-        let node = self.nodes.get_mut(&h).expect("every held block has a node");
-        if node.set_holder(slot, tiers) < 0 {
-            self.held_nodes -= 1;
-            self.collect(h);
-        }
-    }
-
-    /// Creates node `h` if needed and links it under `parent` (creating a placeholder parent)
-    /// when its parent was not known yet. A known parent link is never changed.
-    fn ensure_node(&mut self, h: SequenceHash, parent: Option<SequenceHash>) {
-        let link = match parent {
-            Some(p) if p == h => Parent::Unknown, // only a corrupt event: never self-link
-            Some(p) => Parent::Known(p),
-            None => Parent::Root,
-        };
-        match self.nodes.get_mut(&h) {
-            Some(node) if node.parent == Parent::Unknown && link != Parent::Unknown => {
-                node.parent = link;
-            }
-            Some(_) => return,
-            None => {
-                self.nodes.insert(h, Node::new(link));
-            }
-        }
-        if let Parent::Known(p) = link {
-            let parent = self.nodes.entry(p).or_insert(Node::new(Parent::Unknown));
-            parent.children += 1;
-        }
-    }
-
-    /// Removes node `h` if it has neither holder nor child, then its ancestors likewise.
-    fn collect(&mut self, mut h: SequenceHash) {
-        loop {
-            let Some(node) = self.nodes.get(&h) else {
-                return;
-            };
-            if !node.is_garbage() {
-                return;
-            }
-            let parent = node.parent;
-            self.nodes.remove(&h);
-            let Parent::Known(p) = parent else {
-                return;
-            };
-            let pn = self
-                .nodes
-                .get_mut(&p)
-                .expect("a node with children is never removed");
-            pn.children -= 1;
-            h = p;
-        }
+        self.clear_bits(slot, TierSet::ALL.0);
+        self.normalize();
     }
 
     /// Checks every structural invariant; `O(size)`, for tests and debugging.
@@ -907,64 +812,8 @@ impl PrefixIndex {
     /// # Errors
     /// A description of the first invariant found broken.
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.check_nodes()?;
+        self.check_tree()?;
         self.check_workers()
-    }
-
-    fn check_nodes(&self) -> Result<(), String> {
-        let mut children: FastMap<SequenceHash, u32> = FastMap::default();
-        let mut held = 0;
-        for (h, node) in &self.nodes {
-            if node.is_garbage() {
-                return Err(format!("node {h} has neither holder nor child"));
-            }
-            if let Parent::Known(p) = node.parent {
-                if !self.nodes.contains_key(&p) {
-                    return Err(format!("node {h} links to missing parent {p}"));
-                }
-                *children.entry(p).or_default() += 1;
-            }
-            let holders = node.holders.as_slice();
-            held += usize::from(!holders.is_empty());
-            if node.tiers_any != node.holders.tier_union() {
-                return Err(format!("node {h}: stale tier union"));
-            }
-            if holders.windows(2).any(|w| slot_of(w[0]) >= slot_of(w[1])) {
-                return Err(format!("node {h}: holders not strictly sorted"));
-            }
-            for x in holders {
-                self.check_holder(*h, *x)?;
-            }
-        }
-        for (h, node) in &self.nodes {
-            let want = children.get(h).copied().unwrap_or(0);
-            if node.children != want {
-                return Err(format!(
-                    "node {h}: {} children, counted {want}",
-                    node.children
-                ));
-            }
-        }
-        if held != self.held_nodes {
-            return Err(format!("held_nodes {} != {held}", self.held_nodes));
-        }
-        Ok(())
-    }
-
-    fn check_holder(&self, h: SequenceHash, holder: u32) -> Result<(), String> {
-        let slot = slot_of(holder) as usize;
-        let tiers = (holder & TIER_MASK) as u8;
-        let entry = self.slots.get(slot).and_then(Option::as_ref);
-        let Some(entry) = entry else {
-            return Err(format!("node {h}: holder slot {slot} is free"));
-        };
-        match entry.blocks.get(&h) {
-            Some(t) if *t == tiers && tiers != 0 => Ok(()),
-            other => Err(format!(
-                "node {h}: {} holds tiers {tiers:#b}, worker map says {other:?}",
-                entry.id
-            )),
-        }
     }
 
     fn check_workers(&self) -> Result<(), String> {
@@ -979,15 +828,27 @@ impl PrefixIndex {
             if self.by_id.get(&entry.id) != Some(&(slot as u32)) {
                 return Err(format!("worker {} not mapped to slot {slot}", entry.id));
             }
-            holdings += entry.blocks.len();
-            for (h, t) in &entry.blocks {
-                let node = self.nodes.get(h).ok_or(format!("{h} held without node"))?;
-                let found = node.holders.find(slot as u32).ok();
-                let x = found.map(|i| node.holders.as_slice()[i]);
-                if x != Some(pack(slot as u32, *t)) {
-                    return Err(format!("{h}: worker {} not listed in its node", entry.id));
+            let mut held = 0;
+            for id in &entry.nodes {
+                let node = self.nodes.get(*id as usize).filter(|n| n.is_live());
+                let Some(node) = node else {
+                    return Err(format!("worker {} lists dead node {id}", entry.id));
+                };
+                if node.tiers_of(slot as u32) == 0 {
+                    return Err(format!(
+                        "worker {} lists node {id} it does not hold",
+                        entry.id
+                    ));
                 }
+                held += node.blocks.len();
             }
+            if held != entry.held {
+                return Err(format!(
+                    "worker {}: {} held, counted {held}",
+                    entry.id, entry.held
+                ));
+            }
+            holdings += held;
         }
         if self.by_id.len() + self.free_slots.len() != self.slots.len() {
             return Err("slot accounting".into());
@@ -1013,27 +874,26 @@ fn buffer(pending: &mut Pending, ev: &KvEvent, max: usize) -> ApplyOutcome {
     ApplyOutcome::Buffered
 }
 
-/// Hashes looked up at once by the overlap walk.
-const WALK_CHUNK: usize = 64;
-
-/// A node met by the overlap walk, with the fields the walk reads, loaded during the lookup
-/// pass (half the map's buckets straddle two cache lines; reading them here keeps those
-/// misses overlapped too).
-struct Found<'a> {
-    node: &'a Node,
-    holders: &'a [u32],
-    tiers_any: u8,
-}
-
-impl<'a> Found<'a> {
-    #[inline]
-    fn new(node: &'a Node) -> Self {
-        Found {
-            node,
-            holders: node.holders.as_slice(),
-            tiers_any: node.tiers_any,
+/// Length of the common prefix of `a` and `b`, eight hashes at a time.
+#[inline]
+fn common_prefix(a: &[SequenceHash], b: &[SequenceHash]) -> usize {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut i = 0;
+    while i + 8 <= n {
+        let diff = a[i..i + 8]
+            .iter()
+            .zip(&b[i..i + 8])
+            .fold(0, |acc, (x, y)| acc | (x.0 ^ y.0));
+        if diff != 0 {
+            break;
         }
+        i += 8;
     }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i
 }
 
 /// One overlap walk: the workers still matching after `depth` blocks.
@@ -1060,17 +920,18 @@ impl Walk {
         }
     }
 
-    /// Takes the next block's node; `false` once no worker is left.
+    /// Takes the next node met, whose next `run` blocks the request matches; `false` once no
+    /// worker is left.
     #[inline]
-    fn step(&mut self, found: &Found<'_>) -> bool {
+    fn step(&mut self, node: &Node, run: u32) -> bool {
         let filter = self.filter;
         if self.depth == 0 {
-            let qualifying = found.holders.iter().filter(|x| *x & filter != 0);
+            let qualifying = node.holders.as_slice().iter().filter(|x| *x & filter != 0);
             self.active.extend(qualifying.map(|x| slot_of(*x)));
             self.sync_bits();
-        } else if !self.unchanged(found) {
+        } else if !self.unchanged(node) {
             let (depth, scores) = (self.depth, &mut self.scores);
-            intersect(&self.active, found.node, filter, &mut self.next, |s| {
+            intersect(&self.active, node, filter, &mut self.next, |s| {
                 scores[s as usize] = depth;
             });
             std::mem::swap(&mut self.active, &mut self.next);
@@ -1080,19 +941,19 @@ impl Walk {
         if self.active.is_empty() {
             return false;
         }
-        self.depth += 1;
+        self.depth += run;
         true
     }
 
     /// Whether every holder of `node` qualifies and the holders are exactly the active
     /// workers: then the active set carries over unchanged.
     #[inline]
-    fn unchanged(&self, found: &Found<'_>) -> bool {
-        let holders = found.holders;
-        if u32::from(found.tiers_any) & !self.filter != 0 || holders.len() != self.active.len() {
+    fn unchanged(&self, node: &Node) -> bool {
+        let holders = node.holders.as_slice();
+        if u32::from(node.tiers_any) & !self.filter != 0 || holders.len() != self.active.len() {
             return false;
         }
-        match &found.node.holders {
+        match &node.holders {
             // Equal sizes and holders ⊆ active: equal sets.
             Holders::Spilled(s) => s.subset_of(&self.active_bits),
             Holders::Inline { .. } => same_slots(holders, &self.active),

@@ -471,13 +471,120 @@ fn holders_and_hasher_basics() {
     }
     assert!(h.is_empty());
     assert!(
-        std::mem::size_of::<Node>() <= 48,
+        std::mem::size_of::<Holders>() <= 16,
         "{}",
-        std::mem::size_of::<Node>()
+        std::mem::size_of::<Holders>()
     );
     let h = FastMap::<(), ()>::default();
     let hash = |s: &str| std::hash::BuildHasher::hash_one(h.hasher(), s);
     assert_ne!(hash("node-1/r0"), hash("node-1/r1"));
+}
+
+#[test]
+fn a_growing_conversation_is_one_node_and_partial_copies_split_then_merge_back() {
+    let c = chain(20, 448);
+    let mut index = PrefixIndex::new();
+    let mut parent = None;
+    for (i, part) in c.chunks(64).enumerate() {
+        index.apply(&ev("a", i as u64 + 1, Tier::Device, stored(parent, part)));
+        parent = part.last().copied();
+    }
+    ok(&index);
+    assert_eq!((index.num_edges(), index.num_nodes()), (1, 448));
+    // b copies the first 100 blocks: two nodes, {a, b} then {a}.
+    index.apply(&ev("b", 1, Tier::Device, stored(None, &c[..100])));
+    ok(&index);
+    assert_eq!(index.num_edges(), 2);
+    let o = index.overlaps(&c);
+    assert_eq!((o.get(&w("a")), o.get(&w("b"))), (448, 100));
+    // b evicts from its tail, one block per event: the boundary moves back with it.
+    for (k, h) in c[50..100].iter().rev().enumerate() {
+        index.apply(&ev("b", k as u64 + 2, Tier::Device, removed(&[*h])));
+    }
+    ok(&index);
+    assert_eq!(index.num_edges(), 2);
+    assert_eq!(index.overlaps(&c).get(&w("b")), 50);
+    // b drops a block in the middle of what it holds: three runs of holders, then b's copy
+    // goes altogether and the conversation is one node again.
+    index.apply(&ev("b", 52, Tier::Device, removed(&c[20..21])));
+    ok(&index);
+    assert_eq!(index.num_edges(), 4);
+    assert_eq!(index.overlaps(&c).get(&w("b")), 20);
+    index.apply(&ev("b", 53, Tier::Device, KvEventData::Cleared));
+    ok(&index);
+    assert_eq!((index.num_edges(), index.num_holdings()), (1, 448));
+    // a's tail evicted in chunks, children first: the node shrinks in place.
+    for (k, part) in c.chunks(64).rev().enumerate() {
+        index.apply(&ev("a", k as u64 + 8, Tier::Device, removed(part)));
+        ok(&index);
+    }
+    assert_eq!((index.num_edges(), index.num_nodes()), (0, 0));
+}
+
+#[test]
+fn branches_split_at_the_fork_and_the_shorter_side_moves() {
+    let c = chain(21, 300);
+    let mut index = PrefixIndex::new();
+    index.apply(&ev("a", 1, Tier::Device, stored(None, &c)));
+    // Forks after block 10 and after block 290, by the same worker.
+    let early = chain_from(Some(c[9]), 22, 5);
+    let late = chain_from(Some(c[289]), 23, 5);
+    index.apply(&ev("a", 2, Tier::Device, stored(Some(c[9]), &early)));
+    index.apply(&ev("a", 3, Tier::Device, stored(Some(c[289]), &late)));
+    ok(&index);
+    assert_eq!(index.num_edges(), 5);
+    let mut q = c[..10].to_vec();
+    q.extend(&early);
+    assert_eq!(index.overlaps(&q).get(&w("a")), 15);
+    let mut q = c[..290].to_vec();
+    q.extend(&late);
+    q.extend(chain_from(late.last().copied(), 24, 3));
+    assert_eq!(index.overlaps(&q).get(&w("a")), 295);
+    // The forks go: everything is one node again.
+    index.apply(&ev("a", 4, Tier::Device, removed(&late)));
+    index.apply(&ev("a", 5, Tier::Device, removed(&early)));
+    ok(&index);
+    assert_eq!(index.num_edges(), 1);
+    assert_eq!(index.overlaps(&c).get(&w("a")), 300);
+}
+
+#[test]
+fn snapshots_in_any_order_build_the_same_tree() {
+    let c = chain(25, 40);
+    let mut snap = snapshot_of(&c);
+    snap.reverse();
+    snap.swap(3, 30);
+    let mut index = PrefixIndex::new();
+    index.resync(&w("a"), EventId(7), &snap);
+    ok(&index);
+    assert_eq!((index.num_edges(), index.num_blocks()), (1, 40));
+    assert_eq!(index.overlaps(&c).get(&w("a")), 40);
+}
+
+#[test]
+fn corrupt_links_never_make_a_cycle() {
+    let c = chain(26, 3);
+    let mut index = PrefixIndex::new();
+    // c[1] under c[0]; then c[0] claimed under c[2] and under itself.
+    index.apply(&ev("a", 1, Tier::Device, stored(Some(c[0]), &c[1..2])));
+    index.apply(&ev("a", 2, Tier::Device, stored(Some(c[1]), &c[2..])));
+    index.apply(&ev("a", 3, Tier::Device, stored(Some(c[2]), &c[..1])));
+    index.apply(&ev("b", 1, Tier::Device, stored(Some(c[0]), &c[..1])));
+    ok(&index);
+    // Nobody stored c[0] as a first block: no request starts a match there.
+    assert_eq!(index.overlaps(&c).max(), 0);
+    assert_eq!((index.blocks_of(&w("a")), index.blocks_of(&w("b"))), (3, 1));
+    // A block stored twice in one chain, and a chain through a block held elsewhere; c[0]
+    // is now a first block.
+    index.apply(&ev("b", 2, Tier::Device, stored(None, &[c[0], c[0], c[1]])));
+    ok(&index);
+    let o = index.overlaps(&c);
+    assert_eq!((o.get(&w("a")), o.get(&w("b"))), (3, 2));
+    assert_eq!(index.num_edges(), 2);
+    index.apply(&ev("a", 4, Tier::Device, removed(&c)));
+    index.apply(&ev("b", 3, Tier::Device, removed(&c)));
+    ok(&index);
+    assert_eq!((index.num_edges(), index.num_nodes()), (0, 0));
 }
 
 // ---------------------------------------------------------------------------------------------
