@@ -1,8 +1,9 @@
 //! Routing, pure: where a request should go, and what the router knows to decide it.
 //!
 //! - `index.rs` — [`index::PrefixIndex`]: which worker holds which prompt prefix, built from
-//!   every worker's KV events (radix tree keyed by sequence hash; gap / duplicate / reset of a
-//!   worker's event ids triggers one resync from its KV event publisher's snapshot).
+//!   every worker's KV events (a path-compressed radix tree keyed by sequence hash; gap /
+//!   duplicate / reset of a worker's event ids triggers one resync from its KV event
+//!   publisher's snapshot).
 //! - `load.rs` — [`load::ActiveLoad`]: per worker, prompt tokens waiting for prefill and active
 //!   decode blocks of the requests this router placed.
 //! - `policy.rs` — [`policy::Selector`]: `kv` (`(queued + overlap_weight × uncached) / B +

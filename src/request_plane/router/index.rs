@@ -44,8 +44,9 @@
 //! caching stops at the first miss the same way. `h_0` is a first block (a block stored with
 //! no parent), as every request's is: the walk looks it up among the heads of the tree's
 //! first nodes (a small map, in cache), so a hash stored only under some parent (which only
-//! corrupt events could make) does not start a match. The walk then compares the request with the node's blocks from there (a contiguous compare, eight
-//! hashes at a time), then looks up the first hash past the matched run, and so on: one
+//! corrupt events could make) does not start a match. The walk then compares the request
+//! with the node's blocks from there (a contiguous compare, eight hashes at a time), then
+//! looks up the first hash past the matched run in the block map, and so on: one
 //! lookup per node met, not per block. At each node it narrows the set of workers still
 //! matching: when the node's holders are exactly the active set (the common case: a shared
 //! system prompt, or one worker's own conversation) nothing changes, which costs a comparison
