@@ -1,5 +1,5 @@
 //! Cluster formation in one process: two nodes on loopback form a cluster, see each other's
-//! role groups and heartbeats; a wrong cookie is a clear error.
+//! role groups and heartbeats; a wrong cookie is a clear error, so is a name a live node has.
 
 #[path = "common/poll.rs"]
 mod poll;
@@ -131,6 +131,53 @@ async fn a_wrong_cookie_is_a_clear_error() {
     assert!(err.to_string().contains("cookie"), "{err}");
     // The failed node cleaned up after itself: its names are free again.
     assert!(discovery::local("delta/discovery").is_none());
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_live_node_under_a_taken_name_is_refused() {
+    crate::poll::init_tracing();
+    let (pa, pb, pc) = (free_port(), free_port(), free_port());
+    let a = node::start(config("theta", pa, &[NodeRole::Router], None, "k"))
+        .await
+        .unwrap();
+    let b = node::start(config("iota", pb, &[NodeRole::Router], Some(pa), "k"))
+        .await
+        .unwrap();
+    let seen = |state: NodeState| async move {
+        let fleet = ractor::call_t!(discovery_of("theta/"), DiscoveryMsg::GetFleet, 2_000)
+            .unwrap()
+            .decode()
+            .unwrap();
+        fleet
+            .iter()
+            .any(|n| n.id.as_str() == "iota" && n.state == state)
+    };
+    poll_until(Duration::from_secs(10), "theta sees iota up", || async {
+        seen(NodeState::Up).await.then_some(())
+    })
+    .await;
+    // A second "iota" on another address: refused before it touches the cluster.
+    let err = match node::start(config("iota", pc, &[NodeRole::Router], Some(pa), "k")).await {
+        Ok(_) => panic!("a second live node named iota joined"),
+        Err(e) => e,
+    };
+    assert!(matches!(err, NodeError::NameTaken { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("\"iota\" is taken") && msg.contains(&format!("127.0.0.1:{pb}")),
+        "{msg}"
+    );
+    // The first iota kept its session: still up, seen from theta, its discovery in place.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(seen(NodeState::Up).await, "iota stays up");
+    assert!(discovery::local("iota/discovery").is_some());
+    // iota restarted on its own address: not a namesake, it joins.
+    b.stop().await;
+    let b = node::start(config("iota", pb, &[NodeRole::Router], Some(pa), "k"))
+        .await
+        .unwrap();
+    b.stop().await;
     a.stop().await;
 }
 

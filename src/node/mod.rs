@@ -8,6 +8,7 @@
 
 pub mod config;
 pub mod context;
+mod name_check;
 
 use crate::node::config::Config;
 use crate::node::context::NodeContext;
@@ -41,6 +42,19 @@ pub enum NodeError {
     /// address that cannot be bound).
     #[error("transport: {0}")]
     Transport(crate::transport::TransportError),
+    /// A live node of the cluster already has this node's name (`name_check.rs`).
+    #[error(
+        "node name {name:?} is taken: a live node of the cluster has it (cluster address \
+         {addr}, pid {pid}); node names must be unique (--name)"
+    )]
+    NameTaken {
+        /// The name.
+        name: String,
+        /// The live node's cluster address.
+        addr: String,
+        /// Its process id (on its host).
+        pid: u32,
+    },
 }
 
 // By hand, not `#[from]`: the message above already holds the transport's, which a source
@@ -138,12 +152,22 @@ fn plain_start_error(e: &ractor::SpawnErr) -> String {
 /// [`NodeError::Model`] when a worker or gateway node cannot load its model;
 /// [`NodeError::Tree`] when the sim profile is unreadable or the supervision tree fails to
 /// start; [`NodeError::Cluster`] when the NodeServer cannot listen or no seed can be joined
-/// (a wrong cookie included).
+/// (a wrong cookie included); [`NodeError::NameTaken`] when a live node of the cluster has
+/// this node's name.
 pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     crate::runtime::metrics::handle();
     crate::runtime::resilience::install_panic_hook();
     let config = Arc::new(config);
     let node_id = NodeId::new(config.node.name());
+    if !config.node.join.is_empty()
+        && let Some(namesake) = name_check::live_namesake(&config, &node_id).await?
+    {
+        return Err(NodeError::NameTaken {
+            name: node_id.to_string(),
+            addr: namesake.addr,
+            pid: namesake.pid,
+        });
+    }
     let model = if config.has_role(crate::runtime::role::NodeRole::Worker) {
         let path = crate::model::resolve_model_path(config.worker.model_path.as_deref())?;
         let loaded = crate::model::load_model(&path)?;

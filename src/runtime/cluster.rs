@@ -226,6 +226,50 @@ pub async fn start_node_server(
     })
 }
 
+/// Start a throwaway NodeServer named `name` on an OS-chosen port of `ip`, in isolated mode
+/// (it connects to the seeds it is given and to no one they know): a way to ask the cluster
+/// something before joining it under this node's own name. Stop it with `stop_and_wait`.
+///
+/// # Errors
+/// As [`start_node_server`].
+pub async fn start_probe_server(
+    name: String,
+    ip: std::net::IpAddr,
+    cookie: String,
+    max_frame_bytes: u64,
+) -> Result<ActorRef<NodeServerMessage>, ClusterError> {
+    let port = std::net::TcpListener::bind(SocketAddr::new(ip, 0))
+        .and_then(|l| l.local_addr())
+        .map_err(|source| ClusterError::Listen {
+            addr: SocketAddr::new(ip, 0),
+            source,
+        })?
+        .port();
+    let server = NodeServer::new(
+        port,
+        cookie,
+        name,
+        ip.to_string(),
+        None,
+        Some(NodeConnectionMode::Isolated),
+    )
+    .with_listen_addr(ip)
+    .with_max_inbound_frame_size(max_frame_bytes);
+    let (server, _) = Actor::spawn(None, server, ())
+        .await
+        .map_err(|e| ClusterError::Start(e.to_string()))?;
+    Ok(server)
+}
+
+/// Node names of the peers this NodeServer has sessions with.
+pub async fn peer_names(server: &ActorRef<NodeServerMessage>) -> Vec<String> {
+    let sessions = ractor::call_t!(server, NodeServerMessage::GetSessions, 2_000);
+    sessions.map_or_else(
+        |_| Vec::new(),
+        |s| s.values().filter_map(peer_node).collect(),
+    )
+}
+
 /// Session lifecycle events forwarded to a channel.
 #[derive(Debug, Clone)]
 pub enum SessionEvent {
