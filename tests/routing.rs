@@ -240,6 +240,56 @@ async fn dropped_kv_events_trigger_a_resync_and_routing_recovers() {
     assert_eq!(delta(&placements(&c).await, &before).len(), 1);
 }
 
+/// A restarted router rebuilds its prefix index from every live worker's snapshot on its
+/// first tick, not at each worker's next KV event (an idle fleet sends none): the index is
+/// whole again within a bound, and a cached prefix still lands on its holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_router_rebuilds_its_index_from_snapshots_at_once() {
+    let c = FleetOptions::new(2).chaos().start().await;
+    wait_routable(&c, 2).await;
+    let prompts: Vec<String> = (0..4).map(|i| prefix(&format!("r{i}x"), 200)).collect();
+    for p in &prompts {
+        send(&c, "/v1/chat/completions", &chat(p, "q", 2)).await;
+    }
+    // The index as the first router built it from events (settled: two equal reads).
+    let last = std::sync::atomic::AtomicU64::new(0);
+    let held = crate::poll::poll_until(Duration::from_secs(10), "a settled index", || async {
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        let now = metric_sum(&c, "flotilla_router_index_blocks").await;
+        let before = last.swap(now, std::sync::atomic::Ordering::Relaxed);
+        (now > 0 && now == before).then_some(now)
+    })
+    .await;
+    let r = reqwest::Client::new()
+        .post(c.url("/chaos/faults"))
+        .json(&json!({"kind": "kill_actor", "actor": "router", "target": {"node": NODE}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let killed = std::time::Instant::now();
+    // The new router starts from an empty index; no request meanwhile: nothing but the
+    // bootstrap can fill it.
+    crate::poll::poll_until(Duration::from_secs(10), "the new router", || async {
+        (metric_sum(&c, "flotilla_router_index_blocks").await == 0).then_some(())
+    })
+    .await;
+    crate::poll::poll_until(Duration::from_secs(10), "the index rebuilt", || async {
+        (metric_sum(&c, "flotilla_router_index_blocks").await == held).then_some(())
+    })
+    .await;
+    let took = killed.elapsed();
+    eprintln!("router index rebuilt ({held} holdings) {took:?} after the kill");
+    // A tick (1 s) plus a snapshot round trip, on a busy machine.
+    assert!(took < Duration::from_secs(5), "rebuilt after {took:?}");
+    wait_routable(&c, 2).await;
+    for p in &prompts {
+        let v = send(&c, "/v1/chat/completions", &chat(p, "again", 2)).await;
+        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+        assert!(cached.unwrap() >= 128, "{v}");
+    }
+}
+
 /// `flotilla profile` fits the CPU engine and writes a profile that a sim fleet runs on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_measured_cpu_profile_drives_a_sim_fleet() {

@@ -8,7 +8,9 @@
 //! [`KvEventsRelay`] joins [`KV_EVENTS_GROUP`], the KV event publishers broadcast to it), so
 //! all routers converge on the same index. The relay is the router's sibling under a
 //! one_for_all supervisor (`supervisors/tree.rs`): either exiting restarts both, and the
-//! restarted index resyncs from snapshots as events arrive. The policy is `router.policy`; a request may
+//! restarted index asks every live worker's KV event publisher for a snapshot on its first
+//! tick (1 s), as it does for a worker that joins (`flotilla_router_index_blocks` shows the
+//! index filling). The policy is `router.policy`; a request may
 //! override it with the header [`POLICY_HEADER`] (`x-flotilla-route-policy: round_robin`).
 //!
 //! # Who can be chosen
@@ -611,10 +613,17 @@ impl RouterState {
     fn on_snapshot(&mut self, snap: KvSnapshot) {
         self.resyncs.remove(&snap.worker);
         let last = snap.last_event.unwrap_or(EventId(0));
+        // A bootstrap snapshot overtaken by a resync (or by events, which the publisher sends
+        // in order with its snapshots) is older than what the index holds: not applied.
+        let held = self.index.last_event_id(&snap.worker);
+        if !self.index.is_pending(&snap.worker) && held.is_some_and(|h| h >= last && h.0 > 0) {
+            return;
+        }
         let mut tiers = vec![(crate::kv::Tier::Device, snap.blocks.as_slice())];
         tiers.extend(snap.lower.iter().map(|(t, b)| (*t, b.as_slice())));
         let report = self.index.resync_tiers(&snap.worker, last, &tiers);
         tracing::info!(worker = %snap.worker, blocks = snap.blocks.len(), ?report, "resynced from snapshot");
+        metrics::gauge!("flotilla_router_index_blocks").set(self.index.num_holdings() as f64);
     }
 
     /// Forget a worker that left (dead or restarting).
@@ -637,6 +646,19 @@ impl RouterState {
         for w in self.housekeeping(now) {
             self.ask_snapshot(w, now);
         }
+        // Bootstrap: a live worker the index does not know yet (this router just started or
+        // restarted, or the worker just joined) gets a snapshot now, not at its next KV event,
+        // which an idle worker may not send for a long time.
+        for w in self.workers.alive() {
+            let due = self
+                .resyncs
+                .get(&w)
+                .is_none_or(|t| now.saturating_sub(*t) >= RESYNC_RETRY_MS);
+            if self.index.last_event_id(&w).is_none() && due {
+                self.ask_snapshot(w, now);
+            }
+        }
+        metrics::gauge!("flotilla_router_index_blocks").set(self.index.num_holdings() as f64);
     }
 
     /// Expire placements older than [`LEASE_TTL_MS`], purge workers whose scheduler is gone;
@@ -675,6 +697,8 @@ impl Actor for Router {
         args: RouterArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         let mut state = RouterState::new(args).map_err(|e| e.to_string())?;
+        // A restarted router starts from an empty index.
+        metrics::gauge!("flotilla_router_index_blocks").set(0.0);
         for c in ractor::pg::get_members(&ROUTER_GROUP.to_owned()) {
             if let Some(name) = c.get_name() {
                 state.router_joined(&name);
