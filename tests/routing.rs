@@ -307,6 +307,9 @@ async fn a_measured_cpu_profile_drives_a_sim_fleet() {
             "--out",
         ])
         .arg(&out)
+        // Its capacity file too goes to the temporary directory, not over the repository's.
+        .arg("--capacity-out")
+        .arg(dir.path().join("capacity.json"))
         .status()
         .unwrap();
     assert!(status.success());

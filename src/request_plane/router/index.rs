@@ -17,7 +17,8 @@
 //! The tree is kept *canonical*: a node that is its parent's only child and has the same
 //! holders is merged into it. A change to some blocks of a node (a worker stores or evicts
 //! part of it) splits the node where the change starts and ends; the shorter part moves, so
-//! a split or merge costs the length of the shorter part in block-map updates. A `Stored`
+//! a split or merge costs the length of the shorter part in block-map updates (plus a
+//! memmove of the node's hash vector). A `Stored`
 //! chain that continues a leaf held by the same worker alone in the same tier is appended to
 //! it: one block-map insert per block, the common case of a conversation growing.
 //!
@@ -570,8 +571,20 @@ impl PrefixIndex {
         for (tier, blocks) in snapshot {
             let bit = tier_bit(*tier);
             self.lower_tiers |= bit != TIER_DEVICE && !blocks.is_empty();
-            for b in *blocks {
-                self.store_chain(slot, bit, b.parent, 1, |_| b.seq_hash);
+            // Stored as chains (runs of blocks each the parent of the next, as a block pool's
+            // snapshot lists them), not block by block: a block at a time over a long node
+            // that others hold would split it once per block.
+            let mut start = 0;
+            while start < blocks.len() {
+                let mut end = start + 1;
+                while end < blocks.len() && blocks[end].parent == Some(blocks[end - 1].seq_hash) {
+                    end += 1;
+                }
+                let chain = &blocks[start..end];
+                self.store_chain(slot, bit, chain[0].parent, chain.len(), |i| {
+                    chain[i].seq_hash
+                });
+                start = end;
             }
         }
         self.normalize();

@@ -559,6 +559,12 @@ fn snapshots_in_any_order_build_the_same_tree() {
     ok(&index);
     assert_eq!((index.num_edges(), index.num_blocks()), (1, 40));
     assert_eq!(index.overlaps(&c).get(&w("a")), 40);
+    // A second worker resynced with the same blocks, parents first (as a block pool lists
+    // them): one run over the node, which gains a holder, not one split per block.
+    index.resync(&w("b"), EventId(3), &snapshot_of(&c));
+    ok(&index);
+    assert_eq!((index.num_edges(), index.num_holdings()), (1, 80));
+    assert_eq!(index.overlaps(&c).get(&w("b")), 40);
 }
 
 #[test]

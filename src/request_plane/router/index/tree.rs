@@ -688,10 +688,11 @@ impl PrefixIndex {
         let mut mapped = 0;
         let mut held = 0;
         let mut live = 0;
+        let free: std::collections::HashSet<NodeId> = self.free_nodes.iter().copied().collect();
         for (i, node) in self.nodes.iter().enumerate() {
             let id = i as NodeId;
             if !node.is_live() {
-                if !self.free_nodes.contains(&id) {
+                if !free.contains(&id) {
                     return Err(format!("node {id} is empty but not free"));
                 }
                 continue;
