@@ -11,6 +11,12 @@
 //! the node refuses to start ([`NodeError::NameTaken`](super::NodeError::NameTaken), exit
 //! code 2). A node restarted under its name on the same address (as `flotilla up` restarts
 //! them), or whose previous process is gone, passes.
+//!
+//! Not covered: a namesake that appears later. A node paused or cut off past the liveness
+//! timeout is down to the others, so a new node may take its name; when the old one comes
+//! back and re-dials, the two take turns on the name (not detected yet).
+//! Two nodes started under one name at the same moment: one joins, the other's handshake is
+//! closed and it reports the cookie error.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -47,15 +53,39 @@ pub async fn live_namesake(
     )
     .await?;
     let timeout = Duration::from_millis(config.cluster.connect_timeout_ms);
+    let mut peers = Vec::new();
     let result = async {
         cluster::join_any(&server, &config.node.join, timeout).await?;
+        peers = cluster::peer_names(&server).await;
         Ok(ask(&server, node_id, me).await)
     }
     .await;
     let _ = server
         .stop_and_wait(Some("name check done".into()), Some(Duration::from_secs(2)))
         .await;
+    proxies_gone(&peers).await;
     result
+}
+
+/// Waits (up to [`DISCOVERY_WAIT`]) until the proxies the probe session registered for the
+/// seeds' actors are gone: the real session registers proxies under the same names, which a
+/// lingering one would refuse. A name held by a local actor (a node of this process) is not
+/// the probe's.
+async fn proxies_gone(peers: &[String]) {
+    let deadline = tokio::time::Instant::now() + DISCOVERY_WAIT;
+    let lingering = || {
+        peers.iter().any(|peer| {
+            ractor::registry::where_is(format!("{peer}/discovery"))
+                .is_some_and(|cell| !cell.get_id().is_local())
+        })
+    };
+    while lingering() {
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(?peers, "name check: the probe session's proxies linger");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Asks the seed's Discovery for its fleet view and looks for a live namesake.
