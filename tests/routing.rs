@@ -279,9 +279,9 @@ async fn a_restarted_router_rebuilds_its_index_from_snapshots_at_once() {
     })
     .await;
     let took = killed.elapsed();
+    // The figure for docs/benchmarks.md; no timed assertion: without the bootstrap the index
+    // never fills (the poll above times out), with it a tick (1 s) plus a round trip.
     eprintln!("router index rebuilt ({held} holdings) {took:?} after the kill");
-    // A tick (1 s) plus a snapshot round trip, on a busy machine.
-    assert!(took < Duration::from_secs(5), "rebuilt after {took:?}");
     wait_routable(&c, 2).await;
     for p in &prompts {
         let v = send(&c, "/v1/chat/completions", &chat(p, "again", 2)).await;
