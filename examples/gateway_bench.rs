@@ -9,6 +9,9 @@
 //!     [--concurrency 32,128] [--seconds 10] [--warmup 2] \
 //!     [--stream --max-tokens 64 --prompt-tokens 512] [--fresh-connections] [--model NAME]
 //! ```
+//! `--gateway URL1,URL2,…` spreads the clients over several gateways (client `i` to gateway
+//! `i mod N`; `flotilla up --gateways N` serves them on consecutive ports).
+//!
 //! Closed loop: `C` clients each send a request, wait for the whole answer and send the next.
 //! - Default: a non-streaming chat completion with `max_tokens: 1`.
 //! - `--stream`: a streamed `/v1/completions` request with a token-id prompt of
@@ -92,6 +95,12 @@ struct Samples {
     ttft: Vec<f64>,
 }
 
+/// Client `id`'s gateway: the `id mod N`-th of the comma-separated `--gateway` list.
+fn gateway(a: &Args, id: usize) -> &str {
+    let list: Vec<&str> = a.gateway.split(',').map(str::trim).collect();
+    list[id % list.len()].trim_end_matches('/')
+}
+
 /// Sends one request; `Some((ttft ms, tokens))` when it succeeded.
 async fn one(http: &reqwest::Client, a: &Args, id: usize, n: usize) -> Option<(Option<f64>, u64)> {
     if a.stream {
@@ -104,7 +113,7 @@ async fn one(http: &reqwest::Client, a: &Args, id: usize, n: usize) -> Option<(O
             "max_tokens": a.max_tokens,
             "ignore_eos": true,
         });
-        let base = a.gateway.trim_end_matches('/');
+        let base = gateway(a, id);
         let o = stream_request(http, base, Route::Completions, body, &[])
             .await
             .ok()?;
@@ -121,7 +130,7 @@ async fn one(http: &reqwest::Client, a: &Args, id: usize, n: usize) -> Option<(O
             "messages": [{"role": "user", "content": format!("client {id} request {n}: say hi")}],
             "max_tokens": 1,
         });
-        let url = format!("{}/v1/chat/completions", a.gateway.trim_end_matches('/'));
+        let url = format!("{}/v1/chat/completions", gateway(a, id));
         let r = http.post(&url).json(&body).send().await.ok()?;
         let status = r.status();
         (r.bytes().await.is_ok() && status.is_success()).then_some((None, 1))

@@ -38,17 +38,7 @@ BENCH=(--dataset "$DATASET" --max-requests "$REQUESTS" --speedup "$TRACE_SPEEDUP
 
 . scripts/lib/fleet.sh
 UP=
-# A fresh Flotilla fleet of $WORKERS sim workers on 2 worker nodes (extra `--set`s appended).
-start_fleet() {
-  "$BIN" up --nodes 3 --engine sim --workers "$WORKERS" --http "$FGW" \
-    --set worker.kv_blocks="$KV_BLOCKS" --set worker.max_num_batched_tokens=8192 \
-    --set worker.max_num_seqs=256 --set worker.sim_speedup="$SIM_SPEEDUP" \
-    --set scheduler.max_decode_stall_ms="$STALL_MS" \
-    --set gateway.busy_kv_ratio=1.0 --set gateway.busy_waiting=1000000 "${EXTRA[@]}" "$@" \
-    > "$OUT/flotilla.up.log" 2>&1 &
-  UP=$!
-  wait_fleet "$FGW" "$WORKERS" "$OUT/flotilla.up.log" 120
-}
+start_fleet() { start_sim_fleet "$@"; }  # scripts/lib/fleet.sh
 trap 'stop_fleet; scripts/peers/dynamo.sh stop 2>/dev/null || true; scripts/peers/routers.sh stop 2>/dev/null || true' EXIT
 
 start_fleet

@@ -3,6 +3,21 @@
 #                                              fleet dies or the time runs out)
 #   stop_fleet                                 SIGTERM $UP and wait for it
 #   fleet_faces GATEWAY                        one "http://FACE=KV_EVENTS" line per worker
+#   start_sim_fleet [UP_FLAGS…]                a fleet of $WORKERS sim workers on 2 worker nodes
+#                                              for the routing benchmarks, gateway $FGW, log in
+#                                              $OUT/flotilla.up.log (needs BIN FGW WORKERS
+#                                              KV_BLOCKS SIM_SPEEDUP STALL_MS OUT; EXTRA: more
+#                                              flags, e.g. --set pairs)
+start_sim_fleet() {
+  "$BIN" up --nodes 3 --engine sim --workers "$WORKERS" --http "$FGW" \
+    --set worker.kv_blocks="$KV_BLOCKS" --set worker.max_num_batched_tokens=8192 \
+    --set worker.max_num_seqs=256 --set worker.sim_speedup="$SIM_SPEEDUP" \
+    --set scheduler.max_decode_stall_ms="$STALL_MS" \
+    --set gateway.busy_kv_ratio=1.0 --set gateway.busy_waiting=1000000 ${EXTRA[@]+"${EXTRA[@]}"} "$@" \
+    > "$OUT/flotilla.up.log" 2>&1 &
+  UP=$!
+  wait_fleet "$FGW" "$WORKERS" "$OUT/flotilla.up.log" 120
+}
 wait_fleet() {
   local gw=$1 want=$2 log=$3 n=0
   for _ in $(seq 1 "${4:-180}"); do

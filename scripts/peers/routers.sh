@@ -9,7 +9,8 @@
 #                                                          # vllm-router 0.1.17 (kv_aware, cache_aware, …);
 #                                                          # URL=tcp://… names the worker's ZMQ KV events
 #                                                          # (worker.kv_events_addr) for kv_aware
-#   scripts/peers/routers.sh stop
+#   scripts/peers/routers.sh stop                          # every router started (several may run
+#                                                          # at once, on different ports)
 #
 # What they need of a worker (and the faces serve): GET /health, the OpenAI routes, and for
 # vllm-router's cache_aware/kv_aware POST /v1/{chat/,}completions/render → {"token_ids"};
@@ -44,8 +45,8 @@ case ${1:-} in
         nohup "$dir/venv/bin/python" -m sglang_router.launch_router --host 127.0.0.1 \
           --port "$port" --prometheus-host 127.0.0.1 --prometheus-port "$mport" \
           --policy "$policy" --worker-urls "${urls[@]}" --log-level warn \
-          > "$dir/logs/router.log" 2>&1 &
-        echo $! > "$dir/router.pid"
+          > "$dir/logs/router-$port.log" 2>&1 &
+        echo $! > "$dir/router-$port.pid"
         # Workers register asynchronously: wait until every one is listed.
         for _ in $(seq 60); do
           n=$(curl -sf "127.0.0.1:$port/workers" 2>/dev/null | python3 -c \
@@ -53,7 +54,7 @@ case ${1:-} in
           [[ $n == "${#urls[@]}" ]] && { echo "sglang-router: http://127.0.0.1:$port ($policy, $n workers)"; exit 0; }
           sleep 1
         done
-        echo "sglang-router did not register its workers; see $dir/logs/router.log" >&2; exit 1
+        echo "sglang-router did not register its workers; see $dir/logs/router-$port.log" >&2; exit 1
         ;;
       vllm)
         dir=$PEERS_DIR/vllm-router
@@ -70,27 +71,28 @@ case ${1:-} in
         nohup "$dir/venv/bin/vllm-router" --host 127.0.0.1 --port "$port" \
           --prometheus-host 127.0.0.1 --prometheus-port "$mport" --policy "$policy" \
           --worker-urls "${urls[@]}" "${kv[@]}" --log-level warning \
-          > "$dir/logs/router.log" 2>&1 &
-        echo $! > "$dir/router.pid"
+          > "$dir/logs/router-$port.log" 2>&1 &
+        echo $! > "$dir/router-$port.pid"
         # It blocks until every worker answers /health, then serves.
         for _ in $(seq 60); do
           curl -sf "127.0.0.1:$port/health" > /dev/null 2>&1 &&
             { echo "vllm-router: http://127.0.0.1:$port ($policy, ${#urls[@]} workers)"; exit 0; }
           sleep 1
         done
-        echo "vllm-router did not come up; see $dir/logs/router.log" >&2; exit 1
+        echo "vllm-router did not come up; see $dir/logs/router-$port.log" >&2; exit 1
         ;;
       *) echo "start sglang|vllm …" >&2; exit 2 ;;
     esac
     ;;
   stop)
     for d in sglang vllm-router; do
-      f=$PEERS_DIR/$d/router.pid
-      [[ -f $f ]] || continue
-      pid=$(cat "$f"); rm -f "$f"
-      kill "$pid" 2>/dev/null || true
-      for _ in $(seq 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-      kill -9 "$pid" 2>/dev/null || true
+      for f in "$PEERS_DIR/$d"/router*.pid; do
+        [[ -f $f ]] || continue
+        pid=$(cat "$f"); rm -f "$f"
+        kill "$pid" 2>/dev/null || true
+        for _ in $(seq 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+        kill -9 "$pid" 2>/dev/null || true
+      done
     done
     ;;
   *)

@@ -18,8 +18,9 @@ use crate::cli::client::{Route, stream_request};
 pub struct Target {
     /// HTTP client (shared connection pool).
     pub client: reqwest::Client,
-    /// Gateway base URL, no trailing `/`.
-    pub base: String,
+    /// Gateway base URLs, no trailing `/`: session `i` goes to `bases[i % len]` (clients
+    /// spread over several gateways); never empty.
+    pub bases: Vec<String>,
     /// `model` of every request.
     pub model: String,
     /// Longest time one request may take, stream included.
@@ -151,12 +152,13 @@ fn spawn_progress(
 /// Send one turn and read its answer.
 async fn send_turn(
     target: &Target,
+    base: &str,
     turn: &Turn,
     salt: u64,
     headers: &[(String, String)],
 ) -> RequestResult {
     let (route, body) = request_body(&target.model, turn, salt, target.text.as_deref());
-    let call = stream_request(&target.client, &target.base, route, body, headers);
+    let call = stream_request(&target.client, base, route, body, headers);
     match tokio::time::timeout(target.request_timeout, call).await {
         Ok(Ok(outcome)) => RequestResult::from_outcome(&outcome),
         Ok(Err(e)) => RequestResult::failed(format!("transport: {e:#}")),
@@ -171,6 +173,7 @@ async fn send_turn(
 /// counted as failed).
 async fn run_session(
     target: &Target,
+    base: &str,
     session: &Session,
     plan: &RunPlan,
     progress: &Progress,
@@ -186,7 +189,7 @@ async fn run_session(
         }
         progress.in_flight.fetch_add(1, Ordering::Relaxed);
         let sent_s = start.elapsed().as_secs_f64();
-        let mut r = send_turn(target, turn, plan.salt, &plan.headers).await;
+        let mut r = send_turn(target, base, turn, plan.salt, &plan.headers).await;
         r.sent_s = sent_s;
         progress.in_flight.fetch_sub(1, Ordering::Relaxed);
         progress.finish(&r);
@@ -210,8 +213,10 @@ struct Shared {
 impl Shared {
     /// Session `i`'s results, each labelled with its session, turn and ideal cached tokens.
     async fn session(&self, i: usize) -> Vec<RequestResult> {
+        let bases = &self.target.bases;
         let mut out = run_session(
             &self.target,
+            &bases[i % bases.len()],
             &self.workload.sessions[i],
             &self.plan,
             &self.progress,

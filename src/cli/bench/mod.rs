@@ -33,6 +33,12 @@
 //! Flotilla's `/v1/fleet` is not waited on; `--fresh-connections` opens a connection per
 //! request (`scripts/bench-routing.sh` drives NVIDIA Dynamo's frontend this way).
 //!
+//! **Several gateways**: `--gateway URL1,URL2,…` spreads the clients: session `i` goes to
+//! gateway `i mod N` (every turn of a session to the same one, as a client keeps its
+//! gateway). The model lookup and the fleet views (`/v1/fleet`: idleness, replica-seconds)
+//! use the first. `scripts/bench-routers.sh` runs 1 → 8 Flotilla routers and SGLang's router
+//! as N independent replicas this way.
+//!
 //! **`--compare KEY=V1,V2,…`** runs the same workload once per value, in order, labelled
 //! `KEY=V`. Only `policy` can be changed per request: each request of the run carries the
 //! header `x-flotilla-route-policy: V`, which the router honours; any other key is an error
@@ -105,7 +111,8 @@ impl Dataset {
 /// Options of `flotilla bench`: where to send the workload, and the workload.
 #[derive(Clone, Debug, clap::Args)]
 pub struct BenchArgs {
-    /// Gateway base URL (or `host:port`).
+    /// Gateway base URL (or `host:port`); several, comma-separated, spread the sessions over
+    /// them (session `i` to gateway `i mod N`).
     #[arg(
         long,
         env = "FLOTILLA_GATEWAY",
@@ -535,7 +542,15 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         Some(spec) => parse_compare(spec)?,
         None => Vec::new(),
     };
-    let base = base_url(&a.gateway);
+    let bases: Vec<String> = a
+        .gateway
+        .split(',')
+        .map(str::trim)
+        .filter(|g| !g.is_empty())
+        .map(base_url)
+        .collect();
+    ensure!(!bases.is_empty(), "--gateway: no gateway given");
+    let base = bases[0].clone();
     let workload = Arc::new(load_workload(&a.workload)?);
     ensure!(
         workload.requests() > 0,
@@ -579,7 +594,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     };
     let target = Arc::new(Target {
         client: client.clone(),
-        base: base.clone(),
+        bases,
         model,
         request_timeout: Duration::from_secs(a.request_timeout_s),
         text,
