@@ -232,6 +232,15 @@ async fn run_node(a: NodeArgs) -> anyhow::Result<std::process::ExitCode> {
     match node.wait(shutdown_signal()).await {
         flotilla::node::NodeExit::Stopped => Ok(std::process::ExitCode::SUCCESS),
         flotilla::node::NodeExit::Escalated => Ok(std::process::ExitCode::from(1)),
+        flotilla::node::NodeExit::Superseded(s) => {
+            eprintln!(
+                "error: node name {:?} was taken by another node (cluster address {}, pid {}) while this one was away (paused or cut off past the liveness timeout); this incarnation exits. Node names must be unique (--name)",
+                s.node.as_str(),
+                s.by_addr,
+                s.by_pid
+            );
+            Ok(std::process::ExitCode::from(2))
+        }
     }
 }
 

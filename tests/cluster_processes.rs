@@ -179,3 +179,144 @@ async fn up_forms_detects_a_killed_node_and_stops_cleanly() {
         assert!(!alive(pid), "node process {pid} outlived `flotilla up`");
     }
 }
+
+/// `flotilla node` with the fast test leases, stderr to `err`.
+fn node_cmd(
+    name: &str,
+    port: u16,
+    roles: &str,
+    join: Option<u16>,
+    err: &std::path::Path,
+) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(["node", "--name", name, "--roles", roles])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args([
+            "--set",
+            &format!("cluster.heartbeat_interval_ms={HEARTBEAT_MS}"),
+        ])
+        .args(["--set", &format!("cluster.suspect_after_ms={SUSPECT_MS}")])
+        .args([
+            "--set",
+            &format!("cluster.liveness_timeout_ms={LIVENESS_MS}"),
+        ])
+        .env("FLOTILLA_NODE__COOKIE", "pause-test")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(err).unwrap())
+        .kill_on_drop(true);
+    if let Some(j) = join {
+        c.args(["--join", &format!("127.0.0.1:{j}")]);
+    }
+    c
+}
+
+/// A node paused past the liveness timeout is down to the cluster, which lets a new node take
+/// its name. When the old one wakes up and re-dials, the first peer that hears its heartbeat
+/// (an older incarnation at another address) tells it so, and it exits with code 2 and a clear
+/// message; the new one keeps the name. Before, the two took turns on the name forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_back_from_a_pause_under_a_taken_name_exits_and_the_new_one_keeps_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p0, p1, p2, http) = (
+        crate::poll::free_port(),
+        crate::poll::free_port(),
+        crate::poll::free_port(),
+        crate::poll::free_port(),
+    );
+    let mut seed = node_cmd(
+        "seed",
+        p0,
+        "gateway,router",
+        None,
+        &dir.path().join("seed.err"),
+    );
+    let mut seed = seed
+        .args(["--http", &format!("127.0.0.1:{http}")])
+        .spawn()
+        .unwrap();
+    let fleet = format!("http://127.0.0.1:{http}/v1/fleet");
+    // beta's (state, cluster address) as the seed sees it.
+    let beta = || async {
+        let (_, f) = get(&fleet).await?;
+        let n = f["nodes"]
+            .as_array()?
+            .iter()
+            .find(|n| n["id"] == "beta")?
+            .clone();
+        Some((
+            n["state"].as_str()?.to_owned(),
+            n["addr"].as_str()?.to_owned(),
+        ))
+    };
+    let old_err = dir.path().join("old.err");
+    let mut old = node_cmd("beta", p1, "router", Some(p0), &old_err)
+        .spawn()
+        .unwrap();
+    let old_pid = Pid::from_raw(old.id().unwrap() as i32);
+    let at = |p: u16| format!("127.0.0.1:{p}");
+    poll_until(
+        Duration::from_secs(60),
+        "the seed sees the old beta up",
+        || async { (beta().await? == ("up".to_owned(), at(p1))).then_some(()) },
+    )
+    .await;
+
+    kill(old_pid, Signal::SIGSTOP).unwrap();
+    poll_until(
+        Duration::from_secs(20),
+        "the paused beta goes down",
+        || async { (beta().await?.0 == "down").then_some(()) },
+    )
+    .await;
+    let new_err = dir.path().join("new.err");
+    let mut new = node_cmd("beta", p2, "router", Some(p0), &new_err)
+        .spawn()
+        .unwrap();
+    poll_until(Duration::from_secs(60), "the new beta is up", || async {
+        (beta().await? == ("up".to_owned(), at(p2))).then_some(())
+    })
+    .await;
+
+    kill(old_pid, Signal::SIGCONT).unwrap();
+    let woke = Instant::now();
+    let status = tokio::time::timeout(Duration::from_secs(30), old.wait())
+        .await
+        .expect("the old beta exits within 30 s of waking up")
+        .unwrap();
+    let exited = woke.elapsed();
+    let err = std::fs::read_to_string(&old_err).unwrap();
+    assert_eq!(status.code(), Some(2), "stderr: {err}");
+    assert!(
+        err.contains("node name \"beta\" was taken by another node")
+            && err.contains(&format!("cluster address {}", at(p2))),
+        "stderr: {err}"
+    );
+    // The new beta keeps the name. Its session with the seed was displaced for a moment (the
+    // seed may still show its last heartbeat as up, then suspect): it re-dials its seed, and
+    // the seed sees it up at its address, and stays so.
+    tokio::time::sleep(Duration::from_millis(LIVENESS_MS)).await;
+    poll_until(
+        Duration::from_secs(30),
+        "the new beta is up again",
+        || async { (beta().await? == ("up".to_owned(), at(p2))).then_some(()) },
+    )
+    .await;
+    eprintln!(
+        "old beta exited {:.2} s after waking up; the seed saw the new one up again {:.2} s after",
+        exited.as_secs_f64(),
+        woke.elapsed().as_secs_f64()
+    );
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            beta().await,
+            Some(("up".to_owned(), at(p2))),
+            "the name stays with the new beta"
+        );
+    }
+    assert!(new.try_wait().unwrap().is_none(), "the new beta runs on");
+    for c in [&mut new, &mut seed] {
+        let _ = c.start_kill();
+        let _ = c.wait().await;
+    }
+}

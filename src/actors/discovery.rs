@@ -28,8 +28,8 @@ use crate::runtime::ids::NodeId;
 use crate::runtime::role::NodeRole;
 use crate::runtime::wire::Wire;
 use membership::{
-    ActorView, Leases, Membership, MembershipEvent, NodeInfo, NodeState, NodeView, WorkerHealth,
-    WorkerView,
+    ActorView, Leases, Membership, MembershipEvent, NodeInfo, NodeState, NodeView, Superseded,
+    WorkerHealth, WorkerView,
 };
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::{NodeServerMessage, RactorClusterMessage};
@@ -57,6 +57,10 @@ pub enum DiscoveryMsg {
         Wire<crate::control::leadership::VoteRequest>,
         RpcReplyPort<Wire<crate::control::leadership::VoteReply>>,
     ),
+    /// A peer tells this node that it is a stale incarnation of its name (paused or cut off
+    /// past the liveness timeout, and another node has taken the name since): the node exits
+    /// ([`crate::node::NodeExit::Superseded`]). Ignored unless it names this incarnation.
+    Superseded(Wire<Superseded>),
 }
 
 /// What Discovery needs to start.
@@ -198,10 +202,32 @@ impl DiscoveryState {
                         .emit(FleetEventKind::NodeDown { node: n.clone() });
                     "down"
                 }
+                MembershipEvent::Superseded(s) if s.node == *me => {
+                    tracing::error!(node = %s.node, by_addr = %s.by_addr, by_pid = s.by_pid, "this node was away past the liveness timeout (paused or cut off) and another node has taken its name since; this incarnation exits");
+                    "superseded"
+                }
+                MembershipEvent::Superseded(s) => {
+                    tracing::warn!(seen_by = %me, node = %s.node, stale_addr = %s.stale_addr, by_addr = %s.by_addr, "an old incarnation of a node came back under a name another node has taken; told it to exit");
+                    "superseded"
+                }
             };
             metrics::counter!("flotilla_membership_events_total", "kind" => kind).increment(1);
             // No subscriber yet is fine: the fleet view is always available on request.
             let _ = self.args.events.send(ev);
+        }
+    }
+}
+
+/// Tells the stale incarnation of `s.node` (the peer whose heartbeat just arrived under that
+/// name: ractor_cluster holds one session per name, the latest) that it must exit.
+fn tell_superseded(s: &Superseded) {
+    let name = format!("{}/discovery", s.node);
+    if let Some(cell) = crate::runtime::cluster::member_named(DISCOVERY_GROUP, &name)
+        && !cell.get_id().is_local()
+    {
+        let peer: ActorRef<DiscoveryMsg> = cell.into();
+        if let Err(e) = peer.cast(DiscoveryMsg::Superseded(Wire::encode(s))) {
+            tracing::debug!(error = %e, "could not tell a stale node to exit");
         }
     }
 }
@@ -427,8 +453,22 @@ impl Actor for Discovery {
                         info.regions.iter().for_each(|d| t.learn(d));
                     }
                     let ev = state.membership.on_heartbeat(info, now);
+                    for e in &ev {
+                        if let MembershipEvent::Superseded(s) = e {
+                            tell_superseded(s);
+                        }
+                    }
                     state.publish(ev);
                     state.publish_view(now);
+                }
+            }
+            DiscoveryMsg::Superseded(wire) => {
+                if let Ok(s) = wire.decode()
+                    && s.node == state.args.node_id
+                    && s.stale_incarnation == state.args.incarnation
+                {
+                    // `RunningNode::wait` sees this event and stops the node.
+                    state.publish(vec![MembershipEvent::Superseded(Box::new(s))]);
                 }
             }
             DiscoveryMsg::SessionLost(name) => {
@@ -466,12 +506,11 @@ impl Actor for Discovery {
                     }
                 }
                 let view = state.membership.view(now);
-                // The cluster addresses of the live peers (for the seeds' re-dial below).
-                let live: std::collections::HashSet<std::net::SocketAddr> = view
+                // The peers' names and cluster addresses (for the seeds' re-dial below).
+                let peers: Vec<(String, std::net::SocketAddr)> = view
                     .iter()
                     .skip(1) // this node
-                    .filter(|v| v.state != NodeState::Down)
-                    .filter_map(|v| v.addr.parse().ok())
+                    .filter_map(|v| Some((v.id.as_str().to_owned(), v.addr.parse().ok()?)))
                     .collect();
                 for s in [NodeState::Up, NodeState::Suspect, NodeState::Down] {
                     let n = view.iter().filter(|v| v.state == s).count();
@@ -479,38 +518,42 @@ impl Actor for Discovery {
                     metrics::gauge!("flotilla_cluster_nodes", "state" => label).set(n as f64);
                 }
                 state.args.fleet.publish(view);
-                // Re-dial the seeds this node has no live session with — alone, or not:
-                // worker nodes that see each other still lose the cluster when the seed
-                // (the gateway node) restarts without dialling them back (a Kubernetes pod
-                // is restarted with no `--join`, possibly on a new address).
+                // Re-dial the seeds this node has no session with — alone, or not: worker
+                // nodes that see each other still lose the cluster when the seed (the gateway
+                // node) restarts without dialling them back (a Kubernetes pod is restarted
+                // with no `--join`, possibly on a new address), and a node whose session a
+                // stale namesake displaced (`MembershipEvent::Superseded`) gets it back at
+                // the next re-dial rather than after the liveness timeout.
                 let due = state
                     .last_rejoin
                     .is_none_or(|t| now.saturating_duration_since(t) >= REJOIN_INTERVAL);
                 if due && !state.args.seeds.is_empty() {
                     state.last_rejoin = Some(now);
-                    let alone = !state.membership.has_live_peers();
-                    for seed in state.args.seeds.clone() {
-                        let server = state.args.server.clone();
-                        let live = live.clone();
-                        tokio::spawn(async move {
-                            if !alone {
-                                let at: Vec<std::net::SocketAddr> =
-                                    match tokio::net::lookup_host(seed.as_str()).await {
-                                        Ok(a) => a.collect(),
-                                        Err(_) => Vec::new(),
-                                    };
-                                if at.is_empty() || at.iter().any(|a| live.contains(a)) {
-                                    // Connected to it already (or it does not resolve now).
-                                    return;
-                                }
+                    let server = state.args.server.clone();
+                    let seeds = state.args.seeds.clone();
+                    tokio::spawn(async move {
+                        let sessions = crate::runtime::cluster::peer_names(&server).await;
+                        let connected: std::collections::HashSet<std::net::SocketAddr> = peers
+                            .iter()
+                            .filter(|(name, _)| sessions.contains(name))
+                            .map(|(_, a)| *a)
+                            .collect();
+                        for seed in seeds {
+                            let at: Vec<std::net::SocketAddr> =
+                                match tokio::net::lookup_host(seed.as_str()).await {
+                                    Ok(a) => a.collect(),
+                                    Err(_) => Vec::new(),
+                                };
+                            if !at.is_empty() && at.iter().any(|a| connected.contains(a)) {
+                                continue; // connected to it already
                             }
                             if let Err(e) =
                                 ractor_cluster::client_connect(&server, seed.as_str()).await
                             {
                                 tracing::debug!(seed = %seed, error = %e, "re-dial failed");
                             }
-                        });
-                    }
+                        }
+                    });
                 }
             }
             DiscoveryMsg::GetFleet(reply) => {

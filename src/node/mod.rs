@@ -124,12 +124,18 @@ pub struct RunningNode {
 }
 
 /// How a node ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NodeExit {
     /// Asked to stop; everything stopped in order.
     Stopped,
     /// The root supervisor exceeded its restart budget.
     Escalated,
+    /// This node was away (paused, or cut off) past the liveness timeout, and another node
+    /// took its name meanwhile: a peer told it so when it came back, and it stopped (without
+    /// a drain: the cluster had already moved its work). Its session had displaced the new
+    /// node's on the peers it reached; the new node re-dials its seeds and is whole again
+    /// once this one is gone.
+    Superseded(Box<crate::control::discovery::membership::Superseded>),
 }
 
 /// A start failure of the tree as a plain chain of causes: ractor words every start failure
@@ -299,7 +305,12 @@ impl RunningNode {
     /// Run until `shutdown` resolves (then drain and stop in order) or the root supervisor
     /// dies.
     pub async fn wait(mut self, shutdown: impl std::future::Future<Output = ()>) -> NodeExit {
+        let superseded = superseded(&self.ctx);
         tokio::select! {
+            s = superseded => {
+                self.stop_ref().await;
+                NodeExit::Superseded(s)
+            }
             _ = shutdown => {
                 let grace = Duration::from_millis(self.ctx.config.node.drain_grace_ms);
                 drain(&self.ctx, grace).await;
@@ -330,6 +341,25 @@ impl RunningNode {
     /// Stop the tree (reverse start order) and the cluster server.
     pub async fn stop(mut self) {
         self.stop_ref().await;
+    }
+}
+
+/// Resolves when this node's Discovery learns that this incarnation has been superseded
+/// ([`crate::actors::discovery::DiscoveryMsg::Superseded`]).
+async fn superseded(ctx: &NodeContext) -> Box<crate::control::discovery::membership::Superseded> {
+    use crate::control::discovery::membership::MembershipEvent;
+    use tokio::sync::broadcast::error::RecvError;
+    let mut rx = ctx.membership.subscribe();
+    loop {
+        match rx.recv().await {
+            Ok(MembershipEvent::Superseded(s))
+                if s.node == ctx.node_id && s.stale_incarnation == ctx.incarnation =>
+            {
+                return s;
+            }
+            Ok(_) | Err(RecvError::Lagged(_)) => {}
+            Err(RecvError::Closed) => std::future::pending().await,
+        }
     }
 }
 

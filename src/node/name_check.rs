@@ -12,9 +12,10 @@
 //! code 2). A node restarted under its name on the same address (as `flotilla up` restarts
 //! them), or whose previous process is gone, passes.
 //!
-//! Not covered: a namesake that appears later. A node paused or cut off past the liveness
-//! timeout is down to the others, so a new node may take its name; when the old one comes
-//! back and re-dials, the two take turns on the name (not detected yet).
+//! A namesake that appears later (a node paused or cut off past the liveness timeout is down
+//! to the others, so a new node may take its name) is caught when the old one comes back:
+//! its heartbeat's older incarnation makes a peer tell it to exit
+//! ([`MembershipEvent::Superseded`](crate::control::discovery::membership::MembershipEvent::Superseded)).
 //! Two nodes started under one name at the same moment: one joins, the other's handshake is
 //! closed and it reports the cookie error.
 

@@ -209,6 +209,28 @@ pub enum MembershipEvent {
     NodeSuspect(NodeId),
     /// A node exceeded the liveness timeout.
     NodeDown(NodeId),
+    /// A heartbeat from an older incarnation of a node, at another address, than the one
+    /// this table holds under its name: a node that was paused or cut off past the liveness
+    /// timeout came back after another node took its name. The table keeps the newer one;
+    /// the stale one is told to exit (`actors/discovery.rs`).
+    Superseded(Box<Superseded>),
+}
+
+/// Two incarnations of one node name (see [`MembershipEvent::Superseded`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Superseded {
+    /// The name.
+    pub node: NodeId,
+    /// The stale incarnation's cluster address.
+    pub stale_addr: String,
+    /// The stale incarnation's process start (ms since the Unix epoch).
+    pub stale_incarnation: u64,
+    /// Cluster address of the incarnation that holds the name now.
+    pub by_addr: String,
+    /// Its process start (ms since the Unix epoch).
+    pub by_incarnation: u64,
+    /// Its OS process id.
+    pub by_pid: u32,
 }
 
 /// Lease durations.
@@ -264,6 +286,18 @@ impl Membership {
         }
         let mut events = Vec::new();
         match self.peers.get_mut(&info.id) {
+            Some(e) if info.incarnation < e.info.incarnation && info.addr != e.info.addr => {
+                // Not a restart (a restart is newer): the old process of a name another node
+                // took while it was down. Its heartbeat changes nothing here.
+                events.push(MembershipEvent::Superseded(Box::new(Superseded {
+                    node: info.id.clone(),
+                    stale_addr: info.addr,
+                    stale_incarnation: info.incarnation,
+                    by_addr: e.info.addr.clone(),
+                    by_incarnation: e.info.incarnation,
+                    by_pid: e.info.pid,
+                })));
+            }
             Some(e) => {
                 let came_back = e.state != NodeState::Up || e.info.incarnation != info.incarnation;
                 e.last_seen = now;

@@ -76,6 +76,44 @@ fn down_node_comes_back_and_restart_is_news() {
 }
 
 #[test]
+fn an_old_incarnation_elsewhere_is_superseded_not_news() {
+    let t0 = Instant::now();
+    let mut m = Membership::new(info("me", 1), leases());
+    // "a" at address :1 went down; a new "a" at :2 took the name.
+    m.on_heartbeat(info("a", 5), t0);
+    m.tick(t0 + Duration::from_secs(5));
+    let mut newer = info("a", 9);
+    newer.addr = "127.0.0.1:2".into();
+    newer.pid = 42;
+    let ev = m.on_heartbeat(newer.clone(), t0 + Duration::from_secs(6));
+    assert_eq!(ev, vec![MembershipEvent::NodeUp(Box::new(newer.clone()))]);
+    // The old one comes back: reported, and the table keeps the newer one.
+    let ev = m.on_heartbeat(info("a", 5), t0 + Duration::from_secs(7));
+    assert_eq!(
+        ev,
+        vec![MembershipEvent::Superseded(Box::new(Superseded {
+            node: NodeId::new("a"),
+            stale_addr: "127.0.0.1:1".into(),
+            stale_incarnation: 5,
+            by_addr: "127.0.0.1:2".into(),
+            by_incarnation: 9,
+            by_pid: 42,
+        }))]
+    );
+    let v = m.view(t0 + Duration::from_secs(7));
+    let a = v.iter().find(|n| n.id.as_str() == "a").unwrap();
+    assert_eq!((a.addr.as_str(), a.incarnation), ("127.0.0.1:2", 9));
+    // An older heartbeat from the same address (in flight across a restart) is not a clash.
+    let mut late = newer.clone();
+    late.incarnation = 8;
+    assert!(
+        m.on_heartbeat(late, t0 + Duration::from_secs(7))
+            .iter()
+            .all(|e| !matches!(e, MembershipEvent::Superseded(_)))
+    );
+}
+
+#[test]
 fn session_loss_makes_suspect_at_once() {
     let t0 = Instant::now();
     let mut m = Membership::new(info("me", 1), leases());
