@@ -151,6 +151,8 @@ pub struct Migration {
     current: Option<(Instant, u32)>,
     /// `current` is a hand-off's placement, not a migration.
     hand_off: bool,
+    /// `current` retries a first placement whose router failed, not a migration.
+    router_retry: bool,
     avoid: Vec<WorkerId>,
     rng: StdRng,
 }
@@ -166,6 +168,7 @@ impl Migration {
             total: 0,
             current: None,
             hand_off: false,
+            router_retry: false,
             avoid: Vec::new(),
             rng: StdRng::seed_from_u64(seed),
         }
@@ -204,6 +207,7 @@ impl Migration {
         self.total += 1;
         self.current = Some((now + self.policy.deadline, 0));
         self.hand_off = false;
+        self.router_retry = false;
         Decision::Place
     }
 
@@ -214,6 +218,20 @@ impl Migration {
     pub fn on_hand_off(&mut self, now: Instant) {
         self.current = Some((now + self.policy.deadline, 0));
         self.hand_off = true;
+        self.router_retry = false;
+    }
+
+    /// The router asked for a placement at `now` failed (it died or hung during the call):
+    /// the request is not at fault and no router decided anything, so even a first placement
+    /// is tried again (another router answers once the cluster has dropped this one), with
+    /// the backoff of a migration up to its deadline. Nothing was lost: no migration is
+    /// counted.
+    pub fn on_router_failed(&mut self, now: Instant) -> Decision {
+        if self.current.is_none() {
+            self.current = Some((now + self.policy.deadline, 0));
+            self.router_retry = true;
+        }
+        self.on_place_failed(now, true)
     }
 
     /// The `k`-th backoff step (from 0), jittered.
@@ -246,8 +264,9 @@ impl Migration {
     /// The request is placed and produced a token: the migration under way (if any) is over.
     /// Returns whether one was (a hand-off's placement is not one).
     pub fn on_resumed(&mut self) -> bool {
-        let migrated = self.current.take().is_some() && !self.hand_off;
+        let migrated = self.current.take().is_some() && !self.hand_off && !self.router_retry;
         self.hand_off = false;
+        self.router_retry = false;
         migrated
     }
 

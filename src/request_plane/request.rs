@@ -540,7 +540,13 @@ impl RequestCore {
 
     fn place_failed(&mut self, error: RequestError) {
         let now = self.clock.now();
-        match self.migration.on_place_failed(now, error.is_retryable()) {
+        let decision = if error == RequestError::RouterTimeout {
+            // The router died or hung mid-call: ask again (another one, once it is dropped).
+            self.migration.on_router_failed(now)
+        } else {
+            self.migration.on_place_failed(now, error.is_retryable())
+        };
+        match decision {
             Decision::Wait { until } => self.effects.push(RequestEffect::RetryAt(until)),
             Decision::Place => {} // not produced by a failed placement
             Decision::Fail(GiveUp::FirstPlacement) => self.fail(error),
@@ -699,6 +705,59 @@ mod tests {
         assert_eq!(status, Some(503), "{effects:?}");
         assert!(matches!(effects.last(), Some(RequestEffect::Stop)));
         assert!(c.is_done());
+    }
+
+    #[test]
+    fn a_router_that_fails_the_first_placement_is_asked_again_not_a_503() {
+        let clock = ManualClock::new();
+        let mut c = core(&clock, None);
+        c.start();
+        let _ = c.take_effects();
+        // The router died during the call (or did not answer): wait, then route again.
+        c.picked(Err(RequestError::RouterTimeout));
+        let until = match c.take_effects().as_slice() {
+            [RequestEffect::RetryAt(until)] => *until,
+            other => panic!("{other:?}"),
+        };
+        assert!(!c.is_done());
+        clock.advance(until - clock.now());
+        c.retry();
+        let first = place_on(&mut c, "b/replica-0");
+        let _ = c.take_effects();
+        c.event(first, token(0));
+        let effects = c.take_effects();
+        assert!(
+            effects
+                .iter()
+                .any(|e| matches!(e, RequestEffect::Deliver(TokenEventKind::Token { .. }))),
+            "{effects:?}"
+        );
+        // Routers failing until the migration deadline: then a 503.
+        let mut c = core(&clock, None);
+        c.start();
+        let _ = c.take_effects();
+        let deadline = clock.now() + MigrationPolicy::default().deadline;
+        loop {
+            c.picked(Err(RequestError::RouterTimeout));
+            match c.take_effects().as_slice() {
+                [RequestEffect::RetryAt(until)] => {
+                    clock.advance((*until - clock.now()).max(Duration::from_millis(1)));
+                    c.retry();
+                    let _ = c.take_effects();
+                }
+                effects => {
+                    assert!(clock.now() >= deadline, "gave up early: {effects:?}");
+                    let status = effects.iter().find_map(|e| match e {
+                        RequestEffect::Deliver(TokenEventKind::Failed { status, .. }) => {
+                            Some(*status)
+                        }
+                        _ => None,
+                    });
+                    assert_eq!(status, Some(503), "{effects:?}");
+                    break;
+                }
+            }
+        }
     }
 
     #[test]

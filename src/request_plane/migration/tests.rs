@@ -275,6 +275,32 @@ fn a_hand_off_placement_waits_for_a_worker_without_counting_a_migration() {
 }
 
 #[test]
+fn a_failed_router_retries_even_a_first_placement_without_counting_a_migration() {
+    let clock = ManualClock::new();
+    let mut m = Migration::new(policy(), 1);
+    assert!(matches!(
+        m.on_router_failed(clock.now()),
+        Decision::Wait { .. }
+    ));
+    assert!(matches!(
+        m.on_router_failed(clock.now()),
+        Decision::Wait { .. }
+    ));
+    assert_eq!(m.total(), 0, "not a migration");
+    assert!(!m.on_resumed(), "its first token ends no migration");
+    // Routers failing for the whole deadline: given up.
+    m.on_router_failed(clock.now());
+    clock.advance(policy().deadline);
+    assert!(matches!(
+        m.on_router_failed(clock.now()),
+        Decision::Fail(GiveUp::Deadline { .. })
+    ));
+    // A later loss is a migration as before.
+    assert_eq!(m.on_loss(clock.now(), 1, true, None), Decision::Place);
+    assert!(m.on_resumed());
+}
+
+#[test]
 fn an_avoided_worker_is_remembered_once_and_most_recent_last() {
     let mut m = Migration::new(policy(), 1);
     m.avoid_worker(WorkerId::new("a"));
