@@ -16,6 +16,19 @@ use std::path::PathBuf;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Log lines on stderr: `text` (plain, coloured on a terminal only) or `json` (one JSON
+    /// object per line: `timestamp`, `level`, `target`, `fields` (with `message`), and `span`
+    /// / `spans` with the request's `request_id` inside a request); `flotilla up` passes it
+    /// to its nodes.
+    #[arg(long, global = true, value_enum, env = "FLOTILLA_LOG_FORMAT", default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -151,18 +164,25 @@ struct StatusArgs {
     json: bool,
 }
 
-/// Logs on stderr, filtered by `FLOTILLA_LOG`, else by `default`.
-fn init_tracing(default: &str) {
+/// Logs on stderr in `format`, filtered by `FLOTILLA_LOG`, else by `default`.
+fn init_tracing(default: &str, format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter =
         EnvFilter::try_from_env("FLOTILLA_LOG").unwrap_or_else(|_| EnvFilter::new(default));
-    // Colours only on a terminal: a log file or a pipe gets plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => fmt
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .try_init(),
+        // Colours only on a terminal: a log file or a pipe gets plain text.
+        LogFormat::Text => fmt
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+    };
 }
 
 /// The node's flags as configuration overrides (dotted key paths), `--set` last.
@@ -247,17 +267,21 @@ async fn run_node(a: NodeArgs) -> anyhow::Result<std::process::ExitCode> {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    init_tracing(match cli.cmd {
-        // The simulated fleet's warnings (migrations, resyncs) carry wall-clock times that
-        // mean nothing there; its report says what happened. `FLOTILLA_LOG=warn` shows them.
-        Cmd::Sim(_) => "error",
-        // The reconciler says what failed in its own words; kube's logs would say it again.
-        #[cfg(feature = "kubernetes")]
-        Cmd::Reconcile(_) => "warn,kube_client=off",
-        // ractor_cluster reports every closed session as a warning — routine when nodes stop
-        // or chaos cuts them; `FLOTILLA_LOG=info,ractor_cluster=warn` shows them again.
-        _ => "info,ractor_cluster=error,ractor=warn",
-    });
+    let log_format = cli.log_format;
+    init_tracing(
+        match cli.cmd {
+            // The simulated fleet's warnings (migrations, resyncs) carry wall-clock times that
+            // mean nothing there; its report says what happened. `FLOTILLA_LOG=warn` shows them.
+            Cmd::Sim(_) => "error",
+            // The reconciler says what failed in its own words; kube's logs would say it again.
+            #[cfg(feature = "kubernetes")]
+            Cmd::Reconcile(_) => "warn,kube_client=off",
+            // ractor_cluster reports every closed session as a warning — routine when nodes stop
+            // or chaos cuts them; `FLOTILLA_LOG=info,ractor_cluster=warn` shows them again.
+            _ => "info,ractor_cluster=error,ractor=warn",
+        },
+        log_format,
+    );
     let result = match cli.cmd {
         Cmd::Up(mut a) => flotilla::cli::up::up(flotilla::cli::up::UpOptions {
             worker_roles: {
@@ -289,6 +313,7 @@ async fn main() -> std::process::ExitCode {
             },
             chaos: a.chaos,
             gateways: a.gateways,
+            log_format: (log_format == LogFormat::Json).then(|| "json".to_owned()),
             restart: !a.no_restart,
             max_restarts: a.max_restarts,
             planner: a.planner,

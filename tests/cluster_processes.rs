@@ -320,3 +320,59 @@ async fn a_node_back_from_a_pause_under_a_taken_name_exits_and_the_new_one_keeps
         let _ = c.wait().await;
     }
 }
+
+/// `--log-format json`: every stderr line is one JSON object (level, target, fields.message);
+/// plain text on a pipe carries no colour codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_are_json_lines_with_log_format_json_and_plain_on_a_pipe() {
+    for json in [true, false] {
+        let port = crate::poll::free_port();
+        let mut cmd = Command::new(BIN);
+        cmd.args(["node", "--name", "logs", "--roles", "router"])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env("FLOTILLA_NODE__COOKIE", "logs")
+            .env_remove("FLOTILLA_LOG_FORMAT")
+            .env_remove("FLOTILLA_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if json {
+            cmd.args(["--log-format", "json"]);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut seen = Vec::new();
+        let ready = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                seen.push(line.clone());
+                if line.contains("node ready") {
+                    return line;
+                }
+            }
+            panic!("the node ended before it was ready: {seen:?}");
+        })
+        .await
+        .expect("node ready within 30 s");
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        for line in &seen {
+            assert!(!line.contains('\u{1b}'), "colour codes on a pipe: {line:?}");
+            if json {
+                let v: Value = serde_json::from_str(line)
+                    .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+                assert!(v["level"].is_string() && v["target"].is_string(), "{v}");
+            }
+        }
+        if json {
+            let v: Value = serde_json::from_str(&ready).unwrap();
+            assert_eq!(v["fields"]["message"], "node ready", "{v}");
+            assert_eq!(v["level"], "INFO", "{v}");
+            assert_eq!(v["fields"]["node"], "logs", "{v}");
+        } else {
+            assert!(
+                ready.contains(" INFO ") && ready.contains("node=logs"),
+                "{ready}"
+            );
+        }
+    }
+}

@@ -151,6 +151,8 @@ async fn golden_answers_and_models() {
         "flotilla_worker_kv_blocks_total{worker=\"node-1/replica-0\"} 128",
         "flotilla_worker_waiting",
         "flotilla_requests_in_flight",
+        // Latency buckets reach past a long generation (up to 600 s).
+        "flotilla_e2e_latency_seconds_bucket{le=\"600\"}",
     ] {
         assert!(m.contains(want), "/metrics lacks {want}");
     }

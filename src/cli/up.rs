@@ -67,6 +67,9 @@ pub struct UpOptions {
     pub planner: bool,
     /// Gateway + router nodes (≥ 1): node 0 and `gateways − 1` more (`--gateways`).
     pub gateways: usize,
+    /// The nodes' log format (`--log-format`, passed on as `FLOTILLA_LOG_FORMAT`); `None`:
+    /// the environment's, else text.
+    pub log_format: Option<String>,
 }
 
 struct NodeProc {
@@ -188,6 +191,9 @@ impl Launch {
             .arg("--roles")
             .arg(roles)
             .env("FLOTILLA_NODE__COOKIE", &self.cookie);
+        if let Some(f) = &opts.log_format {
+            cmd.env("FLOTILLA_LOG_FORMAT", f);
+        }
         if let Some(role) = self.slot_roles.get(i).copied().flatten() {
             // Disaggregated: this worker node's role (a `--set worker.role=…` still wins).
             cmd.env("FLOTILLA_WORKER__ROLE", role.as_str());

@@ -8,9 +8,11 @@ use std::sync::OnceLock;
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
-/// Bucket bounds (seconds) of every `*_seconds` histogram: 5 ms to 60 s, roughly ×2.
+/// Bucket bounds (seconds) of every `*_seconds` histogram: 5 ms to 600 s (`flotilla bench`'s
+/// default request timeout), roughly ×2: a long generation's TTFT and end-to-end latency fall in a
+/// bucket, not past the last one (where every percentile a client extrapolates is wrong).
 pub const LATENCY_BUCKETS_S: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
 
 /// Finer buckets (seconds) of the migration resume gap, whose target is p99 < 1 s.
