@@ -376,3 +376,110 @@ async fn logs_are_json_lines_with_log_format_json_and_plain_on_a_pipe() {
         }
     }
 }
+
+/// One access line per API request at `info` (`request done`, in the request's span: id,
+/// method, path; with status, duration and the worker that served it), for a plain answer,
+/// a stream (logged at its end) and a refused request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_api_request_gets_one_access_line_with_its_id_status_and_worker() {
+    let mut up = Command::new(BIN)
+        .args([
+            "up",
+            "--engine",
+            "sim",
+            "--nodes",
+            "2",
+            "--http",
+            "127.0.0.1:0",
+        ])
+        .args(["--log-format", "json"])
+        .env_remove("FLOTILLA_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(up.stdout.take().unwrap()).lines();
+    let mut err = BufReader::new(up.stderr.take().unwrap()).lines();
+    let logs = tokio::spawn(async move {
+        let mut all = Vec::new();
+        while let Ok(Some(l)) = err.next_line().await {
+            all.push(l);
+        }
+        all
+    });
+    let gateway = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = out.next_line().await.unwrap() {
+            if let Some(j) = line.strip_prefix("FLOTILLA_UP ") {
+                let v: Value = serde_json::from_str(j).unwrap();
+                return v["gateway"].as_str().unwrap().to_owned();
+            }
+        }
+        panic!("flotilla up ended before it was ready");
+    })
+    .await
+    .expect("cluster ready within 60 s");
+    tokio::spawn(async move { while let Ok(Some(_)) = out.next_line().await {} });
+    let (_, models) = get(&format!("{gateway}/v1/models")).await.unwrap();
+    let model = models["data"][0]["id"].as_str().unwrap().to_owned();
+    let http = reqwest::Client::new();
+    let send = |id: &'static str, body: Value| {
+        let (http, url) = (http.clone(), format!("{gateway}/v1/chat/completions"));
+        async move {
+            let r = http
+                .post(url)
+                .header("x-request-id", id)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let _ = r.text().await;
+            status
+        }
+    };
+    let chat = |stream: bool| {
+        serde_json::json!({"model": model, "max_tokens": 3, "stream": stream,
+                           "messages": [{"role": "user", "content": "hi"}]})
+    };
+    assert_eq!(send("access-plain", chat(false)).await, 200);
+    assert_eq!(send("access-stream", chat(true)).await, 200);
+    assert_eq!(
+        send("access-bad", serde_json::json!({"model": model})).await,
+        400
+    );
+    kill(Pid::from_raw(up.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(40), up.wait()).await;
+    let lines = logs.await.unwrap();
+    let access = |id: &str| -> Vec<Value> {
+        lines
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["fields"]["message"] == "request done" && v["span"]["request_id"] == id)
+            .collect()
+    };
+    for (id, status, served) in [
+        ("access-plain", 200, true),
+        ("access-stream", 200, true),
+        ("access-bad", 400, false),
+    ] {
+        let found = access(id);
+        assert_eq!(found.len(), 1, "one access line for {id}: {found:?}");
+        let v = &found[0];
+        assert_eq!(
+            (&v["level"], &v["target"]),
+            (&"INFO".into(), &"flotilla::access".into()),
+            "{v}"
+        );
+        assert_eq!(v["fields"]["status"], status, "{v}");
+        assert_eq!(v["span"]["method"], "POST", "{v}");
+        assert_eq!(v["span"]["path"], "/v1/chat/completions", "{v}");
+        assert!(v["fields"]["duration_ms"].as_f64().is_some(), "{v}");
+        let workers = v["fields"]["workers"].as_str().unwrap();
+        if served {
+            assert!(workers.starts_with("node-1/replica-"), "{v}");
+        } else {
+            assert_eq!(workers, "-", "{v}");
+        }
+    }
+}

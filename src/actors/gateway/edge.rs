@@ -7,6 +7,12 @@
 //!   `request` tracing span around the whole request (so of every log line it emits, the
 //!   streamed body included) and travels to the worker as `SubmitRequest::trace_id`.
 //!   (tower-http `SetRequestIdLayer` / `PropagateRequestIdLayer` / `TraceLayer`.)
+//! - **Access lines.** One `info` line per API request (`POST`; other routes at `debug`),
+//!   message `request done`, inside the `request` span (so with its `request_id`, `method`,
+//!   `path`): `status`, `duration_ms`, `workers` (those that admitted it, comma-separated,
+//!   `-` when none did). A streamed response logs it at the stream's end instead (`serve.rs`,
+//!   with `outcome` and token counts), when the whole answer has gone out ([`access_log`]).
+//!   Their target is `flotilla::access` ([`ACCESS_TARGET`]), to filter them on their own.
 //! - **JSON bodies.** The POST routes (`/v1/chat/completions`, `/v1/completions`,
 //!   `/chaos/faults`) need `Content-Type: application/json` (or `application/*+json`, any
 //!   parameters): otherwise, or with none, 415 in the OpenAI error shape before any work
@@ -64,8 +70,46 @@ pub fn request_id(headers: &HeaderMap) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// The tracing target of the access lines: `FLOTILLA_LOG=info,flotilla::access=off` turns
+/// them off (they cost ~4 % of the 1-token request rate on a 2-core machine,
+/// `docs/benchmarks.md`).
+pub const ACCESS_TARGET: &str = "flotilla::access";
+
+/// The workers of a non-streamed answer, for its access line (a response extension set by
+/// the route).
+#[derive(Clone, Debug)]
+pub struct AccessWorkers(pub String);
+
+/// Logs the access line of a request whose response is ready, unless it is an event stream
+/// (that one logs its own at its end): `info` for `POST`, `debug` for the rest.
+pub async fn access_log(req: Request, next: Next) -> Response {
+    let api = req.method() == axum::http::Method::POST;
+    let t0 = std::time::Instant::now();
+    let res = next.run(req).await;
+    let streamed = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if streamed {
+        return res;
+    }
+    let status = res.status().as_u16();
+    let duration_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let workers = res
+        .extensions()
+        .get::<AccessWorkers>()
+        .map_or("-", |w| w.0.as_str());
+    if api {
+        tracing::info!(target: ACCESS_TARGET, status, duration_ms, workers, "request done");
+    } else {
+        tracing::debug!(target: ACCESS_TARGET, status, duration_ms, workers, "request done");
+    }
+    res
+}
+
 /// Wrap `app` in the request-id and tracing layers (outermost first: bound the client's id,
-/// set one when missing, open the `request` span, copy the id onto the response).
+/// set one when missing, open the `request` span, copy the id onto the response, log the
+/// access line inside the span).
 pub fn with_request_ids(app: axum::Router) -> axum::Router {
     let trace = TraceLayer::new_for_http().make_span_with(|req: &Request| {
         let id = req
@@ -77,7 +121,8 @@ pub fn with_request_ids(app: axum::Router) -> axum::Router {
     })
     // A 5xx (load shedding's 503 included) is the route's to log, not one ERROR line each.
     .on_failure(DefaultOnFailure::new().level(tracing::Level::DEBUG));
-    app.layer(PropagateRequestIdLayer::x_request_id())
+    app.layer(axum::middleware::from_fn(access_log))
+        .layer(PropagateRequestIdLayer::x_request_id())
         .layer(trace)
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
         .layer(axum::middleware::from_fn(bound_request_id))

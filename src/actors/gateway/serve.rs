@@ -250,6 +250,8 @@ struct Choice {
     held_logprobs: Vec<TokenLogprob>,
     /// This node's counters (the planner's signals: TTFT, ITL).
     stats: Arc<NodeStats>,
+    /// The workers that admitted it, in order (more than one after a migration).
+    workers: Vec<String>,
 }
 
 /// What one event produced for the client.
@@ -275,6 +277,9 @@ impl Choice {
                 self.cached_tokens = cached_tokens;
                 metrics::counter!("flotilla_prefix_hit_tokens_total", "worker" => worker.to_string())
                     .increment(u64::from(cached_tokens));
+                if self.workers.last().is_none_or(|w| *w != worker.as_str()) {
+                    self.workers.push(worker.to_string());
+                }
             }
             TokenEventKind::Failed { message, status } => {
                 return Err(RequestError::from_failed(message, status).into());
@@ -468,6 +473,7 @@ async fn start(
             last: None,
             held_logprobs: Vec::new(),
             stats: s.stats.clone(),
+            workers: Vec::new(),
         });
         s.stats.signals().arrived(prompt.len() as u64);
     }
@@ -520,7 +526,37 @@ fn usage_of(st: &Started) -> Usage {
     }
 }
 
+/// The workers of every choice, comma-separated, each once, in order (`-`: none).
+fn workers_of(st: &Started) -> String {
+    let mut all: Vec<&str> = Vec::new();
+    for w in st.choices.iter().flat_map(|c| &c.workers) {
+        if !all.contains(&w.as_str()) {
+            all.push(w);
+        }
+    }
+    if all.is_empty() {
+        "-".to_owned()
+    } else {
+        all.join(",")
+    }
+}
+
+/// Counts a request that reached its workers, at its end. A streamed one also gets its
+/// access line here (`edge.rs` [`access_log`](super::edge::access_log) logs every other
+/// request when its response is ready): a stream's status is 200 whatever its outcome.
 fn record(route: &'static str, outcome: &'static str, st: &Started) {
+    if st.stream {
+        tracing::info!(
+            target: super::edge::ACCESS_TARGET,
+            status = 200u16,
+            duration_ms = st.t0.elapsed().as_secs_f64() * 1e3,
+            outcome,
+            workers = %workers_of(st),
+            prompt_tokens = st.prompt_tokens,
+            completion_tokens = st.choices.iter().map(|c| c.completion_tokens).sum::<u32>(),
+            "request done"
+        );
+    }
     metrics::counter!("flotilla_requests_total", "route" => route, "outcome" => outcome)
         .increment(1);
     metrics::counter!("flotilla_prompt_tokens_total").increment(u64::from(st.prompt_tokens));
@@ -581,10 +617,13 @@ async fn collect(mut st: Started) -> Result<Response, ApiError> {
         .collect();
     let usage = usage_of(&st);
     record(route, "ok", &st);
-    Ok(Json(response::completion_body(
+    let mut res = Json(response::completion_body(
         st.kind, &st.meta, &outputs, &usage,
     ))
-    .into_response())
+    .into_response();
+    res.extensions_mut()
+        .insert(super::edge::AccessWorkers(workers_of(&st)));
+    Ok(res)
 }
 
 fn stream(st: Started, keep_alive: Duration) -> Response {
