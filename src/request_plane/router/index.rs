@@ -10,9 +10,20 @@
 //! its *holders*: the workers holding its blocks and, per worker, a 4-bit set of [`Tier`]s,
 //! packed into one `u32` (`slot << 4 | tiers`, sorted by slot; a slot is the worker's interned
 //! index). Up to three holders live inline; more spill to a boxed list plus a bitset of their
-//! slots. Nodes live in an arena; a *block map* sends every block's sequence hash to its node
-//! and its position there. A node branches only at its end (its children start with the
-//! blocks whose parent is its last block).
+//! slots. Nodes live in an arena. A node branches only at its end (its children start with
+//! the blocks whose parent is its last block).
+//!
+//! *Block maps* send each block's sequence hash to its node and its position there. Each
+//! block is in exactly one of them, its node's *home*: the own map of the worker holding the
+//! node when it has exactly one holder (a worker's unshared tail), else a shared map (two or
+//! more holders, or none: placeholders and interior nodes). A worker's new blocks are thus
+//! inserts into a map of its own, 1/W of the tree and in cache, not random inserts into one
+//! map of every block. A *heads* map sends the first block of every node to the node. A block
+//! of worker `w` is looked up in `w`'s own map, then the shared map, then the heads; under
+//! content-consistent hashing a new block can only be met as a head (its parent ends a node)
+//! or right after its parent, so the other workers' maps are searched (`O(W)` lookups) only
+//! for a parent met nowhere else. A node's blocks move between maps when its number of
+//! holders goes from or to one.
 //!
 //! The tree is kept *canonical*: a node that is its parent's only child and has the same
 //! holders is merged into it. A change to some blocks of a node (a worker stores or evicts
@@ -47,7 +58,7 @@
 //! first nodes (a small map, in cache), so a hash stored only under some parent (which only
 //! corrupt events could make) does not start a match. The walk then compares the request
 //! with the node's blocks from there (a contiguous compare, eight hashes at a time), then
-//! looks up the first hash past the matched run in the block map, and so on: one
+//! looks up the first hash past the matched run among the heads of all nodes, and so on: one
 //! lookup per node met, not per block. At each node it narrows the set of workers still
 //! matching: when the node's holders are exactly the active set (the common case: a shared
 //! system prompt, or one worker's own conversation) nothing changes, which costs a comparison
@@ -100,15 +111,18 @@
 //!
 //! # Costs
 //!
-//! `Stored`: one block-map insert per new block appended or put in a new node; for blocks
+//! `Stored`: one lookup in the heads and one insert into the worker's own block map per new
+//! block appended or put in a new node; for blocks
 //! already in the tree, one lookup per run of blocks in one node, plus the splits that
 //! isolate the run when the worker's tiers there change (`O(shorter part)` block-map updates
 //! each, `O(holders)` for the holder lists). `Removed`: one lookup per run likewise; the
-//! tail of a leaf held by the worker alone (the usual eviction) is cut off in place.
+//! tail of a leaf held by the worker alone (the usual eviction) is cut off in place. A node
+//! whose holders go from or to exactly one moves its blocks between block maps (`O(length)`).
 //! `Cleared` and [`PrefixIndex::remove_worker`]: `O(nodes the worker held)` holder updates,
 //! plus the blocks of the nodes left empty, found through a per-worker set of held nodes (no
 //! scan of the tree). Memory: a 16-byte block-map entry and an 8-byte hash in its node per
-//! block in the tree (at the map's load factor, ½ to ⅞), plus per node about 100 bytes and
+//! block in the tree (at the map's load factor, ½ to ⅞), plus per node about 100 bytes, a
+//! heads entry and
 //! its holder list (a boxed list of 4 bytes per holder plus a `⌈workers/64⌉`-word bitset past
 //! three holders), plus a 4-byte entry per (worker, node) in the workers' node sets.
 //!
@@ -418,6 +432,9 @@ struct WorkerEntry {
     id: WorkerId,
     /// Nodes this worker holds (in some tier).
     nodes: FastSet<NodeId>,
+    /// The blocks of the nodes this worker holds alone: their home map (see
+    /// [`PrefixIndex::shared`]).
+    own: FastMap<SequenceHash, Loc>,
     /// Blocks in those nodes.
     held: usize,
     /// Id of the last applied event (0: none).
@@ -430,6 +447,7 @@ impl WorkerEntry {
         WorkerEntry {
             id,
             nodes: FastSet::default(),
+            own: FastMap::default(),
             held: 0,
             last_event: 0,
             pending: None,
@@ -461,8 +479,16 @@ fn classify(last: u64, got: u64) -> ResyncReason {
 /// Global prefix index over every worker's KV blocks (see the module docs).
 #[derive(Debug, Clone)]
 pub struct PrefixIndex {
-    /// Every block in the tree: its node and position.
-    blocks: FastMap<SequenceHash, Loc>,
+    /// The blocks of the nodes with no holder or with several: their node and position. Each
+    /// block of the tree is in exactly one map, its node's *home*: the own map of the node's
+    /// holder (in its [`WorkerEntry`]) when the node has exactly one, else this one. A
+    /// worker's new blocks thus go to a map of its own, small and in cache, not to one map of
+    /// every block in the tree.
+    shared: FastMap<SequenceHash, Loc>,
+    /// The first block of every live node: where a query goes on after a node it matched to
+    /// its end (a child's head), and where a new block can be met when it is not held by the
+    /// worker storing it (a node whose parent was unknown).
+    heads: FastMap<SequenceHash, NodeId>,
     /// Heads of the nodes with a `Root` link (first blocks), where a query starts: a small
     /// map, in cache, so a request that matches nothing costs one cheap lookup.
     roots: FastMap<SequenceHash, NodeId>,
@@ -496,7 +522,8 @@ impl PrefixIndex {
     /// An empty index.
     pub fn new() -> Self {
         PrefixIndex {
-            blocks: FastMap::default(),
+            shared: FastMap::default(),
+            heads: FastMap::default(),
             roots: FastMap::default(),
             nodes: Vec::new(),
             free_nodes: Vec::new(),
@@ -638,8 +665,15 @@ impl PrefixIndex {
                 break;
             }
             depth += run;
-            match hashes.get(depth).and_then(|h| self.blocks.get(h)) {
-                Some(next) => loc = *next,
+            // A branch starts at the end of a node only, so the next block is a node's head
+            // (after a mismatch inside the node, no head carries on the request).
+            match hashes.get(depth).and_then(|h| self.heads.get(h)) {
+                Some(next) => {
+                    loc = Loc {
+                        node: *next,
+                        pos: self.node(*next).base,
+                    }
+                }
                 None => break,
             }
         }
@@ -674,13 +708,14 @@ impl PrefixIndex {
 
     /// Whether some worker holds `hash` (any tier).
     pub fn contains(&self, hash: SequenceHash) -> bool {
-        let loc = self.blocks.get(&hash);
+        let loc = self.locate(None, hash);
         loc.is_some_and(|l| !self.node(l.node).holders.is_empty())
     }
 
     /// Blocks in the tree, placeholders (unheld parents of held blocks) included.
     pub fn num_nodes(&self) -> usize {
-        self.blocks.len()
+        let own = self.slots.iter().flatten().map(|e| e.own.len());
+        self.shared.len() + own.sum::<usize>()
     }
 
     /// Nodes (edges) of the compressed tree: runs of blocks with the same holders.
@@ -710,10 +745,13 @@ impl PrefixIndex {
 
     /// Tiers in which `worker` holds `hash` (empty if none).
     pub fn tiers_of(&self, worker: &WorkerId, hash: SequenceHash) -> TierSet {
-        let (Some(slot), Some(loc)) = (self.by_id.get(worker), self.blocks.get(&hash)) else {
+        let Some(slot) = self.by_id.get(worker).copied() else {
             return TierSet::EMPTY;
         };
-        TierSet(self.node(loc.node).tiers_of(*slot))
+        let Some(loc) = self.find_held(slot, hash) else {
+            return TierSet::EMPTY;
+        };
+        TierSet(self.node(loc.node).tiers_of(slot))
     }
 
     /// Every block `worker` holds with its tiers, in no particular order.

@@ -593,6 +593,78 @@ fn corrupt_links_never_make_a_cycle() {
     assert_eq!((index.num_edges(), index.num_nodes()), (0, 0));
 }
 
+#[test]
+fn corrupt_streams_never_panic_and_leave_nothing_behind() {
+    // Chains over a pool of 12 hashes in any order, under any parent: hashes met in several
+    // places, repeated in one chain, or stored under another worker's block. The index may
+    // answer anything for such streams, but must not panic, loop or leak.
+    for seed in 0..300 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let pool = chain(5000 + seed, 12);
+        let pick = |rng: &mut StdRng, n: usize| -> Vec<SequenceHash> {
+            (0..n)
+                .map(|_| pool[rng.random_range(0..pool.len())])
+                .collect()
+        };
+        let mut index = PrefixIndex::new();
+        let mut ids = [0u64; 4];
+        for _ in 0..200 {
+            let k = rng.random_range(0..4);
+            let name = format!("c{k}");
+            let data = match rng.random_range(0..10) {
+                0..=5 => {
+                    let n = rng.random_range(1..6);
+                    let blocks = pick(&mut rng, n);
+                    let parent = rng.random_bool(0.7).then(|| pick(&mut rng, 1)[0]);
+                    stored(parent, &blocks)
+                }
+                6..=8 => {
+                    let n = rng.random_range(1..8);
+                    removed(&pick(&mut rng, n))
+                }
+                _ => KvEventData::Cleared,
+            };
+            ids[k] += 1;
+            let tier = if rng.random_bool(0.8) {
+                Tier::Device
+            } else {
+                Tier::Host
+            };
+            index.apply(&ev(&name, ids[k], tier, data));
+            if rng.random_bool(0.05) {
+                let n = rng.random_range(0..10);
+                let snap: Vec<SnapshotBlock> = pick(&mut rng, n)
+                    .into_iter()
+                    .map(|h| SnapshotBlock {
+                        seq_hash: h,
+                        parent: rng.random_bool(0.7).then(|| pool[rng.random_range(0..12)]),
+                        block_hash: BlockHash(h.0 ^ 1),
+                    })
+                    .collect();
+                index.resync(&w(&name), EventId(ids[k]), &snap);
+            }
+            if rng.random_bool(0.02) {
+                index.remove_worker(&w(&name));
+                ids[k] = 0;
+            }
+            let n = rng.random_range(0..14);
+            let _ = index.overlaps(&pick(&mut rng, n)).max();
+            let _ = index.overlaps(&pool).max();
+            let _ = index.contains(pool[rng.random_range(0..12)]);
+        }
+        for k in 0..4 {
+            index.remove_worker(&w(&format!("c{k}")));
+        }
+        assert_eq!(
+            (index.num_edges(), index.num_nodes()),
+            (0, 0),
+            "seed {seed}"
+        );
+        assert_eq!(index.num_blocks(), 0);
+        ok(&index);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Randomised: the index against a brute-force model under a lossy, duplicating, reordering
 // event channel with worker restarts, removals and delayed snapshots.

@@ -4,8 +4,10 @@
 //! Every operation here keeps these invariants (checked by
 //! [`PrefixIndex::check_invariants`]):
 //! - a live node has at least one block; `blocks[i + 1]`'s parent is `blocks[i]`;
-//! - the block map sends each block of each live node to `(node, base + offset)` and nothing
-//!   else;
+//! - each block of each live node is in exactly one block map, its node's *home* (the own map
+//!   of its only holder, else the shared map), which sends it to `(node, base + offset)`; the
+//!   maps hold nothing else;
+//! - `heads` sends the first block of each live node to that node, and holds nothing else;
 //! - a node with a `Known` parent is that parent's child at `child_pos`, and its head's parent
 //!   block is the parent's last block: branches only happen at the end of a node;
 //! - no node is *garbage* (no holder and no child);
@@ -16,7 +18,7 @@
 
 use std::collections::hash_map::Entry;
 
-use super::{FastMap, Holders, PrefixIndex, TIER_MASK, pack};
+use super::{FastMap, Holders, PrefixIndex, TIER_MASK, WorkerEntry, pack, slot_of};
 use crate::runtime::ids::SequenceHash;
 
 /// Index of a node in the arena.
@@ -97,7 +99,62 @@ impl Node {
     }
 }
 
-/// Points the block map's entries for `node`'s blocks `range` at it.
+/// Which block map holds a node's blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Home {
+    /// The shared map: no holder, or several.
+    Shared,
+    /// The own map of the only holder.
+    Own(u32),
+}
+
+/// The home of a node with these holders.
+#[inline]
+pub(super) fn home_of(holders: &Holders) -> Home {
+    match holders.as_slice() {
+        [x] => Home::Own(slot_of(*x)),
+        _ => Home::Shared,
+    }
+}
+
+/// The block map `home` (fields borrowed apart, so the caller may hold a node meanwhile).
+#[inline]
+fn map_mut<'a>(
+    shared: &'a mut FastMap<SequenceHash, Loc>,
+    slots: &'a mut [Option<WorkerEntry>],
+    home: Home,
+) -> &'a mut FastMap<SequenceHash, Loc> {
+    match home {
+        Home::Shared => shared,
+        Home::Own(slot) => {
+            let entry = slots[slot as usize].as_mut();
+            &mut entry.expect("a holder's slot is occupied").own
+        }
+    }
+}
+
+/// Removes `h` from `map` if it sends it to node `id` (a corrupt stream can put one hash in
+/// two nodes; the other's entry stays).
+#[inline]
+fn unmap(map: &mut FastMap<SequenceHash, Loc>, h: &SequenceHash, id: NodeId) {
+    if let Some(loc) = map.remove(h)
+        && loc.node != id
+    {
+        map.insert(*h, loc);
+    }
+}
+
+/// Removes head `h` from `heads` if it names node `id`.
+#[inline]
+fn unhead(heads: &mut FastMap<SequenceHash, NodeId>, h: &SequenceHash, id: NodeId) {
+    if let Some(n) = heads.remove(h)
+        && n != id
+    {
+        heads.insert(*h, n);
+    }
+}
+
+/// Points `map`'s entries for `node`'s blocks `range` at it.
 fn relocate(
     map: &mut FastMap<SequenceHash, Loc>,
     id: NodeId,
@@ -111,13 +168,13 @@ fn relocate(
         .take(range.end)
         .skip(range.start)
     {
-        let loc = map
-            .get_mut(h)
-            .expect("every block of a live node is mapped");
-        *loc = Loc {
-            node: id,
-            pos: node.base.wrapping_add(i as u32),
-        };
+        map.insert(
+            *h,
+            Loc {
+                node: id,
+                pos: node.base.wrapping_add(i as u32),
+            },
+        );
     }
 }
 
@@ -175,8 +232,70 @@ impl PrefixIndex {
         self.node_mut(child).parent = Link::Unknown;
     }
 
-    fn relocate_prefix(&mut self, id: NodeId, n: usize) {
-        relocate(&mut self.blocks, id, &self.nodes[id as usize], 0..n);
+    /// Points the home map's entries for node `id`'s blocks `range` at it.
+    fn relocate_range(&mut self, id: NodeId, range: std::ops::Range<usize>) {
+        let node = &self.nodes[id as usize];
+        let map = map_mut(&mut self.shared, &mut self.slots, home_of(&node.holders));
+        relocate(map, id, node, range);
+    }
+
+    fn own(&self, slot: u32) -> &FastMap<SequenceHash, Loc> {
+        let entry = self.slots[slot as usize].as_ref();
+        &entry.expect("a slot in use is occupied").own
+    }
+
+    /// Where block `h` is if `slot` holds it (its own map, else the shared one).
+    #[inline]
+    pub(super) fn find_held(&self, slot: u32, h: SequenceHash) -> Option<Loc> {
+        if let Some(loc) = self.own(slot).get(&h) {
+            return Some(*loc);
+        }
+        self.shared.get(&h).copied()
+    }
+
+    /// Where block `h` is if `slot` holds it, or it is shared, or it heads a node: every
+    /// place a block can be met except inside another worker's node of its own.
+    #[inline]
+    fn find_near(&self, slot: u32, h: SequenceHash) -> Option<Loc> {
+        if let Some(loc) = self.find_held(slot, h) {
+            return Some(loc);
+        }
+        let id = *self.heads.get(&h)?;
+        Some(Loc {
+            node: id,
+            pos: self.node(id).base,
+        })
+    }
+
+    /// Where block `h` is, anywhere: [`Self::find_near`] (`slot`'s own map first, when
+    /// given), then every worker's own map (`O(workers)`, only for a block met neither held,
+    /// shared nor as a head).
+    pub(super) fn locate(&self, slot: Option<u32>, h: SequenceHash) -> Option<Loc> {
+        let near = match slot {
+            Some(s) => self.find_near(s, h),
+            None => self.shared.get(&h).copied().or_else(|| {
+                let id = *self.heads.get(&h)?;
+                Some(Loc {
+                    node: id,
+                    pos: self.node(id).base,
+                })
+            }),
+        };
+        near.or_else(|| {
+            let mut owns = self.slots.iter().flatten().map(|e| &e.own);
+            owns.find_map(|own| own.get(&h).copied())
+        })
+    }
+
+    /// The block after `loc` in its node, if that is `h`.
+    #[inline]
+    fn next_in_node(&self, loc: Loc, h: SequenceHash) -> Option<Loc> {
+        let node = self.node(loc.node);
+        let off = node.offset(loc.pos);
+        (node.blocks.get(off + 1) == Some(&h)).then(|| Loc {
+            node: loc.node,
+            pos: loc.pos.wrapping_add(1),
+        })
     }
 
     /// Makes node `id` (parent unknown so far) a first node: its head is a first block.
@@ -241,7 +360,11 @@ impl PrefixIndex {
         }
         let moved = if upper == id { lower } else { upper };
         let len = self.node(moved).blocks.len();
-        relocate(&mut self.blocks, moved, &self.nodes[moved as usize], 0..len);
+        self.relocate_range(moved, 0..len);
+        if moved == upper {
+            self.heads.insert(self.node(upper).blocks[0], upper);
+        }
+        self.heads.insert(self.node(lower).blocks[0], lower);
         for i in 0..self.node(moved).holders.as_slice().len() {
             let slot = super::slot_of(self.node(moved).holders.as_slice()[i]);
             self.entry_mut(slot).nodes.insert(moved);
@@ -262,6 +385,7 @@ impl PrefixIndex {
         let (gone, kept) = if child.blocks.len() <= parent.blocks.len() {
             // Append the child's blocks to the parent; the parent takes the grandchildren.
             let blocks = std::mem::take(&mut self.node_mut(id).blocks);
+            unhead(&mut self.heads, &blocks[0], id);
             let children = std::mem::take(&mut self.node_mut(id).children);
             let start = self.node(p).blocks.len();
             let node = self.node_mut(p);
@@ -272,11 +396,14 @@ impl PrefixIndex {
                 self.node_mut(c).parent = Link::Known(p);
             }
             let end = self.node(p).blocks.len();
-            relocate(&mut self.blocks, p, &self.nodes[p as usize], start..end);
+            self.relocate_range(p, start..end);
             (id, p)
         } else {
             // Prepend the parent's blocks to the child; the child takes the parent's place.
             let blocks = std::mem::take(&mut self.node_mut(p).blocks);
+            let old_head = self.node(id).blocks[0];
+            unhead(&mut self.heads, &old_head, id);
+            self.heads.insert(blocks[0], id);
             let (link, pos) = (self.node(p).parent, self.node(p).child_pos);
             let n = blocks.len();
             let node = self.node_mut(id);
@@ -291,7 +418,7 @@ impl PrefixIndex {
             }
             self.node_mut(p).children.clear();
             // Only the parent's blocks moved: the child's keep their positions.
-            self.relocate_prefix(id, n);
+            self.relocate_range(id, 0..n);
             (p, id)
         };
         for i in 0..self.node(kept).holders.as_slice().len() {
@@ -323,18 +450,23 @@ impl PrefixIndex {
     }
 
     /// Removes node `id` (garbage: no holder, no child) and its blocks, then every ancestor
-    /// left garbage.
-    fn delete(&mut self, mut id: NodeId) {
+    /// left garbage. `mapped`: whether `id`'s blocks are still in their home map (the shared
+    /// one; [`Self::set_holder`] leaves them out of every map when it makes a node garbage).
+    fn delete(&mut self, mut id: NodeId, mut mapped: bool) {
         loop {
             debug_assert!(self.node(id).is_garbage());
             let parent = self.node(id).parent;
+            let head = self.node(id).blocks[0];
             if parent == Link::Root {
-                let head = self.node(id).blocks[0];
                 self.roots.remove(&head);
             }
-            for h in &self.nodes[id as usize].blocks {
-                self.blocks.remove(h);
+            unhead(&mut self.heads, &head, id);
+            if mapped {
+                for h in &self.nodes[id as usize].blocks {
+                    unmap(&mut self.shared, h, id);
+                }
             }
+            mapped = true;
             self.detach(id);
             self.release(id);
             let Link::Known(p) = parent else {
@@ -351,13 +483,15 @@ impl PrefixIndex {
     /// A placeholder node for block `h` (no holder, parent unknown).
     fn placeholder(&mut self, h: SequenceHash) -> NodeId {
         let id = self.alloc(Node::new(vec![h], Link::Unknown));
-        self.blocks.insert(h, Loc { node: id, pos: 0 });
+        self.shared.insert(h, Loc { node: id, pos: 0 });
+        self.heads.insert(h, id);
         id
     }
 
-    /// The node ending at block `q` (splitting its node after it), or a placeholder for `q`.
-    fn node_ending_at(&mut self, q: SequenceHash) -> NodeId {
-        let Some(loc) = self.blocks.get(&q).copied() else {
+    /// The node ending at block `q` (at `loc`, splitting its node after it), or a
+    /// placeholder for `q` (`loc` is `None`: `q` is not in the tree).
+    fn node_ending_at(&mut self, q: SequenceHash, loc: Option<Loc>) -> NodeId {
+        let Some(loc) = loc else {
             return self.placeholder(q);
         };
         let off = self.node(loc.node).offset(loc.pos);
@@ -382,23 +516,48 @@ impl PrefixIndex {
     }
 
     /// Gives node `id` (whose head's parent was unknown) the parent block `q`, unless that
-    /// would close a cycle (only corrupt events can ask for one).
-    fn link(&mut self, id: NodeId, q: SequenceHash) {
-        if let Some(loc) = self.blocks.get(&q)
+    /// would close a cycle (only corrupt events can ask for one). `slot` is storing the link.
+    fn link(&mut self, slot: u32, id: NodeId, q: SequenceHash) {
+        let loc = self.locate(Some(slot), q);
+        if let Some(loc) = loc
             && self.is_ancestor(id, loc.node)
         {
             return;
         }
-        let p = self.node_ending_at(q);
+        let p = self.node_ending_at(q, loc);
         self.attach(id, p);
         self.touched.push(id);
     }
 
     // --- holders ----------------------------------------------------------------------------
 
-    /// Sets `slot`'s tiers on the whole of node `id` (0 removes it), keeping the counts and
-    /// the worker's node set.
-    pub(super) fn set_holder(&mut self, id: NodeId, slot: u32, tiers: u8) {
+    /// Sets `slot`'s tiers on the whole of node `id` (0 removes it), keeping the counts, the
+    /// worker's node set and the blocks' home (they move when the number of holders goes
+    /// from or to one). Returns whether the node's blocks are in a map: `false` when the
+    /// node was left garbage, whose blocks then are in none (the caller deletes it).
+    pub(super) fn set_holder(&mut self, id: NodeId, slot: u32, tiers: u8) -> bool {
+        let from = home_of(&self.node(id).holders);
+        self.set_holder_counts(id, slot, tiers);
+        let node = &self.nodes[id as usize];
+        let to = home_of(&node.holders);
+        if from == to {
+            return true;
+        }
+        let map = map_mut(&mut self.shared, &mut self.slots, from);
+        for h in &node.blocks {
+            unmap(map, h, id);
+        }
+        if node.is_garbage() {
+            return false;
+        }
+        let map = map_mut(&mut self.shared, &mut self.slots, to);
+        map.reserve(node.blocks.len());
+        relocate(map, id, node, 0..node.blocks.len());
+        true
+    }
+
+    /// [`Self::set_holder`] but for the blocks' home.
+    fn set_holder_counts(&mut self, id: NodeId, slot: u32, tiers: u8) {
         let node = &mut self.nodes[id as usize];
         let len = node.blocks.len();
         let before = node.tiers_of(slot);
@@ -466,9 +625,9 @@ impl PrefixIndex {
         if len < self.node(id).blocks.len() {
             id = self.split(id, len).0;
         }
-        self.set_holder(id, slot, new);
+        let mapped = self.set_holder(id, slot, new);
         if self.node(id).is_garbage() {
-            self.delete(id);
+            self.delete(id, mapped);
         } else {
             self.touched.push(id);
         }
@@ -478,77 +637,75 @@ impl PrefixIndex {
     fn truncate(&mut self, id: NodeId, slot: u32, off: usize) {
         let node = &mut self.nodes[id as usize];
         let gone = node.blocks.len() - off;
+        let own = &mut self.slots[slot as usize].as_mut().expect("a holder").own;
         for h in node.blocks.drain(off..) {
-            self.blocks.remove(&h);
+            unmap(own, &h, id);
         }
         self.held_blocks -= gone;
         self.holdings -= gone;
         self.entry_mut(slot).held -= gone;
     }
 
-    /// A new block `h` stored by `slot` in tier `bit` under parent `prev`: appended to the
-    /// parent's node when that is a leaf held by this worker alone in this tier, else in a
-    /// new node. Returns the node it went to.
-    pub(super) fn store_new(
+    /// A new block `h` (in no map) stored by `slot` in tier `bit` under parent `prev`, which
+    /// is at `loc` (`None`: not in the tree): appended to the parent's node when that is a
+    /// leaf held by this worker alone in this tier, else in a new node. Returns the node it
+    /// went to.
+    fn store_new(
         &mut self,
         slot: u32,
         bit: u8,
-        prev: Option<SequenceHash>,
+        prev: Option<(SequenceHash, Option<Loc>)>,
         h: SequenceHash,
     ) -> NodeId {
         let link = match prev {
             None => Link::Root,
-            Some(q) if q == h => Link::Unknown, // only a corrupt event: never self-link
-            Some(q) => {
-                if let Some(loc) = self.blocks.get(&q).copied() {
+            Some((q, _)) if q == h => Link::Unknown, // only a corrupt event: never self-link
+            Some((q, loc)) => {
+                if let Some(loc) = loc {
                     let node = self.node(loc.node);
                     let at_end = node.offset(loc.pos) + 1 == node.blocks.len();
                     if at_end
                         && node.children.is_empty()
                         && node.holders.as_slice() == [pack(slot, bit)]
                     {
-                        self.append(loc.node, slot, h);
+                        self.push_block(loc.node, slot, h);
                         return loc.node;
                     }
                 }
-                Link::Known(self.node_ending_at(q))
+                Link::Known(self.node_ending_at(q, loc))
             }
         };
         let id = self.alloc(Node::new(vec![h], Link::Unknown));
-        self.blocks.insert(h, Loc { node: id, pos: 0 });
+        self.heads.insert(h, id);
         match link {
             Link::Known(p) => self.attach(id, p),
             Link::Root => self.set_root(id),
             Link::Unknown => {}
         }
-        self.set_holder(id, slot, bit);
+        // Held by `slot` alone: its home is `slot`'s own map.
+        self.set_holder_counts(id, slot, bit);
+        self.entry_mut(slot).own.insert(h, Loc { node: id, pos: 0 });
         id
     }
 
-    /// Appends block `h` to node `id`, held by `slot` alone; `false` if `h` is already in the
-    /// tree (then nothing changes).
-    pub(super) fn try_append(&mut self, id: NodeId, slot: u32, h: SequenceHash) -> bool {
+    /// Appends block `h` (in no map) to node `id`, a leaf held by `slot` alone.
+    fn push_block(&mut self, id: NodeId, slot: u32, h: SequenceHash) {
         let node = &mut self.nodes[id as usize];
-        match self.blocks.entry(h) {
-            Entry::Occupied(_) => false,
-            Entry::Vacant(v) => {
-                v.insert(Loc {
-                    node: id,
-                    pos: node.base.wrapping_add(node.blocks.len() as u32),
-                });
-                node.blocks.push(h);
-                self.held_blocks += 1;
-                self.holdings += 1;
-                self.entry_mut(slot).held += 1;
-                true
-            }
-        }
+        let pos = node.base.wrapping_add(node.blocks.len() as u32);
+        node.blocks.push(h);
+        let entry = self.entry_mut(slot);
+        entry.own.insert(h, Loc { node: id, pos });
+        entry.held += 1;
+        self.held_blocks += 1;
+        self.holdings += 1;
     }
 
     /// Appends `hash(i) …` to node `id` (a leaf held by `slot` alone) up to `len` or the first
-    /// block already in the tree; returns where it stopped. Each batch is probed before any
-    /// insert: the probes are independent, so their cache misses overlap (on a large index
-    /// nearly every probe misses), and the inserts then find their buckets in cache.
+    /// block already in the tree; returns where it stopped. The block before `hash(i)` ends
+    /// the node and has no child, so under content-consistent hashing `hash(i)` can be in
+    /// the tree only as the head of a node whose parent was unknown: a lookup in the heads
+    /// (a small map), then an insert into `slot`'s own map (small too), whose entry also
+    /// catches a block repeated in one chain (a corrupt event).
     fn append_run(
         &mut self,
         id: NodeId,
@@ -557,42 +714,30 @@ impl PrefixIndex {
         len: usize,
         hash: &impl Fn(usize) -> SequenceHash,
     ) -> usize {
-        const BATCH: usize = 32;
+        let start = i;
+        let node = &mut self.nodes[id as usize];
+        let entry = self.slots[slot as usize].as_mut().expect("a holder");
+        node.blocks.reserve(len.saturating_sub(i));
         while i < len {
-            let end = (i + BATCH).min(len);
-            let mut fresh = i;
-            while fresh < end && !self.blocks.contains_key(&hash(fresh)) {
-                fresh += 1;
-            }
-            self.nodes[id as usize].blocks.reserve(fresh - i);
-            let start = i;
-            let node = &mut self.nodes[id as usize];
-            while i < fresh {
-                let h = hash(i);
-                let Entry::Vacant(v) = self.blocks.entry(h) else {
-                    break; // the same block twice in one chain (a corrupt event)
-                };
-                v.insert(Loc {
-                    node: id,
-                    pos: node.base.wrapping_add(node.blocks.len() as u32),
-                });
-                node.blocks.push(h);
-                i += 1;
-            }
-            let added = i - start;
-            self.held_blocks += added;
-            self.holdings += added;
-            self.entry_mut(slot).held += added;
-            if i < end {
+            let h = hash(i);
+            if self.heads.contains_key(&h) {
                 break;
             }
+            let Entry::Vacant(v) = entry.own.entry(h) else {
+                break; // the same block twice in one chain (a corrupt event)
+            };
+            v.insert(Loc {
+                node: id,
+                pos: node.base.wrapping_add(node.blocks.len() as u32),
+            });
+            node.blocks.push(h);
+            i += 1;
         }
+        let added = i - start;
+        entry.held += added;
+        self.held_blocks += added;
+        self.holdings += added;
         i
-    }
-
-    fn append(&mut self, id: NodeId, slot: u32, h: SequenceHash) {
-        let appended = self.try_append(id, slot, h);
-        debug_assert!(appended, "append of a block already in the tree");
     }
 
     /// Stores the chain `hash(0) … hash(len − 1)` (each the parent of the next, the first
@@ -609,9 +754,21 @@ impl PrefixIndex {
         let mut i = 0;
         while i < len {
             let h = hash(i);
-            let Some(loc) = self.blocks.get(&h).copied() else {
+            let mut found = self.find_near(slot, h);
+            let mut prev_loc = None;
+            if found.is_none()
+                && let Some(q) = prev
+                && q != h
+            {
+                // Not held by this worker, not shared, not a head: under content-consistent
+                // hashing `h` can then only be inside another worker's node, right after its
+                // parent.
+                prev_loc = self.locate(Some(slot), q);
+                found = prev_loc.and_then(|l| self.next_in_node(l, h));
+            }
+            let Some(loc) = found else {
                 // New blocks: the first finds its place, the next ones follow it.
-                let id = self.store_new(slot, bit, prev, h);
+                let id = self.store_new(slot, bit, prev.map(|q| (q, prev_loc)), h);
                 i = self.append_run(id, slot, i + 1, len, &hash);
                 prev = Some(hash(i - 1));
                 continue;
@@ -620,7 +777,7 @@ impl PrefixIndex {
             if off == 0 && self.node(id).parent == Link::Unknown {
                 match prev {
                     None => self.set_root(id),
-                    Some(q) if q != h => self.link(id, q),
+                    Some(q) if q != h => self.link(slot, id, q),
                     Some(_) => {}
                 }
             }
@@ -644,7 +801,8 @@ impl PrefixIndex {
     pub(super) fn remove_blocks(&mut self, slot: u32, bit: u8, hashes: &[SequenceHash]) {
         let mut i = 0;
         while i < hashes.len() {
-            let Some(loc) = self.blocks.get(&hashes[i]).copied() else {
+            // A block `slot` holds is in its own map or the shared one.
+            let Some(loc) = self.find_held(slot, hashes[i]) else {
                 i += 1;
                 continue;
             };
@@ -674,9 +832,9 @@ impl PrefixIndex {
             if tiers & bits == 0 {
                 continue;
             }
-            self.set_holder(id, slot, tiers & !bits);
+            let mapped = self.set_holder(id, slot, tiers & !bits);
             if self.node(id).is_garbage() {
-                self.delete(id);
+                self.delete(id, mapped);
             } else {
                 self.touched.push(id);
             }
@@ -706,12 +864,27 @@ impl PrefixIndex {
                     node: id,
                     pos: node.base.wrapping_add(k as u32),
                 };
-                if self.blocks.get(h) != Some(&want) {
+                let home = home_of(&node.holders);
+                let map = match home {
+                    Home::Shared => &self.shared,
+                    Home::Own(slot) => match self.slots.get(slot as usize).and_then(Option::as_ref)
+                    {
+                        Some(e) => &e.own,
+                        None => return Err(format!("node {id}: holder slot {slot} is free")),
+                    },
+                };
+                if map.get(h) != Some(&want) {
                     return Err(format!(
-                        "block {h} of node {id}: map says {:?}",
-                        self.blocks.get(h)
+                        "block {h} of node {id}: home map {home:?} says {:?}",
+                        map.get(h)
                     ));
                 }
+            }
+            if self.heads.get(&node.blocks[0]) != Some(&id) {
+                return Err(format!(
+                    "head of node {id}: heads say {:?}",
+                    self.heads.get(&node.blocks[0])
+                ));
             }
             mapped += node.blocks.len();
             if !node.holders.is_empty() {
@@ -773,11 +946,13 @@ impl PrefixIndex {
                 ));
             }
         }
-        if mapped != self.blocks.len() {
-            return Err(format!(
-                "{} blocks mapped, {mapped} in nodes",
-                self.blocks.len()
-            ));
+        // Each block is in its home map (above): with the counts equal, in no other map.
+        let in_maps = self.num_nodes();
+        if mapped != in_maps {
+            return Err(format!("{in_maps} blocks mapped, {mapped} in nodes"));
+        }
+        if self.heads.len() != live {
+            return Err(format!("{} heads for {live} nodes", self.heads.len()));
         }
         if held != self.held_blocks {
             return Err(format!("held_blocks {} != {held}", self.held_blocks));
