@@ -254,7 +254,7 @@ async fn run_node(a: NodeArgs) -> anyhow::Result<std::process::ExitCode> {
         flotilla::node::NodeExit::Escalated => Ok(std::process::ExitCode::from(1)),
         flotilla::node::NodeExit::Superseded(s) => {
             eprintln!(
-                "error: node name {:?} was taken by another node (cluster address {}, pid {}) while this one was away (paused or cut off past the liveness timeout); this incarnation exits. Node names must be unique (--name)",
+                "flotilla: error: node name {:?} was taken by another node (cluster address {}, pid {}) while this one was away (paused or cut off past the liveness timeout); this incarnation exits. Node names must be unique (--name)",
                 s.node.as_str(),
                 s.by_addr,
                 s.by_pid
