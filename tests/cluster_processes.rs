@@ -26,6 +26,25 @@ async fn get(url: &str) -> Option<(u16, Value)> {
     Some((status, r.json().await.ok()?))
 }
 
+/// The gateway URL of `flotilla up`'s ready line (within 60 s); the rest of its stdout is
+/// drained in the background.
+async fn up_gateway(stdout: tokio::process::ChildStdout) -> String {
+    let mut lines = BufReader::new(stdout).lines();
+    let gateway = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(j) = line.strip_prefix("FLOTILLA_UP ") {
+                let v: Value = serde_json::from_str(j).unwrap();
+                return v["gateway"].as_str().unwrap().to_owned();
+            }
+        }
+        panic!("flotilla up ended before it was ready");
+    })
+    .await
+    .expect("cluster formed within 60 s");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    gateway
+}
+
 fn alive(pid: i32) -> bool {
     kill(Pid::from_raw(pid), None).is_ok()
 }
@@ -56,19 +75,7 @@ async fn up_forms_detects_a_killed_node_and_stops_cleanly() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(up.stdout.take().unwrap()).lines();
-    let gateway = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(j) = line.strip_prefix("FLOTILLA_UP ") {
-                let v: Value = serde_json::from_str(j).unwrap();
-                return v["gateway"].as_str().unwrap().to_owned();
-            }
-        }
-        panic!("flotilla up ended before it was ready");
-    })
-    .await
-    .expect("cluster formed within 60 s");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let gateway = up_gateway(up.stdout.take().unwrap()).await;
 
     // Ready: three nodes up with the expected roles, health 200.
     let (status, fleet) = get(&format!("{gateway}/v1/fleet")).await.unwrap();
@@ -399,7 +406,6 @@ async fn every_api_request_gets_one_access_line_with_its_id_status_and_worker() 
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(up.stdout.take().unwrap()).lines();
     let mut err = BufReader::new(up.stderr.take().unwrap()).lines();
     let logs = tokio::spawn(async move {
         let mut all = Vec::new();
@@ -408,18 +414,7 @@ async fn every_api_request_gets_one_access_line_with_its_id_status_and_worker() 
         }
         all
     });
-    let gateway = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(line) = out.next_line().await.unwrap() {
-            if let Some(j) = line.strip_prefix("FLOTILLA_UP ") {
-                let v: Value = serde_json::from_str(j).unwrap();
-                return v["gateway"].as_str().unwrap().to_owned();
-            }
-        }
-        panic!("flotilla up ended before it was ready");
-    })
-    .await
-    .expect("cluster ready within 60 s");
-    tokio::spawn(async move { while let Ok(Some(_)) = out.next_line().await {} });
+    let gateway = up_gateway(up.stdout.take().unwrap()).await;
     let (_, models) = get(&format!("{gateway}/v1/models")).await.unwrap();
     let model = models["data"][0]["id"].as_str().unwrap().to_owned();
     let http = reqwest::Client::new();
