@@ -6,7 +6,7 @@
 //! `cluster.heartbeat_interval_ms`, and keeps the [`Membership`] table whose leases decide
 //! `up` → `suspect` → `down` (`cluster.liveness_timeout_ms`). Changes are published on the
 //! node's [`MembershipEvent`] broadcast channel. Every [`REJOIN_INTERVAL`] it re-dials the
-//! seeds it has no live session with (all of them when it has no live peer).
+//! seeds it has no session with.
 //!
 //! # The published fleet view
 //! Discovery also publishes the fleet view, this node first, into the node's [`FleetView`]
@@ -79,7 +79,7 @@ pub struct DiscoveryArgs {
     pub leases: Leases,
     /// Heartbeat interval.
     pub heartbeat_interval: Duration,
-    /// Seeds to re-dial when alone.
+    /// Seeds to re-dial while this node has no session with them.
     pub seeds: Vec<String>,
     /// The node server.
     pub server: ActorRef<NodeServerMessage>,
@@ -547,11 +547,15 @@ impl Actor for Discovery {
                             if !at.is_empty() && at.iter().any(|a| connected.contains(a)) {
                                 continue; // connected to it already
                             }
-                            if let Err(e) =
-                                ractor_cluster::client_connect(&server, seed.as_str()).await
-                            {
-                                tracing::debug!(seed = %seed, error = %e, "re-dial failed");
-                            }
+                            // Each on its own: an unreachable seed does not hold up the next.
+                            let server = server.clone();
+                            tokio::spawn(async move {
+                                if let Err(e) =
+                                    ractor_cluster::client_connect(&server, seed.as_str()).await
+                                {
+                                    tracing::debug!(seed = %seed, error = %e, "re-dial failed");
+                                }
+                            });
                         }
                     });
                 }

@@ -56,7 +56,7 @@ impl FleetView {
 /// Process group of every Discovery actor.
 pub const DISCOVERY_GROUP: &str = "flotilla.discovery";
 
-/// How often a node re-dials the seeds it has no live session with.
+/// How often a node re-dials the seeds it has no session with.
 pub const REJOIN_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Process group of the Discovery actors of nodes with `role`.

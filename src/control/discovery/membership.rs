@@ -363,11 +363,6 @@ impl Membership {
         self.peers.get(node).map(|e| e.state)
     }
 
-    /// Whether any peer (other than this node) is `Up` or `Suspect`.
-    pub fn has_live_peers(&self) -> bool {
-        self.peers.values().any(|e| e.state != NodeState::Down)
-    }
-
     /// Every known node, this one first, then by name.
     pub fn view(&self, now: Instant) -> Vec<NodeView> {
         let mine = std::iter::once(NodeView {
