@@ -49,7 +49,7 @@ lint: deps
 
 test: deps model venv nvrtc lint
 	@export LD_LIBRARY_PATH="$$(scripts/fetch-nvrtc.sh)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" \
-		FLOTILLA_REQUIRE_NVRTC=1; \
+		FLOTILLA_REQUIRE_NVRTC=1 FLOTILLA_REQUIRE_CHROMIUM=1; \
 	if $(CARGO) nextest --version >/dev/null 2>&1; then \
 		$(CARGO) nextest run --no-fail-fast; \
 	else \

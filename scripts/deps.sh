@@ -9,7 +9,9 @@ set -euo pipefail
 #   neither it nor libclang; without it the transport falls back to TCP and the UCX tests skip.
 # - haproxy: tests/gateways.rs runs deploy/haproxy/haproxy.cfg in front of two gateways
 #   (skipped without it).
-pkgs=(libucx-dev haproxy)
+# - chromium, chromium-driver: tests/fleet_page.rs drives the live fleet page in headless
+#   Chromium through chromedriver (`make test` requires them: FLOTILLA_REQUIRE_CHROMIUM=1).
+pkgs=(libucx-dev haproxy chromium chromium-driver)
 need=()
 command -v python3 >/dev/null || need+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)

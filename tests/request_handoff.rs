@@ -159,6 +159,7 @@ impl Fleet {
                     worker: WorkerId::new(*w),
                     hand_off: *hand_off,
                     fetch: None,
+                    terms: None,
                 })
                 .collect(),
             asked: vec![],

@@ -61,6 +61,11 @@ pub enum DiscoveryMsg {
     /// past the liveness timeout, and another node has taken the name since): the node exits
     /// ([`crate::node::NodeExit::Superseded`]). Ignored unless it names this incarnation.
     Superseded(Wire<Superseded>),
+    /// A fleet event worth showing beyond its node (a fault installed or cleared, a role
+    /// change): from this node's own bus, relayed to every gateway node's Discovery; from a
+    /// peer, emitted on this node's bus as it was (its `node` names where it happened), so a
+    /// gateway's `/v1/fleet/events` and live page show the whole fleet's.
+    FleetEvent(Wire<crate::request_plane::events::FleetEvent>),
 }
 
 /// What Discovery needs to start.
@@ -106,7 +111,8 @@ pub struct DiscoveryArgs {
     pub worker_stats: crate::worker::scheduler::StatsBoard,
     /// What this node's planner publishes (its mode and latest decisions), if it runs one.
     pub planner: crate::control::planner::PlannerBoard,
-    /// The node's fleet event bus (membership changes).
+    /// The node's fleet event bus (membership changes; faults and role changes relayed to
+    /// and from gateway nodes).
     pub bus: crate::request_plane::events::EventBus,
     /// The planner leadership lease this node votes on (`control/leadership.rs`).
     pub lease: crate::control::leadership::LeaseConfig,
@@ -122,6 +128,8 @@ pub struct DiscoveryState {
     membership: Membership,
     ticker: Option<JoinHandle<()>>,
     session_sub: Option<(String, JoinHandle<()>)>,
+    /// Reads this node's bus for the events to relay ([`DiscoveryMsg::FleetEvent`]).
+    relay: Option<JoinHandle<()>>,
     tick_no: u64,
     last_rejoin: Option<crate::runtime::clock::Instant>,
     /// This node's vote on the planner lease. It starts refusing every grant for one lease
@@ -276,6 +284,9 @@ pub fn set_worker_stats(w: &mut WorkerView, st: &crate::worker::scheduler::Sched
     w.prefill_wait_ms = st.prefill_wait_ms.map(|ms| ms.round() as u64);
     w.prefill_tokens_per_s = st.prefill_tokens_per_s.map(|r| r.round().max(1.0) as u64);
     w.kv_tiers = st.kv_tiers;
+    w.prompt_tokens = st.prompt_tokens;
+    w.cached_tokens = st.cached_tokens;
+    w.generated_tokens = st.generated_tokens;
 }
 
 /// List the actors of this node's tree (from its root supervisor) and its workers.
@@ -361,6 +372,7 @@ impl Actor for Discovery {
             args,
             ticker: None,
             session_sub: None,
+            relay: None,
             tick_no: 0,
             // The node joins its seeds itself at start; re-dialling begins one interval later.
             last_rejoin: Some(state_clock_now),
@@ -414,6 +426,25 @@ impl Actor for Discovery {
             });
             state.session_sub = Some((id, task));
         }
+        let mut bus = state.args.bus.subscribe();
+        let (me, node) = (myself.clone(), state.args.node_id.clone());
+        state.relay = Some(tokio::spawn(async move {
+            use tokio::sync::broadcast::error::RecvError;
+            loop {
+                match bus.recv().await {
+                    Ok(ev) if ev.node == node && ev.kind.is_fleet_wide() => {
+                        if me
+                            .cast(DiscoveryMsg::FleetEvent(Wire::encode(&ev)))
+                            .is_err()
+                        {
+                            break;
+                        }
+                    }
+                    Ok(_) | Err(RecvError::Lagged(_)) => {}
+                    Err(RecvError::Closed) => break,
+                }
+            }
+        }));
         state.refresh_me(&myself.get_cell());
         state.publish_view(state.args.clock.now());
         Ok(())
@@ -426,6 +457,9 @@ impl Actor for Discovery {
     ) -> Result<(), ActorProcessingErr> {
         state.args.fleet.clear();
         if let Some(t) = state.ticker.take() {
+            t.abort();
+        }
+        if let Some(t) = state.relay.take() {
             t.abort();
         }
         if let Some((id, task)) = state.session_sub.take() {
@@ -469,6 +503,31 @@ impl Actor for Discovery {
                 {
                     // `RunningNode::wait` sees this event and stops the node.
                     state.publish(vec![MembershipEvent::Superseded(Box::new(s))]);
+                }
+            }
+            DiscoveryMsg::FleetEvent(wire) => {
+                let Ok(ev) = wire.decode() else {
+                    return Ok(());
+                };
+                if ev.node != state.args.node_id {
+                    state.args.bus.forward(ev);
+                    return Ok(());
+                }
+                // Ours: to every other gateway node that is up.
+                for n in state.membership.view(now).iter().skip(1) {
+                    if n.state != NodeState::Up || !n.roles.contains(&NodeRole::Gateway) {
+                        continue;
+                    }
+                    let name = format!("{}/discovery", n.id);
+                    if let Some(cell) =
+                        crate::runtime::cluster::member_named(DISCOVERY_GROUP, &name)
+                        && !cell.get_id().is_local()
+                    {
+                        let peer: ActorRef<DiscoveryMsg> = cell.into();
+                        if let Err(e) = peer.cast(DiscoveryMsg::FleetEvent(wire.clone())) {
+                            tracing::debug!(error = %e, "fleet event relay to a gateway failed");
+                        }
+                    }
                 }
             }
             DiscoveryMsg::SessionLost(name) => {

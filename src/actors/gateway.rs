@@ -23,6 +23,7 @@ pub mod chaos_routes;
 pub mod conn;
 pub mod edge;
 pub mod face;
+pub mod page;
 pub mod routes;
 pub mod serve;
 pub mod state;

@@ -489,6 +489,7 @@ impl RouterState {
                     worker: w.clone(),
                     hand_off,
                     fetch: None,
+                    terms: None,
                 }));
             }
         }
@@ -568,10 +569,23 @@ impl RouterState {
         if fetch.is_some() {
             metrics::counter!("flotilla_router_fetch_hints_total").increment(1);
         }
+        let terms = crate::request_plane::protocol::PlacementTerms {
+            policy: d.policy.as_str().to_owned(),
+            overlap_blocks: d.overlap_blocks,
+            best_overlap_blocks: d.best_overlap_blocks,
+            credited_blocks: d.credited_blocks,
+            prefill_blocks: d.prefill_blocks,
+            decode_blocks: d.decode_blocks,
+            cost: d.cost,
+            candidates: d.candidates,
+            pull_from: fetch.as_ref().map(|f| f.holder.clone()),
+            pull_blocks: fetch.as_ref().map(|f| f.blocks),
+        };
         Ok(Some(Placement {
             worker: d.worker,
             hand_off,
             fetch,
+            terms: Some(terms),
         }))
     }
 

@@ -23,12 +23,15 @@ pub const EVENT_BUFFER: usize = 4096;
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum FleetEventKind {
     /// A request's attempt was placed on `worker` and submitted there (`attempt` counts from
-    /// 1; `hand_off`: a prefill-only attempt whose KV a decode attempt will pull).
+    /// 1; `hand_off`: a prefill-only attempt whose KV a decode attempt will pull; `terms`: the
+    /// router's cost terms for the choice, absent for a pinned request).
     Placed {
         request: RequestId,
         worker: WorkerId,
         attempt: u32,
         hand_off: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        terms: Option<crate::request_plane::protocol::PlacementTerms>,
     },
     /// A prefill worker handed the request's KV off (`tokens` of prompt).
     HandedOff {
@@ -85,6 +88,18 @@ pub enum FleetEventKind {
     },
 }
 
+impl FleetEventKind {
+    /// Whether a gateway shows it beyond the node it happened on: faults and role changes
+    /// (relayed by Discovery to every gateway node). Requests' events stay on their gateway's
+    /// node; worker and node comings and goings every router and Discovery sees for itself.
+    pub fn is_fleet_wide(&self) -> bool {
+        matches!(
+            self,
+            Self::FaultInstalled { .. } | Self::FaultCleared { .. } | Self::RoleChanged { .. }
+        )
+    }
+}
+
 /// One event: when (ms since the Unix epoch), where it was emitted, what.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FleetEvent {
@@ -122,6 +137,12 @@ impl EventBus {
         });
     }
 
+    /// Put an event that happened on another node (relayed to this one) on this bus as it
+    /// was: its time and node are kept.
+    pub fn forward(&self, event: FleetEvent) {
+        let _ = self.tx.send(event);
+    }
+
     /// Every event from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<FleetEvent> {
         self.tx.subscribe()
@@ -152,6 +173,7 @@ mod tests {
             worker: WorkerId::new("node-1/replica-0"),
             attempt: 1,
             hand_off: false,
+            terms: None,
         });
         bus.emit(FleetEventKind::FaultInstalled {
             id: 3,

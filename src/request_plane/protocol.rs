@@ -79,6 +79,35 @@ pub struct SubmitRequest {
     pub fetch: Option<FetchHint>,
 }
 
+/// The cost terms of one placement (`router/policy.rs`, [`Decision`](super::router::policy::Decision)),
+/// for the fleet event bus and the live page. Blocks are KV blocks of the router's
+/// `block_size`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlacementTerms {
+    /// The policy that chose (`kv`, `dynamo_kv`, `round_robin`, …).
+    pub policy: String,
+    /// Leading prompt blocks the chosen worker holds (any tier).
+    pub overlap_blocks: u32,
+    /// The largest overlap among the candidates.
+    pub best_overlap_blocks: u32,
+    /// The overlap as the cost counted it, in G1 blocks (the tier credit: lower-tier copies
+    /// discounted, pullable blocks credited).
+    pub credited_blocks: f64,
+    /// The prefill term (blocks).
+    pub prefill_blocks: f64,
+    /// The decode (load) term (blocks).
+    pub decode_blocks: f64,
+    /// The cost the policy ranked by (lower is better).
+    pub cost: f64,
+    /// Workers it chose among.
+    pub candidates: usize,
+    /// Peer pull: the worker the chosen one pulls leading blocks from, and how many it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_from: Option<WorkerId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_blocks: Option<u32>,
+}
+
 /// KV a prefill worker holds for a decode worker to pull (disaggregated serving).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RemoteKv {
@@ -130,7 +159,7 @@ pub struct RouteRequest {
 }
 
 /// A router's answer: where to submit.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Placement {
     /// The worker.
     pub worker: WorkerId,
@@ -141,6 +170,10 @@ pub struct Placement {
     /// pays (`router/policy.rs`, "Peer pulls"); passed on in [`SubmitRequest::fetch`].
     #[serde(default)]
     pub fetch: Option<FetchHint>,
+    /// Why this worker: the router's cost terms for it (`None` for a pinned request or a
+    /// placement the router already held). Carried into the `placed` fleet event.
+    #[serde(default)]
+    pub terms: Option<PlacementTerms>,
 }
 
 /// Process group of every TokenSink.

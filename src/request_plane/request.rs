@@ -114,6 +114,8 @@ struct Placing {
     job: SubmitRequest,
     /// The chosen worker, once picked.
     worker: Option<WorkerId>,
+    /// The router's cost terms for it, for the `placed` event.
+    terms: Option<crate::request_plane::protocol::PlacementTerms>,
 }
 
 /// One request's state (see the module doc).
@@ -247,6 +249,7 @@ impl RequestCore {
             placing.job.remote_kv = pending_kv;
         }
         placing.worker = Some(pick.worker.clone());
+        placing.terms = pick.terms;
         let job = placing.job.clone();
         self.effects.push(RequestEffect::Submit {
             worker: pick.worker,
@@ -260,6 +263,7 @@ impl RequestCore {
         let Some(Placing {
             job,
             worker: Some(worker),
+            terms,
         }) = self.placing.take()
         else {
             return;
@@ -299,6 +303,7 @@ impl RequestCore {
                 worker,
                 attempt: self.attempts,
                 hand_off: job.hand_off,
+                terms,
             }));
     }
 
@@ -527,12 +532,17 @@ impl RequestCore {
             avoid: self.migration.avoid().to_vec(),
             remote_prefill: self.pending_kv.is_none(),
         };
-        self.placing = Some(Placing { job, worker: None });
+        self.placing = Some(Placing {
+            job,
+            worker: None,
+            terms: None,
+        });
         match self.cfg.pin.clone() {
             Some(worker) => self.picked(Ok(Some(Placement {
                 worker,
                 hand_off: false,
                 fetch: None,
+                terms: None,
             }))),
             None => self.effects.push(RequestEffect::Route(route)),
         }
@@ -552,7 +562,7 @@ impl RequestCore {
             Decision::Fail(GiveUp::FirstPlacement) => self.fail(error),
             Decision::Fail(why) => {
                 metrics::counter!("flotilla_migration_failures_total").increment(1);
-                tracing::warn!(request = %self.id(), trace_id = ?self.cfg.job.trace_id, %error, %why, "migration failed");
+                tracing::warn!(request = %self.id(), request_id = self.cfg.job.trace_id.as_deref().unwrap_or("-"), %error, %why, "migration failed");
                 self.fail(RequestError::GaveUp {
                     cause: error.to_string(),
                     why,
@@ -574,7 +584,7 @@ impl RequestCore {
         {
             Decision::Fail(give_up) => {
                 metrics::counter!("flotilla_migration_failures_total").increment(1);
-                tracing::warn!(request = %self.id(), trace_id = ?self.cfg.job.trace_id, ?from, %why, %give_up, "request given up");
+                tracing::warn!(request = %self.id(), request_id = self.cfg.job.trace_id.as_deref().unwrap_or("-"), ?from, %why, %give_up, "request given up");
                 self.fail(RequestError::GaveUp {
                     cause: why.to_owned(),
                     why: give_up,
@@ -589,7 +599,7 @@ impl RequestCore {
                         reason: why.to_owned(),
                     }));
                 metrics::counter!("flotilla_migrations_total").increment(1);
-                tracing::warn!(request = %self.id(), trace_id = ?self.cfg.job.trace_id, ?from, generated = self.generated.len(),
+                tracing::warn!(request = %self.id(), request_id = self.cfg.job.trace_id.as_deref().unwrap_or("-"), ?from, generated = self.generated.len(),
                     stalled = self.migration.stalled(), %why, "migrating");
                 self.place_or_retry();
             }
@@ -657,6 +667,7 @@ mod tests {
             worker: w(worker),
             hand_off: false,
             fetch: None,
+            terms: None,
         })));
         let id = match c.take_effects().as_slice() {
             [RequestEffect::Submit { worker: to, job }] if *to == w(worker) => job.request,
@@ -815,6 +826,7 @@ mod tests {
             worker: w("p/replica-0"),
             hand_off: true,
             fetch: None,
+            terms: None,
         })));
         let prefill = match c.take_effects().as_slice() {
             [RequestEffect::Submit { job, .. }] if job.hand_off => job.request,
@@ -841,6 +853,7 @@ mod tests {
             worker: w("d/replica-0"),
             hand_off: false,
             fetch: None,
+            terms: None,
         })));
         let decode = match c.take_effects().as_slice() {
             [RequestEffect::Submit { job, .. }] => {

@@ -190,6 +190,17 @@ pub struct SchedulerStats {
     /// Peer pulls (G4), both sides, since start.
     #[serde(default)]
     pub peer_pulls: PeerPullCounters,
+    /// Prompt tokens of the sequences admitted since start (a migrated or decode attempt's
+    /// whole prompt, generated tokens included).
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    /// Of those, the tokens found cached (any tier) or pulled at admission: the prefix-hit
+    /// rate is `cached_tokens / prompt_tokens` (same basis, never above 1).
+    #[serde(default)]
+    pub cached_tokens: u64,
+    /// Tokens it generated (sampled and sent) since start.
+    #[serde(default)]
+    pub generated_tokens: u64,
 }
 
 /// A replica's side of peer pulls: what a pull costs before any was measured, and how long the

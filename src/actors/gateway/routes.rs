@@ -32,6 +32,7 @@ pub fn app(shared: Arc<GatewayShared>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/fleet", get(fleet))
         .route("/v1/fleet/events", get(fleet_events))
+        .merge(super::page::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(shared);

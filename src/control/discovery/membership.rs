@@ -122,6 +122,16 @@ pub struct WorkerView {
     /// counters since its start (`kv/tiers.rs`); absent without tiers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_tiers: Option<crate::kv::TierUsage>,
+    /// Prompt tokens of the sequences it admitted since it started, and of those the ones
+    /// found cached (any tier) or pulled: its prefix-hit rate is `cached_tokens /
+    /// prompt_tokens`.
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub cached_tokens: u64,
+    /// Tokens it generated since it started (the page's tokens/s: diffs of the sum).
+    #[serde(default)]
+    pub generated_tokens: u64,
 }
 
 /// What a node says about itself in every heartbeat.

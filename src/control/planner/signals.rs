@@ -61,6 +61,15 @@ pub struct FleetSignals {
     pub cached_tokens: f64,
     /// p99 time to first token of the window's finished requests (ms).
     pub ttft_p99_ms: Option<f64>,
+    /// Median time to first token, same requests (ms).
+    #[serde(default)]
+    pub ttft_p50_ms: Option<f64>,
+    /// Median inter-token latency, same tokens (ms).
+    #[serde(default)]
+    pub itl_p50_ms: Option<f64>,
+    /// Output tokens of the window's finished requests per second of the window.
+    #[serde(default)]
+    pub output_token_rate: f64,
     /// p99 inter-token latency over the window's finished requests' tokens (ms).
     pub itl_p99_ms: Option<f64>,
     /// Requests in the fleet now (running and waiting on replicas).
@@ -196,6 +205,13 @@ impl ViewReader {
             cached_tokens: mean(sum.cached_tokens, sum.completed),
             ttft_p99_ms: sum.ttft.quantile_ms(0.99),
             itl_p99_ms: sum.itl.quantile_ms(0.99),
+            ttft_p50_ms: sum.ttft.quantile_ms(0.5),
+            itl_p50_ms: sum.itl.quantile_ms(0.5),
+            output_token_rate: if window_s > 0.0 {
+                sum.output_tokens as f64 / window_s
+            } else {
+                0.0
+            },
             in_flight,
             waiting,
             waiting_for_capacity: sum.waiting_for_capacity,

@@ -428,6 +428,9 @@ pub struct Cost {
     pub overlap_blocks: u32,
     /// Prompt tokens the worker would have to prefill.
     pub uncached_tokens: u32,
+    /// The overlap as the cost counted it, in G1 blocks: `overlap_blocks` less the tier
+    /// discount of copies below G1, plus the peer-pull credit (the tier credit).
+    pub credited_blocks: f64,
     /// The prefill term (see the module docs for each policy's form).
     pub prefill_blocks: f64,
     /// The decode term (blocks, before `kv`'s `decode_weight`).
@@ -542,6 +545,7 @@ pub fn cost_credited(
     Cost {
         overlap_blocks,
         uncached_tokens: uncached,
+        credited_blocks: credited,
         prefill_blocks,
         decode_blocks,
         cost,
@@ -557,6 +561,8 @@ pub struct Decision {
     pub overlap_blocks: u32,
     /// The largest overlap among the live workers (`overlap_blocks` ≤ this).
     pub best_overlap_blocks: u32,
+    /// The chosen worker's overlap as its cost counted it ([`Cost::credited_blocks`]).
+    pub credited_blocks: f64,
     /// Prompt tokens the chosen worker must prefill: pass to [`ActiveLoad::on_routed`].
     pub uncached_tokens: u32,
     /// `ceil(prompt_tokens / block_size)`: pass to [`ActiveLoad::on_routed`].
@@ -728,6 +734,7 @@ impl Selector {
             policy: self.config.policy,
             overlap_blocks: c.overlap_blocks,
             best_overlap_blocks: costs.iter().map(|c| c.overlap_blocks).max().unwrap_or(0),
+            credited_blocks: c.credited_blocks,
             uncached_tokens: c.uncached_tokens,
             request_blocks: request_blocks(prompt_tokens, self.config.block_size),
             prefill_blocks: c.prefill_blocks,

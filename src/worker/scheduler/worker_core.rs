@@ -15,9 +15,18 @@
 //! serves by id, the hand-offs it holds (prefill role) and the pulls it waits for (decode
 //! role), the step watchdog, the step-time model, the chaos `fill_kv` blocks, the role and
 //! health, and the admission window behind `prefill_wait_ms`.
+//!
+//! Each sequence logs one `info` line when admitted (`prompt_tokens`, `cached_tokens`) and one
+//! when it finishes or is dropped (`tokens` emitted), with the client's request id
+//! (`request_id`, the gateway's `x-request-id`, carried in `SubmitRequest::trace_id` through
+//! migrations and hand-offs): grep every node's log for one id. Their target is
+//! [`SEQUENCE_TARGET`] (`FLOTILLA_LOG=info,flotilla::sequence=off` turns them off).
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
+
+/// The tracing target of the per-sequence lines (admitted, finished, dropped).
+pub const SEQUENCE_TARGET: &str = "flotilla::sequence";
 
 use super::{
     DisaggWorker, FillChange, Hang, Health, KvFill, Outbox, PeerPullCounters, PeerPullWorker,
@@ -203,6 +212,8 @@ struct Live {
     remote: Option<RemoteKv>,
     /// When it was queued here (its wait for admission counts from this).
     queued_at: Instant,
+    /// Its prompt's length (tokens), counted at admission.
+    prompt_tokens: u32,
 }
 
 /// A submission waiting for its holder's answer to a fetch hint.
@@ -268,6 +279,11 @@ pub struct WorkerCore {
     /// Measured pull time per block (ms, moving average), once a pull landed.
     pull_block_ms: Option<f64>,
     peer: PeerPullCounters,
+    /// Prompt tokens admitted since start, and of those the cached (or pulled) ones.
+    admitted_prompt_tokens: u64,
+    admitted_cached_tokens: u64,
+    /// Tokens sampled and sent since start.
+    generated_tokens: u64,
     role: Role,
     /// A role change waiting for the replica to be empty.
     next_role: Option<Role>,
@@ -312,6 +328,9 @@ impl WorkerCore {
             pull_started: HashMap::new(),
             pull_block_ms: None,
             peer: PeerPullCounters::default(),
+            admitted_prompt_tokens: 0,
+            admitted_cached_tokens: 0,
+            generated_tokens: 0,
             role: cfg.role,
             next_role: None,
             draining: false,
@@ -602,6 +621,7 @@ impl WorkerCore {
         let remote = req
             .remote_kv
             .filter(|kv| (kv.tokens as usize) < req.prompt.len() && kv.tokens > 0);
+        let prompt_tokens = u32::try_from(req.prompt.len()).unwrap_or(u32::MAX);
         let added = self.core.add(SeqRequest {
             remote_tokens: remote.as_ref().map_or(0, |kv| kv.tokens as usize),
             hand_off: req.hand_off,
@@ -618,7 +638,7 @@ impl WorkerCore {
         });
         match added {
             Ok(()) => {
-                tracing::debug!(worker = %self.cfg.worker, request = %req.request, trace_id = req.trace_id.as_deref().unwrap_or("-"), "sequence queued");
+                tracing::debug!(target: SEQUENCE_TARGET, worker = %self.cfg.worker, request = %req.request, request_id = req.trace_id.as_deref().unwrap_or("-"), "sequence queued");
                 self.by_request.insert(key, seq);
                 self.live.insert(
                     seq,
@@ -631,6 +651,7 @@ impl WorkerCore {
                         trace_id: req.trace_id,
                         remote,
                         queued_at: self.clock.now(),
+                        prompt_tokens,
                     },
                 );
             }
@@ -725,8 +746,9 @@ impl WorkerCore {
         if let Some((local, pulled)) = self.peer_admits.remove(&r.seq)
             && let Some(live) = self.live.get(&r.seq)
         {
-            let (to, req) = (live.owner.clone(), live.request);
-            self.admitted(&to, req, if ok { pulled } else { local });
+            let (to, req, prompt) = (live.owner.clone(), live.request, live.prompt_tokens);
+            let trace = live.trace_id.clone();
+            self.admitted(&to, req, trace, prompt, if ok { pulled } else { local });
         }
         match (&r.outcome, peer) {
             (Ok(blocks), Some(_)) => {
@@ -902,7 +924,7 @@ impl WorkerCore {
             });
         }
         if let Some(l) = self.live.remove(&seq) {
-            tracing::debug!(worker = %self.cfg.worker, request = %l.request, trace_id = l.trace_id.as_deref().unwrap_or("-"), "sequence dropped");
+            tracing::info!(target: SEQUENCE_TARGET, worker = %self.cfg.worker, request = %l.request, request_id = l.trace_id.as_deref().unwrap_or("-"), tokens = l.emitted, "sequence dropped");
             self.by_request.remove(&(l.owner.node, l.request));
         }
         if let Some(h) = self.held.remove(&seq) {
@@ -955,10 +977,21 @@ impl WorkerCore {
         self.forward_kv_events();
     }
 
-    /// A sequence was admitted with `cached_tokens` from the prefix cache: counted in the
-    /// admission window, and its owner told.
-    fn admitted(&mut self, to: &Owner, request: RequestId, cached_tokens: usize) {
+    /// A sequence of `prompt_tokens` was admitted with `cached_tokens` from the prefix cache
+    /// (or pulled): counted in the admission window and the prefix-hit counters, and its owner
+    /// told.
+    fn admitted(
+        &mut self,
+        to: &Owner,
+        request: RequestId,
+        trace_id: Option<String>,
+        prompt_tokens: u32,
+        cached_tokens: usize,
+    ) {
+        tracing::info!(target: SEQUENCE_TARGET, worker = %self.cfg.worker, request = %request, request_id = trace_id.as_deref().unwrap_or("-"), prompt_tokens, cached_tokens, "sequence admitted");
         self.note_admission();
+        self.admitted_prompt_tokens += u64::from(prompt_tokens);
+        self.admitted_cached_tokens += (cached_tokens as u64).min(u64::from(prompt_tokens));
         let worker = self.cfg.worker.clone();
         let cached_tokens = cached_tokens as u32;
         self.emit(
@@ -992,13 +1025,14 @@ impl WorkerCore {
         };
         live.admitted = true;
         let kv = live.remote.take();
-        let (to, req) = (live.owner.clone(), live.request);
+        let (to, req, prompt) = (live.owner.clone(), live.request, live.prompt_tokens);
+        let trace = live.trace_id.clone();
         if self.peer_seqs.contains_key(&seq) {
             // Admitted once the pull returns (`pull_done`).
             self.peer_admits
                 .insert(seq, (order.cached_tokens, order.tokens));
         } else {
-            self.admitted(&to, req, order.cached_tokens);
+            self.admitted(&to, req, trace, prompt, order.cached_tokens);
         }
         let n = order.blocks.len();
         let Some(kv) = kv else {
@@ -1127,9 +1161,9 @@ impl WorkerCore {
                     && !live.admitted
                 {
                     live.admitted = true;
-                    tracing::debug!(worker = %self.cfg.worker, request = %live.request, trace_id = live.trace_id.as_deref().unwrap_or("-"), cached, "sequence admitted");
-                    let (to, req) = (live.owner.clone(), live.request);
-                    self.admitted(&to, req, cached);
+                    let (to, req, prompt) = (live.owner.clone(), live.request, live.prompt_tokens);
+                    let trace = live.trace_id.clone();
+                    self.admitted(&to, req, trace, prompt, cached);
                 }
                 let live = &self.live[&e.seq];
                 seqs.push(StepSeq {
@@ -1222,6 +1256,7 @@ impl WorkerCore {
             };
             let index = l.emitted;
             l.emitted += 1;
+            self.generated_tokens += 1;
             let (to, req) = (l.owner.clone(), l.request);
             let finish = u.finished;
             let logprob = logprobs.get(&u.seq).copied().unwrap_or(0.0);
@@ -1265,7 +1300,7 @@ impl WorkerCore {
             }
             if finish.is_some() {
                 if let Some(l) = self.live.remove(&u.seq) {
-                    tracing::debug!(worker = %self.cfg.worker, request = %l.request, trace_id = l.trace_id.as_deref().unwrap_or("-"), tokens = l.emitted, "sequence finished");
+                    tracing::info!(target: SEQUENCE_TARGET, worker = %self.cfg.worker, request = %l.request, request_id = l.trace_id.as_deref().unwrap_or("-"), tokens = l.emitted, "sequence finished");
                     self.by_request.remove(&(l.owner.node, l.request));
                 }
                 self.effects.push(WorkerEffect::Release(u.seq));
@@ -1408,6 +1443,9 @@ impl WorkerCore {
             }),
             kv_tiers: self.core.pool().tier_usage(),
             peer_pulls: self.peer,
+            prompt_tokens: self.admitted_prompt_tokens,
+            cached_tokens: self.admitted_cached_tokens,
+            generated_tokens: self.generated_tokens,
         }
     }
 }
