@@ -1,7 +1,7 @@
 //! The command-line tools: one module per `flotilla` subcommand (`main.rs` parses the flags and
 //! calls in here). This is where `anyhow` lives; the runtime below returns typed errors.
 //! - `up.rs` — `flotilla up`: a local cluster of node processes, restarted on failure.
-//! - `status.rs` — `flotilla status`: the fleet view from a gateway.
+//! - `status.rs` — `flotilla status`: the fleet view from a gateway, once or `--watch`ed.
 //! - `generate.rs` — `flotilla generate`: the engine in-process, no cluster.
 //! - `chaos.rs` — `flotilla chaos`: a client of the gateway's chaos API.
 //! - `bench/` — `flotilla bench`: replay a trace or dataset, report latency, goodput, prefix hits.

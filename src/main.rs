@@ -160,8 +160,15 @@ struct StatusArgs {
     )]
     gateway: String,
     /// Print the raw JSON of `/v1/fleet`.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "watch")]
     json: bool,
+    /// Refresh until Ctrl-C: health, each node's counters, each worker's load, redrawn in
+    /// place on a terminal (one frame per interval, blank-line separated, on a pipe).
+    #[arg(long)]
+    watch: bool,
+    /// Seconds between two frames of `--watch`.
+    #[arg(long, default_value_t = 1.0, requires = "watch")]
+    interval: f64,
 }
 
 /// Logs on stderr in `format`, filtered by `FLOTILLA_LOG`, else by `default`.
@@ -362,6 +369,15 @@ async fn main() -> std::process::ExitCode {
             .map(|_| std::process::ExitCode::SUCCESS),
         Cmd::Status(a) => {
             async {
+                if a.watch {
+                    anyhow::ensure!(
+                        a.interval.is_finite() && a.interval >= 0.05,
+                        "--interval must be at least 0.05 s"
+                    );
+                    let every = std::time::Duration::from_secs_f64(a.interval);
+                    flotilla::cli::status::watch(&a.gateway, every).await?;
+                    return Ok(std::process::ExitCode::SUCCESS);
+                }
                 let (fleet, raw) = flotilla::cli::status::fetch(&a.gateway).await?;
                 if a.json {
                     println!("{}", serde_json::to_string_pretty(&raw)?);

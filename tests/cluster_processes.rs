@@ -1,7 +1,8 @@
 //! A real cluster of processes: `flotilla up --nodes 3` becomes ready; SIGKILL of a worker
 //! node is reported down within the liveness timeout and the rest keep serving; `flotilla
 //! status` lists the nodes; SIGTERM stops `up` with exit 0 and no orphans; a node with a
-//! wrong cookie exits with a clear error.
+//! wrong cookie exits with a clear error; `flotilla status --watch` on a pipe prints plain
+//! frames until Ctrl-C, which ends it with exit 0.
 
 #[path = "common/poll.rs"]
 mod poll;
@@ -477,4 +478,91 @@ async fn every_api_request_gets_one_access_line_with_its_id_status_and_worker() 
             assert_eq!(workers, "-", "{v}");
         }
     }
+}
+
+/// `flotilla status --watch` with stdout on a pipe: one plain frame per interval, each
+/// ended by a blank line (header, health, the nodes' counters, the worker's load), no
+/// escape codes; SIGINT (Ctrl-C) ends it with exit status 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_watch_prints_plain_frames_on_a_pipe_and_exits_0_on_ctrl_c() {
+    let mut up = Command::new(BIN)
+        .args([
+            "up",
+            "--engine",
+            "sim",
+            "--nodes",
+            "2",
+            "--http",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let gateway = up_gateway(up.stdout.take().unwrap()).await;
+    let mut watch = Command::new(BIN)
+        .args([
+            "status",
+            "--watch",
+            "--interval",
+            "0.2",
+            "--gateway",
+            &gateway,
+        ])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    // Frames until two show the worker with its role (the first may come before the
+    // worker's scheduler has published it).
+    let frames = tokio::time::timeout(Duration::from_secs(60), async {
+        let (mut frames, mut frame) = (Vec::new(), Vec::new());
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if !line.is_empty() {
+                frame.push(line);
+                continue;
+            }
+            let text = std::mem::take(&mut frame).join("\n");
+            let role_shown = text
+                .lines()
+                .any(|l| l.starts_with("node-1/replica-0 ") && l.contains(" aggregated "));
+            if role_shown {
+                frames.push(text);
+                if frames.len() == 2 {
+                    return frames;
+                }
+            }
+        }
+        panic!("status --watch ended before two frames: {frames:?}");
+    })
+    .await
+    .expect("two frames within 60 s");
+    for f in &frames {
+        assert!(
+            f.starts_with("flotilla status --watch: "),
+            "header first: {f}"
+        );
+        assert!(f.contains("health: 2/2 nodes up"), "{f}");
+        assert!(
+            f.contains("MIGRATIONS") && f.contains("ENGINE HANGS"),
+            "{f}"
+        );
+        let worker = f
+            .lines()
+            .find(|l| l.starts_with("node-1/replica-0"))
+            .unwrap();
+        let cells: Vec<&str> = worker.split_whitespace().collect();
+        assert_eq!(cells[1], "aggregated", "{f}");
+        assert!(!f.contains('\x1b'), "no escape codes on a pipe: {f:?}");
+    }
+    kill(Pid::from_raw(watch.id().unwrap() as i32), Signal::SIGINT).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), watch.wait())
+        .await
+        .expect("status --watch ends on SIGINT")
+        .unwrap();
+    assert!(status.success(), "exit status 0 on Ctrl-C: {status:?}");
+    kill(Pid::from_raw(up.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(40), up.wait()).await;
 }
