@@ -4,8 +4,9 @@
 //! - `status.rs` — `flotilla status`: the fleet view from a gateway, once or `--watch`ed.
 //! - `generate.rs` — `flotilla generate`: the engine in-process, no cluster.
 //! - `chaos.rs` — `flotilla chaos`: a client of the gateway's chaos API.
-//! - `bench/` — `flotilla bench`: replay a trace or dataset, report latency, goodput, prefix hits.
-//! - `plot.rs` — `flotilla plot`: runs (live and simulated) side by side on one SVG.
+//! - `bench/` — `flotilla bench`: replay a trace or dataset, report latency, goodput, prefix hits;
+//!   a progress bar while it runs; charts of the latencies (`bench/charts.rs`, plotters).
+//! - `plot.rs` — `flotilla plot`: runs (live and simulated) side by side on one figure.
 //! - `profile.rs` — `flotilla profile`: time the CPU engine, write the sim engine's profile.
 //! - `sim.rs` — `flotilla sim`: a workload on a simulated fleet (`crate::sim`), reported as `bench` does.
 //! - `reconcile.rs` — `flotilla reconcile`: the planner's decisions applied to Kubernetes

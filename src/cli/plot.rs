@@ -1,7 +1,8 @@
-//! `flotilla plot`: runs side by side on one SVG — a live run (`flotilla bench --out`) and a
+//! `flotilla plot`: runs side by side on one figure — a live run (`flotilla bench --out`) and a
 //! simulated one (`flotilla sim --out`) of the same trace, say: the CDFs of TTFT and of
 //! inter-token latency, and the requests in flight over time
-//! ([`side_by_side_svg`](crate::cli::bench::report::side_by_side_svg)).
+//! ([`side_by_side_panels`](crate::cli::bench::charts::side_by_side_panels), drawn with
+//! plotters). `--out` ending in `.png` writes a PNG, anything else an SVG.
 //!
 //! ```text
 //! flotilla plot /tmp/fid/live=live /tmp/fid/sim=sim --out live-vs-sim.svg
@@ -18,8 +19,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, ensure};
 
+use crate::cli::bench::charts;
 use crate::cli::bench::metrics::RequestResult;
-use crate::cli::bench::report::{PlotSeries, side_by_side_svg};
+use crate::cli::bench::report::PlotSeries;
 
 /// Options of `flotilla plot`.
 #[derive(Clone, Debug, clap::Args)]
@@ -28,7 +30,7 @@ pub struct PlotArgs {
     /// `DIR=LABEL` (split at the last `=`; default label: the folder's name).
     #[arg(required = true, value_name = "DIR[=LABEL]")]
     pub runs: Vec<String>,
-    /// The SVG to write.
+    /// The figure to write: a PNG when the name ends in `.png`, else an SVG.
     #[arg(long, default_value = "plot.svg")]
     pub out: PathBuf,
 }
@@ -100,15 +102,24 @@ fn series_of(dir: &Path, label: &str) -> anyhow::Result<Vec<(String, PlotSeries)
 /// Run `flotilla plot`.
 ///
 /// # Errors
-/// An unreadable folder or record, or an SVG that cannot be written.
+/// An unreadable folder or record, or a figure that cannot be written.
 pub fn run(a: PlotArgs) -> anyhow::Result<()> {
     let mut all = Vec::new();
     for arg in &a.runs {
         let (dir, label) = label_of(arg);
         all.extend(series_of(&dir, &label)?);
     }
-    std::fs::write(&a.out, side_by_side_svg(&all))
-        .with_context(|| format!("cannot write {}", a.out.display()))?;
+    let panels = charts::side_by_side_panels(&all);
+    let png = a
+        .out
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+    let bytes = if png {
+        charts::png(&panels)?
+    } else {
+        charts::svg(&panels)?.into_bytes()
+    };
+    std::fs::write(&a.out, bytes).with_context(|| format!("cannot write {}", a.out.display()))?;
     eprintln!("wrote {} ({} runs)", a.out.display(), all.len());
     Ok(())
 }
@@ -139,8 +150,10 @@ mod tests {
             s.in_flight.last()
         );
         assert_eq!(s.in_flight.len(), 401);
-        let svg = side_by_side_svg(&[("live".into(), s.clone()), ("sim".into(), s)]);
-        assert!(svg.contains("Requests in flight") && svg.contains(">sim</text>"));
+        let panels = charts::side_by_side_panels(&[("live".into(), s.clone()), ("sim".into(), s)]);
+        let svg = charts::svg(&panels).unwrap();
+        assert!(svg.contains(">\nRequests in flight\n</text>") && svg.contains(">\nsim\n</text>"));
+        assert!(charts::png(&panels).unwrap().starts_with(b"\x89PNG"));
         let err = read_requests("{\"run\":\"a\"}\n").unwrap_err();
         assert!(format!("{err:#}").starts_with("line 1:"), "{err:#}");
         assert_eq!(label_of("/x/live=Live").1, "Live");

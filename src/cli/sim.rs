@@ -45,7 +45,8 @@
 //! decisions to `planner.jsonl`.
 //!
 //! **Outputs**: the bench's table (and comparison table), and with `--out DIR` its
-//! `report.json`, `latency_cdf.svg` and `requests.jsonl`, plus `sim.json` (per run: counters,
+//! `report.json`, the charts (`latency.svg`/`.png`, `latency_cdf.svg`/`.png`) and
+//! `requests.jsonl`, plus `sim.json` (per run: counters,
 //! leftovers, simulated and wall seconds) and `fleet_events.jsonl` (the fleet events the live
 //! bus would carry, each with its simulated time in ms). Times are simulated: `wall_s` in the
 //! report is the simulated span from the first arrival to the last completion.

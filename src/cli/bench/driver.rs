@@ -1,9 +1,17 @@
-//! Sending a workload: open or closed loop, sessions turn by turn, a progress line, and the
+//! Sending a workload: open or closed loop, sessions turn by turn, a progress bar, and the
 //! gateway helpers the bench needs (`/v1/models`, idleness from `/v1/fleet`).
+//!
+//! **Progress**: while a run goes, an `indicatif` bar on stderr shows the requests finished
+//! of the run's total, the elapsed time, and live numbers ([`Progress::message`]): the
+//! median TTFT of the last [`RECENT_TTFTS`] successful requests, output tokens per second
+//! (finished requests' tokens over the elapsed time), errors and requests in flight. The bar
+//! is drawn only when stderr is a terminal (hidden in pipes, files, tests and CI logs); when
+//! the run ends it is cleared and one summary line ([`Progress::line`]) is printed either way.
 
-use std::io::{IsTerminal, Write};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::VecDeque;
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -93,7 +101,10 @@ pub fn request_body(
     }
 }
 
-/// Counters behind the progress line.
+/// How many of the latest successful requests the live TTFT is the median of.
+pub const RECENT_TTFTS: usize = 100;
+
+/// Counters behind the progress bar and the summary line.
 #[derive(Debug, Default)]
 pub struct Progress {
     /// Requests finished (ok or not).
@@ -102,6 +113,10 @@ pub struct Progress {
     pub errors: AtomicUsize,
     /// Requests sent and not yet finished.
     pub in_flight: AtomicUsize,
+    /// Output tokens of the successful requests finished.
+    pub output_tokens: AtomicU64,
+    /// TTFTs (ms) of the latest [`RECENT_TTFTS`] successful requests, oldest first.
+    recent_ttft_ms: Mutex<VecDeque<f64>>,
 }
 
 impl Progress {
@@ -116,35 +131,82 @@ impl Progress {
         )
     }
 
+    /// The bar's live numbers: `TTFT p50 N ms (last K) | N out tok/s | N errors | N in
+    /// flight` (TTFT `–` before the first success).
+    pub fn message(&self, elapsed: Duration) -> String {
+        let ttft = self
+            .recent_ttft_ms
+            .lock()
+            .ok()
+            .map(|q| q.iter().copied().collect::<Vec<f64>>())
+            .unwrap_or_default();
+        let ttft = if ttft.is_empty() {
+            "TTFT p50 – ms".to_owned()
+        } else {
+            let mut v = ttft;
+            v.sort_by(f64::total_cmp);
+            format!("TTFT p50 {:.0} ms (last {})", v[(v.len() - 1) / 2], v.len())
+        };
+        let secs = elapsed.as_secs_f64();
+        let tps = if secs > 0.0 {
+            self.output_tokens.load(Ordering::Relaxed) as f64 / secs
+        } else {
+            0.0
+        };
+        format!(
+            "{ttft} | {tps:.0} out tok/s | {} errors | {} in flight",
+            self.errors.load(Ordering::Relaxed),
+            self.in_flight.load(Ordering::Relaxed)
+        )
+    }
+
     fn finish(&self, r: &RequestResult) {
         self.done.fetch_add(1, Ordering::Relaxed);
         if !r.ok {
             self.errors.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.output_tokens
+            .fetch_add(r.output_tokens, Ordering::Relaxed);
+        if let (Some(t), Ok(mut q)) = (r.ttft_ms, self.recent_ttft_ms.lock()) {
+            if q.len() == RECENT_TTFTS {
+                q.pop_front();
+            }
+            q.push_back(t);
         }
     }
 }
 
-/// Print the progress line on stderr until aborted: rewritten in place (`\r`) 5 times a second
-/// on a terminal, else one line every 10 s.
+/// The run's progress bar on stderr: `total` requests, prefixed with the run's label;
+/// hidden unless stderr is a terminal.
+fn progress_bar(label: &str, total: usize) -> indicatif::ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(total as u64),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    let style =
+        indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {elapsed} {msg}")
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar.set_prefix(format!("[{label}]"));
+    bar
+}
+
+/// Update `bar` from `progress` 5 times a second until aborted.
 fn spawn_progress(
     progress: Arc<Progress>,
-    label: String,
-    total: usize,
+    bar: indicatif::ProgressBar,
     start: Instant,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let tty = std::io::stderr().is_terminal();
-        let period = Duration::from_millis(if tty { 200 } else { 10_000 });
         loop {
-            tokio::time::sleep(period).await;
-            let line = progress.line(&label, total, start.elapsed());
-            let mut err = std::io::stderr();
-            let _ = if tty {
-                write!(err, "\r{line}\x1b[K")
-            } else {
-                writeln!(err, "{line}")
-            };
-            let _ = err.flush();
+            bar.set_position(progress.done.load(Ordering::Relaxed) as u64);
+            bar.set_message(progress.message(start.elapsed()));
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     })
 }
@@ -253,12 +315,8 @@ pub async fn execute(
         progress: Arc::new(Progress::default()),
         start,
     };
-    let ticker = spawn_progress(
-        Arc::clone(&shared.progress),
-        shared.plan.label.clone(),
-        total,
-        start,
-    );
+    let bar = progress_bar(&shared.plan.label, total);
+    let ticker = spawn_progress(Arc::clone(&shared.progress), bar.clone(), start);
     let handles = match shared.plan.offsets.clone() {
         Some(offsets) => open_loop(&shared, &offsets, start).await,
         None => closed_loop(&shared),
@@ -272,9 +330,8 @@ pub async fn execute(
     }
     let wall = start.elapsed();
     ticker.abort();
-    let line = shared.progress.line(&shared.plan.label, total, wall);
-    let tty = std::io::stderr().is_terminal();
-    eprintln!("{}{line}", if tty { "\r" } else { "" });
+    bar.finish_and_clear();
+    eprintln!("{}", shared.progress.line(&shared.plan.label, total, wall));
     (results, wall.as_secs_f64())
 }
 
@@ -502,6 +559,45 @@ mod tests {
         assert_eq!(fleet_in_flight(&busy), Some(3));
         assert_eq!(fleet_in_flight(&json!({"nodes": []})), Some(0));
         assert_eq!(fleet_in_flight(&json!({"error": {}})), None);
+    }
+
+    /// The live numbers: the median of the latest TTFTs (failures not counted), output
+    /// tokens over the elapsed time; the bar itself is hidden off a terminal (as here).
+    #[test]
+    fn progress_message() {
+        let p = Progress::default();
+        assert_eq!(
+            p.message(Duration::ZERO),
+            "TTFT p50 – ms | 0 out tok/s | 0 errors | 0 in flight"
+        );
+        for t in [30.0, 10.0, 20.0] {
+            p.finish(&RequestResult {
+                ok: true,
+                ttft_ms: Some(t),
+                output_tokens: 50,
+                ..Default::default()
+            });
+        }
+        p.finish(&RequestResult::failed("x"));
+        assert_eq!(
+            p.message(Duration::from_secs(3)),
+            "TTFT p50 20 ms (last 3) | 50 out tok/s | 1 errors | 0 in flight"
+        );
+        for i in 0..2 * RECENT_TTFTS {
+            p.finish(&RequestResult {
+                ok: true,
+                ttft_ms: Some(1000.0 + i as f64),
+                ..Default::default()
+            });
+        }
+        let m = p.message(Duration::from_secs(1));
+        assert!(
+            m.starts_with(&format!("TTFT p50 1149 ms (last {RECENT_TTFTS})")),
+            "{m}"
+        );
+        if !std::io::stderr().is_terminal() {
+            assert!(progress_bar("x", 10).is_hidden());
+        }
     }
 
     #[test]

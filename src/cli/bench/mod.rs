@@ -27,7 +27,11 @@
 //! every run of a `--compare`.
 //!
 //! **Metrics**: definitions in [`metrics`]; ideal hit rates in [`workload`]. `--out DIR` also
-//! keeps every request's result (`requests.jsonl`) for splits the tables do not make.
+//! keeps every request's result (`requests.jsonl`) for splits the tables do not make, and
+//! draws the latencies as SVG and PNG charts ([`charts`], [`write_outputs`]).
+//!
+//! **Progress**: a bar on stderr with live TTFT and output tokens/s while a run goes, on a
+//! terminal only ([`driver`]).
 //!
 //! **Any gateway**: `--model NAME` skips the `/v1/models` lookup, and a gateway without
 //! Flotilla's `/v1/fleet` is not waited on; `--fresh-connections` opens a connection per
@@ -53,6 +57,7 @@
 //! replay exactly the same prompts.
 
 pub mod arrival;
+pub mod charts;
 pub mod driver;
 pub mod metrics;
 pub mod report;
@@ -202,9 +207,10 @@ pub struct WorkloadArgs {
     /// Sessions at once with `--arrival fixed` (closed loop).
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
-    /// Write `report.json`, `latency_cdf.svg` and `requests.jsonl` (one line per request and
-    /// run: session, turn, send time, TTFT, E2E, tokens, cached and ideal cached tokens) into
-    /// this folder.
+    /// Write `report.json`, `requests.jsonl` (one line per request and run: session, turn,
+    /// send time, TTFT, ITL, E2E, tokens, cached and ideal cached tokens) and the charts
+    /// (`latency.svg`/`.png`: TTFT and ITL over time and their CDFs; `latency_cdf.svg`/`.png`:
+    /// TTFT and end-to-end CDFs) into this folder.
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// TTFT objective (ms).
@@ -495,7 +501,13 @@ pub fn describe_workload(w: &Workload, ideal: f64, a: &WorkloadArgs, salt: u64) 
     s
 }
 
-/// Write `report.json` and `latency_cdf.svg` into `dir`.
+/// Write `report.json`, `requests.jsonl` and the charts into `dir`: `latency.svg` /
+/// `latency.png` (TTFT and ITL over time and their CDFs) and `latency_cdf.svg` /
+/// `latency_cdf.png` (the CDFs of TTFT and end-to-end latency), one series per run
+/// ([`charts`]).
+///
+/// # Errors
+/// `dir` cannot be created, or a file cannot be drawn or written.
 pub fn write_outputs(
     dir: &Path,
     runs: &[RunStats],
@@ -506,17 +518,21 @@ pub fn write_outputs(
     let json = dir.join("report.json");
     std::fs::write(&json, report::report_json(runs)?)
         .with_context(|| format!("cannot write {}", json.display()))?;
-    let svg = dir.join("latency_cdf.svg");
-    std::fs::write(&svg, report::latency_cdf_svg(samples))
-        .with_context(|| format!("cannot write {}", svg.display()))?;
     let jsonl = dir.join("requests.jsonl");
     std::fs::write(&jsonl, report::requests_jsonl(per_request)?)
         .with_context(|| format!("cannot write {}", jsonl.display()))?;
+    let [latency, _] = charts::write_figure(dir, "latency", &charts::latency_panels(per_request))?;
+    let cdf_runs: Vec<(&str, &[f64], &[f64])> = samples
+        .iter()
+        .map(|(l, s)| (l.as_str(), s.ttft_ms.as_slice(), s.e2e_ms.as_slice()))
+        .collect();
+    let [cdf, _] = charts::write_figure(dir, "latency_cdf", &charts::cdf_panels(&cdf_runs))?;
     eprintln!(
-        "wrote {}, {} and {}",
+        "wrote {}, {}, {} and {} (each also as .png)",
         json.display(),
-        svg.display(),
-        jsonl.display()
+        jsonl.display(),
+        latency.display(),
+        cdf.display()
     );
     Ok(())
 }
@@ -855,7 +871,11 @@ mod tests {
             serde_json::from_str(&std::fs::read_to_string(dir.path().join("report.json")).unwrap())
                 .unwrap();
         assert_eq!(json[0]["label"], "policy=a");
-        let svg = std::fs::read_to_string(dir.path().join("latency_cdf.svg")).unwrap();
-        assert!(svg.starts_with("<svg"));
+        for stem in ["latency", "latency_cdf"] {
+            let svg = std::fs::read_to_string(dir.path().join(format!("{stem}.svg"))).unwrap();
+            assert!(svg.starts_with("<svg"), "{stem}");
+            let png = std::fs::read(dir.path().join(format!("{stem}.png"))).unwrap();
+            assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "{stem}");
+        }
     }
 }

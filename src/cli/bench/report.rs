@@ -1,9 +1,10 @@
 //! What the bench prints and writes: a markdown table (one row per run), the ratios of each
-//! run to the first, `report.json`, and an SVG of the latency CDFs.
+//! run to the first, `report.json`, `requests.jsonl`, and the data of `flotilla plot`'s
+//! figure ([`PlotSeries`]); the charts themselves are drawn in [`super::charts`].
 
 use std::fmt::Write;
 
-use super::metrics::{RunStats, Samples};
+use super::metrics::RunStats;
 
 /// `x` with `digits` decimals, or `–` when not finite.
 fn num(x: f64, digits: usize) -> String {
@@ -161,67 +162,9 @@ pub fn report_json(runs: &[RunStats]) -> anyhow::Result<String> {
     Ok(serde_json::to_string_pretty(runs)?)
 }
 
-/// Line colours, cycled.
-const COLOURS: [&str; 8] = [
-    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
-];
-
-/// Panel size and margins (px).
-const PANEL_W: f64 = 420.0;
-const PANEL_H: f64 = 300.0;
-const MARGIN_L: f64 = 55.0;
-const MARGIN_T: f64 = 30.0;
-const MARGIN_B: f64 = 45.0;
-const PLOT_W: f64 = PANEL_W - MARGIN_L - 15.0;
-const PLOT_H: f64 = PANEL_H - MARGIN_T - MARGIN_B;
-/// Most points drawn per line.
-const MAX_POINTS: usize = 400;
-
-/// Escape `&`, `<`, `>`, `"` for SVG text and attributes.
-fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
-/// Points `(value, cumulative fraction)` of the empirical CDF of `v`, at most [`MAX_POINTS`].
-fn cdf_points(v: &[f64]) -> Vec<(f64, f64)> {
-    let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    let step = n.div_ceil(MAX_POINTS).max(1);
-    let mut pts: Vec<(f64, f64)> = (0..n)
-        .step_by(step)
-        .map(|i| (s[i], (i + 1) as f64 / n as f64))
-        .collect();
-    if let (Some(&last), Some(p)) = (s.last(), pts.last())
-        && p.1 < 1.0
-    {
-        pts.push((last, 1.0));
-    }
-    pts
-}
-
-/// One panel: axes, ticks, and one polyline per series, at horizontal offset `x0`.
-fn panel(out: &mut String, x0: f64, title: &str, series: &[(&str, &[f64])]) {
-    cdf_panel(out, x0, 0.0, title, series);
-}
-
-/// A CDF panel at (`x0`, `y0`): x in ms, y the fraction of samples at or below it.
-fn cdf_panel(out: &mut String, x0: f64, y0: f64, title: &str, series: &[(&str, &[f64])]) {
-    let curves: Vec<Vec<(f64, f64)>> = series.iter().map(|(_, v)| cdf_points(v)).collect();
-    let lines: Vec<(&str, &[(f64, f64)])> = series
-        .iter()
-        .zip(&curves)
-        .map(|((label, _), c)| (*label, c.as_slice()))
-        .collect();
-    line_panel(out, (x0, y0), title, ("ms", ""), true, &lines);
-}
-
-/// One run of a side-by-side plot ([`side_by_side_svg`]): its successful requests' TTFTs and
+/// One run of `flotilla plot`'s figure ([`super::charts::side_by_side_panels`]): its successful requests' TTFTs and
 /// inter-token latencies (ms), and the requests in flight over time (s from the run's first
-/// send, count), a step function sampled at most [`MAX_POINTS`] times.
+/// send, count), a step function sampled at most [`MAX_POINTS`](super::charts::MAX_POINTS) times.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PlotSeries {
     pub ttft_ms: Vec<f64>,
@@ -251,10 +194,10 @@ impl PlotSeries {
             };
         };
         let (t0, t1) = (first.0, last.0);
-        let mut in_flight = Vec::with_capacity(MAX_POINTS + 1);
+        let mut in_flight = Vec::with_capacity(super::charts::MAX_POINTS + 1);
         let (mut n, mut k) = (0i64, 0usize);
-        for i in 0..=MAX_POINTS {
-            let t = t0 + (t1 - t0) * i as f64 / MAX_POINTS as f64;
+        for i in 0..=super::charts::MAX_POINTS {
+            let t = t0 + (t1 - t0) * i as f64 / super::charts::MAX_POINTS as f64;
             // The most in flight since the previous sample, so that short peaks show.
             let mut peak = n;
             while k < edges.len() && edges[k].0 <= t {
@@ -270,189 +213,6 @@ impl PlotSeries {
             in_flight,
         }
     }
-}
-
-/// A line panel at (`x0`, `y0`): `(x, y)` series from 0 to their largest values.
-///
-/// `fraction`: y is a fraction (axis 0 to 1, two decimals) rather than a count.
-fn line_panel(
-    out: &mut String,
-    (x0, y0): (f64, f64),
-    title: &str,
-    (x_unit, y_unit): (&str, &str),
-    fraction: bool,
-    series: &[(&str, &[(f64, f64)])],
-) {
-    let max = |f: fn(&(f64, f64)) -> f64| {
-        series
-            .iter()
-            .flat_map(|(_, v)| v.iter().map(f))
-            .filter(|x| x.is_finite())
-            .fold(0.0_f64, f64::max)
-            .max(1.0)
-    };
-    let xmax = max(|p| p.0);
-    let ymax = if fraction { 1.0 } else { max(|p| p.1) };
-    let y_digits = if fraction { 2 } else { 0 };
-    let (left, top) = (x0 + MARGIN_L, y0 + MARGIN_T);
-    let bottom = top + PLOT_H;
-    let _ = writeln!(
-        out,
-        r#"<text x="{:.1}" y="{:.1}" font-size="13" text-anchor="middle">{}</text>"#,
-        left + PLOT_W / 2.0,
-        y0 + 18.0,
-        xml_escape(title)
-    );
-    let _ = writeln!(
-        out,
-        r##"<rect x="{left:.1}" y="{top:.1}" width="{PLOT_W:.1}" height="{PLOT_H:.1}" fill="none" stroke="#888"/>"##
-    );
-    for i in 0..=4 {
-        let f = f64::from(i) / 4.0;
-        let _ = writeln!(
-            out,
-            r#"<text x="{:.1}" y="{:.1}" font-size="10" text-anchor="end">{:.*}</text>"#,
-            left - 4.0,
-            bottom - f * PLOT_H + 3.0,
-            y_digits,
-            f * ymax
-        );
-        let _ = writeln!(
-            out,
-            r#"<text x="{:.1}" y="{:.1}" font-size="10" text-anchor="middle">{:.0}</text>"#,
-            left + f * PLOT_W,
-            bottom + 14.0,
-            f * xmax
-        );
-    }
-    let _ = writeln!(
-        out,
-        r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle">{}</text>"#,
-        left + PLOT_W / 2.0,
-        bottom + 32.0,
-        xml_escape(x_unit)
-    );
-    if !y_unit.is_empty() {
-        let _ = writeln!(
-            out,
-            r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="start">{}</text>"#,
-            left + 4.0,
-            top + 12.0,
-            xml_escape(y_unit)
-        );
-    }
-    for (k, (label, v)) in series.iter().enumerate() {
-        let pts: Vec<String> = v
-            .iter()
-            .filter(|(x, y)| x.is_finite() && y.is_finite())
-            .map(|&(x, y)| {
-                format!(
-                    "{:.1},{:.1}",
-                    left + x / xmax * PLOT_W,
-                    bottom - y / ymax * PLOT_H
-                )
-            })
-            .collect();
-        let _ = writeln!(
-            out,
-            r#"<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"><title>{}</title></polyline>"#,
-            COLOURS[k % COLOURS.len()],
-            pts.join(" "),
-            xml_escape(label)
-        );
-    }
-}
-
-/// Runs side by side (a live run and a simulated one, say), one SVG of four panels: the CDFs
-/// of TTFT and of inter-token latency (x: ms, linear from 0 to the largest sample; y:
-/// fraction), the requests in flight over time (x: s from each run's first send), and a
-/// legend. `flotilla plot` draws it from `--out` folders.
-pub fn side_by_side_svg(runs: &[(String, PlotSeries)]) -> String {
-    // The legend fills the fourth quadrant (and below it, for many runs).
-    let legend_top = PANEL_H + MARGIN_T + 10.0;
-    let (w, h) = (
-        2.0 * PANEL_W,
-        (2.0 * PANEL_H).max(legend_top + 18.0 * runs.len() as f64 + 10.0),
-    );
-    let mut out = format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0}" height="{h:.0}" viewBox="0 0 {w:.0} {h:.0}" font-family="sans-serif">"#
-    );
-    out.push('\n');
-    let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let ttft: Vec<(&str, &[f64])> = runs
-        .iter()
-        .map(|(l, s)| (l.as_str(), s.ttft_ms.as_slice()))
-        .collect();
-    let itl: Vec<(&str, &[f64])> = runs
-        .iter()
-        .map(|(l, s)| (l.as_str(), s.itl_ms.as_slice()))
-        .collect();
-    let flight: Vec<(&str, &[(f64, f64)])> = runs
-        .iter()
-        .map(|(l, s)| (l.as_str(), s.in_flight.as_slice()))
-        .collect();
-    cdf_panel(&mut out, 0.0, 0.0, "TTFT CDF", &ttft);
-    cdf_panel(&mut out, PANEL_W, 0.0, "Inter-token latency CDF", &itl);
-    line_panel(
-        &mut out,
-        (0.0, PANEL_H),
-        "Requests in flight",
-        ("s from the first request", "requests"),
-        false,
-        &flight,
-    );
-    for (k, (label, _)) in runs.iter().enumerate() {
-        let y = legend_top + 18.0 * k as f64;
-        let colour = COLOURS[k % COLOURS.len()];
-        let _ = writeln!(
-            out,
-            r#"<line x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{colour}" stroke-width="3"/><text x="{:.1}" y="{:.1}" font-size="12">{}</text>"#,
-            PANEL_W + MARGIN_L,
-            PANEL_W + MARGIN_L + 24.0,
-            PANEL_W + MARGIN_L + 30.0,
-            y + 4.0,
-            xml_escape(label)
-        );
-    }
-    out.push_str("</svg>\n");
-    out
-}
-
-/// An SVG with two panels, the CDFs of TTFT and of end-to-end latency (x: ms, linear from 0
-/// to the largest sample; y: fraction of successful requests), one polyline per run in each,
-/// and a legend.
-pub fn latency_cdf_svg(runs: &[(String, Samples)]) -> String {
-    let legend_h = 18.0 * runs.len() as f64 + 10.0;
-    let (w, h) = (2.0 * PANEL_W, PANEL_H + legend_h);
-    let mut out = format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0}" height="{h:.0}" viewBox="0 0 {w:.0} {h:.0}" font-family="sans-serif">"#
-    );
-    out.push('\n');
-    let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let ttft: Vec<(&str, &[f64])> = runs
-        .iter()
-        .map(|(l, s)| (l.as_str(), s.ttft_ms.as_slice()))
-        .collect();
-    let e2e: Vec<(&str, &[f64])> = runs
-        .iter()
-        .map(|(l, s)| (l.as_str(), s.e2e_ms.as_slice()))
-        .collect();
-    panel(&mut out, 0.0, "TTFT CDF", &ttft);
-    panel(&mut out, PANEL_W, "End-to-end latency CDF", &e2e);
-    for (k, (label, _)) in runs.iter().enumerate() {
-        let y = PANEL_H + 10.0 + 18.0 * k as f64;
-        let colour = COLOURS[k % COLOURS.len()];
-        let _ = writeln!(
-            out,
-            r#"<line x1="{MARGIN_L}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{colour}" stroke-width="3"/><text x="{:.1}" y="{:.1}" font-size="12">{}</text>"#,
-            MARGIN_L + 24.0,
-            MARGIN_L + 30.0,
-            y + 4.0,
-            xml_escape(label)
-        );
-    }
-    out.push_str("</svg>\n");
-    out
 }
 
 #[cfg(test)]
@@ -577,55 +337,5 @@ mod tests {
             row,
             "| policy=b | 2.00 | 2.00 | 2.00 | 2.00 | 2.00 | 1.00 | – |"
         );
-    }
-
-    #[test]
-    fn svg_well_formed_one_polyline_per_run_per_panel() {
-        let runs: Vec<(String, Samples)> = (0..3)
-            .map(|k| {
-                let v: Vec<f64> = (1..=1000).map(|i| f64::from(i * (k + 1))).collect();
-                (
-                    format!("policy=<{k}>"),
-                    Samples {
-                        ttft_ms: v.clone(),
-                        e2e_ms: v,
-                    },
-                )
-            })
-            .collect();
-        let svg = latency_cdf_svg(&runs);
-        assert!(svg.starts_with("<svg "));
-        assert!(svg.trim_end().ends_with("</svg>"));
-        assert_eq!(svg.matches("<polyline").count(), 2 * runs.len());
-        assert_eq!(
-            svg.matches("<polyline").count(),
-            svg.matches("</polyline>").count()
-        );
-        assert!(svg.contains("policy=&lt;2&gt;") && !svg.contains("policy=<"));
-        // Every polyline has at most MAX_POINTS + 1 points and ends at fraction 1.
-        for line in svg.lines().filter(|l| l.starts_with("<polyline")) {
-            let pts = line
-                .split("points=\"")
-                .nth(1)
-                .unwrap()
-                .split('"')
-                .next()
-                .unwrap();
-            let n = pts.split(' ').count();
-            assert!(n <= MAX_POINTS + 1, "{n}");
-            let last_y: f64 = pts
-                .rsplit(' ')
-                .next()
-                .unwrap()
-                .split(',')
-                .nth(1)
-                .unwrap()
-                .parse()
-                .unwrap();
-            assert_eq!(last_y, MARGIN_T);
-        }
-        // Empty runs still give a valid document.
-        let empty = latency_cdf_svg(&[("x".into(), Samples::default())]);
-        assert_eq!(empty.matches("<polyline").count(), 2);
     }
 }
