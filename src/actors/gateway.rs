@@ -6,7 +6,9 @@
 //! `post_stop`: graceful shutdown first, aborted after [`SERVER_STOP_GRACE`]; a killed actor
 //! (no `post_stop`) still releases its listener, through a drop guard in its state. If the server
 //! task ends on its own, the actor fails so its supervisor restarts it; a restart re-binds the
-//! same port (the first bind's port when configured as 0).
+//! same port (the first bind's port when configured as 0). A serving gateway also samples its
+//! node's completed requests and output tokens every second until it stops (the windows behind
+//! `/metrics`' `flotilla_request_rate` and `flotilla_output_token_rate`, `runtime/signals.rs`).
 //!
 //! Files, each importing only those above it:
 //! - `state.rs` — [`state::GatewayShared`], the routes' shared state, and the data it holds.
@@ -104,6 +106,29 @@ impl Actor for HttpGateway {
             *g = Some(addr.to_string());
         }
         let cancel = CancellationToken::new();
+        if let Some(serving) = args
+            .shared
+            .serving
+            .as_ref()
+            .filter(|_| args.shared.face.is_none())
+        {
+            // The samples behind `flotilla_request_rate` and `flotilla_output_token_rate`.
+            let (stats, clock, token) = (
+                args.shared.stats.clone(),
+                serving.clock.clone(),
+                cancel.clone(),
+            );
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(crate::runtime::signals::RATE_SAMPLE_EVERY);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        () = token.cancelled() => break,
+                        _ = tick.tick() => stats.signals().sample_rates(clock.now()),
+                    }
+                }
+            });
+        }
         let app = routes::app(args.shared.clone());
         let token = cancel.clone();
         let limits = args.limits;

@@ -121,6 +121,23 @@ fn describe() {
         "flotilla_requests_in_flight",
         "Choices in flight on this gateway"
     );
+    let window_s = crate::runtime::signals::RATE_WINDOW.as_secs();
+    let every_s = crate::runtime::signals::RATE_SAMPLE_EVERY.as_secs();
+    describe_gauge!(
+        "flotilla_request_rate",
+        format!(
+            "Requests (choices) this gateway completed, successfully or not, per second over the \
+             last {window_s} s, from its cumulative count sampled every {every_s} s (the planner's \
+             `completed` signal)"
+        )
+    );
+    describe_gauge!(
+        "flotilla_output_token_rate",
+        format!(
+            "Output tokens of the requests (choices) this gateway completed, per second over the \
+             last {window_s} s, from its cumulative count sampled every {every_s} s"
+        )
+    );
     describe_histogram!(
         "flotilla_scheduler_step_duration_seconds",
         "Engine steps as the scheduler timed them (injected chaos delays excluded), per worker"

@@ -7,9 +7,23 @@
 //! Latencies go into [`LATENCY_BUCKETS`] log-spaced buckets: bucket `i` holds values up to
 //! `0.1 ms × 1.12^i` (the last one everything above ~1.8 × 10⁵ ms); a percentile read from
 //! them is the upper bound of its bucket, at most 12 % above the true value.
+//!
+//! The same counts give the gateway's own rates on `/metrics` (`flotilla_request_rate`,
+//! `flotilla_output_token_rate`): [`WindowedRate`] turns samples of a cumulative count (the
+//! gateway takes one every [`RATE_SAMPLE_EVERY`]) into a per-second rate over the last
+//! [`RATE_WINDOW`], for readers without Prometheus' `rate()` (a `curl`, a load balancer).
 
+use crate::runtime::clock::Instant;
 use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The window of the gateway's `flotilla_request_rate` and `flotilla_output_token_rate`.
+pub const RATE_WINDOW: Duration = Duration::from_secs(10);
+/// How often the gateway samples its counts for them.
+pub const RATE_SAMPLE_EVERY: Duration = Duration::from_secs(1);
 
 /// Buckets of a latency histogram.
 pub const LATENCY_BUCKETS: usize = 128;
@@ -159,6 +173,76 @@ impl Histogram {
     }
 }
 
+/// A per-second rate over a sliding window, from samples of a cumulative count taken at a
+/// steady pace (pure: the caller passes the time). The rate is the count's growth from the
+/// baseline — the newest sample at least `window` older than the newest one, or the oldest
+/// while there is none yet — to the newest sample, over the time between them: with samples
+/// every second, the last 10–11 s of a 10 s window (less while younger than the window). A count
+/// that goes down (its source restarted) starts the window over.
+#[derive(Clone, Debug)]
+pub struct WindowedRate {
+    window: Duration,
+    /// `(when, count)`, oldest first: the baseline and every sample after it.
+    samples: VecDeque<(Instant, u64)>,
+}
+
+impl WindowedRate {
+    /// An empty window of `window`.
+    pub fn new(window: Duration) -> Self {
+        Self {
+            window,
+            samples: VecDeque::new(),
+        }
+    }
+
+    /// The count was `total` at `now` (a sample older than the newest one is ignored).
+    pub fn observe(&mut self, now: Instant, total: u64) {
+        if let Some(&(t, last)) = self.samples.back() {
+            if now < t {
+                return;
+            }
+            if total < last {
+                self.samples.clear();
+            }
+        }
+        self.samples.push_back((now, total));
+        // Keep one sample at or before the window's start as the baseline, none older.
+        if let Some(start) = now.checked_sub(self.window) {
+            while self.samples.get(1).is_some_and(|&(t, _)| t <= start) {
+                self.samples.pop_front();
+            }
+        }
+    }
+
+    /// Per second over the window ending at the newest sample; 0 before two samples apart.
+    pub fn per_second(&self) -> f64 {
+        let (Some(&(t0, n0)), Some(&(t1, n1))) = (self.samples.front(), self.samples.back()) else {
+            return 0.0;
+        };
+        let span = t1.saturating_duration_since(t0).as_secs_f64();
+        if span <= 0.0 {
+            return 0.0;
+        }
+        n1.saturating_sub(n0) as f64 / span
+    }
+}
+
+/// A gateway's completed requests and their output tokens per second over [`RATE_WINDOW`].
+#[derive(Debug)]
+struct GatewayRates {
+    completed: WindowedRate,
+    output_tokens: WindowedRate,
+}
+
+impl Default for GatewayRates {
+    fn default() -> Self {
+        Self {
+            completed: WindowedRate::new(RATE_WINDOW),
+            output_tokens: WindowedRate::new(RATE_WINDOW),
+        }
+    }
+}
+
 /// A gateway's cumulative counts, as published (see the module doc).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct GatewaySignals {
@@ -197,6 +281,8 @@ pub struct GatewayCounters {
     itl: AtomicHistogram,
     waiting_for_capacity: AtomicU64,
     shed: AtomicU64,
+    /// Windows over `completed` and `output_tokens` (see [`GatewayCounters::sample_rates`]).
+    rates: Mutex<GatewayRates>,
 }
 
 impl GatewayCounters {
@@ -242,6 +328,23 @@ impl GatewayCounters {
             .fetch_add(output_tokens, Ordering::Relaxed);
         self.cached_tokens
             .fetch_add(cached_tokens, Ordering::Relaxed);
+    }
+
+    /// Sample the completed requests and output tokens for [`GatewayCounters::rates`]: at a
+    /// steady pace ([`RATE_SAMPLE_EVERY`]; the gateway does, on its clock).
+    pub fn sample_rates(&self, now: Instant) {
+        let completed = self.completed.load(Ordering::Relaxed);
+        let output_tokens = self.output_tokens.load(Ordering::Relaxed);
+        let mut r = self.rates.lock().unwrap_or_else(|p| p.into_inner());
+        r.completed.observe(now, completed);
+        r.output_tokens.observe(now, output_tokens);
+    }
+
+    /// Completed requests (choices, successfully or not) and their output tokens, per second
+    /// over [`RATE_WINDOW`] up to the last [`GatewayCounters::sample_rates`].
+    pub fn rates(&self) -> (f64, f64) {
+        let r = self.rates.lock().unwrap_or_else(|p| p.into_inner());
+        (r.completed.per_second(), r.output_tokens.per_second())
     }
 
     /// The counts so far.
@@ -320,6 +423,73 @@ mod tests {
         let mut sum = a.clone();
         sum.add(&d);
         assert_eq!(sum, b);
+    }
+
+    #[test]
+    fn a_windowed_rate_is_the_growth_over_the_last_window() {
+        use crate::runtime::clock::{Clock, ManualClock};
+        let clock = ManualClock::new();
+        let mut r = WindowedRate::new(Duration::from_secs(10));
+        assert_eq!(r.per_second(), 0.0, "no samples");
+        r.observe(clock.now(), 100);
+        assert_eq!(r.per_second(), 0.0, "one sample");
+        // 5 a second for 4 s: younger than the window, the rate over what there is.
+        for _ in 0..4 {
+            clock.advance(Duration::from_secs(1));
+            let n = 100 + 5 * clock.now().duration_since(r.samples[0].0).as_secs();
+            r.observe(clock.now(), n);
+        }
+        assert_eq!(r.per_second(), 5.0);
+        // 30 more in the next second, then nothing for 9 s: still in the window.
+        clock.advance(Duration::from_secs(1));
+        r.observe(clock.now(), 150);
+        for _ in 0..9 {
+            clock.advance(Duration::from_secs(1));
+            r.observe(clock.now(), 150);
+        }
+        // Window: the sample at t=4 s (120) to t=14 s (150).
+        assert_eq!(r.per_second(), 3.0);
+        assert!(r.samples.len() <= 12, "bounded: {}", r.samples.len());
+        // Quiet for a whole window: 0.
+        for _ in 0..10 {
+            clock.advance(Duration::from_secs(1));
+            r.observe(clock.now(), 150);
+        }
+        assert_eq!(r.per_second(), 0.0);
+        // Samples further apart than the window: the rate between the last two.
+        clock.advance(Duration::from_secs(20));
+        r.observe(clock.now(), 190);
+        assert_eq!(r.per_second(), 2.0);
+        // An older sample is ignored; a count that went down starts over.
+        r.observe(clock.now() - Duration::from_secs(1), 0);
+        assert_eq!(r.per_second(), 2.0);
+        clock.advance(Duration::from_secs(1));
+        r.observe(clock.now(), 3);
+        assert_eq!(r.per_second(), 0.0, "restarted: one sample");
+        clock.advance(Duration::from_secs(2));
+        r.observe(clock.now(), 13);
+        assert_eq!(r.per_second(), 5.0);
+    }
+
+    #[test]
+    fn a_gateway_samples_its_completions_and_output_tokens() {
+        use crate::runtime::clock::{Clock, ManualClock};
+        let clock = ManualClock::new();
+        let c = GatewayCounters::default();
+        c.sample_rates(clock.now());
+        for _ in 0..10 {
+            clock.advance(RATE_SAMPLE_EVERY);
+            c.finished(8, 0);
+            c.finished(4, 0);
+            c.sample_rates(clock.now());
+        }
+        assert_eq!(c.rates(), (2.0, 12.0));
+        // Arrivals and shed requests are not completions.
+        c.arrived(10);
+        c.shed();
+        clock.advance(RATE_SAMPLE_EVERY);
+        c.sample_rates(clock.now());
+        assert_eq!(c.rates(), (1.8, 10.8));
     }
 
     #[test]

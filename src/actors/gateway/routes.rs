@@ -70,6 +70,9 @@ async fn health(State(s): State<Arc<GatewayShared>>) -> Response {
 async fn metrics(State(s): State<Arc<GatewayShared>>) -> Response {
     if let Some(serving) = &s.serving {
         metrics::gauge!("flotilla_requests_in_flight").set(serving.registry.len() as f64);
+        let (requests, output_tokens) = s.stats.signals().rates();
+        metrics::gauge!("flotilla_request_rate").set(requests);
+        metrics::gauge!("flotilla_output_token_rate").set(output_tokens);
     }
     s.metrics.run_upkeep();
     let mut text = s.metrics.render();
