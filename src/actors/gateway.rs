@@ -105,6 +105,13 @@ impl Actor for HttpGateway {
         if let Ok(mut g) = args.bound.lock() {
             *g = Some(addr.to_string());
         }
+        if args.shared.serving.is_some() {
+            // Every shed reason's series from the start, at 0: a dashboard's rate() sees the
+            // first shed request, and its query finds the series before anything was shed.
+            for reason in crate::request_plane::error::ShedReason::LABELS {
+                metrics::counter!("flotilla_shed_total", "reason" => reason).increment(0);
+            }
+        }
         let cancel = CancellationToken::new();
         if let Some(serving) = args
             .shared

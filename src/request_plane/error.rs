@@ -39,6 +39,16 @@ pub enum ShedReason {
 }
 
 impl ShedReason {
+    /// Every label of `flotilla_shed_total` ([`ShedReason::as_str`]), for a gateway to
+    /// register its series at zero before the first request is shed.
+    pub const LABELS: [&'static str; 5] = [
+        "draining",
+        "gateway_queue",
+        "all_workers_busy",
+        "ttft_target",
+        "cold_start",
+    ];
+
     /// Label of `flotilla_shed_total`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -208,6 +218,21 @@ impl From<RequestError> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn labels_name_every_reason() {
+        let all = [
+            ShedReason::Draining,
+            ShedReason::GatewayQueue,
+            ShedReason::AllWorkersBusy,
+            ShedReason::TtftTarget {
+                predicted_ms: 0,
+                target_ms: 0,
+            },
+            ShedReason::ColdStart { waited_ms: 0 },
+        ];
+        assert_eq!(all.map(ShedReason::as_str), ShedReason::LABELS);
+    }
 
     #[test]
     fn statuses_and_retry_after() {

@@ -5,7 +5,8 @@
 //! their counters or their draining flag. Each node reports them in its heartbeat
 //! (`/v1/fleet` → `counters`); the same events are Prometheus counters on `/metrics`
 //! (`flotilla_supervisor_restarts_total`, `flotilla_panics_total`,
-//! `flotilla_engine_hangs_total`, `flotilla_migrations_total`).
+//! `flotilla_engine_hangs_total`, `flotilla_migrations_total`), and every gateway renders each
+//! up node's heartbeat counters as `flotilla_node_*_total{node}` (`actors/gateway/routes.rs`).
 //!
 //! A panic anywhere in the process — in an actor's handler (ractor catches it and reports
 //! the actor failed to its supervisor) or in a bare task no supervisor watches (tokio catches

@@ -80,6 +80,7 @@ async fn metrics(State(s): State<Arc<GatewayShared>>) -> Response {
     // left (or a node that is not up) has no lines, and a restarted one shows its new values.
     if let Ok(nodes) = s.published_fleet() {
         text.push_str(&worker_gauges(&nodes));
+        text.push_str(&node_counters(&nodes));
     }
     (
         [(
@@ -135,6 +136,60 @@ fn worker_gauges(nodes: &[NodeView]) -> String {
     }
     out.push_str(&tier_metrics(&workers));
     out.push_str(&peer_pull_metrics(&workers));
+    out
+}
+
+/// Every up node's resilience counters (`NodeCounters`, from its heartbeat), so that one
+/// gateway's scrape covers the fleet: this process's own `flotilla_supervisor_restarts_total`,
+/// `flotilla_panics_total` and `flotilla_migrations_total` count this process only. Each counts
+/// since the node's process started (Prometheus' `rate` and `increase` take the reset), except
+/// `flotilla_node_process_restarts_total`, which the launcher carries across restarts.
+fn node_counters(nodes: &[NodeView]) -> String {
+    use crate::runtime::resilience::NodeCounters;
+    use std::fmt::Write;
+    type Counter = (&'static str, &'static str, fn(&NodeCounters) -> u64);
+    const COUNTERS: [Counter; 5] = [
+        (
+            "flotilla_node_migrations_total",
+            "Requests the node's gateway migrated to another worker since the node started, per node",
+            |c| c.migrations,
+        ),
+        (
+            "flotilla_node_restarts_total",
+            "Children the node's supervisors restarted since the node started, per node",
+            |c| c.restarts,
+        ),
+        (
+            "flotilla_node_panics_total",
+            "Panics caught in the node's process since it started, per node",
+            |c| c.panics,
+        ),
+        (
+            "flotilla_node_engine_hangs_total",
+            "Engine hangs the node's watchdogs detected since the node started, per node",
+            |c| c.engine_hangs,
+        ),
+        (
+            "flotilla_node_process_restarts_total",
+            "Times the launcher started the node's process again after it died, per node",
+            |c| c.node_restarts,
+        ),
+    ];
+    let up: Vec<(String, NodeCounters)> = nodes
+        .iter()
+        .filter(|n| n.state == NodeState::Up)
+        .map(|n| (escape(n.id.as_str()), n.counters))
+        .collect();
+    let mut out = String::new();
+    if up.is_empty() {
+        return out;
+    }
+    for (name, help, value) in COUNTERS {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (id, c) in &up {
+            let _ = writeln!(out, "{name}{{node=\"{id}\"}} {}", value(c));
+        }
+    }
     out
 }
 
@@ -393,6 +448,40 @@ mod tests {
         assert!(!text.contains("b/replica-0"), "{text}");
         assert!(worker_gauges(&[]).is_empty());
         assert!(!text.contains("kv_tier"), "no tiers, no tier metrics");
+    }
+
+    #[test]
+    fn node_counters_follow_each_up_nodes_heartbeat() {
+        let mut nodes = [
+            node("a", NodeState::Up, &[]),
+            node("b", NodeState::Up, &[]),
+            node("c", NodeState::Down, &[]),
+        ];
+        nodes[1].counters.restarts = 4;
+        nodes[1].counters.panics = 1;
+        nodes[0].counters.migrations = 2;
+        nodes[2].counters.restarts = 9;
+        let text = node_counters(&nodes);
+        for line in [
+            "flotilla_node_restarts_total{node=\"b\"} 4",
+            "flotilla_node_panics_total{node=\"b\"} 1",
+            "flotilla_node_migrations_total{node=\"a\"} 2",
+            "flotilla_node_restarts_total{node=\"a\"} 0",
+            "flotilla_node_engine_hangs_total{node=\"a\"} 0",
+            "flotilla_node_process_restarts_total{node=\"b\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert!(
+            !text.contains("node=\"c\""),
+            "a down node has no lines: {text}"
+        );
+        assert_eq!(
+            text.matches("# TYPE flotilla_node_restarts_total counter")
+                .count(),
+            1
+        );
+        assert!(node_counters(&[]).is_empty());
     }
 
     #[test]
