@@ -1,7 +1,8 @@
 //! Disaggregated prefill and decode on real processes (`flotilla up --prefill 1 --decode 1`,
-//! the real model): the same answers as aggregated serving, only the missing KV blocks moved,
-//! a run-time role change, and B10 (C)/(D) — a transfer delayed by chaos, cancelled by its
-//! client or losing its prefill worker, frees both sides (cases in `../shared/cases/`).
+//! the real model): the same answers as aggregated serving, only the missing KV blocks moved
+//! (their bytes on the gateway's `/metrics`), a run-time role change, and B10 (C)/(D) — a
+//! transfer delayed by chaos, cancelled by its client or losing its prefill worker, frees both
+//! sides (cases in `../shared/cases/`).
 
 #[path = "common/http.rs"]
 mod http;
@@ -176,6 +177,24 @@ async fn a_disaggregated_cluster_answers_as_an_aggregated_one_and_moves_only_mis
         .await;
     }
     assert_eq!(worker(&c, DECODE).await["kv_pull_fallbacks"], 0);
+    // The bytes the decode worker pulled, counted on its node, reach the gateway's `/metrics`
+    // through the fleet view (the fleet view shows them with the blocks: one stats update).
+    let bytes = worker(&c, DECODE).await["kv_transfer_bytes"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(bytes > 0, "the decode worker's transfer bytes");
+    assert_eq!(worker(&c, PREFILL).await["kv_transfer_bytes"], 0);
+    let line = format!("flotilla_worker_kv_transfer_bytes_total{{worker=\"{DECODE}\"}} {bytes}\n");
+    poll_until(Duration::from_secs(10), "the bytes on /metrics", || async {
+        let text = reqwest::get(c.url("/metrics"))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.contains(&line).then_some(())
+    })
+    .await;
     wait_idle(&c, "blocks released after each request").await;
 
     // The long prompt again: the decode worker holds its 18 full blocks, so only the last,

@@ -287,6 +287,7 @@ pub fn set_worker_stats(w: &mut WorkerView, st: &crate::worker::scheduler::Sched
     w.prompt_tokens = st.prompt_tokens;
     w.cached_tokens = st.cached_tokens;
     w.generated_tokens = st.generated_tokens;
+    w.kv_transfer_bytes = st.kv_transfer_bytes;
 }
 
 /// List the actors of this node's tree (from its root supervisor) and its workers.

@@ -297,18 +297,23 @@ impl SchedulerState {
         let PullJob {
             seq, blocks, work, ..
         } = job;
-        let done =
-            move |outcome| SchedulerMsg::PullDone(Wire::encode(&PullResult { seq, outcome }));
+        let done = move |outcome, bytes| {
+            SchedulerMsg::PullDone(Wire::encode(&PullResult {
+                seq,
+                outcome,
+                bytes,
+            }))
+        };
         let me = myself.clone();
         match work {
             PullWork::Fail(why) => {
-                let _ = me.cast(done(Err(why)));
+                let _ = me.cast(done(Err(why), 0));
             }
             work @ PullWork::Sim { .. } => {
                 if let Some((time, outcome)) = work.simulated(blocks) {
                     tokio::spawn(async move {
                         tokio::time::sleep(time).await;
-                        let _ = me.cast(done(outcome));
+                        let _ = me.cast(done(outcome, 0));
                     });
                 }
             }
@@ -318,7 +323,7 @@ impl SchedulerState {
                 budget,
             } => {
                 let Some(t) = self.args.transport.clone() else {
-                    let _ = me.cast(done(Err("no transport to pull the KV with".into())));
+                    let _ = me.cast(done(Err("no transport to pull the KV with".into()), 0));
                     return;
                 };
                 let req = crate::transport::PullRequest {
@@ -328,8 +333,11 @@ impl SchedulerState {
                     deadline: std::time::Instant::now() + budget,
                 };
                 tokio::spawn(async move {
-                    let outcome = pull(&t, req).await.map(|_| blocks);
-                    let _ = me.cast(done(outcome));
+                    let (outcome, bytes) = match pull(&t, req).await {
+                        Ok(bytes) => (Ok(blocks), bytes),
+                        Err(why) => (Err(why), 0),
+                    };
+                    let _ = me.cast(done(outcome, bytes));
                 });
             }
         }
@@ -625,11 +633,11 @@ async fn ask_holder(
 
 /// One pull through the node's transport actor (the actor runs it as a task and answers when
 /// every byte has landed or it failed); straight through the transport when the actor is
-/// restarting.
+/// restarting. The bytes moved.
 async fn pull(
     t: &std::sync::Arc<crate::transport::Transport>,
     req: crate::transport::PullRequest,
-) -> Result<(), String> {
+) -> Result<u64, String> {
     let slack = std::time::Duration::from_secs(5);
     let wait = req
         .deadline
@@ -645,5 +653,5 @@ async fn pull(
         .map_err(|e| format!("transport actor: {e}"))?,
         None => t.pull(req).await,
     };
-    out.map(|_| ()).map_err(|e| e.to_string())
+    out.map(|s| s.bytes).map_err(|e| e.to_string())
 }

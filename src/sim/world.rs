@@ -1857,6 +1857,7 @@ impl<'w> SimFleet<'w> {
                 let result = |outcome| PullResult {
                     seq: job.seq,
                     outcome,
+                    bytes: 0,
                 };
                 let from = job.from.as_ref().and_then(|w| self.index.get(w).copied());
                 let from = from.map(|p| (p, self.workers[p].incarnation));

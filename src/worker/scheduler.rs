@@ -201,6 +201,10 @@ pub struct SchedulerStats {
     /// Tokens it generated (sampled and sent) since start.
     #[serde(default)]
     pub generated_tokens: u64,
+    /// Bytes of KV this replica pulled over the transport since start (disaggregated and peer
+    /// pulls), as `flotilla_kv_transfer_bytes_total` counts them on its node.
+    #[serde(default)]
+    pub kv_transfer_bytes: u64,
 }
 
 /// A replica's side of peer pulls: what a pull costs before any was measured, and how long the
@@ -265,6 +269,10 @@ pub struct PullResult {
     pub seq: SeqId,
     /// Blocks moved, or why not.
     pub outcome: Result<usize, String>,
+    /// Bytes the KV transport moved (0 for the sim engine's modelled transfer and for a
+    /// failed pull).
+    #[serde(default)]
+    pub bytes: u64,
 }
 
 /// Disaggregation settings of a replica (`disagg.*`).

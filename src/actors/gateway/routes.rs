@@ -136,6 +136,31 @@ fn worker_gauges(nodes: &[NodeView]) -> String {
     }
     out.push_str(&tier_metrics(&workers));
     out.push_str(&peer_pull_metrics(&workers));
+    out.push_str(&transfer_metrics(&workers));
+    out
+}
+
+/// Bytes of KV each worker pulled over the KV transport since it started, from the fleet view:
+/// what `flotilla_kv_transfer_bytes_total` counts on the worker nodes, which serve no
+/// `/metrics`. Every worker has a line, from 0, so that `rate` sees its first pull.
+fn transfer_metrics(workers: &[&WorkerView]) -> String {
+    use std::fmt::Write;
+    let name = "flotilla_worker_kv_transfer_bytes_total";
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# HELP {name} Bytes of KV the worker pulled over the KV transport since it started \
+         (disaggregated prefill's pulls and peer pulls; none on the sim engine, whose transfers \
+         are modelled), per worker\n# TYPE {name} counter"
+    );
+    for w in workers {
+        let _ = writeln!(
+            out,
+            "{name}{{worker=\"{}\"}} {}",
+            escape(&w.id),
+            w.kv_transfer_bytes
+        );
+    }
     out
 }
 
@@ -448,6 +473,52 @@ mod tests {
         assert!(!text.contains("b/replica-0"), "{text}");
         assert!(worker_gauges(&[]).is_empty());
         assert!(!text.contains("kv_tier"), "no tiers, no tier metrics");
+    }
+
+    #[test]
+    fn transfer_bytes_follow_each_workers_counter() {
+        let mut nodes = [
+            node(
+                "a",
+                NodeState::Up,
+                &[("a/replica-0", 0), ("a/replica-1", 0)],
+            ),
+            node("b", NodeState::Down, &[("b/replica-0", 0)]),
+        ];
+        nodes[0].workers[1].kv_transfer_bytes = 1 << 20;
+        nodes[1].workers[0].kv_transfer_bytes = 7;
+        let text = worker_gauges(&nodes);
+        for line in [
+            "flotilla_worker_kv_transfer_bytes_total{worker=\"a/replica-1\"} 1048576",
+            "flotilla_worker_kv_transfer_bytes_total{worker=\"a/replica-0\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert!(
+            !text.contains("b/replica-0"),
+            "a down node's workers: {text}"
+        );
+        assert_eq!(
+            text.matches("# TYPE flotilla_worker_kv_transfer_bytes_total counter")
+                .count(),
+            1
+        );
+        // From the scheduler's stats, through the fleet view's JSON, to the line.
+        let st = crate::worker::scheduler::SchedulerStats {
+            kv_transfer_bytes: 4096,
+            ..Default::default()
+        };
+        crate::actors::discovery::set_worker_stats(&mut nodes[0].workers[0], &st);
+        let json = serde_json::to_string(&nodes[0]).expect("json");
+        nodes[0] = serde_json::from_str(&json).expect("view");
+        assert!(
+            worker_gauges(&nodes)
+                .contains("flotilla_worker_kv_transfer_bytes_total{worker=\"a/replica-0\"} 4096")
+        );
+        // A view from a node that does not send the field yet reads 0.
+        let old: WorkerView =
+            serde_json::from_str(r#"{"id":"c/replica-0","state":"running"}"#).expect("old view");
+        assert_eq!(old.kv_transfer_bytes, 0);
     }
 
     #[test]

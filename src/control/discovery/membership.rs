@@ -132,6 +132,11 @@ pub struct WorkerView {
     /// Tokens it generated since it started (the page's tokens/s: diffs of the sum).
     #[serde(default)]
     pub generated_tokens: u64,
+    /// Bytes of KV the replica pulled over the transport since it started (disaggregated and
+    /// peer pulls): what its node's `flotilla_kv_transfer_bytes_total` counts, per worker, for
+    /// the gateways' `/metrics` (worker nodes serve none).
+    #[serde(default)]
+    pub kv_transfer_bytes: u64,
 }
 
 /// What a node says about itself in every heartbeat.

@@ -263,6 +263,8 @@ pub struct WorkerCore {
     pulls: HashMap<SeqId, (WorkerId, RequestKey)>,
     blocks_pulled: u64,
     pull_fallbacks: u64,
+    /// Bytes the transport moved into this replica (every pull's, since start).
+    kv_transfer_bytes: u64,
     /// Peer pulls: submissions waiting for their holder's answer.
     fetching: HashMap<RequestKey, Fetching>,
     /// Peer pulls: sequences whose remote KV comes from a peer, and whom to confirm to while
@@ -321,6 +323,7 @@ impl WorkerCore {
             pulls: HashMap::new(),
             blocks_pulled: 0,
             pull_fallbacks: 0,
+            kv_transfer_bytes: 0,
             fetching: HashMap::new(),
             peer_seqs: HashMap::new(),
             peer_admits: HashMap::new(),
@@ -733,6 +736,7 @@ impl WorkerCore {
     /// A broken invariant of the batch former.
     pub fn pull_done(&mut self, r: PullResult) -> Result<(), WorkerCoreError> {
         let ok = r.outcome.is_ok();
+        self.kv_transfer_bytes += r.bytes;
         let w = self.cfg.worker.to_string();
         let started = self.pull_started.remove(&r.seq);
         if let (Some((at, n)), Ok(_)) = (started, &r.outcome)
@@ -1446,6 +1450,7 @@ impl WorkerCore {
             prompt_tokens: self.admitted_prompt_tokens,
             cached_tokens: self.admitted_cached_tokens,
             generated_tokens: self.generated_tokens,
+            kv_transfer_bytes: self.kv_transfer_bytes,
         }
     }
 }
@@ -1620,8 +1625,14 @@ mod tests {
         p.pull_done(PullResult {
             seq: pj.seq,
             outcome: Ok(pj.blocks),
+            bytes: 4096,
         })
         .unwrap();
+        assert_eq!(
+            p.stats().kv_transfer_bytes,
+            4096,
+            "the pull's bytes published"
+        );
         let effects = p.take_effects();
         assert!(effects.iter().any(|e| matches!(e,
             WorkerEffect::ConfirmPull { prefill, key: k } if *prefill == holder && *k == key)));
