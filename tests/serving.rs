@@ -146,7 +146,7 @@ async fn golden_answers_and_models() {
         "flotilla_ttft_seconds_bucket",
         "flotilla_itl_seconds_bucket",
         "flotilla_e2e_latency_seconds_bucket",
-        "flotilla_requests_total{route=\"chat\",outcome=\"ok\"}",
+        "flotilla_requests_total{route=\"chat\",outcome=\"ok\",status=\"200\"}",
         "flotilla_prompt_tokens_total",
         "flotilla_worker_kv_blocks_total{worker=\"node-1/replica-0\"} 128",
         "flotilla_worker_waiting",

@@ -274,9 +274,9 @@ impl Choice {
                 cached_tokens,
                 worker,
             } => {
+                // Counted in `flotilla_prefix_hit_tokens_total` at the request's end, once per
+                // request as `usage` reports it (not here, once per choice).
                 self.cached_tokens = cached_tokens;
-                metrics::counter!("flotilla_prefix_hit_tokens_total", "worker" => worker.to_string())
-                    .increment(u64::from(cached_tokens));
                 if self.workers.last().is_none_or(|w| *w != worker.as_str()) {
                     self.workers.push(worker.to_string());
                 }
@@ -359,6 +359,9 @@ struct Started {
     pending: Vec<(u32, TokenEventKind)>,
     guard: CancelGuard,
     t0: Instant,
+    /// Counted in `/metrics` already ([`Started::record`]); until then, dropping it counts
+    /// the request as `cancelled` (its client went away).
+    recorded: bool,
 }
 
 async fn spawn_choice(
@@ -496,20 +499,27 @@ async fn start(
         pending: Vec::new(),
         guard,
         t0,
+        recorded: false,
     };
-    // Each choice's first event decides between an HTTP error and a response.
+    // Each choice's first event decides between an HTTP error and a response (a refusal
+    // here is counted as `rejected` by `generate`, not by `Started`'s drop).
     let mut heard = vec![false; req.n as usize];
     while heard.iter().any(|h| !h) {
         let (i, ev) = started
             .rx
             .recv()
             .await
-            .ok_or(RequestError::EndedUnexpectedly)?;
+            .ok_or(RequestError::EndedUnexpectedly)
+            .inspect_err(|_| started.recorded = true)?;
         match ev {
             TokenEventKind::Failed { message, status } => {
+                started.recorded = true;
                 return Err(RequestError::from_failed(message, status).into());
             }
-            TokenEventKind::Lost { reason } => return Err(RequestError::Lost(reason).into()),
+            TokenEventKind::Lost { reason } => {
+                started.recorded = true;
+                return Err(RequestError::Lost(reason).into());
+            }
             _ => {}
         }
         heard[i as usize] = true;
@@ -522,7 +532,14 @@ fn usage_of(st: &Started) -> Usage {
     Usage {
         prompt_tokens: st.prompt_tokens,
         completion_tokens: st.choices.iter().map(|c| c.completion_tokens).sum(),
-        cached_tokens: st.choices.first().map(|c| c.cached_tokens).unwrap_or(0),
+        // The first choice's admission (every choice has the same prompt); never more than
+        // the prompt, so that a hit rate built from the two counters stays within 100 %.
+        cached_tokens: st
+            .choices
+            .first()
+            .map(|c| c.cached_tokens)
+            .unwrap_or(0)
+            .min(st.prompt_tokens),
     }
 }
 
@@ -541,46 +558,104 @@ fn workers_of(st: &Started) -> String {
     }
 }
 
-/// Counts a request that reached its workers, at its end. A streamed one also gets its
-/// access line here (`edge.rs` [`access_log`](super::edge::access_log) logs every other
-/// request when its response is ready): a stream's status is 200 whatever its outcome.
-fn record(route: &'static str, outcome: &'static str, st: &Started) {
-    if st.stream {
-        tracing::info!(
-            target: super::edge::ACCESS_TARGET,
-            status = 200u16,
-            duration_ms = st.t0.elapsed().as_secs_f64() * 1e3,
-            outcome,
-            workers = %workers_of(st),
-            prompt_tokens = st.prompt_tokens,
-            completion_tokens = st.choices.iter().map(|c| c.completion_tokens).sum::<u32>(),
-            "request done"
-        );
+impl Started {
+    fn route(&self) -> &'static str {
+        if self.kind == RequestKind::Chat {
+            "chat"
+        } else {
+            "completions"
+        }
     }
-    metrics::counter!("flotilla_requests_total", "route" => route, "outcome" => outcome)
-        .increment(1);
-    metrics::counter!("flotilla_prompt_tokens_total").increment(u64::from(st.prompt_tokens));
-    let completion: u32 = st.choices.iter().map(|c| c.completion_tokens).sum();
-    metrics::counter!("flotilla_completion_tokens_total").increment(u64::from(completion));
-    metrics::histogram!("flotilla_e2e_latency_seconds").record(st.t0.elapsed().as_secs_f64());
-    for c in &st.choices {
-        c.stats
-            .signals()
-            .finished(u64::from(c.completion_tokens), u64::from(c.cached_tokens));
+
+    /// Counts a request that reached its workers, once, at its end: `outcome` `ok`, `error`
+    /// (failed after it was admitted) or `cancelled` (its client went away), `status` the HTTP
+    /// status its response carried (a stream's is 200 whatever its outcome). The token
+    /// counters count `ok` requests only, exactly the `usage` the API returned (or, for a
+    /// stream without `include_usage`, would have returned): per request, the prompt once
+    /// whatever `n`, completion tokens summed over the choices, cached tokens as `usage`
+    /// reports them. A streamed request also gets its access line here (`edge.rs`
+    /// [`access_log`](super::edge::access_log) logs every other request when its response is
+    /// ready).
+    fn record(&mut self, outcome: &'static str, status: u16) {
+        if std::mem::replace(&mut self.recorded, true) {
+            return;
+        }
+        let usage = usage_of(self);
+        if self.stream {
+            tracing::info!(
+                target: super::edge::ACCESS_TARGET,
+                status,
+                duration_ms = self.t0.elapsed().as_secs_f64() * 1e3,
+                outcome,
+                workers = %workers_of(self),
+                prompt_tokens = usage.prompt_tokens,
+                completion_tokens = usage.completion_tokens,
+                "request done"
+            );
+        }
+        metrics::counter!("flotilla_requests_total", "route" => self.route(), "outcome" => outcome, "status" => status.to_string())
+            .increment(1);
+        metrics::histogram!("flotilla_e2e_latency_seconds").record(self.t0.elapsed().as_secs_f64());
+        if outcome == "ok" {
+            metrics::counter!("flotilla_prompt_tokens_total")
+                .increment(u64::from(usage.prompt_tokens));
+            metrics::counter!("flotilla_completion_tokens_total")
+                .increment(u64::from(usage.completion_tokens));
+            // The worker that reported them: the first choice's first.
+            let worker = self
+                .choices
+                .first()
+                .and_then(|c| c.workers.first())
+                .map_or("-", String::as_str);
+            metrics::counter!("flotilla_prefix_hit_tokens_total", "worker" => worker.to_owned())
+                .increment(u64::from(usage.cached_tokens));
+        }
+        for c in &self.choices {
+            c.stats
+                .signals()
+                .finished(u64::from(c.completion_tokens), u64::from(c.cached_tokens));
+        }
     }
 }
 
+impl Drop for Started {
+    fn drop(&mut self) {
+        // The client went away before the end: no response (499, as proxies log it) or a
+        // stream cut short (200).
+        let status = if self.stream { 200 } else { 499 };
+        self.record("cancelled", status);
+    }
+}
+
+/// A non-streamed request to its end, counted once: `ok`, or `error` with the status of the
+/// error response (a request already admitted is never counted as `rejected`).
 async fn collect(mut st: Started) -> Result<Response, ApiError> {
+    match collect_choices(&mut st).await {
+        Ok(outputs) => {
+            let usage = usage_of(&st);
+            st.record("ok", 200);
+            let mut res = Json(response::completion_body(
+                st.kind, &st.meta, &outputs, &usage,
+            ))
+            .into_response();
+            res.extensions_mut()
+                .insert(super::edge::AccessWorkers(workers_of(&st)));
+            Ok(res)
+        }
+        Err(e) => {
+            st.record("error", e.status().as_u16());
+            Err(e)
+        }
+    }
+}
+
+/// Every choice's output, once each has finished.
+async fn collect_choices(st: &mut Started) -> Result<Vec<ChoiceOutput>, ApiError> {
     let n = st.choices.len();
     let mut texts = vec![String::new(); n];
     let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
     let mut ids: Vec<Vec<u32>> = vec![Vec::new(); n];
     let mut queue = std::mem::take(&mut st.pending);
-    let route = if st.kind == RequestKind::Chat {
-        "chat"
-    } else {
-        "completions"
-    };
     loop {
         if st.choices.iter().all(|c| c.finish.is_some()) {
             break;
@@ -590,10 +665,7 @@ async fn collect(mut st: Started) -> Result<Response, ApiError> {
         } else {
             queue.remove(0)
         };
-        let c = &mut st.choices[i as usize];
-        let p = c
-            .on_event(ev)
-            .inspect_err(|_| record(route, "error", &st))?;
+        let p = st.choices[i as usize].on_event(ev)?;
         let c = &st.choices[i as usize];
         if c.finish.is_some()
             && let Some(r) = st.guard.0.get(i as usize)
@@ -615,23 +687,10 @@ async fn collect(mut st: Started) -> Result<Response, ApiError> {
             token_ids: c.want_ids.then(|| std::mem::take(&mut ids[i])),
         })
         .collect();
-    let usage = usage_of(&st);
-    record(route, "ok", &st);
-    let mut res = Json(response::completion_body(
-        st.kind, &st.meta, &outputs, &usage,
-    ))
-    .into_response();
-    res.extensions_mut()
-        .insert(super::edge::AccessWorkers(workers_of(&st)));
-    Ok(res)
+    Ok(outputs)
 }
 
 fn stream(st: Started, keep_alive: Duration) -> Response {
-    let route = if st.kind == RequestKind::Chat {
-        "chat"
-    } else {
-        "completions"
-    };
     let events = async_stream::stream! {
         let mut st = st;
         let mut state = StreamState::new(st.kind, st.meta.clone(), st.choices.len() as u32, st.include_usage);
@@ -650,14 +709,14 @@ fn stream(st: Started, keep_alive: Duration) -> Response {
             };
             let Some((i, ev)) = next else {
                 yield Ok::<_, std::convert::Infallible>(sse::error(&RequestError::EndedUnexpectedly.into()));
-                record(route, "error", &st);
+                st.record("error", 200);
                 return;
             };
             let p = match st.choices[i as usize].on_event(ev) {
                 Ok(p) => p,
                 Err(e) => {
                     yield Ok(sse::error(&e));
-                    record(route, "error", &st);
+                    st.record("error", 200);
                     return;
                 }
             };
@@ -677,7 +736,7 @@ fn stream(st: Started, keep_alive: Duration) -> Response {
         if let Some(chunk) = state.usage(&usage_of(&st)) {
             yield Ok(sse::chunk(&chunk));
         }
-        record(route, "ok", &st);
+        st.record("ok", 200);
         yield Ok(sse::done());
     };
     Sse::new(events)
@@ -696,34 +755,39 @@ async fn generate(
     } else {
         "completions"
     };
-    let result = async {
+    // Refused before any worker saw it (400, 404, 413, 415, 503, …): `rejected`, with its
+    // status. From here on `Started` counts the request, once.
+    let started = async {
         super::edge::require_json(&headers)?;
-        let st = start(&s, kind, &headers, body).await?;
-        tracing::debug!(
-            choices = st.choices.len(),
-            stream = st.stream,
-            "request admitted"
-        );
-        if st.stream {
-            let keep_alive = s
-                .serving
-                .as_ref()
-                .map(|v| v.keep_alive)
-                .unwrap_or(Duration::from_secs(10));
-            Ok(stream(st, keep_alive))
-        } else {
-            collect(st).await
-        }
+        start(&s, kind, &headers, body).await
     }
     .await;
-    match result {
-        Ok(r) => r,
+    let st = match started {
+        Ok(st) => st,
         Err(e) => {
-            metrics::counter!("flotilla_requests_total", "route" => route, "outcome" => "rejected")
+            let status = e.status().as_u16();
+            metrics::counter!("flotilla_requests_total", "route" => route, "outcome" => "rejected", "status" => status.to_string())
                 .increment(1);
-            tracing::debug!(status = e.status().as_u16(), error = %e.message, "request refused");
-            e.into_response()
+            tracing::debug!(status, error = %e.message, "request refused");
+            return e.into_response();
         }
+    };
+    tracing::debug!(
+        choices = st.choices.len(),
+        stream = st.stream,
+        "request admitted"
+    );
+    if st.stream {
+        let keep_alive = s
+            .serving
+            .as_ref()
+            .map(|v| v.keep_alive)
+            .unwrap_or(Duration::from_secs(10));
+        stream(st, keep_alive)
+    } else {
+        collect(st)
+            .await
+            .unwrap_or_else(IntoResponse::into_response)
     }
 }
 
