@@ -143,13 +143,19 @@ async fn busy_worker(c: &Cluster) -> String {
         Duration::from_secs(30),
         "a worker running the stream",
         || async {
-            fleet(c).await["nodes"]
+            // The one worker running anything (earlier requests' sequences may still be
+            // finishing elsewhere: wait until only the stream runs).
+            let running: Vec<Value> = fleet(c).await["nodes"]
                 .as_array()
                 .unwrap()
                 .iter()
                 .flat_map(|n| n["workers"].as_array().cloned().unwrap_or_default())
-                .find(|w| w["running"].as_u64() > Some(0))
-                .and_then(|w| w["id"].as_str().map(str::to_owned))
+                .filter(|w| w["running"].as_u64() > Some(0))
+                .collect();
+            match running.as_slice() {
+                [w] if w["running"] == 1 => w["id"].as_str().map(str::to_owned),
+                _ => None,
+            }
         },
     )
     .await

@@ -83,8 +83,8 @@ fn describe() {
         // The gateway's requests and tokens (`actors/gateway/serve.rs`).
         (
             "flotilla_requests_total",
-            "Generation requests (POST /v1/completions, /v1/chat/completions), one per HTTP \
-             request whatever n, by route, outcome (ok; error: failed after a worker admitted it; \
+            "Generation requests (POST /v1/completions, /v1/chat/completions), per request \
+             (one per HTTP request whatever n), by route, outcome (ok; error: failed after a worker admitted it; \
              cancelled: its client went away; rejected: refused before any worker saw it) and \
              the HTTP status it got (a stream's is 200 whatever its outcome; 499: a cancelled \
              request that got no response)",
@@ -96,9 +96,9 @@ fn describe() {
         ),
         (
             "flotilla_completion_tokens_total",
-            "Generated tokens of ok requests, summed over each request's choices (end-of-sequence \
-             and stop-string tokens included): the sum of the usage.completion_tokens the API \
-             returned",
+            "Generated tokens of ok requests, per request (summed over its choices; end-of-sequence \
+             and stop-string tokens included): the sum of the usage.completion_tokens the \
+             API returned",
         ),
         (
             "flotilla_prefix_hit_tokens_total",
