@@ -22,6 +22,7 @@
 //! - `model/` — GGUF / Hugging Face loading, tokenizer, chat template, forward pass.
 //! - `node/` — the composition root: one node process (start, ready line, drain, stop), the
 //!   typed configuration, the context the supervision tree is built from.
+//! - `otlp` — the optional OpenTelemetry export of the tracing spans (`--otlp-endpoint`).
 //! - `runtime/` — the ground floor: cluster, ids, clock, wire payloads, metrics, ports,
 //!   resilience counters.
 //! - `cli/` — the `flotilla` subcommands: up, node, status, generate, chaos, bench, profile,
@@ -35,6 +36,7 @@ pub mod kv;
 pub mod model;
 pub mod node;
 pub mod openai;
+pub mod otlp;
 pub mod request_plane;
 pub mod runtime;
 pub mod sim;

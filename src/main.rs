@@ -22,6 +22,16 @@ struct Cli {
     /// to its nodes.
     #[arg(long, global = true, value_enum, env = "FLOTILLA_LOG_FORMAT", default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// Also export the tracing spans (the gateway's `request` span with its `request_id`, …)
+    /// to an OpenTelemetry collector over OTLP/HTTP (protobuf), e.g. `http://127.0.0.1:4318`
+    /// (`/v1/traces` is added); off when absent. `flotilla up` passes it to its nodes.
+    #[arg(
+        long,
+        global = true,
+        env = "FLOTILLA_OTLP_ENDPOINT",
+        value_name = "URL"
+    )]
+    otlp_endpoint: Option<String>,
 }
 
 /// `--log-format`.
@@ -171,25 +181,45 @@ struct StatusArgs {
     interval: f64,
 }
 
-/// Logs on stderr in `format`, filtered by `FLOTILLA_LOG`, else by `default`.
-fn init_tracing(default: &str, format: LogFormat) {
+/// Logs on stderr in `format`, filtered by `FLOTILLA_LOG`, else by `default`; with `otlp`,
+/// the spans that pass the same filter are exported too.
+fn init_tracing(default: &str, format: LogFormat, otlp: Option<&flotilla::otlp::Otlp>) {
     use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter =
         EnvFilter::try_from_env("FLOTILLA_LOG").unwrap_or_else(|_| EnvFilter::new(default));
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry()
+        .with(filter)
+        .with(otlp.map(|o| o.layer()));
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let _ = match format {
-        LogFormat::Json => fmt
-            .json()
-            .with_current_span(true)
-            .with_span_list(true)
+        LogFormat::Json => registry
+            .with(fmt.json().with_current_span(true).with_span_list(true))
             .try_init(),
         // Colours only on a terminal: a log file or a pipe gets plain text.
-        LogFormat::Text => fmt
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        LogFormat::Text => registry
+            .with(fmt.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())))
             .try_init(),
     };
+}
+
+/// The OTLP export of `--otlp-endpoint`, started (`None` without the flag: nothing runs).
+fn start_otlp(endpoint: Option<&str>, cmd: &Cmd) -> anyhow::Result<Option<flotilla::otlp::Otlp>> {
+    let Some(endpoint) = endpoint else {
+        return Ok(None);
+    };
+    let cfg = flotilla::otlp::OtlpConfig::parse(endpoint).map_err(anyhow::Error::msg)?;
+    // A node's name for the resource; a configuration that does not load is `run_node`'s
+    // to report.
+    let node = match cmd {
+        Cmd::Node(a) => node_overrides(a)
+            .and_then(|o| Ok(Config::load_with(a.config.as_deref(), o)?))
+            .ok()
+            .map(|c| c.node.name()),
+        _ => None,
+    };
+    flotilla::otlp::Otlp::start(&cfg, node.as_deref()).map(Some)
 }
 
 /// The node's flags as configuration overrides (dotted key paths), `--set` last.
@@ -275,6 +305,26 @@ async fn run_node(a: NodeArgs) -> anyhow::Result<std::process::ExitCode> {
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let log_format = cli.log_format;
+    let otlp = match start_otlp(cli.otlp_endpoint.as_deref(), &cli.cmd) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("flotilla: error: {e:#}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let code = run(cli, log_format, otlp.as_ref()).await;
+    // A node has drained and stopped (or any command ended): send the spans still queued.
+    if let Some(o) = otlp {
+        o.shutdown().await;
+    }
+    code
+}
+
+async fn run(
+    cli: Cli,
+    log_format: LogFormat,
+    otlp: Option<&flotilla::otlp::Otlp>,
+) -> std::process::ExitCode {
     init_tracing(
         match cli.cmd {
             // The simulated fleet's warnings (migrations, resyncs) carry wall-clock times that
@@ -288,6 +338,7 @@ async fn main() -> std::process::ExitCode {
             _ => "info,ractor_cluster=error,ractor=warn",
         },
         log_format,
+        otlp,
     );
     let result = match cli.cmd {
         Cmd::Up(mut a) => flotilla::cli::up::up(flotilla::cli::up::UpOptions {
@@ -321,6 +372,7 @@ async fn main() -> std::process::ExitCode {
             chaos: a.chaos,
             gateways: a.gateways,
             log_format: (log_format == LogFormat::Json).then(|| "json".to_owned()),
+            otlp_endpoint: cli.otlp_endpoint.clone(),
             restart: !a.no_restart,
             max_restarts: a.max_restarts,
             planner: a.planner,

@@ -70,6 +70,9 @@ pub struct UpOptions {
     /// The nodes' log format (`--log-format`, passed on as `FLOTILLA_LOG_FORMAT`); `None`:
     /// the environment's, else text.
     pub log_format: Option<String>,
+    /// The nodes' OTLP export (`--otlp-endpoint`, passed on as `FLOTILLA_OTLP_ENDPOINT`);
+    /// `None`: the environment's, else none.
+    pub otlp_endpoint: Option<String>,
 }
 
 struct NodeProc {
@@ -193,6 +196,9 @@ impl Launch {
             .env("FLOTILLA_NODE__COOKIE", &self.cookie);
         if let Some(f) = &opts.log_format {
             cmd.env("FLOTILLA_LOG_FORMAT", f);
+        }
+        if let Some(e) = &opts.otlp_endpoint {
+            cmd.env("FLOTILLA_OTLP_ENDPOINT", e);
         }
         if let Some(role) = self.slot_roles.get(i).copied().flatten() {
             // Disaggregated: this worker node's role (a `--set worker.role=…` still wins).

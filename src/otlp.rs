@@ -1,0 +1,234 @@
+//! Optional OpenTelemetry export of the tracing spans (`--otlp-endpoint`, off by default).
+//!
+//! With an endpoint, the process's tracing spans (the gateway's `request` span with its
+//! `request_id`, the workers' sequence spans, …) also go to an OpenTelemetry collector over
+//! OTLP/HTTP with protobuf bodies (`POST <endpoint>/v1/traces`), sent by the project's reqwest
+//! client from a batch span processor on the tokio runtime; resource `service.name=flotilla`
+//! and, where known, `service.instance.id` and `flotilla.node` = the node's name. Without one
+//! nothing of this runs: no exporter, no background task, no connection.
+//! [`Otlp::shutdown`] sends what is still queued (a node's drain and stop, or the end of any
+//! command). The exporter itself is behind the cargo feature `otlp` (on by default); a build
+//! without it refuses the flag.
+//!
+//! The parsing of the endpoint ([`OtlpConfig::parse`]) is pure and always built.
+
+use std::time::Duration;
+
+/// The path a collector takes OTLP/HTTP traces on.
+pub const TRACES_PATH: &str = "/v1/traces";
+
+/// Time one export (one HTTP request) may take; a collector that does not answer costs a
+/// stopping node at most about this much.
+pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where to send the spans.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OtlpConfig {
+    /// The full traces URL: the endpoint with `/v1/traces` added.
+    pub traces_url: String,
+}
+
+impl OtlpConfig {
+    /// The configuration of `--otlp-endpoint` (`http://host:port`, optionally with a path
+    /// prefix): the OTLP/HTTP base URL, as `OTEL_EXPORTER_OTLP_ENDPOINT`, to which
+    /// `/v1/traces` is added (a URL already ending in `/v1/traces` is taken as it is).
+    ///
+    /// # Errors
+    /// A message naming the problem: not a URL, not `http` (this build's HTTP client has no
+    /// TLS: a local collector, or a collector's sidecar, over plain HTTP), no host, or a query
+    /// or fragment.
+    pub fn parse(endpoint: &str) -> Result<Self, String> {
+        let url = reqwest::Url::parse(endpoint.trim())
+            .map_err(|e| format!("--otlp-endpoint {endpoint:?}: not a URL ({e})"))?;
+        match url.scheme() {
+            "http" => {}
+            "https" => {
+                return Err(format!(
+                    "--otlp-endpoint {endpoint:?}: https is not supported (the HTTP client is built without TLS); give the collector's plain http address, e.g. http://127.0.0.1:4318"
+                ));
+            }
+            s => {
+                return Err(format!(
+                    "--otlp-endpoint {endpoint:?}: scheme {s:?}, expected http (OTLP over HTTP, e.g. http://127.0.0.1:4318)"
+                ));
+            }
+        }
+        if url.host_str().is_none_or(str::is_empty) {
+            return Err(format!("--otlp-endpoint {endpoint:?}: no host"));
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(format!(
+                "--otlp-endpoint {endpoint:?}: a query or fragment is not allowed"
+            ));
+        }
+        let mut s = url.to_string();
+        if !url.path().ends_with(TRACES_PATH) {
+            let base = s.trim_end_matches('/').len();
+            s.truncate(base);
+            s.push_str(TRACES_PATH);
+        }
+        Ok(Self { traces_url: s })
+    }
+}
+
+#[cfg(feature = "otlp")]
+pub use export::Otlp;
+
+#[cfg(feature = "otlp")]
+mod export {
+    use super::{EXPORT_TIMEOUT, OtlpConfig};
+    use opentelemetry::KeyValue;
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
+    use opentelemetry_sdk::Resource;
+    use opentelemetry_sdk::runtime::Tokio;
+    use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
+    use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+    use std::time::Duration;
+    use tracing_subscriber::registry::LookupSpan;
+
+    /// The running export: its tracer provider (the batch processor's task on the tokio
+    /// runtime, the exporter).
+    pub struct Otlp {
+        provider: SdkTracerProvider,
+    }
+
+    impl Otlp {
+        /// Start the export to `cfg`; `node`, the node's name where known, goes into the
+        /// resource. Must be called on the tokio runtime (the batch processor's task starts
+        /// there). Connects to nothing yet: the first batch does.
+        ///
+        /// # Errors
+        /// The HTTP client or the exporter cannot be built.
+        pub fn start(cfg: &OtlpConfig, node: Option<&str>) -> anyhow::Result<Self> {
+            let client = reqwest::Client::builder().timeout(EXPORT_TIMEOUT).build()?;
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_http_client(client)
+                .with_protocol(Protocol::HttpBinary)
+                .with_endpoint(cfg.traces_url.clone())
+                .with_timeout(EXPORT_TIMEOUT)
+                .build()?;
+            let mut resource = Resource::builder().with_service_name("flotilla");
+            if let Some(n) = node {
+                resource = resource.with_attributes([
+                    KeyValue::new("service.instance.id", n.to_owned()),
+                    KeyValue::new("flotilla.node", n.to_owned()),
+                ]);
+            }
+            let processor = BatchSpanProcessor::builder(exporter, Tokio).build();
+            let provider = SdkTracerProvider::builder()
+                .with_span_processor(processor)
+                .with_resource(resource.build())
+                .build();
+            Ok(Self { provider })
+        }
+
+        /// The tracing layer that turns spans into OpenTelemetry spans of this export.
+        pub fn layer<S>(&self) -> tracing_opentelemetry::OpenTelemetryLayer<S, SdkTracer>
+        where
+            S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+        {
+            tracing_opentelemetry::layer().with_tracer(self.provider.tracer("flotilla"))
+        }
+
+        /// Send what is still queued and stop the export (waits at most about
+        /// [`EXPORT_TIMEOUT`] plus a second for a collector that does not answer).
+        pub async fn shutdown(self) {
+            let provider = self.provider;
+            // The processor's shutdown blocks until its task on the runtime has exported.
+            let done = tokio::task::spawn_blocking(move || provider.shutdown());
+            match tokio::time::timeout(EXPORT_TIMEOUT + Duration::from_secs(1), done).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(e))) => eprintln!("flotilla: OTLP export: shutdown: {e}"),
+                Ok(Err(e)) => eprintln!("flotilla: OTLP export: shutdown: {e}"),
+                Err(_) => eprintln!("flotilla: OTLP export: the last spans were not sent in time"),
+            }
+        }
+    }
+}
+
+#[cfg(not(feature = "otlp"))]
+pub use no_export::Otlp;
+
+/// A build without the `otlp` feature: the flag is refused.
+#[cfg(not(feature = "otlp"))]
+mod no_export {
+    use super::OtlpConfig;
+
+    /// Never made: [`Otlp::start`] refuses.
+    pub enum Otlp {}
+
+    impl Otlp {
+        /// Refuses: this build has no OTLP export.
+        ///
+        /// # Errors
+        /// Always.
+        pub fn start(_cfg: &OtlpConfig, _node: Option<&str>) -> anyhow::Result<Self> {
+            anyhow::bail!(
+                "--otlp-endpoint: this flotilla was built without OpenTelemetry export (cargo feature `otlp`)"
+            )
+        }
+
+        /// Never called.
+        pub fn layer(&self) -> tracing_subscriber::layer::Identity {
+            match *self {}
+        }
+
+        /// Never called.
+        pub async fn shutdown(self) {
+            match self {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(s: &str) -> String {
+        OtlpConfig::parse(s).unwrap().traces_url
+    }
+
+    #[test]
+    fn a_base_url_gets_the_traces_path() {
+        assert_eq!(
+            url("http://127.0.0.1:4318"),
+            "http://127.0.0.1:4318/v1/traces"
+        );
+        assert_eq!(
+            url("http://127.0.0.1:4318/"),
+            "http://127.0.0.1:4318/v1/traces"
+        );
+        assert_eq!(
+            url(" http://collector:4318 "),
+            "http://collector:4318/v1/traces"
+        );
+        assert_eq!(url("http://collector"), "http://collector/v1/traces");
+    }
+
+    #[test]
+    fn a_path_prefix_is_kept_and_a_full_traces_url_taken_as_it_is() {
+        assert_eq!(url("http://gw:80/otlp"), "http://gw/otlp/v1/traces");
+        assert_eq!(url("http://gw:9000/otlp/"), "http://gw:9000/otlp/v1/traces");
+        assert_eq!(
+            url("http://127.0.0.1:4318/v1/traces"),
+            "http://127.0.0.1:4318/v1/traces"
+        );
+    }
+
+    #[test]
+    fn other_schemes_and_non_urls_are_refused_with_a_reason() {
+        let e = OtlpConfig::parse("https://collector:4318").unwrap_err();
+        assert!(e.contains("https is not supported"), "{e}");
+        let e = OtlpConfig::parse("grpc://collector:4317").unwrap_err();
+        assert!(e.contains("expected http"), "{e}");
+        let e = OtlpConfig::parse("127.0.0.1:4318").unwrap_err();
+        assert!(e.contains("--otlp-endpoint"), "{e}");
+        let e = OtlpConfig::parse("collector:4318").unwrap_err();
+        assert!(e.contains("expected http"), "{e}");
+        let e = OtlpConfig::parse("http://c:4318/?a=b").unwrap_err();
+        assert!(e.contains("query"), "{e}");
+        assert!(OtlpConfig::parse("").is_err());
+    }
+}
