@@ -83,11 +83,12 @@ fn assert_refused(status: u16, ctype: &str, v: &Value, param: &str) {
     assert_eq!(v["error"]["param"], param, "{v}");
 }
 
-/// Lines of `logs` with `id` that a worker's scheduler wrote.
+/// Lines of `logs` with `id` that a worker's scheduler wrote (its per-sequence lines, target
+/// `flotilla::sequence`).
 fn worker_lines(logs: &Logs, id: &str) -> Vec<String> {
     logs.matching(id)
         .into_iter()
-        .filter(|l| l.contains("flotilla::worker::scheduler"))
+        .filter(|l| l.contains("flotilla::sequence"))
         .collect()
 }
 

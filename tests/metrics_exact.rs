@@ -139,26 +139,44 @@ async fn refused(c: &Cluster, seen: &mut Seen, path: &str, body: Value, status: 
 
 /// The worker running a sequence, from the fleet view (heartbeats lag by up to 250 ms).
 async fn busy_worker(c: &Cluster) -> String {
+    // The view is as fresh as each node's last heartbeat: an earlier request's worker may
+    // still show it running for a moment, and the stream's worker not yet. The answer is the
+    // worker that has been the only one running for a whole second of views.
+    let since: std::sync::Mutex<Option<(String, std::time::Instant)>> = Default::default();
     poll_until(
         Duration::from_secs(30),
         "a worker running the stream",
         || async {
-            // The one worker running anything (earlier requests' sequences may still be
-            // finishing elsewhere: wait until only the stream runs).
-            let running: Vec<Value> = fleet(c).await["nodes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .flat_map(|n| n["workers"].as_array().cloned().unwrap_or_default())
-                .filter(|w| w["running"].as_u64() > Some(0))
-                .collect();
-            match running.as_slice() {
-                [w] if w["running"] == 1 => w["id"].as_str().map(str::to_owned),
-                _ => None,
+            let now = std::time::Instant::now();
+            let only = only_running(c).await;
+            let mut s = since.lock().unwrap();
+            match (&*s, only) {
+                (Some((w, t)), Some(o)) if *w == o => {
+                    (now.duration_since(*t) >= Duration::from_secs(1)).then(|| o.clone())
+                }
+                (_, o) => {
+                    *s = o.map(|o| (o, now));
+                    None
+                }
             }
         },
     )
     .await
+}
+
+/// The one worker the view shows running anything, running one sequence.
+async fn only_running(c: &Cluster) -> Option<String> {
+    let running: Vec<Value> = fleet(c).await["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|n| n["workers"].as_array().cloned().unwrap_or_default())
+        .filter(|w| w["running"].as_u64() > Some(0))
+        .collect();
+    match running.as_slice() {
+        [w] if w["running"] == 1 => w["id"].as_str().map(str::to_owned),
+        _ => None,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

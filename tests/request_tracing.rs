@@ -156,6 +156,16 @@ async fn a_request_id_leads_through_every_node_it_touched() {
     let finished = worker_nodes(&migrated, "sequence finished");
     assert_eq!(finished.len(), 1, "{migrated:#?}");
     assert_ne!(finished[0], first_node, "it finished on the other node");
+    let access = migrated
+        .iter()
+        .find(|v| v["target"] == "flotilla::access")
+        .expect("an access line");
+    let workers = access["fields"]["workers"].as_str().unwrap_or_default();
+    assert_eq!(
+        workers.split(',').count(),
+        2,
+        "the access line names both workers: {access}"
+    );
     assert!(
         migrated
             .iter()

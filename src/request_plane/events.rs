@@ -26,7 +26,11 @@ pub enum FleetEventKind {
     /// 1; `hand_off`: a prefill-only attempt whose KV a decode attempt will pull; `terms`: the
     /// router's cost terms for the choice, absent for a pinned request).
     Placed {
+        #[serde(with = "id_string")]
         request: RequestId,
+        /// The client's `x-request-id` (what the logs carry), when it had one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request_id: Option<String>,
         worker: WorkerId,
         attempt: u32,
         hand_off: bool,
@@ -35,20 +39,27 @@ pub enum FleetEventKind {
     },
     /// A prefill worker handed the request's KV off (`tokens` of prompt).
     HandedOff {
+        #[serde(with = "id_string")]
         request: RequestId,
         from: WorkerId,
         tokens: u32,
     },
     /// The request's worker was lost; it migrates with `generated` tokens.
     Migrated {
+        #[serde(with = "id_string")]
         request: RequestId,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request_id: Option<String>,
         from: Option<WorkerId>,
         generated: usize,
         reason: String,
     },
     /// The request was given up (its client gets a 503 or an error record).
     GaveUp {
+        #[serde(with = "id_string")]
         request: RequestId,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request_id: Option<String>,
         reason: String,
     },
     /// A fault was installed on this node.
@@ -86,6 +97,30 @@ pub enum FleetEventKind {
     NodeDown {
         node: NodeId,
     },
+}
+
+/// Request ids are 64-bit: JSON readers with doubles (a browser) would round them, so the
+/// events carry them as decimal strings (and read a number too).
+mod id_string {
+    use crate::runtime::ids::RequestId;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(id: &RequestId, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&id.0)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<RequestId, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Number(u64),
+            Text(String),
+        }
+        match Either::deserialize(d)? {
+            Either::Number(n) => Ok(RequestId(n)),
+            Either::Text(t) => t.parse().map(RequestId).map_err(serde::de::Error::custom),
+        }
+    }
 }
 
 impl FleetEventKind {
@@ -170,6 +205,7 @@ mod tests {
         let mut b = bus.clone().subscribe();
         bus.emit(FleetEventKind::Placed {
             request: RequestId(7),
+            request_id: Some("abc".into()),
             worker: WorkerId::new("node-1/replica-0"),
             attempt: 1,
             hand_off: false,
@@ -182,6 +218,14 @@ mod tests {
         });
         for rx in [&mut a, &mut b] {
             let first = rx.try_recv().expect("placed");
+            let v = serde_json::to_value(&first).expect("json");
+            assert_eq!(
+                v["request"], "7",
+                "a string: JSON readers with doubles round u64s"
+            );
+            assert_eq!(v["request_id"], "abc");
+            let back: FleetEvent = serde_json::from_value(v).expect("reads back");
+            assert_eq!(back, first);
             assert!(matches!(
                 first.kind,
                 FleetEventKind::Placed { attempt: 1, .. }

@@ -132,7 +132,6 @@ pub struct RequestCore {
     /// Tokens delivered to the handler, in order.
     generated: Vec<u32>,
     migration: Migration,
-    admitted_sent: bool,
     done: bool,
     last_token_at: Option<Instant>,
     /// Attempts placed so far (the first one uses the job's request id).
@@ -157,7 +156,6 @@ impl RequestCore {
             gone_picks: 0,
             generated: Vec::new(),
             migration,
-            admitted_sent: false,
             done: false,
             last_token_at: None,
             attempts: 0,
@@ -300,6 +298,7 @@ impl RequestCore {
         self.effects
             .push(RequestEffect::Fleet(FleetEventKind::Placed {
                 request: self.id(),
+                request_id: self.cfg.job.trace_id.clone(),
                 worker,
                 attempt: self.attempts,
                 hand_off: job.hand_off,
@@ -413,8 +412,9 @@ impl RequestCore {
                 self.migration.on_hand_off(self.clock.now());
                 return self.place_or_retry();
             }
-            TokenEventKind::Admitted { .. } if self.admitted_sent => return,
-            TokenEventKind::Admitted { .. } => self.admitted_sent = true,
+            // Every admission is passed on (a migrated choice's new worker too: the handler
+            // lists each worker that served it; its usage keeps the first one's cached tokens).
+            TokenEventKind::Admitted { .. } => {}
             TokenEventKind::Token { id: token, .. } => {
                 let node = self.node();
                 if let Some(a) = self.attempt.as_mut() {
@@ -456,6 +456,7 @@ impl RequestCore {
         self.effects
             .push(RequestEffect::Fleet(FleetEventKind::GaveUp {
                 request: self.id(),
+                request_id: self.cfg.job.trace_id.clone(),
                 reason: error.to_string(),
             }));
         self.effects.push(RequestEffect::Deliver(error.to_event()));
@@ -594,6 +595,7 @@ impl RequestCore {
                 self.effects
                     .push(RequestEffect::Fleet(FleetEventKind::Migrated {
                         request: self.id(),
+                        request_id: self.cfg.job.trace_id.clone(),
                         from: from.clone(),
                         generated: self.generated.len(),
                         reason: why.to_owned(),

@@ -1747,9 +1747,11 @@ impl<'w> SimFleet<'w> {
             return;
         };
         match ev {
-            TokenEventKind::Admitted { cached_tokens, .. } => {
+            // A migrated request's later admissions: its usage keeps the first one's.
+            TokenEventKind::Admitted { cached_tokens, .. } if r.record.cached_tokens.is_none() => {
                 r.record.cached_tokens = Some(u64::from(cached_tokens));
             }
+            TokenEventKind::Admitted { .. } => {}
             TokenEventKind::Token { finish, .. } => {
                 match r.last_chunk {
                     None => r.record.ttft_ms = Some(ms(now - r.sent)),

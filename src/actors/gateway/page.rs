@@ -37,8 +37,8 @@ const PAGE_CSS: &str = include_str!("page/page.css");
 pub const VIEW_MIN_GAP: Duration = Duration::from_millis(500);
 /// Most time between two `view` frames (a quiet view is sent again, with fresh rates).
 pub const VIEW_MAX_GAP: Duration = Duration::from_secs(2);
-/// Shortest window the rates and percentiles cover.
-pub const RATE_WINDOW: Duration = Duration::from_secs(2);
+/// Shortest window the rates and percentiles cover (the page's tiles say 5 s).
+pub const RATE_WINDOW: Duration = Duration::from_secs(5);
 
 /// The page's routes (no control API here: its buttons call `/chaos/*`).
 pub fn routes() -> axum::Router<Arc<GatewayShared>> {
@@ -56,6 +56,12 @@ async fn index() -> Response {
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (header::CACHE_CONTROL, "no-cache"),
+            // Its chaos buttons act on the fleet: no other site may frame it (clickjacking).
+            (header::X_FRAME_OPTIONS, "DENY"),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "frame-ancestors 'none'; default-src 'self'; img-src 'self' data:",
+            ),
         ],
         INDEX_HTML,
     )
@@ -392,6 +398,7 @@ mod tests {
             page.headers()[header::CONTENT_TYPE],
             "text/html; charset=utf-8"
         );
+        assert_eq!(page.headers()[header::X_FRAME_OPTIONS], "DENY");
         assert!(INDEX_HTML.contains("/fleet/page.js") && INDEX_HTML.contains("/fleet/page.css"));
         assert!(PAGE_JS.contains("/v1/fleet/live"));
         assert_eq!(

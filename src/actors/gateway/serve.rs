@@ -275,8 +275,11 @@ impl Choice {
                 worker,
             } => {
                 // Counted in `flotilla_prefix_hit_tokens_total` at the request's end, once per
-                // request as `usage` reports it (not here, once per choice).
-                self.cached_tokens = cached_tokens;
+                // request as `usage` reports it (not here, once per choice). A migrated choice
+                // is admitted again elsewhere: its usage keeps the first admission's.
+                if self.workers.is_empty() {
+                    self.cached_tokens = cached_tokens;
+                }
                 if self.workers.last().is_none_or(|w| *w != worker.as_str()) {
                     self.workers.push(worker.to_string());
                 }

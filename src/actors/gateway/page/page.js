@@ -19,6 +19,8 @@
     chaosLoaded: false,
   };
 
+  // The client's x-request-id (what the logs carry) when it sent one, else the gateway's id.
+  const rid = (e) => e.request_id || e.request;
   const fmt = (v, d = 0) => (v === null || v === undefined || Number.isNaN(v)) ? "–" : Number(v).toFixed(d);
   const time = (ms) => new Date(ms).toLocaleTimeString();
   function el(tag, attrs, ...children) {
@@ -55,8 +57,14 @@
     $("req-rate").textContent = fmt(r.request_rate, 1);
     const tokRate = r.generated_token_rate != null ? r.generated_token_rate : r.output_token_rate;
     $("tok-rate").textContent = fmt(tokRate, 0);
-    $("ttft").textContent = fmt(r.ttft_p50_ms) + " / " + fmt(r.ttft_p99_ms);
-    $("itl").textContent = fmt(r.itl_p50_ms, 1) + " / " + fmt(r.itl_p99_ms, 1);
+    // Latency percentiles come from the requests that finished in the window: a quiet window
+    // keeps the last ones measured (marked as such) rather than a blank.
+    if (r.ttft_p99_ms != null) state.lastLatency = { r, at: view.at_ms };
+    const lat = state.lastLatency ? state.lastLatency.r : r;
+    const stale = state.lastLatency && r.ttft_p99_ms == null ? " *" : "";
+    $("ttft").textContent = fmt(lat.ttft_p50_ms) + " / " + fmt(lat.ttft_p99_ms) + stale;
+    $("itl").textContent = fmt(lat.itl_p50_ms, 1) + " / " + fmt(lat.itl_p99_ms, 1) + stale;
+    $("ttft").title = $("itl").title = stale ? "no request finished in the last window: the last measured, at " + time(state.lastLatency.at) : "";
     const inFlight = all.filter(({ node }) => node.state === "up").reduce((s, { w }) => s + (w.in_flight || 0), 0);
     $("in-flight").textContent = inFlight;
     $("waiting").textContent = all.filter(({ node }) => node.state === "up").reduce((s, { w }) => s + (w.waiting || 0), 0);
@@ -121,7 +129,7 @@
         el("td", {}, w.running || 0),
         el("td", {}, w.waiting || 0),
         el("td", { title: used + " of " + total + " blocks" },
-          el("span", { class: "bar", "aria-hidden": "true" }, el("span", { style: "" })), fmt(pct, 0) + " %"),
+          el("span", { class: "bar", "aria-hidden": "true" }, el("span", {})), fmt(pct, 0) + " %"),
         el("td", {}, tiers),
         el("td", {}, hit),
         el("td", {}, heat.get(w.id) || 0),
@@ -197,10 +205,10 @@
   // ---- fleet events ----
   function describe(e) {
     switch (e.event) {
-      case "placed": return "request " + e.request + " placed on " + e.worker + (e.attempt > 1 ? " (attempt " + e.attempt + ")" : "") + (e.hand_off ? " for prefill" : "");
-      case "handed_off": return "request " + e.request + ": " + e.from + " handed off " + e.tokens + " prompt tokens of KV";
-      case "migrated": return "request " + e.request + " migrated from " + (e.from || "?") + " with " + e.generated + " tokens: " + e.reason;
-      case "gave_up": return "request " + e.request + " given up: " + e.reason;
+      case "placed": return "request " + rid(e) + " placed on " + e.worker + (e.attempt > 1 ? " (attempt " + e.attempt + ")" : "") + (e.hand_off ? " for prefill" : "");
+      case "handed_off": return "request " + rid(e) + ": " + e.from + " handed off " + e.tokens + " prompt tokens of KV";
+      case "migrated": return "request " + rid(e) + " migrated from " + (e.from || "?") + " with " + e.generated + " tokens: " + e.reason;
+      case "gave_up": return "request " + rid(e) + " given up: " + e.reason;
       case "fault_installed": return "fault " + e.id + " (" + e.kind + ") installed on " + e.node + ": " + (e.workers || []).join(", ");
       case "fault_cleared": return "fault " + e.id + " cleared on " + e.node + (e.expired ? " (expired)" : "");
       case "role_changed": return e.worker + " is now " + e.role;
@@ -230,7 +238,7 @@
       state.placements.push({ t: Date.now(), worker: e.worker });
       const t = e.terms;
       addRow("decisions", el("tr", { "data-request": e.request },
-        el("td", {}, time(e.at_ms)), el("td", {}, e.request), el("th", { scope: "row" }, e.worker),
+        el("td", {}, time(e.at_ms)), el("td", { class: "rid", title: "gateway id " + e.request }, rid(e)), el("th", { scope: "row" }, e.worker),
         el("td", {}, e.attempt + (e.hand_off ? " ⇢" : "")),
         el("td", {}, t ? t.overlap_blocks + " / " + t.best_overlap_blocks : "–"),
         el("td", {}, t ? fmt(t.credited_blocks, 1) : "–"),
@@ -240,17 +248,18 @@
       const h = state.handoffs.get(e.request);
       if (h && !e.hand_off) {
         state.handoffs.delete(e.request);
-        addRow("transfers", el("tr", {}, el("td", {}, time(e.at_ms)), el("td", {}, e.request),
+        addRow("transfers", el("tr", {}, el("td", {}, time(e.at_ms)), el("td", { class: "rid" }, rid(e)),
           el("td", {}, h.from), el("td", {}, e.worker), el("td", {}, h.tokens + " prompt tokens (hand-off)")));
       }
       if (t && t.pull_from) {
-        addRow("transfers", el("tr", {}, el("td", {}, time(e.at_ms)), el("td", {}, e.request),
+        addRow("transfers", el("tr", {}, el("td", {}, time(e.at_ms)), el("td", { class: "rid" }, rid(e)),
           el("td", {}, t.pull_from), el("td", {}, e.worker), el("td", {}, (t.pull_blocks || 0) + " blocks (peer pull)")));
       }
       return; // placements are too many for the log
     }
     if (e.event === "handed_off") {
       state.handoffs.set(e.request, { from: e.from, tokens: e.tokens });
+      // the decode attempt's `placed` names the client's id; the hand-off only the gateway's
       if (state.handoffs.size > 1000) state.handoffs.delete(state.handoffs.keys().next().value);
     }
     if (e.event === "fault_installed" || e.event === "fault_cleared") loadFaults();
@@ -287,8 +296,22 @@
       const b = el("button", { type: "button", class: "clear", "aria-label": "clear fault " + f.id }, "Clear");
       b.addEventListener("click", () => clearFault(f.id));
       return el("tr", { "data-fault": f.id },
-        el("td", {}, f.id), el("td", {}, f.spec ? f.spec.kind : "?"), el("td", {}, (f.hit || []).join(", ")), el("td", {}, b));
+        el("td", {}, f.id), el("td", {}, f.spec ? f.spec.kind : "?"), el("td", {}, details(f.spec)),
+        el("td", {}, (f.hit || []).join(", ")), el("td", {}, b));
     }));
+  }
+  // A fault's parameters in words: delay, rate, fraction, steps, duration.
+  function details(spec) {
+    if (!spec) return "";
+    const out = [];
+    if (spec.delay_ms != null) out.push(spec.delay_ms + " ms/step");
+    if (spec.after_steps != null) out.push("after " + spec.after_steps + " steps");
+    if (spec.rate != null) out.push("rate " + spec.rate);
+    if (spec.fraction != null) out.push("fraction " + spec.fraction);
+    if (spec.actor) out.push(spec.actor);
+    if (spec.nodes) out.push("nodes " + spec.nodes.join(", "));
+    out.push(spec.duration_ms != null ? "for " + fmt(spec.duration_ms / 1000, 0) + " s" : "until cleared");
+    return out.join(", ");
   }
   async function clearFault(id) {
     try {
@@ -314,6 +337,28 @@
     }
     if (!state.chaosLoaded) { state.chaosLoaded = true; loadFaults(); }
   }
+  // What the amount field means for each kind (label, default, bounds); null: not used.
+  const AMOUNT = {
+    kill_actor: null, hang: null, panic: null, kill_node: null,
+    slow: { label: "delay per step (ms)", value: 200, min: 1, max: 600000, step: 1 },
+    fail_engine: { label: "after steps", value: 0, min: 0, max: 1000000, step: 1 },
+    drop_kv_events: { label: "drop rate (0–1)", value: 0.5, min: 0, max: 1, step: 0.05 },
+    fill_kv: { label: "KV fraction (0–1)", value: 0.5, min: 0, max: 1, step: 0.05 },
+  };
+  const LASTING = ["slow", "hang", "drop_kv_events", "fill_kv", "fail_engine"];
+  function onKind() {
+    const kind = $("chaos-kind").value;
+    const a = AMOUNT[kind];
+    const input = $("chaos-amount");
+    $("chaos-amount-label").hidden = !a;
+    if (a) {
+      $("chaos-amount-text").textContent = a.label;
+      Object.assign(input, { min: a.min, max: a.max, step: a.step, value: a.value });
+    }
+    $("chaos-duration-label").hidden = !LASTING.includes(kind);
+  }
+  $("chaos-kind").addEventListener("change", onKind);
+  onKind();
   function faultSpec() {
     const kind = $("chaos-kind").value;
     const amount = Number($("chaos-amount").value);
@@ -322,13 +367,16 @@
     const spec = { kind };
     if (kind === "kill_actor") spec.actor = "replica";
     if (kind === "slow") spec.delay_ms = Math.round(amount);
-    if (kind === "drop_kv_events") spec.rate = Math.min(1, amount);
-    if (kind === "fill_kv") spec.fraction = Math.min(1, amount);
+    if (kind === "fail_engine") spec.after_steps = Math.round(amount);
+    if (kind === "drop_kv_events") spec.rate = amount;
+    if (kind === "fill_kv") spec.fraction = amount;
     spec.target = t === "any_busy" ? "any_busy" : t.startsWith("node:") ? { node: t.slice(5) } : { worker: t.slice(7) };
-    const lasting = ["slow", "hang", "drop_kv_events", "fill_kv"].includes(kind);
-    if (lasting && secs > 0) spec.duration_ms = Math.round(secs * 1000);
+    if (LASTING.includes(kind) && secs > 0) spec.duration_ms = Math.round(secs * 1000);
     return spec;
   }
+  $("chaos-form").addEventListener("invalid", (ev) => {
+    $("chaos-msg").textContent = "not sent: " + (ev.target.labels && ev.target.labels[0] ? ev.target.labels[0].textContent.trim() + ": " : "") + ev.target.validationMessage;
+  }, true);
   $("chaos-form").addEventListener("submit", async (ev) => {
     ev.preventDefault();
     const spec = faultSpec();
