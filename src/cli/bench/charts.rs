@@ -26,8 +26,9 @@ use super::metrics::RequestResult;
 
 /// Most points per run in an over-time panel.
 pub const MAX_TIME_POINTS: usize = 2000;
-/// Most points drawn per CDF line.
-pub const MAX_POINTS: usize = 400;
+/// Most points drawn per CDF line (the same bound as the in-flight step functions of
+/// [`PlotSeries`](super::report::PlotSeries)).
+pub use super::report::MAX_POINTS;
 
 /// One panel's size (px); a figure is a grid of them.
 pub const PANEL_SIZE: (u32, u32) = (560, 380);

@@ -1,6 +1,6 @@
 //! What the bench prints and writes: a markdown table (one row per run), the ratios of each
 //! run to the first, `report.json`, `requests.jsonl`, and the data of `flotilla plot`'s
-//! figure ([`PlotSeries`]); the charts themselves are drawn in [`super::charts`].
+//! figure ([`PlotSeries`]); the charts themselves are drawn in `charts.rs`.
 
 use std::fmt::Write;
 
@@ -162,9 +162,12 @@ pub fn report_json(runs: &[RunStats]) -> anyhow::Result<String> {
     Ok(serde_json::to_string_pretty(runs)?)
 }
 
-/// One run of `flotilla plot`'s figure ([`super::charts::side_by_side_panels`]): its successful requests' TTFTs and
-/// inter-token latencies (ms), and the requests in flight over time (s from the run's first
-/// send, count), a step function sampled at most [`MAX_POINTS`](super::charts::MAX_POINTS) times.
+/// Most points per run of a sampled step function (and per CDF line in `charts.rs`).
+pub const MAX_POINTS: usize = 400;
+
+/// One run of `flotilla plot`'s figure (drawn by `side_by_side_panels` in `charts.rs`): its
+/// successful requests' TTFTs and inter-token latencies (ms), and the requests in flight over time (s from the run's first
+/// send, count), a step function sampled at most [`MAX_POINTS`] times.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PlotSeries {
     pub ttft_ms: Vec<f64>,
@@ -194,10 +197,10 @@ impl PlotSeries {
             };
         };
         let (t0, t1) = (first.0, last.0);
-        let mut in_flight = Vec::with_capacity(super::charts::MAX_POINTS + 1);
+        let mut in_flight = Vec::with_capacity(MAX_POINTS + 1);
         let (mut n, mut k) = (0i64, 0usize);
-        for i in 0..=super::charts::MAX_POINTS {
-            let t = t0 + (t1 - t0) * i as f64 / super::charts::MAX_POINTS as f64;
+        for i in 0..=MAX_POINTS {
+            let t = t0 + (t1 - t0) * i as f64 / MAX_POINTS as f64;
             // The most in flight since the previous sample, so that short peaks show.
             let mut peak = n;
             while k < edges.len() && edges[k].0 <= t {
