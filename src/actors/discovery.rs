@@ -427,13 +427,13 @@ impl Actor for Discovery {
             });
             state.session_sub = Some((id, task));
         }
-        let mut bus = state.args.bus.subscribe();
-        let (me, node) = (myself.clone(), state.args.node_id.clone());
+        let mut bus = state.args.bus.subscribe_own_fleet_wide();
+        let me = myself.clone();
         state.relay = Some(tokio::spawn(async move {
             use tokio::sync::broadcast::error::RecvError;
             loop {
                 match bus.recv().await {
-                    Ok(ev) if ev.node == node && ev.kind.is_fleet_wide() => {
+                    Ok(ev) => {
                         if me
                             .cast(DiscoveryMsg::FleetEvent(Wire::encode(&ev)))
                             .is_err()
@@ -441,7 +441,7 @@ impl Actor for Discovery {
                             break;
                         }
                     }
-                    Ok(_) | Err(RecvError::Lagged(_)) => {}
+                    Err(RecvError::Lagged(_)) => {}
                     Err(RecvError::Closed) => break,
                 }
             }

@@ -152,7 +152,13 @@ pub struct FleetEvent {
 pub struct EventBus {
     node: NodeId,
     tx: broadcast::Sender<FleetEvent>,
+    /// This node's own fleet-wide events ([`FleetEventKind::is_fleet_wide`]) again, for the
+    /// relay to the gateways: it never wakes for a request's events.
+    own_wide: broadcast::Sender<FleetEvent>,
 }
+
+/// How many of its own fleet-wide events the relay may fall behind (they are rare).
+const WIDE_BUFFER: usize = 256;
 
 impl EventBus {
     /// A bus for `node`'s actors.
@@ -160,20 +166,25 @@ impl EventBus {
         Self {
             node,
             tx: broadcast::channel(EVENT_BUFFER).0,
+            own_wide: broadcast::channel(WIDE_BUFFER).0,
         }
     }
 
     /// Say that `kind` happened (dropped when nobody listens).
     pub fn emit(&self, kind: FleetEventKind) {
-        let _ = self.tx.send(FleetEvent {
+        let event = FleetEvent {
             at_ms: crate::runtime::clock::unix_ms(),
             node: self.node.clone(),
             kind,
-        });
+        };
+        if event.kind.is_fleet_wide() {
+            let _ = self.own_wide.send(event.clone());
+        }
+        let _ = self.tx.send(event);
     }
 
     /// Put an event that happened on another node (relayed to this one) on this bus as it
-    /// was: its time and node are kept.
+    /// was: its time and node are kept (not relayed again).
     pub fn forward(&self, event: FleetEvent) {
         let _ = self.tx.send(event);
     }
@@ -181,6 +192,11 @@ impl EventBus {
     /// Every event from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<FleetEvent> {
         self.tx.subscribe()
+    }
+
+    /// This node's own fleet-wide events from now on (what Discovery relays to the gateways).
+    pub fn subscribe_own_fleet_wide(&self) -> broadcast::Receiver<FleetEvent> {
+        self.own_wide.subscribe()
     }
 }
 
@@ -239,5 +255,42 @@ mod tests {
             assert_eq!(v["node"], "node-0");
             assert!(rx.try_recv().is_err());
         }
+    }
+
+    /// The relay's channel carries this node's own faults and role changes only: not a
+    /// request's events, not an event forwarded from another node.
+    #[test]
+    fn only_own_fleet_wide_events_reach_the_relay() {
+        let bus = EventBus::new(NodeId::new("w"));
+        let mut wide = bus.subscribe_own_fleet_wide();
+        let mut all = bus.subscribe();
+        bus.emit(FleetEventKind::WorkerUp {
+            worker: WorkerId::new("w/replica-0"),
+        });
+        bus.forward(FleetEvent {
+            at_ms: 1,
+            node: NodeId::new("elsewhere"),
+            kind: FleetEventKind::FaultCleared {
+                id: 9,
+                expired: true,
+            },
+        });
+        bus.emit(FleetEventKind::FaultCleared {
+            id: 3,
+            expired: false,
+        });
+        let got = wide.try_recv().expect("the own fault");
+        assert_eq!(
+            (got.node.as_str(), &got.kind),
+            (
+                "w",
+                &FleetEventKind::FaultCleared {
+                    id: 3,
+                    expired: false
+                }
+            )
+        );
+        assert!(wide.try_recv().is_err(), "nothing else");
+        assert_eq!(std::iter::from_fn(|| all.try_recv().ok()).count(), 3);
     }
 }
