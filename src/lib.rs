@@ -36,7 +36,6 @@ pub mod kv;
 pub mod model;
 pub mod node;
 pub mod openai;
-pub mod otlp;
 pub mod request_plane;
 pub mod runtime;
 pub mod sim;

@@ -183,7 +183,7 @@ struct StatusArgs {
 
 /// Logs on stderr in `format`, filtered by `FLOTILLA_LOG`, else by `default`; with `otlp`,
 /// the spans that pass the same filter are exported too.
-fn init_tracing(default: &str, format: LogFormat, otlp: Option<&flotilla::otlp::Otlp>) {
+fn init_tracing(default: &str, format: LogFormat, otlp: Option<&flotilla::runtime::otlp::Otlp>) {
     use tracing_subscriber::EnvFilter;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -205,11 +205,14 @@ fn init_tracing(default: &str, format: LogFormat, otlp: Option<&flotilla::otlp::
 }
 
 /// The OTLP export of `--otlp-endpoint`, started (`None` without the flag: nothing runs).
-fn start_otlp(endpoint: Option<&str>, cmd: &Cmd) -> anyhow::Result<Option<flotilla::otlp::Otlp>> {
+fn start_otlp(
+    endpoint: Option<&str>,
+    cmd: &Cmd,
+) -> anyhow::Result<Option<flotilla::runtime::otlp::Otlp>> {
     let Some(endpoint) = endpoint else {
         return Ok(None);
     };
-    let cfg = flotilla::otlp::OtlpConfig::parse(endpoint).map_err(anyhow::Error::msg)?;
+    let cfg = flotilla::runtime::otlp::OtlpConfig::parse(endpoint).map_err(anyhow::Error::msg)?;
     // A node's name for the resource; a configuration that does not load is `run_node`'s
     // to report.
     let node = match cmd {
@@ -219,7 +222,7 @@ fn start_otlp(endpoint: Option<&str>, cmd: &Cmd) -> anyhow::Result<Option<flotil
             .map(|c| c.node.name()),
         _ => None,
     };
-    flotilla::otlp::Otlp::start(&cfg, node.as_deref()).map(Some)
+    flotilla::runtime::otlp::Otlp::start(&cfg, node.as_deref()).map(Some)
 }
 
 /// The node's flags as configuration overrides (dotted key paths), `--set` last.
@@ -323,7 +326,7 @@ async fn main() -> std::process::ExitCode {
 async fn run(
     cli: Cli,
     log_format: LogFormat,
-    otlp: Option<&flotilla::otlp::Otlp>,
+    otlp: Option<&flotilla::runtime::otlp::Otlp>,
 ) -> std::process::ExitCode {
     init_tracing(
         match cli.cmd {

@@ -15,6 +15,7 @@ pub mod clock;
 pub mod cluster;
 pub mod ids;
 pub mod metrics;
+pub mod otlp;
 pub mod ports;
 pub mod resilience;
 pub mod role;

@@ -3,7 +3,9 @@
 //! bodies decoded with `opentelemetry-proto`) serves a request with `x-request-id: otlp-1`;
 //! the batch delay is set far beyond the test, so the spans only arrive through the flush of
 //! a clean stop (SIGTERM to `up`, each node drains and stops): the gateway's `request` span
-//! with `request_id = otlp-1`, under resource `service.name = flotilla` and the node's name.
+//! with `request_id = otlp-1`, under resource `service.name = flotilla` and the node's name,
+//! and in the same trace, its children on the other actors and nodes: the router's `route`
+//! span and the worker's `sequence` span.
 #![cfg(feature = "otlp")]
 
 #[path = "common/http.rs"]
@@ -19,6 +21,7 @@ use crate::process::Cluster;
 use axum::body::Bytes;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
+use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use serde_json::json;
 use std::sync::{Arc, Mutex};
@@ -65,8 +68,8 @@ fn attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a str> {
         })
 }
 
-/// The `request` spans with `request_id = id`, each with its resource's attributes.
-fn request_spans(got: &Received, id: &str) -> Vec<Vec<KeyValue>> {
+/// Every span received, with its resource's attributes.
+fn spans(got: &Received) -> Vec<(Vec<KeyValue>, Span)> {
     let got = got.lock().unwrap();
     let mut out = Vec::new();
     for req in got.iter() {
@@ -78,14 +81,20 @@ fn request_spans(got: &Received, id: &str) -> Vec<Vec<KeyValue>> {
                 .unwrap_or_default();
             for ss in &rs.scope_spans {
                 for span in &ss.spans {
-                    if span.name == "request" && attr(&span.attributes, "request_id") == Some(id) {
-                        out.push(resource.clone());
-                    }
+                    out.push((resource.clone(), span.clone()));
                 }
             }
         }
     }
     out
+}
+
+/// The spans named `name` with `request_id = id`.
+fn named(got: &Received, name: &str, id: &str) -> Vec<(Vec<KeyValue>, Span)> {
+    spans(got)
+        .into_iter()
+        .filter(|(_, s)| s.name == name && attr(&s.attributes, "request_id") == Some(id))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,7 +118,7 @@ async fn the_request_span_reaches_an_otlp_collector_when_the_cluster_stops() {
     assert_eq!(r.status(), 200);
     let _ = r.text().await;
     assert!(
-        request_spans(&got, "otlp-1").is_empty(),
+        named(&got, "request", "otlp-1").is_empty(),
         "nothing is exported before the batch delay or the stop"
     );
 
@@ -125,13 +134,35 @@ async fn the_request_span_reaches_an_otlp_collector_when_the_cluster_stops() {
     // Reaped: the drop would signal a pid that is no longer ours.
     std::mem::forget(cluster);
 
-    let found = request_spans(&got, "otlp-1");
+    let found = named(&got, "request", "otlp-1");
     assert_eq!(found.len(), 1, "one `request` span for otlp-1");
-    let resource = &found[0];
+    let (resource, request) = &found[0];
     assert_eq!(attr(resource, "service.name"), Some("flotilla"));
     assert_eq!(
         attr(resource, "flotilla.node"),
         Some("node-0"),
         "the gateway node's span: {resource:?}"
     );
+
+    // One trace across nodes: the router's `route` span (node 0, another actor) and the
+    // worker's `sequence` span (node 1, another process) are children of the gateway's
+    // `request` span, through the `traceparent` the request plane's messages carry.
+    for (name, node) in [("route", "node-0"), ("sequence", "node-1")] {
+        let found = named(&got, name, "otlp-1");
+        assert_eq!(found.len(), 1, "one `{name}` span for otlp-1");
+        let (resource, span) = &found[0];
+        assert_eq!(
+            attr(resource, "flotilla.node"),
+            Some(node),
+            "{name}: {resource:?}"
+        );
+        assert_eq!(
+            span.trace_id, request.trace_id,
+            "{name} is in the request's trace"
+        );
+        assert_eq!(
+            span.parent_span_id, request.span_id,
+            "{name}'s parent is the gateway's request span"
+        );
+    }
 }

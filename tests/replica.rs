@@ -219,6 +219,7 @@ impl Harness {
             owner_incarnation: 1,
             arrival_ms: 0,
             trace_id: None,
+            traceparent: None,
             hand_off: false,
             remote_kv: None,
             fetch: None,

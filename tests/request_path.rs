@@ -261,6 +261,7 @@ impl Fleet {
             owner_incarnation: 1,
             arrival_ms: self.clock.wall_ms(),
             trace_id: None,
+            traceparent: None,
             hand_off: false,
             remote_kv: None,
             fetch: None,

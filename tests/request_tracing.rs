@@ -1,8 +1,9 @@
 //! One request id leads through every node's logs: a request through a 3-node cluster
 //! (gateway + router, two workers) and a request migrated off a killed replica each leave
 //! lines carrying the client's `x-request-id` on every node they touched — the gateway's
-//! access line (and, for the migrated one, its migration line), each worker's `sequence
-//! admitted` and the last worker's `sequence finished` (JSON logs, `--log-format json`).
+//! access line (and, for the migrated one, its migration line), the router's `placed` line
+//! for each placement, each worker's `sequence admitted` and the last worker's `sequence
+//! finished` (JSON logs, `--log-format json`).
 
 #[path = "common/http.rs"]
 mod http;
@@ -47,6 +48,15 @@ fn worker_nodes(lines: &[Value], message: &str) -> Vec<String> {
     nodes
 }
 
+/// The workers named by the router's `placed` lines, in order.
+fn placed_workers(lines: &[Value]) -> Vec<String> {
+    lines
+        .iter()
+        .filter(|v| v["target"] == "flotilla::placement" && v["fields"]["message"] == "placed")
+        .filter_map(|v| v["fields"]["worker"].as_str().map(str::to_owned))
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_id_leads_through_every_node_it_touched() {
     let (cluster, logs) = Cluster::start_logged(
@@ -82,6 +92,13 @@ async fn a_request_id_leads_through_every_node_it_touched() {
     let admitted = worker_nodes(&plain, "sequence admitted");
     assert_eq!(admitted.len(), 1, "one worker admitted it: {plain:?}");
     assert_eq!(worker_nodes(&plain, "sequence finished"), admitted);
+    let placed = placed_workers(&plain);
+    assert_eq!(placed.len(), 1, "the router's one `placed` line: {plain:?}");
+    assert_eq!(
+        placed[0].split('/').next(),
+        Some(admitted[0].as_str()),
+        "placed where admitted"
+    );
     assert!(
         plain
             .iter()
@@ -165,6 +182,11 @@ async fn a_request_id_leads_through_every_node_it_touched() {
         workers.split(',').count(),
         2,
         "the access line names both workers: {access}"
+    );
+    let placed = placed_workers(&migrated);
+    assert!(
+        placed.len() >= 2 && placed.contains(&first_worker),
+        "the router placed it twice, first on the killed replica: {placed:?}"
     );
     assert!(
         migrated

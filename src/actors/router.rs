@@ -786,7 +786,7 @@ impl Actor for Router {
         match msg {
             RouterMsg::Route(wire, reply) => {
                 let pick = match wire.decode() {
-                    Ok(req) => state.route(req, now)?,
+                    Ok(req) => route_traced(state, req, now)?,
                     Err(_) => None,
                 };
                 let _ = reply.send(Wire::encode(&pick));
@@ -843,6 +843,46 @@ fn spread_of(key: &RequestKey) -> u64 {
     crate::runtime::ids::mix64(
         key.request.0 ^ xxhash_rust::xxh3::xxh3_64(key.node.as_str().as_bytes()),
     )
+}
+
+/// The tracing target of the router's `placed` lines: `FLOTILLA_LOG=info,flotilla::placement=off`
+/// turns them off.
+pub const PLACEMENT_TARGET: &str = "flotilla::placement";
+
+/// Place `req` (its [`RouteRequest::trace_id`] and `traceparent` used for the logs only):
+/// one `placed` line at info under [`PLACEMENT_TARGET`] with the request id, the chosen
+/// worker and the cost terms (or `no worker`), inside a `route` span joined to the gateway's
+/// trace when an OTLP export runs (no span otherwise).
+fn route_traced(
+    state: &mut RouterState,
+    mut req: RouteRequest,
+    now: u64,
+) -> Result<Option<Placement>, ActorProcessingErr> {
+    let id = req.trace_id.take().unwrap_or_else(|| "-".to_owned());
+    let span = match req.traceparent.take() {
+        Some(tp) => {
+            let span = tracing::info_span!(target: PLACEMENT_TARGET, "route", request_id = %id);
+            crate::runtime::otlp::adopt_remote_parent(&span, Some(&tp));
+            span
+        }
+        None => tracing::Span::none(),
+    };
+    let _in = span.enter();
+    let (node, request) = (req.node.clone(), req.request);
+    let pick = state.route(req, now)?;
+    match &pick {
+        Some(p) => {
+            let t = p.terms.as_ref();
+            tracing::info!(target: PLACEMENT_TARGET, request_id = %id, gateway = %node, %request,
+                worker = %p.worker, hand_off = p.hand_off,
+                overlap_blocks = t.map(|t| t.overlap_blocks), cost = t.map(|t| t.cost),
+                "placed");
+        }
+        None => {
+            tracing::info!(target: PLACEMENT_TARGET, request_id = %id, gateway = %node, %request, "no worker to place on");
+        }
+    }
+    Ok(pick)
 }
 
 /// Casts `changes` (this router's, `router.share_load`) to every other router in
@@ -1167,6 +1207,8 @@ mod tests {
             policy: None,
             avoid: vec![],
             remote_prefill: false,
+            trace_id: None,
+            traceparent: None,
         }
     }
 

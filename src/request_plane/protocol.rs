@@ -62,6 +62,11 @@ pub struct SubmitRequest {
     /// The HTTP request's `x-request-id`, for this worker's log lines about the sequence.
     #[serde(default)]
     pub trace_id: Option<String>,
+    /// The gateway's `request` span as a W3C `traceparent` (`00-<trace>-<span>-<flags>`)
+    /// when it exports OpenTelemetry spans (`--otlp-endpoint`): the worker's `sequence` span
+    /// joins that trace. `None` without an export.
+    #[serde(default)]
+    pub traceparent: Option<String>,
     /// Disaggregated prefill: compute the prompt's KV, sample the first token, then hand
     /// the sequence off ([`TokenEventKind::HandOff`]) and hold its blocks for a decode worker
     /// to pull, until it confirms (a `Cancel` of this request) or `disagg.hold_ms` passes.
@@ -156,6 +161,12 @@ pub struct RouteRequest {
     /// for a decode attempt that carries remote KV.
     #[serde(default)]
     pub remote_prefill: bool,
+    /// The HTTP request's `x-request-id`, for the router's `placed` line.
+    #[serde(default)]
+    pub trace_id: Option<String>,
+    /// The gateway's `request` span as a W3C `traceparent`, as in [`SubmitRequest`].
+    #[serde(default)]
+    pub traceparent: Option<String>,
 }
 
 /// A router's answer: where to submit.

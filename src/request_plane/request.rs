@@ -532,6 +532,8 @@ impl RequestCore {
             policy: self.cfg.policy,
             avoid: self.migration.avoid().to_vec(),
             remote_prefill: self.pending_kv.is_none(),
+            trace_id: job.trace_id.clone(),
+            traceparent: job.traceparent.clone(),
         };
         self.placing = Some(Placing {
             job,
@@ -627,6 +629,7 @@ mod tests {
             owner_incarnation: 1,
             arrival_ms: clock.wall_ms(),
             trace_id: None,
+            traceparent: None,
             hand_off: false,
             remote_kv: None,
             fetch: None,

@@ -1558,6 +1558,7 @@ impl<'w> SimFleet<'w> {
             owner_incarnation: 1,
             arrival_ms: self.clock.wall_ms(),
             trace_id: None,
+            traceparent: None,
             hand_off: false,
             remote_kv: None,
             fetch: None,

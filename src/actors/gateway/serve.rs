@@ -438,6 +438,8 @@ async fn start(
     let (merged_tx, rx) = mpsc::unbounded_channel();
     let mut guard = CancelGuard(Vec::new());
     let mut choices = Vec::new();
+    // The `request` span (current here) as the trace the router and workers join.
+    let traceparent = crate::runtime::otlp::current_traceparent();
     for i in 0..req.n {
         let sp = &req.sampling;
         let job = Job {
@@ -458,6 +460,7 @@ async fn start(
             stop_token_ids: vec![],
             ignore_eos: req.ignore_eos,
             trace_id: super::edge::request_id(headers),
+            traceparent: traceparent.clone(),
             hand_off: false,
             remote_kv: None,
             fetch: None,

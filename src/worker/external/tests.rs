@@ -14,6 +14,7 @@ fn job(max_tokens: u32, ignore_eos: bool) -> SubmitRequest {
         owner_incarnation: 1,
         arrival_ms: 0,
         trace_id: None,
+        traceparent: None,
         hand_off: false,
         remote_kv: None,
         fetch: None,

@@ -208,6 +208,10 @@ struct Live {
     emitted: u32,
     /// `SubmitRequest::trace_id`.
     trace_id: Option<String>,
+    /// The `sequence` span, a child of the gateway's `request` span
+    /// (`SubmitRequest::traceparent`) when an OTLP export runs; `Span::none()` otherwise.
+    /// It ends when the sequence leaves this worker (finished, dropped, handed off).
+    span: tracing::Span,
     /// Disaggregated decode: the prefill worker's KV to pull.
     remote: Option<RemoteKv>,
     /// When it was queued here (its wait for admission counts from this).
@@ -651,6 +655,11 @@ impl WorkerCore {
                         sampling: req.sampling,
                         admitted: false,
                         emitted: 0,
+                        span: sequence_span(
+                            &self.cfg.worker,
+                            &req.trace_id,
+                            req.traceparent.as_deref(),
+                        ),
                         trace_id: req.trace_id,
                         remote,
                         queued_at: self.clock.now(),
@@ -751,7 +760,7 @@ impl WorkerCore {
             && let Some(live) = self.live.get(&r.seq)
         {
             let (to, req, prompt) = (live.owner.clone(), live.request, live.prompt_tokens);
-            let trace = live.trace_id.clone();
+            let trace = (live.trace_id.clone(), live.span.clone());
             self.admitted(&to, req, trace, prompt, if ok { pulled } else { local });
         }
         match (&r.outcome, peer) {
@@ -928,6 +937,7 @@ impl WorkerCore {
             });
         }
         if let Some(l) = self.live.remove(&seq) {
+            let _in = l.span.enter();
             tracing::info!(target: SEQUENCE_TARGET, worker = %self.cfg.worker, request = %l.request, request_id = l.trace_id.as_deref().unwrap_or("-"), tokens = l.emitted, "sequence dropped");
             self.by_request.remove(&(l.owner.node, l.request));
         }
@@ -988,10 +998,11 @@ impl WorkerCore {
         &mut self,
         to: &Owner,
         request: RequestId,
-        trace_id: Option<String>,
+        (trace_id, span): (Option<String>, tracing::Span),
         prompt_tokens: u32,
         cached_tokens: usize,
     ) {
+        let _in = span.enter();
         tracing::info!(target: SEQUENCE_TARGET, worker = %self.cfg.worker, request = %request, request_id = trace_id.as_deref().unwrap_or("-"), prompt_tokens, cached_tokens, "sequence admitted");
         self.note_admission();
         self.admitted_prompt_tokens += u64::from(prompt_tokens);
@@ -1030,7 +1041,7 @@ impl WorkerCore {
         live.admitted = true;
         let kv = live.remote.take();
         let (to, req, prompt) = (live.owner.clone(), live.request, live.prompt_tokens);
-        let trace = live.trace_id.clone();
+        let trace = (live.trace_id.clone(), live.span.clone());
         if self.peer_seqs.contains_key(&seq) {
             // Admitted once the pull returns (`pull_done`).
             self.peer_admits
@@ -1166,7 +1177,7 @@ impl WorkerCore {
                 {
                     live.admitted = true;
                     let (to, req, prompt) = (live.owner.clone(), live.request, live.prompt_tokens);
-                    let trace = live.trace_id.clone();
+                    let trace = (live.trace_id.clone(), live.span.clone());
                     self.admitted(&to, req, trace, prompt, cached);
                 }
                 let live = &self.live[&e.seq];
@@ -1287,8 +1298,11 @@ impl WorkerCore {
                     tokens: h.tokens as u32,
                     held_until_ms: self.clock.wall_ms() + hold.as_millis() as u64,
                 };
+                let blocks = kv.blocks.len();
                 self.emit(&to, req, TokenEventKind::HandOff(Box::new(kv)));
                 if let Some(l) = self.live.remove(&u.seq) {
+                    let _in = l.span.enter();
+                    tracing::info!(target: SEQUENCE_TARGET, worker = %self.cfg.worker, request = %l.request, request_id = l.trace_id.as_deref().unwrap_or("-"), blocks, "sequence handed off");
                     self.held.insert(
                         u.seq,
                         Held {
@@ -1304,6 +1318,7 @@ impl WorkerCore {
             }
             if finish.is_some() {
                 if let Some(l) = self.live.remove(&u.seq) {
+                    let _in = l.span.enter();
                     tracing::info!(target: SEQUENCE_TARGET, worker = %self.cfg.worker, request = %l.request, request_id = l.trace_id.as_deref().unwrap_or("-"), tokens = l.emitted, "sequence finished");
                     self.by_request.remove(&(l.owner.node, l.request));
                 }
@@ -1455,6 +1470,22 @@ impl WorkerCore {
     }
 }
 
+/// The `sequence` span of a submission that carries a `traceparent` (an OTLP export runs on
+/// its gateway): a child of the gateway's `request` span, under [`SEQUENCE_TARGET`]. Without
+/// one, no span (the lines carry `request_id` themselves).
+fn sequence_span(
+    worker: &WorkerId,
+    trace_id: &Option<String>,
+    traceparent: Option<&str>,
+) -> tracing::Span {
+    let Some(tp) = traceparent else {
+        return tracing::Span::none();
+    };
+    let span = tracing::info_span!(target: SEQUENCE_TARGET, "sequence", %worker, request_id = trace_id.as_deref().unwrap_or("-"));
+    crate::runtime::otlp::adopt_remote_parent(&span, Some(tp));
+    span
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1498,6 +1529,7 @@ mod tests {
             owner_incarnation: 1,
             arrival_ms: 0,
             trace_id: None,
+            traceparent: None,
             hand_off: false,
             remote_kv: None,
             fetch: None,

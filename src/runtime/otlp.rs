@@ -11,6 +11,14 @@
 //! without it refuses the flag.
 //!
 //! The parsing of the endpoint ([`OtlpConfig::parse`]) is pure and always built.
+//!
+//! # One trace across nodes
+//! The request plane's messages carry the gateway's `request` span as a W3C `traceparent`
+//! (`SubmitRequest::traceparent`, `RouteRequest::traceparent`; [`current_traceparent`]), and
+//! the router's `route` span and the worker's `sequence` span take it as their remote parent
+//! ([`adopt_remote_parent`]): a collector shows one trace per request with the spans of
+//! every node it touched. Without an export both are no-ops (`None`, nothing set), and the
+//! receiving side opens no span at all.
 
 use std::time::Duration;
 
@@ -73,6 +81,56 @@ impl OtlpConfig {
 
 #[cfg(feature = "otlp")]
 pub use export::Otlp;
+
+/// The current span's place in an exported trace, as a W3C `traceparent` header value
+/// (`00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`); `None` when no OTLP export runs
+/// (or the build has none).
+pub fn current_traceparent() -> Option<String> {
+    #[cfg(feature = "otlp")]
+    {
+        use opentelemetry::propagation::TextMapPropagator;
+        use opentelemetry::trace::TraceContextExt;
+        use tracing_opentelemetry::OpenTelemetrySpanExt;
+        let span = tracing::Span::current();
+        if span.is_disabled() {
+            return None;
+        }
+        let cx = span.context();
+        if !cx.span().span_context().is_valid() {
+            return None;
+        }
+        let mut carrier = std::collections::HashMap::new();
+        opentelemetry_sdk::propagation::TraceContextPropagator::new()
+            .inject_context(&cx, &mut carrier);
+        carrier.remove("traceparent")
+    }
+    #[cfg(not(feature = "otlp"))]
+    None
+}
+
+/// Make `span` (not yet entered) a child of the remote span `traceparent` names, when an
+/// export runs here; otherwise, or for a value that does not parse, nothing.
+pub fn adopt_remote_parent(span: &tracing::Span, traceparent: Option<&str>) {
+    #[cfg(feature = "otlp")]
+    {
+        use opentelemetry::propagation::TextMapPropagator;
+        use opentelemetry::trace::TraceContextExt;
+        use tracing_opentelemetry::OpenTelemetrySpanExt;
+        let Some(tp) = traceparent else { return };
+        if span.is_disabled() {
+            return;
+        }
+        let carrier = std::collections::HashMap::from([("traceparent".to_owned(), tp.to_owned())]);
+        let cx = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier);
+        if cx.span().span_context().is_valid() {
+            // Fails only without the OpenTelemetry layer (no export here) or once the span
+            // started: then it stays a root, which is all it can be.
+            let _ = span.set_parent(cx);
+        }
+    }
+    #[cfg(not(feature = "otlp"))]
+    let _ = (span, traceparent);
+}
 
 #[cfg(feature = "otlp")]
 mod export {
@@ -215,6 +273,21 @@ mod tests {
             url("http://127.0.0.1:4318/v1/traces"),
             "http://127.0.0.1:4318/v1/traces"
         );
+    }
+
+    #[test]
+    fn without_an_export_no_trace_context_is_made_or_taken() {
+        // No OpenTelemetry layer here: nothing to carry, and a carried value changes nothing.
+        let span = tracing::info_span!("request");
+        let _in = span.enter();
+        assert_eq!(current_traceparent(), None);
+        let child = tracing::info_span!("sequence");
+        adopt_remote_parent(
+            &child,
+            Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+        );
+        adopt_remote_parent(&child, Some("not a traceparent"));
+        adopt_remote_parent(&child, None);
     }
 
     #[test]
