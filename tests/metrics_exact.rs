@@ -2,12 +2,9 @@
 //! mix of plain and chat completions, streams with `include_usage`, `n` > 1, one stream
 //! migrated by killing its replica, one stream its client abandons, and bad requests (400,
 //! 404) against a simulated cluster; every counter's delta equals the sum of the `usage` the
-//! responses carried, request by request.
-//!
-//! Disaggregated requests are not part of the mix: the sim cluster's prefill/decode split
-//! would need its own cluster start; the token counters are counted at the gateway from the
-//! choice's events, which a hand-off does not change (the decode worker's admission is not
-//! passed on).
+//! responses carried, request by request. A second cluster, split into a prefill and a
+//! decode worker (`--prefill 1 --decode 1`), does the same for disaggregated requests
+//! (plain, `n` = 2, streamed, chat), each handed off from one worker to the other.
 
 #[path = "common/http.rs"]
 mod http;
@@ -461,4 +458,111 @@ async fn metrics_agree_exactly_with_the_usage_the_api_returned() {
             "{name}: a cancelled request returned no usage"
         );
     }
+}
+
+/// Generated tokens per worker, from the fleet view.
+async fn generated(c: &Cluster) -> BTreeMap<String, u64> {
+    fleet(c).await["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|n| n["workers"].as_array().cloned().unwrap_or_default())
+        .filter_map(|w| {
+            Some((
+                w["id"].as_str()?.to_owned(),
+                w["generated_tokens"].as_u64()?,
+            ))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disaggregated_requests_are_counted_exactly() {
+    // A gateway + router node, one prefill and one decode worker node; every prompt of 8
+    // tokens or more is prefilled on node-1 and decoded on node-2.
+    let c = Cluster::start_with(
+        3,
+        &["--engine", "sim", "--prefill", "1", "--decode", "1"],
+        &["disagg.min_prefill_tokens=8"],
+    );
+    wait_routable(&c, 2).await;
+    let (before, _) = scrape(&c).await;
+    let gen_before = generated(&c).await;
+    let mut seen = Seen::default();
+    let long =
+        "a disaggregated request is prefilled on one worker and decoded on another ".repeat(4);
+    for _ in 0..2 {
+        plain(
+            &c,
+            &mut seen,
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": long, "max_tokens": 9, "ignore_eos": true}),
+        )
+        .await;
+    }
+    plain(
+        &c,
+        &mut seen,
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": long, "max_tokens": 4, "n": 2, "ignore_eos": true}),
+    )
+    .await;
+    streamed(
+        &c,
+        &mut seen,
+        "/v1/chat/completions",
+        json!({"model": MODEL, "messages": [{"role": "user", "content": long}],
+               "max_tokens": 6, "ignore_eos": true}),
+    )
+    .await;
+    let choices = 5;
+
+    // Each choice was handed off: the prefill worker sampled its first token, the decode
+    // worker the rest (the view lags by a heartbeat).
+    let completion = seen.completion;
+    let gen_after = poll_until(Duration::from_secs(10), "the workers' counts", || async {
+        let g = generated(&c).await;
+        let total: u64 = g.values().sum::<u64>() - gen_before.values().sum::<u64>();
+        (total >= completion).then_some(g)
+    })
+    .await;
+    let delta =
+        |w: &str| gen_after.get(w).copied().unwrap_or(0) - gen_before.get(w).copied().unwrap_or(0);
+    assert_eq!(
+        delta("node-1/replica-0"),
+        choices,
+        "one first token per choice on the prefill worker"
+    );
+    assert_eq!(
+        delta("node-2/replica-0"),
+        completion - choices,
+        "the rest on the decode worker"
+    );
+
+    let (after, _) = scrape(&c).await;
+    let d = |name: &str| sum(&after, name, &[]) - sum(&before, name, &[]);
+    assert_eq!(
+        d("flotilla_requests_total"),
+        seen.ok.values().sum::<u64>(),
+        "{seen:?}"
+    );
+    assert_eq!(
+        d("flotilla_prompt_tokens_total"),
+        seen.prompt,
+        "prompt tokens"
+    );
+    assert_eq!(
+        d("flotilla_completion_tokens_total"),
+        seen.completion,
+        "completion tokens"
+    );
+    assert_eq!(
+        d("flotilla_prefix_hit_tokens_total"),
+        seen.cached,
+        "cached tokens"
+    );
+    assert!(
+        seen.cached > 0,
+        "the prompt sent again hit the prefill worker's cache"
+    );
 }
