@@ -10,7 +10,7 @@
 //! - [`latency_panels`] (`latency.svg` / `latency.png`, bench and sim `--out`): TTFT over time
 //!   (one point per request, at its first token), inter-token latency over time (one point
 //!   per gap, at its later token), and the CDFs of both.
-//! - [`cdf_panels`] (`latency_cdf.svg` / `latency_cdf.png`): the CDFs of TTFT and end-to-end
+//! - [`cdf_panels`] (`latency_cdf.svg` / `latency_cdf.png`): the CDFs (drawn as steps) of TTFT and end-to-end
 //!   latency.
 //! - [`side_by_side_panels`] (`flotilla plot`): the CDFs of TTFT and ITL and the requests in
 //!   flight over time, for runs from several folders.
@@ -82,6 +82,19 @@ pub fn cdf_points(v: &[f64]) -> Vec<(f64, f64)> {
         pts.push((last, 1.0));
     }
     pts
+}
+
+/// `pts` (in order of x) as a step function: before each point, one at its x and the
+/// previous point's y (the first starts from 0).
+fn steps(pts: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let mut out = Vec::with_capacity(pts.len() * 2);
+    let mut y = 0.0;
+    for &(px, py) in pts {
+        out.push((px, y));
+        out.push((px, py));
+        y = py;
+    }
+    out
 }
 
 /// At most `max` of `pts`, evenly strided, in order of x.
@@ -289,6 +302,10 @@ fn draw_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> a
             .filter(|(x, y)| x.is_finite() && y.is_finite())
             .collect();
         let drawn = match p.style {
+            // An empirical CDF is a step function: flat to each sample, then up.
+            Style::Lines { fraction: true } => chart
+                .draw_series(LineSeries::new(steps(&pts), colour.stroke_width(2)))
+                .map_err(err)?,
             Style::Lines { .. } => chart
                 .draw_series(LineSeries::new(pts, colour.stroke_width(2)))
                 .map_err(err)?,
@@ -430,6 +447,10 @@ mod tests {
         }];
         let thinned = itl_over_time(&long);
         assert!(thinned.len() <= MAX_TIME_POINTS && thinned.len() > MAX_TIME_POINTS / 2);
+        assert_eq!(
+            steps(&[(1.0, 0.5), (3.0, 1.0)]),
+            vec![(1.0, 0.0), (1.0, 0.5), (3.0, 0.5), (3.0, 1.0)]
+        );
         let c = cdf_points(&[3.0, 1.0, 2.0, f64::NAN]);
         assert_eq!(c, [(1.0, 1.0 / 3.0), (2.0, 2.0 / 3.0), (3.0, 1.0)]);
     }
