@@ -19,6 +19,8 @@
 //! - `control/` — control plane: membership and the fleet view, the chaos fault book.
 //! - `openai/` — the OpenAI wire protocol, pure: request parsing, responses, SSE, stop strings,
 //!   detokenizer, the error shape.
+//! - `anthropic/` — Anthropic's Messages API wire protocol, pure: request parsing into the
+//!   same normalized request, the message body, the streaming events, the error shape.
 //! - `model/` — GGUF / Hugging Face loading, tokenizer, chat template, forward pass.
 //! - `node/` — the composition root: one node process (start, ready line, drain, stop), the
 //!   typed configuration, the context the supervision tree is built from.
@@ -29,6 +31,7 @@
 //!   soak, transport, cuda.
 
 pub mod actors;
+pub mod anthropic;
 pub mod cli;
 pub mod control;
 pub mod kernels;

@@ -18,7 +18,7 @@
 
 pub mod detok;
 pub mod error;
-mod json;
+pub(crate) mod json;
 pub mod request;
 pub mod response;
 pub mod sse;
