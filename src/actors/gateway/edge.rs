@@ -14,8 +14,9 @@
 //!   with `outcome` and token counts), when the whole answer has gone out ([`access_log`]).
 //!   Their target is `flotilla::access` ([`ACCESS_TARGET`]), to filter them on their own.
 //! - **JSON bodies.** The POST routes (`/v1/chat/completions`, `/v1/completions`,
-//!   `/chaos/faults`) need `Content-Type: application/json` (or `application/*+json`, any
-//!   parameters): otherwise, or with none, 415 in the OpenAI error shape before any work
+//!   `/v1/messages`, `/chaos/faults`) need `Content-Type: application/json` (or
+//!   `application/*+json`, any parameters): otherwise, or with none, 415 in the route's error
+//!   shape (OpenAI's; Anthropic's on `/v1/messages`) before any work
 //!   ([`require_json`]). A cross-site HTML form cannot send that type without a CORS preflight.
 //! - **The control API** (`/chaos/*`, and any admin route added to [`control_routes`](super::routes::control_routes)'s
 //!   router): a foreign `Origin` is refused (403), and when no `chaos.token` is set the `Host`

@@ -1,4 +1,4 @@
-//! HTTP routes: the OpenAI routes (`serve.rs`), `/live`, `/health`, `/metrics`, `/v1/fleet`,
+//! HTTP routes: the OpenAI routes and Anthropic's `/v1/messages` (`serve.rs`), `/live`, `/health`, `/metrics`, `/v1/fleet`,
 //! the control API (`edge::control_routes`); everything else is a 404 in the OpenAI error
 //! shape. Every response carries `x-request-id` (`edge.rs`).
 
@@ -24,6 +24,7 @@ pub fn app(shared: Arc<GatewayShared>) -> Router {
     let app = Router::new()
         .route("/v1/chat/completions", axum::routing::post(serve::chat))
         .route("/v1/completions", axum::routing::post(serve::completions))
+        .route("/v1/messages", axum::routing::post(serve::messages))
         .route("/v1/models", get(serve::models))
         .route("/v1/models/{id}", get(serve::model))
         .merge(control_routes(shared.clone()))

@@ -1,5 +1,10 @@
-//! The generation routes: `POST /v1/chat/completions`, `POST /v1/completions`, streaming (SSE)
-//! and not, plus `GET /v1/models[/{id}]`.
+//! The generation routes: `POST /v1/chat/completions`, `POST /v1/completions` and Anthropic's
+//! `POST /v1/messages`, streaming (SSE) and not, plus `GET /v1/models[/{id}]`.
+//!
+//! The three routes share one pipeline; only the wire shapes differ ([`Api`]): the Messages
+//! body is parsed by `anthropic::request` into the same `GenerationRequest` as a chat
+//! completion, and its message, events and errors are rendered by `anthropic::response` and
+//! `anthropic::error`.
 //!
 //! Order of work for one request: admission control (`admission.rs`, pure, on the published
 //! fleet view) → read the body (413 past `gateway.max_body_bytes`, without
@@ -18,12 +23,16 @@
 //! `gateway.keep_alive_ms` (10 s) while a stream waits for tokens.
 
 use super::state::{GatewayShared, Serving};
+use crate::anthropic;
+use wire::{Api, StreamOut};
+
+mod wire;
 use crate::actors::request::{Job, Request, RequestArgs, RequestMsg};
 use crate::openai::detok::IncrementalDetokenizer;
 use crate::openai::error::{ApiError, ErrorKind};
-use crate::openai::request::{RequestKind, check_model, model_not_found, parse_request};
+use crate::openai::request::{RequestKind, check_model, model_not_found};
 use crate::openai::response::{
-    self, ChoiceOutput, FinishReason, ResponseMeta, StreamState, TokenLogprob, Usage,
+    self, ChoiceOutput, FinishReason, ResponseMeta, TokenLogprob, Usage,
 };
 use crate::openai::sse;
 use crate::openai::stop::StopMatcher;
@@ -242,6 +251,8 @@ struct Choice {
     completion_tokens: u32,
     cached_tokens: u32,
     finish: Option<FinishReason>,
+    /// The stop string that ended it, if one did.
+    stop_sequence: Option<String>,
     /// When the request was received.
     t0: Instant,
     /// When the previous token arrived.
@@ -335,6 +346,7 @@ impl Choice {
                 out.text = step.release;
                 if step.stopped.is_some() {
                     self.finish = Some(FinishReason::Stop);
+                    self.stop_sequence = step.stopped;
                     // Tokens whose text is (part of) the stop match are never shown.
                     self.held_logprobs.clear();
                 } else if let Some(f) = finish {
@@ -352,6 +364,7 @@ impl Choice {
 }
 
 struct Started {
+    api: Api,
     kind: RequestKind,
     stream: bool,
     include_usage: bool,
@@ -417,15 +430,16 @@ async fn spawn_choice(
 
 async fn start(
     s: &GatewayShared,
-    kind: RequestKind,
+    api: Api,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Started, ApiError> {
+    let kind = api.kind();
     let t0 = Instant::now();
     let serving = s.serving.as_ref().ok_or(RequestError::NoModel)?;
     admit(s, serving)?;
     let bytes = read_body(headers, body, s.max_body_bytes, s.request_body_timeout).await?;
-    let req = parse_request(kind, &bytes)?;
+    let req = api.parse(&bytes)?;
     let fe = &serving.frontend;
     check_model(&req.model, &[fe.model_id.as_str()])?;
     let policy = route_policy(headers)?;
@@ -478,6 +492,7 @@ async fn start(
             completion_tokens: 0,
             cached_tokens: 0,
             finish: None,
+            stop_sequence: None,
             t0,
             last: None,
             held_logprobs: Vec::new(),
@@ -487,12 +502,17 @@ async fn start(
         s.stats.signals().arrived(prompt.len() as u64);
     }
     drop(merged_tx);
+    let unique = format!("{}-{first_id}", serving.node);
     let mut started = Started {
+        api,
         kind,
         stream: req.stream,
         include_usage: req.include_usage,
         meta: ResponseMeta {
-            id: response::response_id(kind, format!("{}-{first_id}", serving.node)),
+            id: match api {
+                Api::Messages => anthropic::response::message_id(unique),
+                _ => response::response_id(kind, unique),
+            },
             created: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -566,11 +586,7 @@ fn workers_of(st: &Started) -> String {
 
 impl Started {
     fn route(&self) -> &'static str {
-        if self.kind == RequestKind::Chat {
-            "chat"
-        } else {
-            "completions"
-        }
+        self.api.route()
     }
 
     /// Counts a request that reached its workers, once, at its end: `outcome` `ok`, `error`
@@ -635,22 +651,32 @@ impl Drop for Started {
 
 /// A non-streamed request to its end, counted once: `ok`, or `error` with the status of the
 /// error response (a request already admitted is never counted as `rejected`).
-async fn collect(mut st: Started) -> Result<Response, ApiError> {
+async fn collect(mut st: Started) -> Response {
     match collect_choices(&mut st).await {
         Ok(outputs) => {
             let usage = usage_of(&st);
             st.record("ok", 200);
-            let mut res = Json(response::completion_body(
-                st.kind, &st.meta, &outputs, &usage,
-            ))
-            .into_response();
+            let body = match (st.api, outputs.first()) {
+                (Api::Messages, Some(out)) => {
+                    let stop = st.choices.first().and_then(|c| c.stop_sequence.as_deref());
+                    anthropic::response::message_body(
+                        &st.meta.id,
+                        &st.meta.model,
+                        &out.text,
+                        &anthropic::response::Ending::of(out.finish_reason, stop),
+                        (&usage).into(),
+                    )
+                }
+                _ => response::completion_body(st.kind, &st.meta, &outputs, &usage),
+            };
+            let mut res = Json(body).into_response();
             res.extensions_mut()
                 .insert(super::edge::AccessWorkers(workers_of(&st)));
-            Ok(res)
+            res
         }
         Err(e) => {
-            st.record("error", e.status().as_u16());
-            Err(e)
+            st.record("error", st.api.status(&e));
+            st.api.error_response(&e)
         }
     }
 }
@@ -699,11 +725,24 @@ async fn collect_choices(st: &mut Started) -> Result<Vec<ChoiceOutput>, ApiError
 fn stream(st: Started, keep_alive: Duration) -> Response {
     let events = async_stream::stream! {
         let mut st = st;
-        let mut state = StreamState::new(st.kind, st.meta.clone(), st.choices.len() as u32, st.include_usage);
-        if st.choices.first().is_some_and(|c| c.want_ids) {
-            state = state.with_token_ids();
-        }
+        let mut out = StreamOut::new(&st);
         let mut queue = std::mem::take(&mut st.pending);
+        // Admissions first (they carry no text), so that an opening record (Anthropic's
+        // `message_start`) carries the cached tokens.
+        let admitted = queue
+            .iter()
+            .take_while(|(_, ev)| matches!(ev, TokenEventKind::Admitted { .. }))
+            .count();
+        for (i, ev) in queue.drain(..admitted) {
+            if let Err(e) = st.choices[i as usize].on_event(ev) {
+                yield Ok::<_, std::convert::Infallible>(st.api.error_event(&e));
+                st.record("error", 200);
+                return;
+            }
+        }
+        for record in out.open(&usage_of(&st)) {
+            yield Ok(record);
+        }
         loop {
             if st.choices.iter().all(|c| c.finish.is_some()) {
                 break;
@@ -714,68 +753,58 @@ fn stream(st: Started, keep_alive: Duration) -> Response {
                 Some(queue.remove(0))
             };
             let Some((i, ev)) = next else {
-                yield Ok::<_, std::convert::Infallible>(sse::error(&RequestError::EndedUnexpectedly.into()));
+                yield Ok(st.api.error_event(&RequestError::EndedUnexpectedly.into()));
                 st.record("error", 200);
                 return;
             };
             let p = match st.choices[i as usize].on_event(ev) {
                 Ok(p) => p,
                 Err(e) => {
-                    yield Ok(sse::error(&e));
+                    yield Ok(st.api.error_event(&e));
                     st.record("error", 200);
                     return;
                 }
             };
-            let lp = (!p.logprobs.is_empty()).then_some(p.logprobs.as_slice());
-            if let Some(chunk) = state.delta_with_ids(i, &p.text, lp, &p.token_ids) {
-                yield Ok(sse::chunk(&chunk));
+            if let Some(record) = out.produced(i, &p) {
+                yield Ok(record);
             }
-            if let Some(reason) = st.choices[i as usize].finish {
+            if st.choices[i as usize].finish.is_some() {
                 if let Some(r) = st.guard.0.get(i as usize) {
                     let _ = r.cast(RequestMsg::Cancel);
                 }
-                if let Some(chunk) = state.finish(i, reason) {
-                    yield Ok(sse::chunk(&chunk));
+                if let Some(record) = out.finished(i, &st.choices[i as usize]) {
+                    yield Ok(record);
                 }
             }
         }
-        if let Some(chunk) = state.usage(&usage_of(&st)) {
-            yield Ok(sse::chunk(&chunk));
-        }
+        let usage = usage_of(&st);
         st.record("ok", 200);
-        yield Ok(sse::done());
+        for record in out.close(&usage) {
+            yield Ok(record);
+        }
     };
     Sse::new(events)
         .keep_alive(sse::keep_alive(keep_alive))
         .into_response()
 }
 
-async fn generate(
-    s: Arc<GatewayShared>,
-    kind: RequestKind,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let route = if kind == RequestKind::Chat {
-        "chat"
-    } else {
-        "completions"
-    };
+async fn generate(s: Arc<GatewayShared>, api: Api, headers: HeaderMap, body: Body) -> Response {
+    let route = api.route();
     // Refused before any worker saw it (400, 404, 413, 415, 503, …): `rejected`, with its
     // status. From here on `Started` counts the request, once.
     let started = async {
         super::edge::require_json(&headers)?;
-        start(&s, kind, &headers, body).await
+        start(&s, api, &headers, body).await
     }
     .await;
     let st = match started {
         Ok(st) => st,
         Err(e) => {
-            let status = e.status().as_u16();
+            let status = api.status(&e);
             metrics::counter!("flotilla_requests_total", "route" => route, "outcome" => "rejected", "status" => status.to_string())
                 .increment(1);
             tracing::debug!(status, error = %e.message, "request refused");
-            return e.into_response();
+            return api.error_response(&e);
         }
     };
     tracing::debug!(
@@ -791,15 +820,13 @@ async fn generate(
             .unwrap_or(Duration::from_secs(10));
         stream(st, keep_alive)
     } else {
-        collect(st)
-            .await
-            .unwrap_or_else(IntoResponse::into_response)
+        collect(st).await
     }
 }
 
 /// `POST /v1/chat/completions`.
 pub async fn chat(State(s): State<Arc<GatewayShared>>, headers: HeaderMap, body: Body) -> Response {
-    generate(s, RequestKind::Chat, headers, body).await
+    generate(s, Api::Chat, headers, body).await
 }
 
 /// `POST /v1/completions`.
@@ -808,7 +835,16 @@ pub async fn completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    generate(s, RequestKind::Completion, headers, body).await
+    generate(s, Api::Completions, headers, body).await
+}
+
+/// `POST /v1/messages` (Anthropic's Messages API; shapes in `crate::anthropic`).
+pub async fn messages(
+    State(s): State<Arc<GatewayShared>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    generate(s, Api::Messages, headers, body).await
 }
 
 /// `GET /v1/models`.
