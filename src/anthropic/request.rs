@@ -21,8 +21,16 @@
 //! | `top_k` | integer ≥ 0; 0 means off | off |
 //! | `metadata` | object with optional `user_id` (string); other keys → 400 | none |
 //! | `service_tier` | `"auto"` or `"standard_only"` (one tier here) | auto |
-//! | `tools`, `tool_choice`, `thinking` | only the values that ask for nothing: `tools` `[]`; `tool_choice` `{"type":"auto"}` or `{"type":"none"}` (with no tools both mean a plain answer); `thinking` `{"type":"disabled"}`; anything else → 400 naming the field | none |
-//! | `mcp_servers`, `container`, `context_management` | unset only (`[]`, `{}`) | — |
+//! | `speed` | `"standard"`; `"fast"` → 400 (one speed here) | standard |
+//! | `cache_control` (top level, and on text blocks) | an object: accepted, the prefix cache caches every prompt anyway | none |
+//! | `user_profile_id`, `workspace_id` | strings (identities; not used) | none |
+//! | `tools`, `tool_choice`, `thinking` | only the values that ask for nothing: `tools` `[]`; `tool_choice` `{"type":"auto"}` or `{"type":"none"}` (with no tools both mean a plain answer); `thinking` `{"type":"disabled"}`; anything else (`enabled`, `adaptive`) → 400 naming the field | none |
+//! | `output_config`, `inference_geo`, `diagnostics`, `mcp_servers`, `container`, `context_management` | unset only (null, `""`, `[]`, `{}`) | — |
+//!
+//! `temperature`, `top_p` and `top_k` are read although the `anthropic` Python client 2.17
+//! no longer offers them as arguments (it sends them through `extra_body`): raw HTTP clients
+//! and older SDKs send them. `max_tokens: 0` (Anthropic's cache pre-warming) is refused: at
+//! least one token is generated here.
 //! | any other field | 400 `X: Extra inputs are not permitted`, as Anthropic answers | — |
 
 use serde_json::Value;
@@ -57,13 +65,27 @@ const KNOWN: &[&str] = &[
     "tools",
     "tool_choice",
     "thinking",
+    "speed",
+    "cache_control",
+    "user_profile_id",
+    "workspace_id",
+    "output_config",
+    "inference_geo",
+    "diagnostics",
     "mcp_servers",
     "container",
     "context_management",
 ];
 
 /// Anthropic features this server does not have, accepted only unset.
-const ONLY_UNSET: &[&str] = &["mcp_servers", "container", "context_management"];
+const ONLY_UNSET: &[&str] = &[
+    "output_config",
+    "inference_geo",
+    "diagnostics",
+    "mcp_servers",
+    "container",
+    "context_management",
+];
 
 /// A validated Messages request.
 #[derive(Clone, Debug, PartialEq)]
@@ -441,6 +463,33 @@ fn check_unsupported(obj: &Obj) -> Result<(), ApiError> {
                 ));
             }
         }
+    }
+    match field(obj, "speed") {
+        None => {}
+        Some(Value::String(s)) if s == "standard" => {}
+        Some(v) => {
+            return Err(invalid(
+                "speed",
+                format!(
+                    "speed: only 'standard' is supported by this server, got {}",
+                    match v.as_str() {
+                        Some(s) => format!("'{}'", clip(s)),
+                        None => describe(v),
+                    }
+                ),
+            ));
+        }
+    }
+    if let Some(v) = field(obj, "cache_control")
+        && !v.is_object()
+    {
+        return Err(invalid(
+            "cache_control",
+            format!("cache_control must be an object, got {}", describe(v)),
+        ));
+    }
+    for key in ["user_profile_id", "workspace_id"] {
+        get_str(obj, key)?;
     }
     for &key in ONLY_UNSET {
         if let Some(v) = obj.get(key)

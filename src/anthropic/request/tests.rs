@@ -206,7 +206,13 @@ fn tools_thinking_and_prefill_are_refused_unless_they_ask_for_nothing() {
             "thinking",
             json!({"type": "enabled", "budget_tokens": 1024}),
         ),
+        ("thinking", json!({"type": "adaptive"})),
         ("mcp_servers", json!([{"type": "url"}])),
+        ("output_config", json!({"format": {"type": "json_schema"}})),
+        ("inference_geo", json!("us")),
+        ("speed", json!("fast")),
+        ("cache_control", json!("ephemeral")),
+        ("workspace_id", json!(5)),
         ("frequency_penalty", json!(0)),
     ] {
         assert_eq!(err(with(key, v.clone())).0, key, "{key} = {v}");
@@ -218,6 +224,10 @@ fn tools_thinking_and_prefill_are_refused_unless_they_ask_for_nothing() {
         ("thinking", json!({"type": "disabled"})),
         ("service_tier", json!("auto")),
         ("metadata", json!({"user_id": null})),
+        ("speed", json!("standard")),
+        ("cache_control", json!({"type": "ephemeral"})),
+        ("output_config", json!({})),
+        ("workspace_id", json!("w-1")),
     ] {
         ok(with(key, v));
     }
