@@ -23,15 +23,18 @@ run: build
 	@echo "flotilla: $${CARGO_TARGET_DIR:-target}/release/flotilla (not on PATH: cargo install --path . puts it there)"
 	@$${CARGO_TARGET_DIR:-target}/release/flotilla up --chaos --nodes $(NODES) --http $(HTTP) --model $(MODEL)
 
-# The official OpenAI Python client, for the client-compatibility tests; kubernetes-validate
-# (the Kubernetes API schemas, offline), for the manifests in deploy/k8s.
+# The official OpenAI and Anthropic Python clients, for the client-compatibility tests;
+# kubernetes-validate (the Kubernetes API schemas, offline), for the manifests in deploy/k8s.
 OPENAI_VERSION := 3.57.0
+ANTHROPIC_VERSION := 2.17.0
 KUBERNETES_VALIDATE_VERSION := 1.37.0
-venv: .venv/.openai-$(OPENAI_VERSION)-kv-$(KUBERNETES_VALIDATE_VERSION)
+VENV_MARKER := .venv/.openai-$(OPENAI_VERSION)-anthropic-$(ANTHROPIC_VERSION)-kv-$(KUBERNETES_VALIDATE_VERSION)
+venv: $(VENV_MARKER)
 
-.venv/.openai-$(OPENAI_VERSION)-kv-$(KUBERNETES_VALIDATE_VERSION):
+$(VENV_MARKER):
 	python3 -m venv .venv
 	.venv/bin/pip install --quiet openai==$(OPENAI_VERSION) \
+		anthropic==$(ANTHROPIC_VERSION) \
 		kubernetes-validate==$(KUBERNETES_VALIDATE_VERSION)
 	touch $@
 

@@ -89,6 +89,52 @@ impl Seen {
         self.completion += u["completion_tokens"].as_u64().unwrap();
         self.cached += cached;
     }
+
+    /// A Messages API usage (`docs/anthropic.md`): the whole prompt is `input_tokens +
+    /// cache_read_input_tokens`, the cached part the latter.
+    fn messages_usage(&mut self, input: u64, cache_read: u64, output: u64) {
+        *self.ok.entry("messages").or_default() += 1;
+        self.prompt += input + cache_read;
+        self.completion += output;
+        self.cached += cache_read;
+    }
+}
+
+/// A Messages API request, streamed or not, that must succeed; its usage is added to `seen`.
+async fn message(c: &Cluster, seen: &mut Seen, body: Value) {
+    let (status, _, text) = post(&c.url("/v1/messages"), &body).await;
+    assert_eq!(status, 200, "{text}");
+    if body["stream"] != json!(true) {
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let u = &v["usage"];
+        let n = |k: &str| u[k].as_u64().unwrap();
+        seen.messages_usage(
+            n("input_tokens"),
+            n("cache_read_input_tokens"),
+            n("output_tokens"),
+        );
+        return;
+    }
+    // `event: X` / `data: {...}` records: the prompt's usage in message_start, the output in
+    // message_delta.
+    let data: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|r| r.lines().find_map(|l| l.strip_prefix("data: ")))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(
+        data.last().map(|d| &d["type"]),
+        Some(&json!("message_stop")),
+        "{text}"
+    );
+    let start = data.iter().find(|d| d["type"] == "message_start").unwrap();
+    let delta = data.iter().find(|d| d["type"] == "message_delta").unwrap();
+    let u = &start["message"]["usage"];
+    seen.messages_usage(
+        u["input_tokens"].as_u64().unwrap(),
+        u["cache_read_input_tokens"].as_u64().unwrap(),
+        delta["usage"]["output_tokens"].as_u64().unwrap(),
+    );
 }
 
 fn route_of(path: &str) -> &'static str {
@@ -236,6 +282,25 @@ async fn metrics_agree_exactly_with_the_usage_the_api_returned() {
                "max_tokens": 5, "n": 2, "ignore_eos": true}),
     )
     .await;
+    // Anthropic's Messages API counts like chat: the same conversation as the chat request
+    // above (its prefix cached), plain and streamed.
+    for stream in [false, true] {
+        message(
+            &c,
+            &mut seen,
+            json!({"model": MODEL, "max_tokens": 4, "stream": stream,
+                   "messages": [{"role": "user", "content": long}]}),
+        )
+        .await;
+    }
+    refused(
+        &c,
+        &mut seen,
+        "/v1/messages",
+        json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
+        400,
+    )
+    .await;
     // Bad requests: 400 (no prompt; max_tokens past the context) and 404 (unknown model).
     refused(
         &c,
@@ -322,7 +387,7 @@ async fn metrics_agree_exactly_with_the_usage_the_api_returned() {
     );
 
     // Requests by route, outcome and status.
-    for route in ["completions", "chat"] {
+    for route in ["completions", "chat", "messages"] {
         let r = format!("route=\"{route}\"");
         assert_eq!(
             sum(
