@@ -12,7 +12,8 @@ mod poll;
 mod process;
 
 use crate::{
-    http::{MODEL, counter_sum, wait_routable},
+    http::{MODEL, counter_sum, kv_used, wait_routable},
+    poll::poll_until,
     process::Cluster,
 };
 use futures::StreamExt;
@@ -453,6 +454,42 @@ async fn b24_messages_beside_chat_on_raw_http() {
         rejected_before + n_bad + 3,
         "each refusal counted once, as rejected"
     );
+
+    // A client that goes away mid-stream: its request is cancelled at the worker (its KV
+    // freed) and counted once, as cancelled.
+    let cancelled = |status: &'static str| [status, "route=\"messages\"", "outcome=\"cancelled\""];
+    let cancelled_before =
+        metric(&c, "flotilla_requests_total", &cancelled("status=\"200\"")).await;
+    let mut story = messages(400, json!({"stream": true}));
+    story["messages"] = json!([{"role": "user",
+                                "content": "Tell me a long story about a lighthouse keeper."}]);
+    let r = reqwest::Client::new()
+        .post(&url)
+        .json(&story)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut body = r.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("content_block_delta") {
+        let chunk = tokio::time::timeout(Duration::from_secs(60), body.next())
+            .await
+            .expect("a record")
+            .expect("the stream goes on")
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    drop(body);
+    poll_until(
+        Duration::from_secs(60),
+        "the abandoned stream cancelled",
+        || async {
+            let n = metric(&c, "flotilla_requests_total", &cancelled("status=\"200\"")).await;
+            (n == cancelled_before + 1 && kv_used(&c).await == 0).then_some(())
+        },
+    )
+    .await;
 }
 
 /// B24: a stream whose worker is killed mid-way migrates and still ends with `message_stop`

@@ -1,5 +1,6 @@
 //! Load shedding (B14 in part): when every live worker is above the configured KV threshold,
-//! new requests — streaming or not — get 503 with `Retry-After` and the OpenAI error body,
+//! new requests — streaming or not — get 503 with `Retry-After` and the OpenAI error body (529
+//! and Anthropic's on `/v1/messages`),
 //! fast and before any work; once load falls, requests are admitted again. And admission
 //! that predicts (`gateway.ttft_target_ms`): shed when every worker's measured queue says a new
 //! request would start past its TTFT target.
@@ -75,6 +76,24 @@ async fn requests_are_shed_with_503_when_every_worker_is_busy() {
         );
         assert!(took < Duration::from_secs(1), "shed in {took:?}");
     }
+    // Anthropic's Messages API is shed the same way, answered in its own shape: 529
+    // `overloaded_error` (docs/anthropic.md), with the same Retry-After.
+    let r = client
+        .post(c.url("/v1/messages"))
+        .json(&json!({"model": MODEL, "max_tokens": 8,
+                      "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 529);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "overloaded_error", "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("busy"),
+        "{v}"
+    );
     let m = reqwest::get(c.url("/metrics"))
         .await
         .unwrap()
@@ -82,7 +101,7 @@ async fn requests_are_shed_with_503_when_every_worker_is_busy() {
         .await
         .unwrap();
     assert!(
-        m.contains("flotilla_shed_total{reason=\"all_workers_busy\"} 2"),
+        m.contains("flotilla_shed_total{reason=\"all_workers_busy\"} 3"),
         "shed counted"
     );
     // The long request leaves; requests are admitted again.
