@@ -14,7 +14,8 @@
 //! - `state.rs` — [`state::GatewayShared`], the routes' shared state, and the data it holds.
 //! - `edge.rs` — what every request goes through: request ids, JSON bodies, the control API's
 //!   guard; the shared answers (`/live`, readiness, 404, 405).
-//! - `serve.rs` — the OpenAI generation routes (admission, body, validation, streaming).
+//! - `serve.rs` — the generation routes, OpenAI's and Anthropic's `/v1/messages` (admission,
+//!   body, validation, streaming); `serve/wire.rs` — each API's parser, records and error shape.
 //! - `chaos_routes.rs`, `worker_routes.rs` — the control API: faults, a replica's role.
 //! - `face.rs` — a replica's own OpenAI face (`worker.http`).
 //! - `routes.rs` — the apps: the gateway's routes (and `/health`, `/metrics`, `/v1/fleet`,
