@@ -187,8 +187,19 @@ fn init_tracing(default: &str, format: LogFormat, otlp: Option<&flotilla::runtim
     use tracing_subscriber::EnvFilter;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let filter =
-        EnvFilter::try_from_env("FLOTILLA_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    // The cluster library's session chatter stays quiet under a user's filter too, unless the
+    // filter names it (`FLOTILLA_LOG=info,flotilla::access=off` must not bring it back).
+    let filter = match std::env::var("FLOTILLA_LOG") {
+        Ok(user) if !user.trim().is_empty() => {
+            let quiet = if user.contains("ractor") {
+                ""
+            } else {
+                ",ractor_cluster=error,ractor=warn"
+            };
+            EnvFilter::try_new(format!("{user}{quiet}")).unwrap_or_else(|_| EnvFilter::new(default))
+        }
+        _ => EnvFilter::new(default),
+    };
     let registry = tracing_subscriber::registry()
         .with(filter)
         .with(otlp.map(|o| o.layer()));
@@ -202,14 +213,18 @@ fn init_tracing(default: &str, format: LogFormat, otlp: Option<&flotilla::runtim
             .with(fmt.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())))
             .try_init(),
     };
+    if let Some(o) = otlp {
+        tracing::info!(target: "flotilla::otlp", url = %o.url(), "exporting spans over OTLP/HTTP");
+    }
 }
 
-/// The OTLP export of `--otlp-endpoint`, started (`None` without the flag: nothing runs).
+/// The OTLP export of `--otlp-endpoint`, started (`None` without the flag, or with an empty
+/// one, as `FLOTILLA_OTLP_ENDPOINT=`: nothing runs).
 fn start_otlp(
     endpoint: Option<&str>,
     cmd: &Cmd,
 ) -> anyhow::Result<Option<flotilla::runtime::otlp::Otlp>> {
-    let Some(endpoint) = endpoint else {
+    let Some(endpoint) = endpoint.filter(|e| !e.trim().is_empty()) else {
         return Ok(None);
     };
     let cfg = flotilla::runtime::otlp::OtlpConfig::parse(endpoint).map_err(anyhow::Error::msg)?;

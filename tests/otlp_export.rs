@@ -166,3 +166,43 @@ async fn the_request_span_reaches_an_otlp_collector_when_the_cluster_stops() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_is_not_there_is_said_once_and_serving_goes_on() {
+    // A port nobody listens on: every export fails (connection refused).
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let (cluster, logs) = Cluster::start_logged(
+        2,
+        &["--engine", "sim", "--otlp-endpoint", &endpoint],
+        &[],
+        &[("OTEL_BSP_SCHEDULE_DELAY", "200")],
+    );
+    assert!(
+        !logs.matching("exporting spans over OTLP/HTTP").is_empty(),
+        "each node says where its spans go"
+    );
+    http::wait_routable(&cluster, 1).await;
+    for i in 0..3 {
+        let r = reqwest::Client::new()
+            .post(cluster.url("/v1/completions"))
+            .header("x-request-id", format!("lost-{i}"))
+            .json(&json!({"model": MODEL, "prompt": "hello", "max_tokens": 4}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "served without a collector");
+        let _ = r.text().await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    poll_until(
+        Duration::from_secs(20),
+        "the failed export said",
+        || async { (!logs.matching("OTLP export failed").is_empty()).then_some(()) },
+    )
+    .await;
+    // Said once per node, not once per batch.
+    let said = logs.matching("OTLP export failed");
+    assert!(said.len() <= 2, "{said:#?}");
+}

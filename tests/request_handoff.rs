@@ -222,6 +222,7 @@ impl Fleet {
             pin: None,
             stats: Arc::new(NodeStats::default()),
             bus: self.bus.clone(),
+            span: tracing::Span::none(),
         };
         let (req, handle) = Actor::spawn(None, Request, args).await.expect("request");
         let mut seen = Vec::new();

@@ -191,7 +191,8 @@ async fn a_request_id_leads_through_every_node_it_touched() {
     assert!(
         migrated
             .iter()
-            .any(|v| v["fields"]["message"] == "migrating"),
-        "the gateway's migration line carries the id: {migrated:#?}"
+            .any(|v| v["fields"]["message"] == "migrating"
+                && v["span"]["request_id"] == "trace-migrated"),
+        "the gateway's migration line carries the id, inside the request's span: {migrated:#?}"
     );
 }

@@ -63,6 +63,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 pub use crate::request_plane::request::STALL_CHECK_MS;
 
@@ -106,6 +107,10 @@ pub struct RequestArgs {
     pub stats: Arc<NodeStats>,
     /// This node's fleet event bus: placements, hand-offs, migrations, give-ups.
     pub bus: EventBus,
+    /// The HTTP request's `request` span (the gateway's `x-request-id`): the Request's lines
+    /// (migrations, give-ups) are written inside it, so they carry the id and, with an OTLP
+    /// export, are events of the request's span.
+    pub span: tracing::Span,
 }
 
 /// Request messages (local).
@@ -375,6 +380,19 @@ impl Actor for Request {
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        let span = state.args.span.clone();
+        self.handle_in(&myself, msg, state).instrument(span).await
+    }
+}
+
+impl Request {
+    /// [`Actor::handle`], inside the request's span.
+    async fn handle_in(
+        &self,
+        myself: &ActorRef<RequestMsg>,
+        msg: RequestMsg,
+        state: &mut RequestState,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             RequestMsg::Event(id, ev) => state.core.event(id, ev),
             RequestMsg::Cancel => state.core.cancel(),
@@ -390,7 +408,7 @@ impl Actor for Request {
             RequestMsg::HasAnswer(id, has) => state.core.has_answer(id, has),
             RequestMsg::Retry => state.core.retry(),
         }
-        state.apply(&myself).await;
+        state.apply(myself).await;
         Ok(())
     }
 }

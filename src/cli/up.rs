@@ -31,6 +31,10 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+/// The tracing target of `up`'s own lines (nodes exiting, restarted, stopped; the planner's
+/// starts and drains), written in the nodes' log format (`--log-format`).
+pub const UP_TARGET: &str = "flotilla::up";
+
 /// Time children get to stop after SIGTERM before they are killed.
 pub const STOP_GRACE: Duration = Duration::from_secs(60);
 /// Time allowed for the cluster to form while every node is alive.
@@ -526,8 +530,8 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
             start_cluster(&opts, &slot_roles, &cookie, &mut sigterm).await?;
         match result {
             Startup::PortTaken(name) if attempt < PORT_ATTEMPTS => {
-                eprintln!(
-                    "flotilla up: a port picked for {name} was taken meanwhile; \
+                tracing::warn!(target: UP_TARGET,
+                    "a port picked for {name} was taken meanwhile; \
                      starting the cluster again on other ports"
                 );
                 stop_all(&mut started.procs).await;
@@ -638,7 +642,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
                     }
                     if !opts.restart {
                         if let Ok(Some(status)) = p.child.try_wait() {
-                            eprintln!("flotilla up: {} exited ({status}); left down (--no-restart)", p.name);
+                            tracing::warn!(target: UP_TARGET,"{} exited ({status}); left down (--no-restart)", p.name);
                             p.stopped = true;
                         }
                         continue;
@@ -646,21 +650,21 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
                     let Ok(Some(status)) = p.child.try_wait() else { continue };
                     if status.success() || p.draining {
                         // Drained and stopped on purpose (SIGTERM to that node): leave it.
-                        eprintln!("flotilla up: {} stopped ({status})", p.name);
+                        tracing::info!(target: UP_TARGET,"{} stopped ({status})", p.name);
                         p.stopped = true;
                         continue;
                     }
                     let now = std::time::Instant::now();
                     p.restarts.retain(|t| now.duration_since(*t) < RESPAWN_WINDOW);
                     if p.restarts.len() >= opts.max_restarts {
-                        eprintln!(
-                            "flotilla up: {} exited ({status}) {} times within {} s; leaving it down (--max-restarts)",
+                        tracing::warn!(target: UP_TARGET,
+                            "{} exited ({status}) {} times within {} s; leaving it down (--max-restarts)",
                             p.name, p.restarts.len() + 1, RESPAWN_WINDOW.as_secs()
                         );
                         p.stopped = true;
                         continue;
                     }
-                    eprintln!("flotilla up: {} exited ({status}); starting it again", p.name);
+                    tracing::warn!(target: UP_TARGET,"{} exited ({status}); starting it again", p.name);
                     p.restarts.push(now);
                     let join = peers(&ports, i);
                     let http = if launch.is_gateway(i) {
@@ -673,13 +677,13 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
                     };
                     match launch.spawn(i, &join, http.as_deref(), &ready_tx) {
                         Ok(child) => p.child = child,
-                        Err(e) => eprintln!("flotilla up: cannot restart {}: {e}", launch.name(i)),
+                        Err(e) => tracing::warn!(target: UP_TARGET,"cannot restart {}: {e}", launch.name(i)),
                     }
                 }
             }
         }
     }
-    eprintln!("flotilla up: stopping {} node(s)…", procs.len());
+    tracing::info!(target: UP_TARGET,"stopping {} node(s)…", procs.len());
     stop_all(&mut procs).await;
     Ok(())
 }
@@ -698,7 +702,7 @@ async fn stop_all(procs: &mut [NodeProc]) {
         match tokio::time::timeout(left, p.child.wait()).await {
             Ok(_) => {}
             Err(_) => {
-                eprintln!("flotilla up: {} did not stop in time; killing it", p.name);
+                tracing::warn!(target: UP_TARGET,"{} did not stop in time; killing it", p.name);
                 let _ = p.child.kill().await;
             }
         }
@@ -751,8 +755,8 @@ impl Reconciler {
         let pending =
             crate::control::reconcile::pending(planners, self.last_applied_ms, &mut self.fence);
         if self.fence.refused > refused {
-            eprintln!(
-                "flotilla up: refused the decisions of a planner leading in a term below {} \
+            tracing::warn!(target: UP_TARGET,
+                "refused the decisions of a planner leading in a term below {} \
                  (a deposed leader)",
                 self.fence.term
             );
@@ -801,8 +805,8 @@ impl Reconciler {
                     .collect();
                 for i in free {
                     let join = peers(ports, i);
-                    eprintln!(
-                        "flotilla up: the planner wants {} {} replica(s): starting {}",
+                    tracing::info!(target: UP_TARGET,
+                        "the planner wants {} {} replica(s): starting {}",
                         pd.desired,
                         pd.role.as_str(),
                         node_name(i)
@@ -812,7 +816,9 @@ impl Reconciler {
                             procs.retain(|p| p.index != i);
                             procs.push(NodeProc::started(i, launch.name(i), child));
                         }
-                        Err(e) => eprintln!("flotilla up: cannot start {}: {e}", node_name(i)),
+                        Err(e) => {
+                            tracing::warn!(target: UP_TARGET,"cannot start {}: {e}", node_name(i))
+                        }
                     }
                 }
             } else if want < running.len() {
@@ -822,8 +828,8 @@ impl Reconciler {
                     let Some(p) = procs.iter_mut().find(|p| p.index == i) else {
                         continue;
                     };
-                    eprintln!(
-                        "flotilla up: the planner wants {} {} replica(s): draining {}",
+                    tracing::info!(target: UP_TARGET,
+                        "the planner wants {} {} replica(s): draining {}",
                         pd.desired,
                         pd.role.as_str(),
                         p.name

@@ -565,7 +565,7 @@ impl RequestCore {
             Decision::Fail(GiveUp::FirstPlacement) => self.fail(error),
             Decision::Fail(why) => {
                 metrics::counter!("flotilla_migration_failures_total").increment(1);
-                tracing::warn!(request = %self.id(), request_id = self.cfg.job.trace_id.as_deref().unwrap_or("-"), %error, %why, "migration failed");
+                tracing::warn!(request = %self.id(), request_id = %self.cfg.job.trace_id.as_deref().unwrap_or("-"), %error, %why, "migration failed");
                 self.fail(RequestError::GaveUp {
                     cause: error.to_string(),
                     why,
@@ -587,7 +587,7 @@ impl RequestCore {
         {
             Decision::Fail(give_up) => {
                 metrics::counter!("flotilla_migration_failures_total").increment(1);
-                tracing::warn!(request = %self.id(), request_id = self.cfg.job.trace_id.as_deref().unwrap_or("-"), ?from, %why, %give_up, "request given up");
+                tracing::warn!(request = %self.id(), request_id = %self.cfg.job.trace_id.as_deref().unwrap_or("-"), ?from, %why, %give_up, "request given up");
                 self.fail(RequestError::GaveUp {
                     cause: why.to_owned(),
                     why: give_up,
@@ -603,7 +603,7 @@ impl RequestCore {
                         reason: why.to_owned(),
                     }));
                 metrics::counter!("flotilla_migrations_total").increment(1);
-                tracing::warn!(request = %self.id(), request_id = self.cfg.job.trace_id.as_deref().unwrap_or("-"), ?from, generated = self.generated.len(),
+                tracing::warn!(request = %self.id(), request_id = %self.cfg.job.trace_id.as_deref().unwrap_or("-"), ?from, generated = self.generated.len(),
                     stalled = self.migration.stalled(), %why, "migrating");
                 self.place_or_retry();
             }

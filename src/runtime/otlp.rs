@@ -46,8 +46,11 @@ impl OtlpConfig {
     /// TLS: a local collector, or a collector's sidecar, over plain HTTP), no host, or a query
     /// or fragment.
     pub fn parse(endpoint: &str) -> Result<Self, String> {
-        let url = reqwest::Url::parse(endpoint.trim())
-            .map_err(|e| format!("--otlp-endpoint {endpoint:?}: not a URL ({e})"))?;
+        let url = reqwest::Url::parse(endpoint.trim()).map_err(|e| {
+            format!(
+                "--otlp-endpoint {endpoint:?}: not a URL ({e}); give the collector's OTLP/HTTP base URL, e.g. http://127.0.0.1:4318"
+            )
+        })?;
         match url.scheme() {
             "http" => {}
             "https" => {
@@ -139,9 +142,10 @@ mod export {
     use opentelemetry::trace::TracerProvider as _;
     use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
     use opentelemetry_sdk::Resource;
+    use opentelemetry_sdk::error::OTelSdkResult;
     use opentelemetry_sdk::runtime::Tokio;
     use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
-    use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+    use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanData, SpanExporter};
     use std::time::Duration;
     use tracing_subscriber::registry::LookupSpan;
 
@@ -149,6 +153,48 @@ mod export {
     /// runtime, the exporter).
     pub struct Otlp {
         provider: SdkTracerProvider,
+        url: String,
+    }
+
+    /// The exporter, saying when exports start failing (once, at `warn`: the collector is
+    /// down, unreachable or refuses) and when they work again (`info`), so a silent
+    /// collector is not a silent loss. Target `flotilla::otlp`.
+    #[derive(Debug)]
+    struct Reporting<E> {
+        inner: E,
+        url: String,
+        failing: std::sync::atomic::AtomicBool,
+    }
+
+    impl<E: SpanExporter> SpanExporter for Reporting<E> {
+        async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+            use std::sync::atomic::Ordering;
+            let n = batch.len();
+            let result = self.inner.export(batch).await;
+            match &result {
+                Err(e) if !self.failing.swap(true, Ordering::Relaxed) => {
+                    tracing::warn!(target: "flotilla::otlp", url = %self.url, spans = n, error = %e,
+                        "OTLP export failed; spans are dropped until the collector answers (said once)");
+                }
+                Ok(()) if self.failing.swap(false, Ordering::Relaxed) => {
+                    tracing::info!(target: "flotilla::otlp", url = %self.url, "OTLP export works again");
+                }
+                _ => {}
+            }
+            result
+        }
+
+        fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+            self.inner.shutdown_with_timeout(timeout)
+        }
+
+        fn force_flush(&self) -> OTelSdkResult {
+            self.inner.force_flush()
+        }
+
+        fn set_resource(&mut self, resource: &Resource) {
+            self.inner.set_resource(resource);
+        }
     }
 
     impl Otlp {
@@ -174,12 +220,25 @@ mod export {
                     KeyValue::new("flotilla.node", n.to_owned()),
                 ]);
             }
+            let exporter = Reporting {
+                inner: exporter,
+                url: cfg.traces_url.clone(),
+                failing: false.into(),
+            };
             let processor = BatchSpanProcessor::builder(exporter, Tokio).build();
             let provider = SdkTracerProvider::builder()
                 .with_span_processor(processor)
                 .with_resource(resource.build())
                 .build();
-            Ok(Self { provider })
+            Ok(Self {
+                provider,
+                url: cfg.traces_url.clone(),
+            })
+        }
+
+        /// The traces URL spans go to.
+        pub fn url(&self) -> &str {
+            &self.url
         }
 
         /// The tracing layer that turns spans into OpenTelemetry spans of this export.
@@ -230,6 +289,11 @@ mod no_export {
 
         /// Never called.
         pub fn layer(&self) -> tracing_subscriber::layer::Identity {
+            match *self {}
+        }
+
+        /// Never called.
+        pub fn url(&self) -> &str {
             match *self {}
         }
 

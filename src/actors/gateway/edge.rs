@@ -118,7 +118,13 @@ pub fn with_request_ids(app: axum::Router) -> axum::Router {
             .get(REQUEST_ID)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("-");
-        tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path())
+        // The API's POSTs at info; reads (`/metrics` scrapes, `/health`, `/v1/fleet` polls, the
+        // page) at debug, so that they neither fill the logs nor become one trace each.
+        if req.method() == axum::http::Method::POST {
+            tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path())
+        } else {
+            tracing::debug_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path())
+        }
     })
     // A 5xx (load shedding's 503 included) is the route's to log, not one ERROR line each.
     .on_failure(DefaultOnFailure::new().level(tracing::Level::DEBUG));

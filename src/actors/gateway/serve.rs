@@ -413,6 +413,7 @@ async fn spawn_choice(
         stats: stats.clone(),
         pin: serving.pin.clone(),
         bus: serving.bus.clone(),
+        span: tracing::Span::current(),
     };
     let spec = ChildSpec::actor(format!("request-{}", job.request), Some(name), move || {
         (Request, args.clone())

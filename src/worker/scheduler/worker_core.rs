@@ -645,7 +645,7 @@ impl WorkerCore {
         });
         match added {
             Ok(()) => {
-                tracing::debug!(target: SEQUENCE_TARGET, worker = %self.cfg.worker, request = %req.request, request_id = req.trace_id.as_deref().unwrap_or("-"), "sequence queued");
+                tracing::debug!(target: SEQUENCE_TARGET, worker = %self.cfg.worker, request = %req.request, request_id = %req.trace_id.as_deref().unwrap_or("-"), "sequence queued");
                 self.by_request.insert(key, seq);
                 self.live.insert(
                     seq,
@@ -938,7 +938,7 @@ impl WorkerCore {
         }
         if let Some(l) = self.live.remove(&seq) {
             let _in = l.span.enter();
-            tracing::info!(target: SEQUENCE_TARGET, worker = %self.cfg.worker, request = %l.request, request_id = l.trace_id.as_deref().unwrap_or("-"), tokens = l.emitted, "sequence dropped");
+            tracing::info!(target: SEQUENCE_TARGET, worker = %self.cfg.worker, request = %l.request, request_id = %l.trace_id.as_deref().unwrap_or("-"), tokens = l.emitted, "sequence dropped");
             self.by_request.remove(&(l.owner.node, l.request));
         }
         if let Some(h) = self.held.remove(&seq) {
@@ -1003,7 +1003,7 @@ impl WorkerCore {
         cached_tokens: usize,
     ) {
         let _in = span.enter();
-        tracing::info!(target: SEQUENCE_TARGET, worker = %self.cfg.worker, request = %request, request_id = trace_id.as_deref().unwrap_or("-"), prompt_tokens, cached_tokens, "sequence admitted");
+        tracing::info!(target: SEQUENCE_TARGET, worker = %self.cfg.worker, request = %request, request_id = %trace_id.as_deref().unwrap_or("-"), prompt_tokens, cached_tokens, "sequence admitted");
         self.note_admission();
         self.admitted_prompt_tokens += u64::from(prompt_tokens);
         self.admitted_cached_tokens += (cached_tokens as u64).min(u64::from(prompt_tokens));
@@ -1302,7 +1302,7 @@ impl WorkerCore {
                 self.emit(&to, req, TokenEventKind::HandOff(Box::new(kv)));
                 if let Some(l) = self.live.remove(&u.seq) {
                     let _in = l.span.enter();
-                    tracing::info!(target: SEQUENCE_TARGET, worker = %self.cfg.worker, request = %l.request, request_id = l.trace_id.as_deref().unwrap_or("-"), blocks, "sequence handed off");
+                    tracing::info!(target: SEQUENCE_TARGET, worker = %self.cfg.worker, request = %l.request, request_id = %l.trace_id.as_deref().unwrap_or("-"), blocks, "sequence handed off");
                     self.held.insert(
                         u.seq,
                         Held {
@@ -1319,7 +1319,7 @@ impl WorkerCore {
             if finish.is_some() {
                 if let Some(l) = self.live.remove(&u.seq) {
                     let _in = l.span.enter();
-                    tracing::info!(target: SEQUENCE_TARGET, worker = %self.cfg.worker, request = %l.request, request_id = l.trace_id.as_deref().unwrap_or("-"), tokens = l.emitted, "sequence finished");
+                    tracing::info!(target: SEQUENCE_TARGET, worker = %self.cfg.worker, request = %l.request, request_id = %l.trace_id.as_deref().unwrap_or("-"), tokens = l.emitted, "sequence finished");
                     self.by_request.remove(&(l.owner.node, l.request));
                 }
                 self.effects.push(WorkerEffect::Release(u.seq));
@@ -1481,7 +1481,7 @@ fn sequence_span(
     let Some(tp) = traceparent else {
         return tracing::Span::none();
     };
-    let span = tracing::info_span!(target: SEQUENCE_TARGET, "sequence", %worker, request_id = trace_id.as_deref().unwrap_or("-"));
+    let span = tracing::info_span!(target: SEQUENCE_TARGET, "sequence", %worker, request_id = %trace_id.as_deref().unwrap_or("-"));
     crate::runtime::otlp::adopt_remote_parent(&span, Some(tp));
     span
 }
