@@ -13,7 +13,8 @@
 //! Files, each importing only those above it:
 //! - `state.rs` — [`state::GatewayShared`], the routes' shared state, and the data it holds.
 //! - `edge.rs` — what every request goes through: request ids, JSON bodies, the control API's
-//!   guard; the shared answers (`/live`, readiness, 404, 405).
+//!   guard; the shared answers (`/live`, readiness, 404, 405). `edge/encoding.rs`: the headers
+//!   that change how a body is read (`Content-Encoding` decoded, other codings refused by name).
 //! - `serve.rs` — the generation routes, OpenAI's and Anthropic's `/v1/messages` (admission,
 //!   body, validation, streaming); `serve/wire.rs` — each API's parser, records and error shape.
 //! - `chaos_routes.rs`, `worker_routes.rs` — the control API: faults, a replica's role.

@@ -24,7 +24,8 @@ pub enum ErrorKind {
     RequestTimeout,
     /// 413: body too large.
     PayloadTooLarge,
-    /// 415: a body that is not `application/json`.
+    /// 415: a body that is not `application/json` (or not UTF-8), or a `Content-Encoding` the
+    /// gateway does not decode.
     UnsupportedMediaType,
     /// 429: a client exceeded its rate.
     RateLimited,
@@ -32,6 +33,9 @@ pub enum ErrorKind {
     Unavailable,
     /// 500: a bug or an unexpected failure.
     Internal,
+    /// 501: the request uses an HTTP feature the server does not implement (a
+    /// `Transfer-Encoding` other than `chunked`).
+    NotImplemented,
 }
 
 /// An error answered to an HTTP client.
@@ -86,6 +90,7 @@ impl ApiError {
             ErrorKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorKind::NotImplemented => StatusCode::NOT_IMPLEMENTED,
         }
     }
 
@@ -96,6 +101,7 @@ impl ApiError {
             | ErrorKind::PayloadTooLarge
             | ErrorKind::UnsupportedMediaType
             | ErrorKind::RequestTimeout
+            | ErrorKind::NotImplemented
             | ErrorKind::NotFound => "invalid_request_error",
             ErrorKind::Forbidden => "permission_error",
             ErrorKind::Unauthorized => "authentication_error",

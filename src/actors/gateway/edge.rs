@@ -15,9 +15,13 @@
 //!   Their target is `flotilla::access` ([`ACCESS_TARGET`]), to filter them on their own.
 //! - **JSON bodies.** The POST routes (`/v1/chat/completions`, `/v1/completions`,
 //!   `/v1/messages`, `/chaos/faults`) need `Content-Type: application/json` (or
-//!   `application/*+json`, any parameters): otherwise, or with none, 415 in the route's error
-//!   shape (OpenAI's; Anthropic's on `/v1/messages`) before any work
-//!   ([`require_json`]). A cross-site HTML form cannot send that type without a CORS preflight.
+//!   `application/*+json`, any parameters, but a `charset` other than UTF-8 is refused):
+//!   otherwise, or with none, 415 in the route's error shape (OpenAI's; Anthropic's on
+//!   `/v1/messages`) before any work ([`require_json`]). A cross-site HTML form cannot send
+//!   that type without a CORS preflight.
+//! - **Encoded bodies** (`encoding.rs`): `Content-Encoding` gzip, deflate, br, zstd decoded on
+//!   every route, the size limit on the decoded bytes; other codings 415, other transfer
+//!   codings than chunked 501, each named.
 //! - **The control API** (`/chaos/*`, and any admin route added to [`control_routes`](super::routes::control_routes)'s
 //!   router): a foreign `Origin` is refused (403), and when no `chaos.token` is set the `Host`
 //!   must be a loopback name — `localhost`, `127.0.0.0/8`, `[::1]` — or the configured
@@ -37,6 +41,7 @@ use std::sync::Arc;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnFailure, TraceLayer};
 
+pub mod encoding;
 #[cfg(test)]
 mod tests;
 
@@ -110,8 +115,10 @@ pub async fn access_log(req: Request, next: Next) -> Response {
 
 /// Wrap `app` in the request-id and tracing layers (outermost first: bound the client's id,
 /// set one when missing, open the `request` span, copy the id onto the response, log the
-/// access line inside the span).
+/// access line inside the span), and inside them the body-decoding layers
+/// ([`encoding::with_body_decoding`]), so that a refused encoding has its id and access line.
 pub fn with_request_ids(app: axum::Router) -> axum::Router {
+    let app = encoding::with_body_decoding(app);
     let trace = TraceLayer::new_for_http().make_span_with(|req: &Request| {
         let id = req
             .headers()
@@ -135,10 +142,11 @@ pub fn with_request_ids(app: axum::Router) -> axum::Router {
         .layer(axum::middleware::from_fn(bound_request_id))
 }
 
-/// 415 unless the body is declared `application/json` (or `application/*+json`).
+/// 415 unless the body is declared `application/json` (or `application/*+json`) in UTF-8.
 ///
 /// # Errors
-/// An [`ErrorKind::UnsupportedMediaType`] error when `Content-Type` is missing or another type.
+/// An [`ErrorKind::UnsupportedMediaType`] error when `Content-Type` is missing or another type,
+/// or names a `charset` other than `utf-8` (JSON is UTF-8, RFC 8259 §8.1): the message names it.
 pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     let refuse = |got: &str| {
         Err(ApiError::new(
@@ -160,11 +168,35 @@ pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
             .strip_prefix("application/")
             .is_some_and(|s| s.ends_with("+json"));
     if json {
-        Ok(())
+        check_charset(v)
     } else {
         let shown: String = mime.chars().take(64).collect();
         refuse(&format!("'{shown}'"))
     }
+}
+
+/// A `charset` parameter of a JSON `Content-Type` other than UTF-8 is a 415 naming it.
+fn check_charset(content_type: &str) -> Result<(), ApiError> {
+    for param in content_type.split(';').skip(1) {
+        let Some((k, v)) = param.split_once('=') else {
+            continue;
+        };
+        if !k.trim().eq_ignore_ascii_case("charset") {
+            continue;
+        }
+        let cs = v.trim().trim_matches('"').to_ascii_lowercase();
+        if cs != "utf-8" && cs != "utf8" {
+            let shown: String = cs.chars().take(64).collect();
+            return Err(ApiError::new(
+                ErrorKind::UnsupportedMediaType,
+                format!(
+                    "Content-Type charset '{shown}' is not supported; JSON bodies must be UTF-8"
+                ),
+            )
+            .code("unsupported_media_type"));
+        }
+    }
+    Ok(())
 }
 
 /// Who may call the control API.

@@ -174,7 +174,9 @@ fn route_policy(headers: &HeaderMap) -> Result<Option<Policy>, ApiError> {
 
 /// Read a whole body: 413 past `limit` bytes (without buffering more), 408 when it is not
 /// complete within `deadline` (a total deadline, not an inactivity timeout, so a client that
-/// trickles bytes cannot hold the request open either).
+/// trickles bytes cannot hold the request open either). A body with a `Content-Encoding` arrives
+/// here decoded (`edge/encoding.rs`): `limit` counts decoded bytes, and a body that does not
+/// decode is a 400 naming its encoding.
 pub(super) async fn read_body(
     headers: &HeaderMap,
     body: Body,
@@ -197,13 +199,28 @@ pub(super) async fn read_body(
     match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(bytes)) => Ok(bytes),
         Ok(Err(e)) if is_length_limit(&e) => Err(too_large()),
-        Ok(Err(e)) => {
-            tracing::debug!(error = %e, "request body unreadable");
-            Err(ApiError::new(
-                ErrorKind::InvalidRequest,
-                "the request body could not be read",
-            ))
-        }
+        Ok(Err(e)) => match decode_error(&e) {
+            Some(d) => {
+                tracing::debug!(error = %d, "request body not decodable");
+                let detail: String = d.source.to_string().chars().take(200).collect();
+                let coding = d.coding.as_str();
+                Err(ApiError::new(
+                    ErrorKind::InvalidRequest,
+                    format!(
+                        "the request body is not valid {coding} data (Content-Encoding: \
+                         {coding}): {detail}"
+                    ),
+                )
+                .code("invalid_content_encoding"))
+            }
+            None => {
+                tracing::debug!(error = %e, "request body unreadable");
+                Err(ApiError::new(
+                    ErrorKind::InvalidRequest,
+                    "the request body could not be read",
+                ))
+            }
+        },
         Err(_) => {
             metrics::counter!("flotilla_http_body_timeouts_total").increment(1);
             Err(ApiError::new(
@@ -215,6 +232,18 @@ pub(super) async fn read_body(
             ))
         }
     }
+}
+
+/// The decoding error inside a body error, if it is one.
+fn decode_error(e: &axum::Error) -> Option<&super::edge::encoding::DecodeError> {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = src {
+        if let Some(d) = err.downcast_ref::<super::edge::encoding::DecodeError>() {
+            return Some(d);
+        }
+        src = err.source();
+    }
+    None
 }
 
 /// Whether a body error is `to_bytes`'s length limit.

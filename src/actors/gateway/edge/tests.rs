@@ -42,6 +42,29 @@ fn json_content_types() {
     assert!(e.message.contains("none"), "{}", e.message);
 }
 
+/// JSON is UTF-8: another declared charset would be read wrongly, so it is refused by name.
+#[test]
+fn json_charsets_other_than_utf8_are_refused_by_name() {
+    for ok in [
+        "application/json; charset=UTF-8",
+        "application/json;charset=\"utf-8\"",
+        "application/json; foo=bar",
+    ] {
+        assert!(
+            require_json(&headers(&[("content-type", ok)])).is_ok(),
+            "{ok}"
+        );
+    }
+    for (bad, named) in [
+        ("application/json; charset=utf-16", "'utf-16'"),
+        ("application/json; Charset=\"ISO-8859-1\"", "'iso-8859-1'"),
+    ] {
+        let e = require_json(&headers(&[("content-type", bad)])).unwrap_err();
+        assert_eq!(e.status().as_u16(), 415, "{bad}");
+        assert!(e.message.contains(named), "{}", e.message);
+    }
+}
+
 #[test]
 fn hosts() {
     let lo = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
