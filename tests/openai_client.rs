@@ -1,4 +1,5 @@
-//! Cases B01–B05 through the official `openai` Python client, against a real cluster.
+//! Cases B01–B05 and B23 (a list of prompts) through the official `openai` Python client,
+//! against a real cluster.
 //! `make test` installs the client into `.venv` (`make venv`); without it this test fails and
 //! says so.
 

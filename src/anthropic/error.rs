@@ -42,9 +42,10 @@ pub fn status(e: &ApiError) -> StatusCode {
 /// The `error.type` string of `e`.
 pub fn error_type(e: &ApiError) -> &'static str {
     match e.kind {
-        ErrorKind::InvalidRequest | ErrorKind::RequestTimeout | ErrorKind::UnsupportedMediaType => {
-            "invalid_request_error"
-        }
+        ErrorKind::InvalidRequest
+        | ErrorKind::RequestTimeout
+        | ErrorKind::UnsupportedMediaType
+        | ErrorKind::NotImplemented => "invalid_request_error",
         ErrorKind::Unauthorized => "authentication_error",
         ErrorKind::Forbidden => "permission_error",
         ErrorKind::NotFound => "not_found_error",

@@ -17,7 +17,7 @@
 //! |---|---|---|
 //! | `model` | string, required | — |
 //! | `messages` (chat) | non-empty array of `{role, content}`; roles `system`, `developer` (read as system), `user`, `assistant`; `tool`/`function` → 400 "not supported"; `content` a string or an array of `{"type":"text","text":…}` parts, joined with `"\n"`; assistant `content` may be null (→ `""`) | required |
-//! | `prompt` (completions) | string, `[string]`, `[token id]`, `[[token id]]`; more than one prompt → 400 `only one prompt per request is supported`; an empty prompt → 400 | required |
+//! | `prompt` (completions) | string, `[token id]`, or a list of prompts: `[string, …]` or `[[token id, …], …]` (one kind per list; a list of one is a single prompt). Each prompt gets `n` choices, ordered prompt-major (`index = prompt_index × n + j`), and each prompt is placed on its own. An empty list or prompt (`prompt[i]` named), a mixed list, a token id that is not an integer in `0..=u32::MAX` (or, at the frontend, outside the vocabulary), or prompts × `n` over [`MAX_PROMPT_CHOICES`] → 400 `param: "prompt"` | required |
 //! | `max_completion_tokens`, `max_tokens` | integer ≥ 1 (each checked, each names itself); `max_completion_tokens` wins when both are set (OpenAI's current API) | none = up to the context limit ([`check_context`]); note OpenAI's legacy completions default is 16, Flotilla's is not |
 //! | `temperature` | 0..=2 | 1.0 |
 //! | `top_p` | 0 < p ≤ 1 | 1.0 |
@@ -61,6 +61,12 @@ pub use limits::{check_context, check_model, model_not_found};
 
 /// Largest accepted `n`.
 pub const MAX_N: u32 = 8;
+/// Most choices one `/v1/completions` request may ask for over a list of prompts (prompts ×
+/// `n`). Admission decides once per request, before any choice is placed, and each choice is
+/// one sequence on a worker: the cap bounds what one admission decision may add to the fleet
+/// to one replica's default running batch (`worker.max_num_seqs`, 64). A larger list is a 400
+/// naming `prompt`; send several requests instead.
+pub const MAX_PROMPT_CHOICES: u32 = 64;
 /// Most stop sequences per request (as in OpenAI).
 pub const MAX_STOP: usize = 4;
 /// Largest chat `top_logprobs` (as in OpenAI).
@@ -118,6 +124,28 @@ pub enum Input {
     Text(String),
     /// A completions prompt given as token ids (not yet checked against the vocabulary).
     Tokens(Vec<u32>),
+    /// Two or more completions prompts, each a [`Input::Text`] or each a [`Input::Tokens`],
+    /// in the request's order; at most [`MAX_PROMPT_CHOICES`] / `n` of them.
+    Batch(Vec<Input>),
+}
+
+impl Input {
+    /// Whether a completions prompt is empty (never true of chat messages or a batch).
+    pub fn is_empty_prompt(&self) -> bool {
+        match self {
+            Input::Text(s) => s.is_empty(),
+            Input::Tokens(t) => t.is_empty(),
+            Input::Chat(_) | Input::Batch(_) => false,
+        }
+    }
+
+    /// The prompts answered separately: the items of a batch, else the input itself.
+    pub fn prompts(&self) -> &[Input] {
+        match self {
+            Input::Batch(items) => items,
+            one => std::slice::from_ref(one),
+        }
+    }
 }
 
 /// Sampling parameters, normalized.
@@ -264,6 +292,17 @@ fn from_object(kind: RequestKind, obj: &Obj) -> Result<GenerationRequest, ApiErr
     let stream = get_bool(obj, "stream")?.unwrap_or(false);
     let include_usage = parse_stream_options(obj, stream)?;
     let n = get_int(obj, "n", 1, i128::from(MAX_N))?.unwrap_or(1);
+    let prompts = input.prompts().len() as i128;
+    if prompts > 1 && prompts * n > i128::from(MAX_PROMPT_CHOICES) {
+        return Err(invalid(
+            "prompt",
+            format!(
+                "{prompts} prompts with n = {n} ask for {} choices; at most {MAX_PROMPT_CHOICES} \
+                 per request",
+                prompts * n
+            ),
+        ));
+    }
     let logprobs = parse_logprobs(kind, obj)?;
     let ignore_eos = get_bool(obj, "ignore_eos")?.unwrap_or(false);
     let return_token_ids = get_bool(obj, "return_token_ids")?.unwrap_or(false);

@@ -68,9 +68,39 @@ impl Frontend {
     ///
     /// # Errors
     /// 400 ([`ErrorKind::InvalidRequest`]) for a chat request to a model without a chat
-    /// template, messages its template rejects, or a token id outside the vocabulary; 500
-    /// when the tokenizer fails.
+    /// template, messages its template rejects, a token id outside the vocabulary, or a list of
+    /// prompts (routes that answer one prompt; [`Self::prompts_ids`] answers lists); 500 when
+    /// the tokenizer fails.
     pub fn prompt_ids(&self, req: &GenerationRequest) -> Result<Vec<u32>, ApiError> {
+        if let Input::Batch(_) = req.input {
+            return Err(ApiError::new(
+                ErrorKind::InvalidRequest,
+                "this route takes one prompt, not a list of prompts",
+            )
+            .param("prompt"));
+        }
+        self.input_ids(&req.input, "prompt")
+    }
+
+    /// The token ids of each prompt of a request, in order: one for a chat or a single
+    /// prompt, one per item of a list of prompts (`/v1/completions`, case B23).
+    ///
+    /// # Errors
+    /// As [`Self::prompt_ids`]; an out-of-vocabulary id in a list names its prompt
+    /// (`prompt[i]`).
+    pub fn prompts_ids(&self, req: &GenerationRequest) -> Result<Vec<Vec<u32>>, ApiError> {
+        match &req.input {
+            Input::Batch(items) => items
+                .iter()
+                .enumerate()
+                .map(|(i, p)| self.input_ids(p, &format!("prompt[{i}]")))
+                .collect(),
+            one => Ok(vec![self.input_ids(one, "prompt")?]),
+        }
+    }
+
+    /// One input's ids; `name` names a token-id prompt in errors.
+    fn input_ids(&self, input: &Input, name: &str) -> Result<Vec<u32>, ApiError> {
         let internal = |e: String| {
             tracing::error!(error = %e, "tokenization failed");
             ApiError::new(
@@ -78,7 +108,7 @@ impl Frontend {
                 "internal error while tokenizing the prompt",
             )
         };
-        match &req.input {
+        match input {
             Input::Chat(messages) => {
                 let msgs: Vec<ChatMessage> = messages
                     .iter()
@@ -101,7 +131,7 @@ impl Frontend {
                     return Err(ApiError::new(
                         ErrorKind::InvalidRequest,
                         format!(
-                            "prompt token id {bad} is out of range (vocabulary size {})",
+                            "{name} token id {bad} is out of range (vocabulary size {})",
                             self.vocab_size
                         ),
                     )
@@ -109,6 +139,11 @@ impl Frontend {
                 }
                 Ok(ids.clone())
             }
+            Input::Batch(_) => Err(ApiError::new(
+                ErrorKind::InvalidRequest,
+                "a list of prompts cannot nest another list",
+            )
+            .param("prompt")),
         }
     }
 

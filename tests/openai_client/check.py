@@ -1,4 +1,4 @@
-"""Cases B01-B05 through the official `openai` Python client (installed by `make test` into
+"""Cases B01-B05 and B23 through the official `openai` Python client (installed by `make test` into
 .venv). Usage: check.py GATEWAY_URL MODEL. Exits non-zero with a message on the first failure."""
 import sys
 import time
@@ -78,4 +78,30 @@ try:
     check(False, "B05 overflow accepted")
 except openai.BadRequestError:
     pass
+
+# B23: a list of prompts, n per prompt, prompt-major indexes, each text as the prompt alone,
+# usage summed; streamed too.
+PROMPTS = ["The capital of France is", "One, two, three,", "The sky is"]
+alone = [client.completions.create(model=model, prompt=p, max_tokens=5, temperature=0) for p in PROMPTS]
+batch = client.completions.create(model=model, prompt=PROMPTS, max_tokens=5, temperature=0, n=2)
+check(len(batch.choices) == 6, "B23 prompts x n choices")
+for c in batch.choices:
+    check(c.text == alone[c.index // 2].choices[0].text, "B23 choice %d text" % c.index)
+check(sorted(c.index for c in batch.choices) == list(range(6)), "B23 indexes")
+check(batch.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone), "B23 prompt_tokens summed")
+check(batch.usage.completion_tokens == 2 * sum(a.usage.completion_tokens for a in alone),
+      "B23 completion_tokens summed")
+chunks = list(client.completions.create(model=model, prompt=PROMPTS, max_tokens=5, temperature=0,
+                                        stream=True, stream_options={"include_usage": True}))
+texts = {}
+for ch in chunks:
+    for c in ch.choices:
+        texts[c.index] = texts.get(c.index, "") + c.text
+check([texts.get(i) for i in range(3)] == [a.choices[0].text for a in alone], "B23 streamed texts")
+check(sum(1 for ch in chunks if ch.usage is not None) == 1, "B23 one usage record")
+try:
+    client.completions.create(model=model, prompt=["a", ""], max_tokens=5)
+    check(False, "B23 an empty prompt in the list accepted")
+except openai.BadRequestError as e:
+    check(e.status_code == 400 and e.param == "prompt", "B23 empty prompt names prompt")
 print("openai client checks passed")

@@ -13,6 +13,15 @@
 //! for each choice's first event, so that a refusal (no worker: 503; can never fit: 400) is
 //! an HTTP status before any stream header → stream or collect.
 //!
+//! A list of prompts on `/v1/completions` (case B23) is one request of prompts × `n` choices,
+//! prompt-major (`index = prompt_index × n + j`): every prompt is tokenized and checked against
+//! the context before any choice starts (a refusal names `prompt[i]`, and nothing reaches a
+//! worker), then each choice is its own Request actor, placed on its own, so the prompts of one
+//! request may run on different workers. Choice `j` of every prompt samples with `seed + j`,
+//! as it would alone. `usage` sums the prompts (each once, whatever `n`), the choices'
+//! completion tokens, and each prompt's first choice's cached tokens (each at most its prompt);
+//! `/metrics` counts the request once with those sums.
+//!
 //! Per choice, tokens go through the incremental detokenizer, then the stop-string matcher
 //! (text that might start a stop string is held back, never sent); a stop-string match cancels
 //! the request at its worker. Documented choices: `completion_tokens` counts every token the
@@ -292,6 +301,8 @@ struct Choice {
     stats: Arc<NodeStats>,
     /// The workers that admitted it, in order (more than one after a migration).
     workers: Vec<String>,
+    /// The prompt it answers (its index in the request's list; 0 for a single prompt).
+    prompt: usize,
 }
 
 /// What one event produced for the client.
@@ -398,7 +409,8 @@ struct Started {
     stream: bool,
     include_usage: bool,
     meta: ResponseMeta,
-    prompt_tokens: u32,
+    /// Each prompt's length in tokens, in the request's order.
+    prompt_tokens: Vec<u32>,
     choices: Vec<Choice>,
     rx: mpsc::UnboundedReceiver<(u32, TokenEventKind)>,
     pending: Vec<(u32, TokenEventKind)>,
@@ -473,63 +485,79 @@ async fn start(
     let fe = &serving.frontend;
     check_model(&req.model, &[fe.model_id.as_str()])?;
     let policy = route_policy(headers)?;
-    let prompt = fe.prompt_ids(&req)?;
-    let max_tokens = req.check_context(prompt.len(), fe.context_len)?;
+    let prompts = fe.prompts_ids(&req)?;
+    let batch = prompts.len() > 1;
+    let max_tokens = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            req.check_context(p.len(), fe.context_len).map_err(|mut e| {
+                if batch {
+                    e.message = format!("prompt[{i}]: {}", e.message);
+                }
+                e
+            })
+        })
+        .collect::<Result<Vec<u32>, ApiError>>()?;
     wait_for_capacity(s, serving).await?;
-    let first_id = serving
-        .next_id
-        .fetch_add(u64::from(req.n), Ordering::Relaxed);
+    let total = prompts.len() as u64 * u64::from(req.n);
+    let first_id = serving.next_id.fetch_add(total, Ordering::Relaxed);
     let (merged_tx, rx) = mpsc::unbounded_channel();
     let mut guard = CancelGuard(Vec::new());
     let mut choices = Vec::new();
     // The `request` span (current here) as the trace the router and workers join.
     let traceparent = crate::runtime::otlp::current_traceparent();
-    for i in 0..req.n {
-        let sp = &req.sampling;
-        let job = Job {
-            reply_to: serving.node.clone(),
-            owner_incarnation: serving.incarnation,
-            arrival_ms: serving.clock.wall_ms(),
-            request: RequestId(first_id + u64::from(i)),
-            prompt: prompt.clone(),
-            max_tokens,
-            sampling: SamplingParams {
-                temperature: sp.temperature,
-                top_p: sp.top_p,
-                top_k: sp.top_k.unwrap_or(0) as usize,
-                seed: sp.seed.map(|x| x.wrapping_add(u64::from(i))),
-                offset: 0,
-                logprobs: req.logprobs.is_some(),
-            },
-            stop_token_ids: vec![],
-            ignore_eos: req.ignore_eos,
-            trace_id: super::edge::request_id(headers),
-            traceparent: traceparent.clone(),
-            hand_off: false,
-            remote_kv: None,
-            fetch: None,
-        };
-        guard
-            .0
-            .push(spawn_choice(serving, &s.stats, policy, job, i, merged_tx.clone()).await?);
-        let tok = TokRef(fe.tokenizer.clone());
-        choices.push(Choice {
-            detok: IncrementalDetokenizer::with_context(tok.clone(), &prompt),
-            stop: StopMatcher::new(&req.stop),
-            tokenizer: tok,
-            want_logprobs: req.logprobs.is_some(),
-            want_ids: req.return_token_ids,
-            completion_tokens: 0,
-            cached_tokens: 0,
-            finish: None,
-            stop_sequence: None,
-            t0,
-            last: None,
-            held_logprobs: Vec::new(),
-            stats: s.stats.clone(),
-            workers: Vec::new(),
-        });
-        s.stats.signals().arrived(prompt.len() as u64);
+    for (p, prompt) in prompts.iter().enumerate() {
+        for j in 0..req.n {
+            // Prompt-major: choice j of prompt p is index p × n + j.
+            let i = p as u32 * req.n + j;
+            let sp = &req.sampling;
+            let job = Job {
+                reply_to: serving.node.clone(),
+                owner_incarnation: serving.incarnation,
+                arrival_ms: serving.clock.wall_ms(),
+                request: RequestId(first_id + u64::from(i)),
+                prompt: prompt.clone(),
+                max_tokens: max_tokens[p],
+                sampling: SamplingParams {
+                    temperature: sp.temperature,
+                    top_p: sp.top_p,
+                    top_k: sp.top_k.unwrap_or(0) as usize,
+                    seed: sp.seed.map(|x| x.wrapping_add(u64::from(j))),
+                    offset: 0,
+                    logprobs: req.logprobs.is_some(),
+                },
+                stop_token_ids: vec![],
+                ignore_eos: req.ignore_eos,
+                trace_id: super::edge::request_id(headers),
+                traceparent: traceparent.clone(),
+                hand_off: false,
+                remote_kv: None,
+                fetch: None,
+            };
+            guard
+                .0
+                .push(spawn_choice(serving, &s.stats, policy, job, i, merged_tx.clone()).await?);
+            let tok = TokRef(fe.tokenizer.clone());
+            choices.push(Choice {
+                detok: IncrementalDetokenizer::with_context(tok.clone(), prompt),
+                stop: StopMatcher::new(&req.stop),
+                tokenizer: tok,
+                want_logprobs: req.logprobs.is_some(),
+                want_ids: req.return_token_ids,
+                completion_tokens: 0,
+                cached_tokens: 0,
+                finish: None,
+                stop_sequence: None,
+                t0,
+                last: None,
+                held_logprobs: Vec::new(),
+                stats: s.stats.clone(),
+                workers: Vec::new(),
+                prompt: p,
+            });
+            s.stats.signals().arrived(prompt.len() as u64);
+        }
     }
     drop(merged_tx);
     let unique = format!("{}-{first_id}", serving.node);
@@ -549,7 +577,7 @@ async fn start(
                 .unwrap_or_default(),
             model: fe.model_id.clone(),
         },
-        prompt_tokens: prompt.len() as u32,
+        prompt_tokens: prompts.iter().map(|p| p.len() as u32).collect(),
         choices,
         rx,
         pending: Vec::new(),
@@ -559,7 +587,7 @@ async fn start(
     };
     // Each choice's first event decides between an HTTP error and a response (a refusal
     // here is counted as `rejected` by `generate`, not by `Started`'s drop).
-    let mut heard = vec![false; req.n as usize];
+    let mut heard = vec![false; started.choices.len()];
     while heard.iter().any(|h| !h) {
         let (i, ev) = started
             .rx
@@ -586,17 +614,27 @@ async fn start(
 
 fn usage_of(st: &Started) -> Usage {
     Usage {
-        prompt_tokens: st.prompt_tokens,
+        prompt_tokens: st.prompt_tokens.iter().sum(),
         completion_tokens: st.choices.iter().map(|c| c.completion_tokens).sum(),
-        // The first choice's admission (every choice has the same prompt); never more than
-        // the prompt, so that a hit rate built from the two counters stays within 100 %.
-        cached_tokens: st
-            .choices
-            .first()
-            .map(|c| c.cached_tokens)
-            .unwrap_or(0)
-            .min(st.prompt_tokens),
+        cached_tokens: cached_per_prompt(st).iter().map(|(_, c)| c).sum(),
     }
+}
+
+/// Each prompt's cached tokens with the worker that reported them: its first choice's first
+/// admission (every choice of a prompt has the same prompt), never more than the prompt, so
+/// that a hit rate built from the two counters stays within 100 %.
+fn cached_per_prompt(st: &Started) -> Vec<(&str, u32)> {
+    st.prompt_tokens
+        .iter()
+        .enumerate()
+        .map(|(p, &len)| {
+            let first = st.choices.iter().find(|c| c.prompt == p);
+            let worker = first
+                .and_then(|c| c.workers.first())
+                .map_or("-", String::as_str);
+            (worker, first.map_or(0, |c| c.cached_tokens).min(len))
+        })
+        .collect()
 }
 
 /// The workers of every choice, comma-separated, each once, in order (`-`: none).
@@ -623,9 +661,10 @@ impl Started {
     /// (failed after it was admitted) or `cancelled` (its client went away), `status` the HTTP
     /// status its response carried (a stream's is 200 whatever its outcome). The token
     /// counters count `ok` requests only, exactly the `usage` the API returned (or, for a
-    /// stream without `include_usage`, would have returned): per request, the prompt once
+    /// stream without `include_usage`, would have returned): per request, each prompt once
     /// whatever `n`, completion tokens summed over the choices, cached tokens as `usage`
-    /// reports them. A streamed request also gets its access line here (`edge.rs`
+    /// reports them (counted per prompt under the worker that admitted its first choice). A
+    /// streamed request also gets its access line here (`edge.rs`
     /// [`access_log`](super::edge::access_log) logs every other request when its response is
     /// ready).
     fn record(&mut self, outcome: &'static str, status: u16) {
@@ -653,14 +692,11 @@ impl Started {
                 .increment(u64::from(usage.prompt_tokens));
             metrics::counter!("flotilla_completion_tokens_total")
                 .increment(u64::from(usage.completion_tokens));
-            // The worker that reported them: the first choice's first.
-            let worker = self
-                .choices
-                .first()
-                .and_then(|c| c.workers.first())
-                .map_or("-", String::as_str);
-            metrics::counter!("flotilla_prefix_hit_tokens_total", "worker" => worker.to_owned())
-                .increment(u64::from(usage.cached_tokens));
+            // Each prompt's, under the worker that reported them (its first choice's first).
+            for (worker, cached) in cached_per_prompt(self) {
+                metrics::counter!("flotilla_prefix_hit_tokens_total", "worker" => worker.to_owned())
+                    .increment(u64::from(cached));
+            }
         }
         for c in &self.choices {
             c.stats

@@ -6,7 +6,7 @@ use serde_json::Value;
 use super::super::json::{
     Obj, as_int, as_str, clip, describe, field, invalid, is_unset, type_name,
 };
-use super::{ChatMessage, Input, Role};
+use super::{ChatMessage, Input, MAX_PROMPT_CHOICES, Role};
 use crate::openai::error::ApiError;
 
 pub(super) fn parse_messages(obj: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
@@ -120,20 +120,24 @@ fn parse_parts(p: &str, parts: &[Value]) -> Result<String, ApiError> {
 
 const PROMPT_SHAPES: &str = "prompt must be a string, an array of strings, an array of token ids \
                              or an array of arrays of token ids";
-const ONE_PROMPT: &str = "only one prompt per request is supported";
 
+/// A `prompt`: one (a string, `[string]`, `[id…]`, `[[id…]]`) or a list of several (`[string…]`
+/// or `[[id…]…]`, one kind only), each non-empty; at most [`MAX_PROMPT_CHOICES`] prompts (the
+/// cap on prompts × `n` is checked once `n` is known).
 pub(super) fn parse_prompt(obj: &Obj) -> Result<Input, ApiError> {
     let v = field(obj, "prompt").ok_or_else(|| invalid("prompt", "prompt is required"))?;
     let input = match v {
         Value::String(s) => Input::Text(s.clone()),
         Value::Array(items) => match items.first() {
             None => return Err(invalid("prompt", "prompt must not be empty")),
-            Some(Value::String(_) | Value::Array(_)) if items.len() > 1 => {
-                return Err(invalid("prompt", ONE_PROMPT));
+            Some(Value::Number(_)) => Input::Tokens(token_ids("prompt", items)?),
+            Some(Value::String(_) | Value::Array(_)) => {
+                let prompts = prompt_list(items)?;
+                match <[Input; 1]>::try_from(prompts) {
+                    Ok([one]) => one,
+                    Err(several) => Input::Batch(several),
+                }
             }
-            Some(Value::String(s)) => Input::Text(s.clone()),
-            Some(Value::Array(ids)) => Input::Tokens(token_ids(ids)?),
-            Some(Value::Number(_)) => Input::Tokens(token_ids(items)?),
             Some(other) => {
                 return Err(invalid(
                     "prompt",
@@ -148,18 +152,60 @@ pub(super) fn parse_prompt(obj: &Obj) -> Result<Input, ApiError> {
             ));
         }
     };
-    let empty = match &input {
-        Input::Text(s) => s.is_empty(),
-        Input::Tokens(t) => t.is_empty(),
-        Input::Chat(_) => false,
-    };
-    if empty {
+    if input.is_empty_prompt() {
         return Err(invalid("prompt", "prompt must not be empty"));
     }
     Ok(input)
 }
 
-fn token_ids(items: &[Value]) -> Result<Vec<u32>, ApiError> {
+/// The items of a list of strings or of token-id lists, each non-empty.
+fn prompt_list(items: &[Value]) -> Result<Vec<Input>, ApiError> {
+    if items.len() > MAX_PROMPT_CHOICES as usize {
+        return Err(invalid(
+            "prompt",
+            format!(
+                "prompt may list at most {MAX_PROMPT_CHOICES} prompts, got {}",
+                items.len()
+            ),
+        ));
+    }
+    let strings = items[0].is_string();
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let p = format!("prompt[{i}]");
+            let input = match v {
+                Value::String(s) if strings => Input::Text(s.clone()),
+                Value::Array(ids) if !strings => Input::Tokens(token_ids(&p, ids)?),
+                Value::String(_) | Value::Array(_) => {
+                    return Err(invalid(
+                        "prompt",
+                        format!(
+                            "prompt mixes strings and token-id lists ({p} is {}); a list of \
+                             prompts must be all strings or all token-id lists",
+                            describe(v)
+                        ),
+                    ));
+                }
+                other => {
+                    return Err(invalid(
+                        "prompt",
+                        format!("{PROMPT_SHAPES}, got {p} that is {}", describe(other)),
+                    ));
+                }
+            };
+            if input.is_empty_prompt() {
+                return Err(invalid("prompt", format!("{p} must not be empty")));
+            }
+            Ok(input)
+        })
+        .collect()
+}
+
+/// Token ids, each an integer 0..=`u32::MAX` (the vocabulary is checked by the frontend);
+/// `p` names the prompt in messages.
+fn token_ids(p: &str, items: &[Value]) -> Result<Vec<u32>, ApiError> {
     items
         .iter()
         .map(|v| {
@@ -167,10 +213,15 @@ fn token_ids(items: &[Value]) -> Result<Vec<u32>, ApiError> {
                 let got = describe(v);
                 return Err(invalid(
                     "prompt",
-                    format!("{PROMPT_SHAPES}, got a token id that is {got}"),
+                    format!("{PROMPT_SHAPES}, got a token id in {p} that is {got}"),
                 ));
             }
-            let id = as_int(v, "prompt", 0, i128::from(u32::MAX))?;
+            let id = as_int(v, "prompt", 0, i128::from(u32::MAX)).map_err(|mut e| {
+                if p != "prompt" {
+                    e.message = format!("{p}: {}", e.message);
+                }
+                e
+            })?;
             Ok(u32::try_from(id).unwrap_or(u32::MAX))
         })
         .collect()

@@ -110,6 +110,64 @@ fn full_chat_request() {
     assert_eq!(json, json!({"role": "system", "content": "be brief"}));
 }
 
+/// B23: a list of prompts, each answered on its own; the bad lists are 400s naming `prompt`.
+#[test]
+fn completion_prompt_lists() {
+    let req = completion(json!({"prompt": ["a", "b", "c"], "n": 2})).unwrap();
+    assert_eq!(
+        req.input,
+        Input::Batch(vec![
+            Input::Text("a".into()),
+            Input::Text("b".into()),
+            Input::Text("c".into())
+        ])
+    );
+    assert_eq!(req.input.prompts().len(), 3);
+    assert_eq!(req.n, 2);
+    assert_eq!(
+        completion(json!({"prompt": [[1, 2], [3]]})).unwrap().input,
+        Input::Batch(vec![Input::Tokens(vec![1, 2]), Input::Tokens(vec![3])])
+    );
+    // A single prompt is one prompt, whatever its shape.
+    assert_eq!(
+        completion(json!({"prompt": "x"})).unwrap().input.prompts(),
+        &[Input::Text("x".into())]
+    );
+    // Mixed lists, empty items, bad token ids: each names the prompt and says what is wrong.
+    let m = bad(completion(json!({"prompt": ["a", [1]]})), Some("prompt"));
+    assert!(m.contains("mixes strings and token-id lists"), "{m}");
+    let m = bad(completion(json!({"prompt": [[1], "a"]})), Some("prompt"));
+    assert!(m.contains("prompt[1]"), "{m}");
+    let m = bad(completion(json!({"prompt": ["a", ""]})), Some("prompt"));
+    assert_eq!(m, "prompt[1] must not be empty");
+    let m = bad(completion(json!({"prompt": [[1], []]})), Some("prompt"));
+    assert_eq!(m, "prompt[1] must not be empty");
+    let m = bad(completion(json!({"prompt": [[1], [2.5]]})), Some("prompt"));
+    assert!(m.starts_with("prompt[1]: "), "{m}");
+    let m = bad(completion(json!({"prompt": [[1], ["x"]]})), Some("prompt"));
+    assert!(m.contains("prompt[1]"), "{m}");
+    let m = bad(completion(json!({"prompt": ["a", null]})), Some("prompt"));
+    assert!(m.contains("prompt[1]"), "{m}");
+    bad(completion(json!({"prompt": [[1], [-1]]})), Some("prompt"));
+    // The cap: prompts × n, and the list alone.
+    let at_cap: Vec<String> = (0..MAX_PROMPT_CHOICES).map(|i| format!("p{i}")).collect();
+    assert!(completion(json!({"prompt": at_cap})).is_ok());
+    let half: Vec<String> = (0..MAX_PROMPT_CHOICES / 2)
+        .map(|i| format!("p{i}"))
+        .collect();
+    assert!(completion(json!({"prompt": half, "n": 2})).is_ok());
+    let m = bad(completion(json!({"prompt": half, "n": 3})), Some("prompt"));
+    assert!(m.contains(&format!("at most {MAX_PROMPT_CHOICES}")), "{m}");
+    let over: Vec<String> = (0..=MAX_PROMPT_CHOICES).map(|i| format!("p{i}")).collect();
+    let m = bad(completion(json!({"prompt": over})), Some("prompt"));
+    assert!(m.contains(&format!("at most {MAX_PROMPT_CHOICES}")), "{m}");
+    // n alone stays capped by MAX_N.
+    bad(
+        completion(json!({"prompt": "x", "n": MAX_N + 1})),
+        Some("n"),
+    );
+}
+
 #[test]
 fn completion_prompts() {
     assert_eq!(
@@ -134,10 +192,6 @@ fn completion_prompts() {
         completion(json!({"logprobs": 0})).unwrap().logprobs,
         Some(0)
     );
-    for multi in [json!(["a", "b"]), json!([[1], [2]])] {
-        let m = bad(completion(json!({"prompt": multi})), Some("prompt"));
-        assert_eq!(m, "only one prompt per request is supported");
-    }
     for empty in [json!(""), json!([]), json!([[]]), json!([""])] {
         bad(completion(json!({"prompt": empty})), Some("prompt"));
     }
