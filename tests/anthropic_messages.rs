@@ -444,6 +444,31 @@ async fn b24_messages_beside_chat_on_raw_http() {
     let status = r.status().as_u16();
     let v: Value = r.json().await.unwrap();
     assert_error(status, &v, 415, "invalid_request_error", "application/json");
+    // B25 on this route too: a gzip body is read, an unknown coding refused by name in
+    // Anthropic's shape.
+    let gz = {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(messages(4, json!({})).to_string().as_bytes())
+            .unwrap();
+        e.finish().unwrap()
+    };
+    let send = |coding: &'static str, body: Vec<u8>| {
+        reqwest::Client::new()
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("content-encoding", coding)
+            .body(body)
+            .send()
+    };
+    let r = send("gzip", gz.clone()).await.unwrap();
+    assert_eq!(r.status(), 200, "a gzip body is decoded");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["type"], "message", "{v}");
+    let r = send("x-unknown", gz).await.unwrap();
+    let status = r.status().as_u16();
+    let v: Value = r.json().await.unwrap();
+    assert_error(status, &v, 415, "invalid_request_error", "x-unknown");
     assert_eq!(
         metric(
             &c,
@@ -451,7 +476,7 @@ async fn b24_messages_beside_chat_on_raw_http() {
             &["route=\"messages\"", "outcome=\"rejected\""]
         )
         .await,
-        rejected_before + n_bad + 3,
+        rejected_before + n_bad + 4,
         "each refusal counted once, as rejected"
     );
 

@@ -157,6 +157,7 @@ fn count_refusal(path: &str, e: &ApiError) {
     let route = match path {
         "/v1/chat/completions" => "chat",
         "/v1/completions" => "completions",
+        "/v1/messages" => "messages",
         _ => return,
     };
     let status = e.status().as_u16().to_string();
@@ -164,17 +165,25 @@ fn count_refusal(path: &str, e: &ApiError) {
         .increment(1);
 }
 
+/// `e` in the error shape of the route at `path`: Anthropic's on `/v1/messages`, else OpenAI's.
+fn refusal(path: &str, e: ApiError) -> Response {
+    count_refusal(path, &e);
+    if path == "/v1/messages" {
+        crate::anthropic::error::response(&e)
+    } else {
+        e.into_response()
+    }
+}
+
 /// Middleware: refuse what cannot be read (see the module doc); give tower-http's decoder the
 /// coding's lower-case token, or no header for `identity`.
 pub async fn check_encoding(mut req: Request, next: Next) -> Response {
     if let Err(e) = check_transfer_coding(req.headers()) {
-        count_refusal(req.uri().path(), &e);
-        return e.into_response();
+        return refusal(req.uri().path(), e);
     }
     match content_coding(req.headers()) {
         Err(e) => {
-            count_refusal(req.uri().path(), &e);
-            let mut res = e.into_response();
+            let mut res = refusal(req.uri().path(), e);
             res.headers_mut().insert(
                 header::ACCEPT_ENCODING,
                 HeaderValue::from_static(ACCEPTED_ENCODINGS),
