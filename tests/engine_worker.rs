@@ -44,7 +44,7 @@ async fn actor_steps_greedy_like_the_golden() {
             seqs: vec![seq(7, &next, pos, &table, true)],
         };
         let r = call_t!(actor, EngineWorkerMsg::Step, 30_000, batch).expect("call");
-        let t = r.expect("step").tokens[0];
+        let t = r.expect("step").tokens.swap_remove(0);
         assert_eq!(t.seq_id, SeqId(7));
         assert!(t.logprob <= 0.0);
         pos += next.len();

@@ -67,6 +67,7 @@ fn mixed_batch_matches_the_cpu_engine() {
             temperature: 0.8,
             top_p: 0.95,
             seed: Some(7 + s.seq_id.0),
+            top_logprobs: 4,
             ..SamplingParams::default()
         };
         s
@@ -78,6 +79,8 @@ fn mixed_batch_matches_the_cpu_engine() {
             temperature: 1.0,
             top_k,
             seed: Some(11),
+            // Alternatives of a greedy pick bring its row to the host too.
+            top_logprobs: 3,
             ..SamplingParams::default()
         };
         s
@@ -116,7 +119,18 @@ fn mixed_batch_matches_the_cpu_engine() {
         assert_eq!(toks(&og), toks(&oc));
         for (a, b) in og.tokens.iter().zip(&oc.tokens) {
             assert!((a.logprob - b.logprob).abs() < 1e-3, "{a:?} vs {b:?}");
+            // The same alternatives, from the same logits the token was drawn from.
+            assert_eq!(a.top.len(), b.top.len(), "{a:?} vs {b:?}");
+            for (x, y) in a.top.iter().zip(&b.top) {
+                assert_eq!(x.0, y.0, "{a:?} vs {b:?}");
+                assert!((x.1 - y.1).abs() < 1e-3, "{a:?} vs {b:?}");
+            }
         }
+        let wanted: Vec<usize> = og.tokens.iter().map(|t| t.top.len()).collect();
+        assert!(
+            wanted.contains(&4) && wanted.contains(&3),
+            "alternatives as each sequence asked: {wanted:?}"
+        );
     }
     // Sequence 1 alone gives what it gave in the batch.
     let mut solo = engine_on(m, 96, device(GemmPrecision::F32));

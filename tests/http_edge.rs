@@ -137,7 +137,7 @@ async fn refusals_and_request_ids() {
         ),
         (
             &chat_url,
-            chat(json!({"logprobs": true, "top_logprobs": 2})),
+            chat(json!({"logprobs": true, "top_logprobs": 21})),
             "top_logprobs",
         ),
         (
@@ -167,7 +167,7 @@ async fn refusals_and_request_ids() {
             completion(json!({"presence_penalty": 1})),
             "presence_penalty",
         ),
-        (&comp_url, completion(json!({"logprobs": 2})), "logprobs"),
+        (&comp_url, completion(json!({"logprobs": 6})), "logprobs"),
         (&comp_url, completion(json!({"echo": true})), "echo"),
         (&comp_url, completion(json!({"suffix": "x"})), "suffix"),
         (&comp_url, completion(json!({"best_of": 2})), "best_of"),

@@ -113,6 +113,7 @@ impl Actor for ScriptedScheduler {
                         logprob: 0.0,
                         finish,
                         index: 0,
+                        top: Vec::new(),
                     },
                 };
                 let events = match *script {

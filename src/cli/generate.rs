@@ -127,6 +127,7 @@ pub fn generate_streaming(
         seed: args.seed,
         offset: 0,
         logprobs: false,
+        top_logprobs: 0,
     };
     let mut output_ids = Vec::new();
     let mut stream = tok.inner().decode_stream(false);

@@ -80,7 +80,15 @@ pub struct SamplingParams {
     /// Whether the caller wants [`SampledToken`](crate::worker::engine::SampledToken)
     /// logprobs (always computed; the flag is informational for the API layer).
     pub logprobs: bool,
+    /// How many of the most likely tokens to return with each sampled one, with their
+    /// logprobs ([`top_log_probs`]): `top_logprobs` on chat, `logprobs` on completions; at
+    /// most [`MAX_TOP_LOGPROBS`]; 0 = none.
+    #[serde(default)]
+    pub top_logprobs: u32,
 }
+
+/// Most alternatives a sampled token carries (OpenAI's bound on chat's `top_logprobs`).
+pub const MAX_TOP_LOGPROBS: u32 = 20;
 
 impl Default for SamplingParams {
     /// Greedy decoding.
@@ -92,6 +100,7 @@ impl Default for SamplingParams {
             seed: None,
             offset: 0,
             logprobs: false,
+            top_logprobs: 0,
         }
     }
 }
@@ -118,16 +127,46 @@ pub fn argmax(logits: &[f32]) -> u32 {
 
 /// `log softmax(logits)[idx]` at temperature 1 (the model's own distribution).
 pub fn log_prob(logits: &[f32], idx: u32) -> f32 {
+    let lse = log_sum_exp(logits);
+    logits
+        .get(idx as usize)
+        .map_or(f32::NEG_INFINITY, |&v| v - lse)
+}
+
+/// `log Σ exp(logits)`, shifted by the largest logit (NaN when any logit is NaN).
+fn log_sum_exp(logits: &[f32]) -> f32 {
     let mx = logits.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
-    let lse = logits
+    logits
         .iter()
         .map(|&v| f64::from(v - mx).exp())
         .sum::<f64>()
         .ln() as f32
-        + mx;
-    logits
-        .get(idx as usize)
-        .map_or(f32::NEG_INFINITY, |&v| v - lse)
+        + mx
+}
+
+/// The `k` (at most [`MAX_TOP_LOGPROBS`]) most likely tokens of `logits` with their
+/// `log softmax` at temperature 1 — the distribution [`log_prob`] reads, so the sampled
+/// token's logprob equals its entry when it is among them — best first, the lower id first
+/// on ties; NaN logits are never listed (but, as for [`log_prob`], make every logprob of the
+/// row NaN). Two passes over the vocabulary (the top `k` kept
+/// in a sorted array of at most 20, then the normaliser).
+pub fn top_log_probs(logits: &[f32], k: u32) -> Vec<(u32, f32)> {
+    let k = k.min(MAX_TOP_LOGPROBS) as usize;
+    if k == 0 {
+        return Vec::new();
+    }
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    for (i, &v) in logits.iter().enumerate() {
+        if v.is_nan() || (top.len() == k && v <= top[k - 1].1) {
+            continue;
+        }
+        // After every kept entry with a logit at least as large (ties: the earlier id).
+        let at = top.partition_point(|&(_, t)| t >= v);
+        top.insert(at, (i as u32, v));
+        top.truncate(k);
+    }
+    let lse = log_sum_exp(logits);
+    top.into_iter().map(|(i, v)| (i, v - lse)).collect()
 }
 
 /// Picks one token from `logits` (`[vocab]` f32). Returns `(token, logprob)` where logprob is
@@ -279,6 +318,35 @@ mod tests {
         for _ in 0..100 {
             assert!(best[..3].contains(&(sample(&l, &p3, &mut r).0 as usize)));
         }
+    }
+
+    #[test]
+    fn top_log_probs_agree_with_the_sampled_tokens_logprob() {
+        let l = vec![1.0, 3.0, -7.0, 3.0, -2.0, 0.5];
+        let top = top_log_probs(&l, 3);
+        assert_eq!(
+            top.iter().map(|t| t.0).collect::<Vec<_>>(),
+            vec![1, 3, 0],
+            "best first, the lower id first on a tie"
+        );
+        for (id, lp) in &top {
+            assert_eq!(*lp, log_prob(&l, *id), "the same normaliser as log_prob");
+        }
+        assert_eq!(top_log_probs(&l, 0), vec![]);
+        let nan = vec![1.0, f32::NAN, 0.5];
+        let top = top_log_probs(&nan, 5);
+        assert_eq!(
+            top.iter().map(|t| t.0).collect::<Vec<_>>(),
+            vec![0, 2],
+            "NaN never listed"
+        );
+        let wide: Vec<f32> = (0..1000)
+            .map(|i| ((i * 7919) % 1000) as f32 / 10.0)
+            .collect();
+        let top = top_log_probs(&wide, 50);
+        assert_eq!(top.len(), MAX_TOP_LOGPROBS as usize, "capped");
+        assert_eq!(top[0].0, argmax(&wide));
+        assert!(top.windows(2).all(|w| w[0].1 >= w[1].1));
     }
 
     #[test]

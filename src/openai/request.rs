@@ -28,8 +28,8 @@
 //! | `stream_options` | object `{include_usage: bool}`, only with `stream: true`, else 400 `param: "stream_options"` | include_usage false |
 //! | `n` | integer 1..=[`MAX_N`] | 1 |
 //! | `presence_penalty`, `frequency_penalty` | 0 only (penalties are not implemented); other values in -2..=2 → 400 "not supported", outside → 400 range | 0 |
-//! | `logprobs` | chat: boolean; completions: 0 only (integer 1..=5 asks for alternatives → 400 "not supported") | off |
-//! | `top_logprobs` (chat) | 0 only, requires `logprobs: true`; 1..=20 → 400 "not supported" (no alternatives are computed) | 0 |
+//! | `logprobs` | chat: boolean; completions: integer 0..=5, the alternatives per token (0: the chosen token's logprob only) | off |
+//! | `top_logprobs` (chat) | integer 0..=20, requires `logprobs: true`: the alternatives per token | 0 |
 //! | `user` | string (an end-user id; not used) | none |
 //! | `ignore_eos` (extension) | boolean | false |
 //! | `return_token_ids` (extension, vLLM's) | boolean: each choice also carries its generated `token_ids` | false |
@@ -441,19 +441,6 @@ fn parse_logprobs(kind: RequestKind, obj: &Obj) -> Result<Option<u32>, ApiError>
             get_int(obj, "logprobs", 0, i128::from(MAX_COMPLETION_LOGPROBS))?
         }
     };
-    if let Some(k) = k.filter(|&k| k > 0) {
-        let param = match kind {
-            RequestKind::Chat => "top_logprobs",
-            RequestKind::Completion => "logprobs",
-        };
-        return Err(invalid(
-            param,
-            format!(
-                "{param} {k} is not supported: this server returns the chosen token's logprob \
-                 without alternatives; use 0"
-            ),
-        ));
-    }
     Ok(k.and_then(|k| u32::try_from(k).ok()))
 }
 

@@ -269,6 +269,11 @@ pub enum TokenEventKind {
         /// (0, 1, 2, …): a gap means events were lost on the way.
         #[serde(default)]
         index: u32,
+        /// The most likely tokens at this step with their logprobs (same distribution as
+        /// `logprob`), best first, when the request asked for alternatives
+        /// (`SamplingParams::top_logprobs`); empty otherwise.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        top: Vec<(u32, f32)>,
     },
     /// The worker will not continue this request (its replica is stopping or draining); what
     /// was generated so far is valid and the request may resume elsewhere (migration). The

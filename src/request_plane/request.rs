@@ -658,6 +658,7 @@ mod tests {
             logprob: 0.0,
             finish: None,
             index,
+            top: Vec::new(),
         }
     }
 
@@ -879,6 +880,7 @@ mod tests {
                 logprob: 0.0,
                 finish: Some(crate::request_plane::protocol::FinishReason::Length),
                 index: 0,
+                top: Vec::new(),
             },
         );
         let effects = c.take_effects();

@@ -203,11 +203,13 @@ impl StreamDecoder {
                 .and_then(Value::as_f64)
                 .filter(|_| self.want_logprobs)
                 .unwrap_or(0.0) as f32;
+            // Alternatives are not read from an external engine's stream (yet): none.
             out.push(TokenEventKind::Token {
                 id: *id,
                 logprob,
                 finish,
                 index,
+                top: Vec::new(),
             });
             if finish.is_some() {
                 self.done = true;

@@ -26,8 +26,10 @@
 //! (text that might start a stop string is held back, never sent); a stop-string match cancels
 //! the request at its worker. Documented choices: `completion_tokens` counts every token the
 //! model generated for the choice, including the end-of-sequence token and the token that
-//! completed a stop string; `logprobs` carry the chosen token's logprob and no alternatives
-//! (`top_logprobs` lists are empty); a failure after the stream started is one SSE error
+//! completed a stop string; `logprobs` carry the chosen token's logprob and, with
+//! `top_logprobs` (chat) / `logprobs: N` (completions), its worker's N most likely tokens at
+//! that step under the same distribution (the simulated engine lists its token alone, an
+//! external engine none); a failure after the stream started is one SSE error
 //! record, then the stream ends without `[DONE]`; keep-alive comments are sent every
 //! `gateway.keep_alive_ms` (10 s) while a stream waits for tokens.
 
@@ -347,6 +349,7 @@ impl Choice {
                 id,
                 logprob,
                 finish,
+                top,
                 ..
             } => {
                 if self.finish.is_some() {
@@ -375,11 +378,11 @@ impl Choice {
                     piece.push_str(&self.detok.finish()?);
                 }
                 if self.want_logprobs {
-                    let token = self.tokenizer.0.decode(&[id], false).unwrap_or_default();
+                    let text = |id: u32| self.tokenizer.0.decode(&[id], false).unwrap_or_default();
                     self.held_logprobs.push(TokenLogprob {
-                        token,
+                        token: text(id),
                         logprob,
-                        top: vec![],
+                        top: top.into_iter().map(|(t, lp)| (text(t), lp)).collect(),
                     });
                 }
                 let step = self.stop.feed(&piece);
@@ -526,6 +529,7 @@ async fn start(
                     seed: sp.seed.map(|x| x.wrapping_add(u64::from(j))),
                     offset: 0,
                     logprobs: req.logprobs.is_some(),
+                    top_logprobs: req.logprobs.unwrap_or(0),
                 },
                 stop_token_ids: vec![],
                 ignore_eos: req.ignore_eos,

@@ -330,10 +330,19 @@ pub fn model_step(args: &SimEngineArgs, batch: &StepBatch) -> (Duration, StepOut
         .seqs
         .iter()
         .filter(|q| q.sample)
-        .map(|q| SampledToken {
-            seq_id: q.seq_id,
-            token: placeholder(q.seq_id.0, q.start_pos + q.tokens.len()),
-            logprob: 0.0,
+        .map(|q| {
+            let token = placeholder(q.seq_id.0, q.start_pos + q.tokens.len());
+            SampledToken {
+                seq_id: q.seq_id,
+                token,
+                logprob: 0.0,
+                // A point mass: the token is the only one with any probability.
+                top: if q.sampling.top_logprobs > 0 {
+                    vec![(token, 0.0)]
+                } else {
+                    Vec::new()
+                },
+            }
         })
         .collect();
     (step_duration(ms), StepOutput { tokens })

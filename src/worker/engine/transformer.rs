@@ -21,7 +21,7 @@ use rayon::prelude::*;
 use super::StepEngine;
 use super::error::EngineError;
 use super::types::{EngineInfo, SampledToken, StepBatch, StepOutput};
-use crate::kernels::sample::{SeqSampler, log_prob};
+use crate::kernels::sample::{SeqSampler, log_prob, top_log_probs};
 use crate::kernels::{Backend, Device, Rope};
 use crate::model::forward::{ForwardSeq, forward, validate_for};
 use crate::model::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache};
@@ -332,14 +332,26 @@ impl Engine {
                     seq_id: s.seq_id,
                     token: sampler.choose(row, &s.sampling),
                     logprob: 0.0,
+                    top: Vec::new(),
                 }
             })
             .collect();
-        // Logprobs (a pass over the vocabulary each) in parallel across sequences.
+        let wanted: Vec<u32> = batch
+            .seqs
+            .iter()
+            .filter(|s| s.sample)
+            .map(|s| s.sampling.top_logprobs)
+            .collect();
+        // Logprobs (a pass over the vocabulary each, two more for alternatives) in parallel
+        // across sequences, from the logits the sampler drew from.
         tokens
             .par_iter_mut()
             .zip(logits.par_chunks_exact(vocab))
-            .for_each(|(t, row)| t.logprob = log_prob(row, t.token));
+            .zip(wanted.par_iter())
+            .for_each(|((t, row), &k)| {
+                t.logprob = log_prob(row, t.token);
+                t.top = top_log_probs(row, k);
+            });
         Ok(StepOutput { tokens })
     }
 
@@ -397,19 +409,22 @@ impl DeviceCompute {
             let sampler = rngs
                 .entry(s.seq_id)
                 .or_insert_with(|| SeqSampler::new(s.sampling.seed, s.sampling.offset));
-            let (token, logprob) = if s.sampling.is_greedy() {
+            let k = s.sampling.top_logprobs;
+            let (token, logprob, top) = if s.sampling.is_greedy() && k == 0 {
                 sampler.skip();
                 let (best, max, lse) = stats[i];
-                (best, max - lse)
+                (best, max - lse, Vec::new())
             } else {
+                // Drawn here, or alternatives wanted: the row comes to the host.
                 let row = self.runner.logits_row(i).map_err(device_lost)?;
                 let t = sampler.choose(&row, &s.sampling);
-                (t, log_prob(&row, t))
+                (t, log_prob(&row, t), top_log_probs(&row, k))
             };
             tokens.push(SampledToken {
                 seq_id: s.seq_id,
                 token,
                 logprob,
+                top,
             });
         }
         Ok(StepOutput { tokens })

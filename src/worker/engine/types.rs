@@ -28,13 +28,19 @@ pub struct StepBatch {
 }
 
 /// The token drawn for one sequence.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SampledToken {
     pub seq_id: SeqId,
     pub token: u32,
     /// Natural-log probability of `token` under the model's unmodified distribution
     /// (temperature 1, no top-k/top-p).
     pub logprob: f32,
+    /// The sequence's `top_logprobs` most likely tokens at this step with their logprobs
+    /// under the same distribution, best first (`kernels::sample::top_log_probs`); empty
+    /// when none were asked for. The simulated engine, which has no distribution, lists its
+    /// token alone (logprob 0).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top: Vec<(u32, f32)>,
 }
 
 /// Result of one step: one token per sequence that had `sample = true`, in batch order.

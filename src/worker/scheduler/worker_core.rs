@@ -1261,9 +1261,12 @@ impl WorkerCore {
                 return Ok(());
             }
         };
-        let logprobs: HashMap<SeqId, f32> =
-            out.tokens.iter().map(|t| (t.seq_id, t.logprob)).collect();
         let sampled: Vec<(SeqId, u32)> = out.tokens.iter().map(|t| (t.seq_id, t.token)).collect();
+        let mut logprobs: HashMap<SeqId, (f32, Vec<(u32, f32)>)> = out
+            .tokens
+            .into_iter()
+            .map(|t| (t.seq_id, (t.logprob, t.top)))
+            .collect();
         let updates = self.core.on_step_output(&sampled)?;
         for u in updates {
             let Some(l) = self.live.get_mut(&u.seq) else {
@@ -1274,7 +1277,7 @@ impl WorkerCore {
             self.generated_tokens += 1;
             let (to, req) = (l.owner.clone(), l.request);
             let finish = u.finished;
-            let logprob = logprobs.get(&u.seq).copied().unwrap_or(0.0);
+            let (logprob, top) = logprobs.remove(&u.seq).unwrap_or((0.0, Vec::new()));
             self.emit(
                 &to,
                 req,
@@ -1283,6 +1286,7 @@ impl WorkerCore {
                     logprob,
                     finish,
                     index,
+                    top,
                 },
             );
             if let Some(h) = u.handed_off {
@@ -1550,6 +1554,7 @@ mod tests {
                             seq_id: s.seq_id,
                             token: 42,
                             logprob: 0.0,
+                            top: Vec::new(),
                         })
                         .collect(),
                 }),
