@@ -186,8 +186,11 @@ fn completion_prompts() {
         completion(json!({"prompt": [[7]]})).unwrap().input,
         Input::Tokens(vec![7])
     );
-    // Alternatives are not computed: logprobs > 0 is refused.
-    bad(completion(json!({"logprobs": 5})), Some("logprobs"));
+    // Alternatives: up to 5 on completions.
+    assert_eq!(
+        completion(json!({"logprobs": 5})).unwrap().logprobs,
+        Some(5)
+    );
     assert_eq!(
         completion(json!({"logprobs": 0})).unwrap().logprobs,
         Some(0)
@@ -639,12 +642,22 @@ fn fields_that_cannot_be_honoured_are_refused() {
         }
         bad(r, Some(k));
     }
-    let m = bad(
-        chat(json!({"logprobs": true, "top_logprobs": 2})),
+    // Alternatives are served: chat up to 20, completions up to 5.
+    assert_eq!(
+        chat(json!({"logprobs": true, "top_logprobs": 2}))
+            .unwrap()
+            .logprobs,
+        Some(2)
+    );
+    bad(
+        chat(json!({"logprobs": true, "top_logprobs": 21})),
         Some("top_logprobs"),
     );
-    assert!(m.contains("without alternatives"), "{m}");
-    bad(completion(json!({"logprobs": 1})), Some("logprobs"));
+    assert_eq!(
+        completion(json!({"logprobs": 1})).unwrap().logprobs,
+        Some(1)
+    );
+    bad(completion(json!({"logprobs": 6})), Some("logprobs"));
     assert_eq!(
         completion(json!({"logprobs": 0})).unwrap().logprobs,
         Some(0)
