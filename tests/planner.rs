@@ -167,9 +167,20 @@ async fn a_pool_at_zero_serves_the_next_request_after_a_cold_start() {
         "planner.idle_to_zero_s=2",
     ]);
     let c = Cluster::start_with(2, &["--engine", "sim", "--planner"], &sets);
-    // Idle: the pool goes to zero (its worker node drains and stops).
+    // Idle: the pool goes to zero (its worker node drains and stops). Wait until no up node
+    // lists a worker at all (the gateway's admission then waits for a cold start): a worker
+    // that is draining is no longer "ready", but until its node's stop reaches the view the
+    // gateway still counts it, and a request sent in that instant finds no worker to place on.
     poll_until(Duration::from_secs(60), "the pool at zero", || async {
-        (ready_workers(&c).await == 0).then_some(())
+        let f = crate::http::fleet(&c).await;
+        let listed = f["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| n["state"] == "up")
+            .flat_map(|n| n["workers"].as_array().cloned().unwrap_or_default())
+            .count();
+        (ready_workers(&c).await == 0 && listed == 0).then_some(())
     })
     .await;
     let d = latest_decision(&c).await.unwrap();
