@@ -9,30 +9,9 @@ mod poll;
 #[path = "common/process.rs"]
 mod process;
 
-use crate::{http::MODEL, process::Cluster};
+use crate::{http::MODEL, process::run_client_check};
 
 #[test]
 fn the_official_anthropic_client_is_happy() {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let python = format!("{root}/.venv/bin/python");
-    assert!(
-        std::path::Path::new(&python).exists(),
-        "{python} is missing: run `make venv` (make test does it) to install the anthropic client"
-    );
-    let c = Cluster::start(2, &["worker.kv_blocks=128"]);
-    let out = std::process::Command::new(&python)
-        .arg(format!("{root}/tests/anthropic_client/check.py"))
-        .args([&c.gateway, MODEL])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "anthropic client checks failed:\n{stdout}\n{stderr}"
-    );
-    assert!(
-        stdout.contains("anthropic client checks passed"),
-        "{stdout}"
-    );
+    run_client_check("anthropic", MODEL);
 }

@@ -12,7 +12,7 @@ mod poll;
 mod process;
 
 use crate::{
-    http::{MODEL, counter_sum, kv_used, wait_routable},
+    http::{MODEL, counter_sum, kv_used, metric_sum_with, wait_routable},
     poll::poll_until,
     process::Cluster,
 };
@@ -179,17 +179,7 @@ fn assert_order(ev: &Events) {
 
 /// The sum of the `/metrics` series of `name` whose labels contain every one of `labels`.
 async fn metric(c: &Cluster, name: &str, labels: &[&str]) -> u64 {
-    let text = reqwest::get(c.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .filter(|l| labels.iter().all(|x| l.contains(x)))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
-        .sum()
+    metric_sum_with(c, name, labels).await
 }
 
 /// An Anthropic error body of `ty` whose message names `field`.

@@ -85,6 +85,12 @@ pub async fn counter_sum(c: &impl Gateway, name: &str) -> u64 {
 
 /// The sum of a Prometheus counter's series on the gateway node's `/metrics`.
 pub async fn metric_sum(c: &impl Gateway, name: &str) -> u64 {
+    metric_sum_with(c, name, &[]).await
+}
+
+/// [`metric_sum`] over the series whose labels contain every one of `labels`
+/// (`route="messages"`).
+pub async fn metric_sum_with(c: &impl Gateway, name: &str, labels: &[&str]) -> u64 {
     let text = reqwest::get(c.url("/metrics"))
         .await
         .unwrap()
@@ -93,6 +99,7 @@ pub async fn metric_sum(c: &impl Gateway, name: &str) -> u64 {
         .unwrap();
     text.lines()
         .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter(|l| labels.iter().all(|x| l.contains(x)))
         .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
         .sum()
 }

@@ -170,3 +170,31 @@ pub async fn node_pid(c: &Cluster, node: &str) -> i32 {
 pub fn signal(pid: i32, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).unwrap();
 }
+
+/// Run `tests/<client>_client/check.py` (the official `<client>` Python client, installed in
+/// `.venv` by `make venv`) against a 2-node cluster serving `model`; it must exit 0 and print
+/// `<client> client checks passed`.
+pub fn run_client_check(client: &str, model: &str) {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let python = format!("{root}/.venv/bin/python");
+    assert!(
+        std::path::Path::new(&python).exists(),
+        "{python} is missing: run `make venv` (make test does it) to install the {client} client"
+    );
+    let c = Cluster::start(2, &["worker.kv_blocks=128"]);
+    let out = std::process::Command::new(&python)
+        .arg(format!("{root}/tests/{client}_client/check.py"))
+        .args([&c.gateway, model])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{client} client checks failed:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains(&format!("{client} client checks passed")),
+        "{stdout}"
+    );
+}
