@@ -49,7 +49,7 @@ mod tests;
 /// matched against every streamed delta.
 pub const MAX_STOP_SEQUENCES: usize = 16;
 
-/// Top-level fields a Messages body may carry.
+/// Top-level fields a Messages body may carry (besides [`ONLY_UNSET`]'s).
 const KNOWN: &[&str] = &[
     "model",
     "max_tokens",
@@ -69,12 +69,6 @@ const KNOWN: &[&str] = &[
     "cache_control",
     "user_profile_id",
     "workspace_id",
-    "output_config",
-    "inference_geo",
-    "diagnostics",
-    "mcp_servers",
-    "container",
-    "context_management",
 ];
 
 /// Anthropic features this server does not have, accepted only unset.
@@ -123,7 +117,10 @@ pub fn parse_messages_request(body: &[u8]) -> Result<MessagesRequest, ApiError> 
 }
 
 fn from_object(obj: &Obj) -> Result<MessagesRequest, ApiError> {
-    if let Some(key) = obj.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+    if let Some(key) = obj
+        .keys()
+        .find(|k| !KNOWN.contains(&k.as_str()) && !ONLY_UNSET.contains(&k.as_str()))
+    {
         return Err(invalid(
             key,
             format!("{}: Extra inputs are not permitted", clip(key)),
