@@ -16,6 +16,8 @@
 //! - `request.rs` — [`request::RequestCore`]: one request from placement to its last token
 //!   (route, submit, cancel, release, deliver, wait, migrate), as effects for the Request
 //!   actor to carry out.
+//! - `priority.rs` — priority classes: the configured ones, a request's class, and
+//!   [`priority::Drr`], the deficit round robin the schedulers serve classes by.
 //! - `router.rs` — KV-aware placement (`router/index.rs`: prefix index fed by KV events;
 //!   `router/load.rs`: the active load the router placed; `router/policy.rs`: cost and
 //!   selection).
@@ -26,6 +28,7 @@ pub mod error;
 pub mod events;
 pub mod frontend;
 pub mod migration;
+pub mod priority;
 pub mod protocol;
 pub mod request;
 pub mod router;

@@ -223,6 +223,7 @@ impl Harness {
             hand_off: false,
             remote_kv: None,
             fetch: None,
+            class: None,
         }
     }
 

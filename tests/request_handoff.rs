@@ -209,6 +209,7 @@ impl Fleet {
             hand_off: false,
             remote_kv: None,
             fetch: None,
+            class: None,
         };
         let args = RequestArgs {
             job,

@@ -265,6 +265,7 @@ impl Fleet {
             hand_off: false,
             remote_kv: None,
             fetch: None,
+            class: None,
         };
         let mut core = RequestCore::new(
             RequestCoreConfig {

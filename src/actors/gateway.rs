@@ -114,6 +114,12 @@ impl Actor for HttpGateway {
                 metrics::counter!("flotilla_shed_total", "reason" => reason).increment(0);
             }
         }
+        if let Some(serving) = &args.shared.serving {
+            for c in &serving.priority.classes {
+                metrics::counter!("flotilla_class_shed_total", "class" => c.name.clone())
+                    .increment(0);
+            }
+        }
         let cancel = CancellationToken::new();
         if let Some(serving) = args
             .shared

@@ -69,6 +69,8 @@ const KNOWN: &[&str] = &[
     "cache_control",
     "user_profile_id",
     "workspace_id",
+    // Flotilla's extension (`request_plane/priority.rs`).
+    "priority_class",
 ];
 
 /// Anthropic features this server does not have, accepted only unset.
@@ -155,6 +157,7 @@ fn from_object(obj: &Obj) -> Result<MessagesRequest, ApiError> {
             ignore_eos: false,
             return_token_ids: false,
             user: user_id.clone(),
+            priority_class: get_str(obj, "priority_class")?.map(str::to_owned),
         },
         user_id,
     })

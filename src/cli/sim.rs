@@ -206,6 +206,8 @@ pub struct BenchWorkload<'a> {
     pub salt: u64,
     /// Chat turns' token ids, `[session][turn]` (empty for a token-id workload).
     chat: Vec<Vec<Vec<u32>>>,
+    /// `--classes`: session `i`'s priority class (`metrics::class_of`).
+    pub classes: Vec<String>,
 }
 
 impl<'a> BenchWorkload<'a> {
@@ -256,6 +258,7 @@ impl<'a> BenchWorkload<'a> {
             workload,
             salt,
             chat,
+            classes: Vec::new(),
         })
     }
 }
@@ -267,6 +270,10 @@ impl SimWorkload for BenchWorkload<'_> {
 
     fn turns(&self, i: usize) -> usize {
         self.workload.sessions.get(i).map_or(0, |s| s.turns.len())
+    }
+
+    fn class(&self, i: usize) -> Option<&str> {
+        metrics::class_of(&self.classes, i)
     }
 
     fn turn(&self, i: usize, k: usize) -> SimTurn {
@@ -804,7 +811,8 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let input = BenchWorkload::new(&workload, salt, frontend.as_ref())?;
+    let mut input = BenchWorkload::new(&workload, salt, frontend.as_ref())?;
+    input.classes = a.workload.classes.clone();
     // A chat workload's ideal hit rate from the token ids the gateway would place (the
     // bench's is estimated from the text, without the template), in arrival order.
     let ideal_table = if input.chat.is_empty() {
@@ -1024,6 +1032,12 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
         println!("{}", report::compare_table(&runs));
     }
     println!("{}", plan_table(&plans));
+    if !a.workload.classes.is_empty() {
+        for (label, results) in &per_request {
+            let shares = metrics::class_shares(results, &a.workload.classes);
+            println!("{}", metrics::class_table(label, &shares));
+        }
+    }
     if let Some(dir) = &a.workload.out {
         write_outputs(dir, &runs, &samples, &per_request)?;
         let sim = dir.join("sim.json");

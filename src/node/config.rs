@@ -47,6 +47,9 @@ pub struct Config {
     pub disagg: DisaggConfig,
     /// Pool sizing (`control/planner.rs`): read by `flotilla sim --planner` today.
     pub planner: crate::control::planner::PlannerConfig,
+    /// Priority classes with fair shares (`request_plane/priority.rs`): read by gateways
+    /// (a request's class, shedding by class) and `flotilla sim`.
+    pub priority: crate::request_plane::priority::PriorityConfig,
 }
 
 /// Disaggregated prefill and decode: when a request goes to a prefill worker first, and how
@@ -789,6 +792,9 @@ impl Config {
                 ),
             ));
         }
+        self.priority
+            .validate()
+            .map_err(|(field, message)| invalid(field, message))?;
         self.planner
             .validate()
             .map_err(|(field, message)| ConfigError::Invalid {

@@ -32,6 +32,7 @@
 //! | `top_logprobs` (chat) | integer 0..=20, requires `logprobs: true`: the alternatives per token | 0 |
 //! | `user` | string (an end-user id; not used) | none |
 //! | `ignore_eos` (extension) | boolean | false |
+//! | `priority_class` (extension) | string: the request's priority class (`request_plane/priority.rs`; the `x-priority-class` header wins, and they must agree); an unknown class → 400 at the gateway | `priority.default` |
 //! | `return_token_ids` (extension, vLLM's) | boolean: each choice also carries its generated `token_ids` | false |
 //! | `response_format` | `{"type":"text"}`; `json_object` / `json_schema` → 400 "not supported" | text |
 //! | `tool_choice`, `function_call` (chat) | `"none"` or `"auto"` (a plain answer: there are no tools); `"required"` or a named function → 400 `param` = the field | none |
@@ -204,6 +205,9 @@ pub struct GenerationRequest {
     pub return_token_ids: bool,
     /// End-user id, passed through.
     pub user: Option<String>,
+    /// Extension: the priority class named in the body (resolved against the configured
+    /// classes at the gateway, `request_plane/priority.rs`).
+    pub priority_class: Option<String>,
 }
 
 impl GenerationRequest {
@@ -307,6 +311,7 @@ fn from_object(kind: RequestKind, obj: &Obj) -> Result<GenerationRequest, ApiErr
     let ignore_eos = get_bool(obj, "ignore_eos")?.unwrap_or(false);
     let return_token_ids = get_bool(obj, "return_token_ids")?.unwrap_or(false);
     let user = get_str(obj, "user")?.map(str::to_owned);
+    let priority_class = get_str(obj, "priority_class")?.map(str::to_owned);
     check_response_format(obj)?;
     fields::audit(kind, obj)?;
     Ok(GenerationRequest {
@@ -325,6 +330,7 @@ fn from_object(kind: RequestKind, obj: &Obj) -> Result<GenerationRequest, ApiErr
         ignore_eos,
         return_token_ids,
         user,
+        priority_class,
     })
 }
 

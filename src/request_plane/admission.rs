@@ -6,9 +6,14 @@
 //! `waiting ≥ busy_waiting` (as of its node's last heartbeat, ≤ `cluster.heartbeat_interval_ms`
 //! old). In order, a request is shed when this node is draining, when this gateway has
 //! `max_in_flight` choices in flight, or when every live worker of a node that is up is busy;
-//! it then gets **503** with `Retry-After: 1` and no work is done. (429 is reserved for per-key
-//! rate limits, which do not exist yet.) With no worker at all the request is admitted: the
-//! router answers "no worker is available".
+//! it then gets **503** with `Retry-After: 1` and no work is done. With no worker at all the
+//! request is admitted: the router answers "no worker is available".
+//!
+//! **Priority classes** (`priority.classes`, `priority.rs`): a class below the highest is held
+//! to its fraction `(n − rank) / n` of `max_in_flight` and of `busy_waiting`, so the lowest
+//! class is shed first; such a refusal — one the highest class would not get — is **429** with
+//! `Retry-After: 1` (label `priority_class`). A class's own `ttft_target_ms` replaces
+//! `gateway.ttft_target_ms` for its requests.
 //!
 //! **Admission that predicts** (`gateway.ttft_target_ms`, off by default): each worker reports
 //! its predicted wait before a new request's prefill starts (`prefill_wait_ms`): the larger of
@@ -35,6 +40,7 @@
 
 use crate::control::discovery::membership::{NodeState, NodeView, WorkerView};
 use crate::request_plane::error::{RETRY_AFTER_S, ShedReason};
+use crate::request_plane::priority::ClassLevel;
 use crate::runtime::ids::WorkerId;
 use std::collections::HashMap;
 
@@ -128,6 +134,31 @@ impl Admission {
         fleet: Option<&[NodeView]>,
         queues: Option<&HashMap<WorkerId, u64>>,
     ) -> AdmissionVerdict {
+        self.decide_for(draining, in_flight, fleet, queues, None)
+    }
+
+    /// [`Admission::decide_with`] for a request of priority class `class`
+    /// (`request_plane/priority.rs`, "Shedding"): a class below the highest is held to its
+    /// fraction of `max_in_flight` and `busy_waiting` (refused with
+    /// [`ShedReason::PriorityClass`], 429, where the highest class would still be admitted),
+    /// and its own TTFT target, if it has one, replaces `ttft_target_ms`.
+    pub fn decide_for(
+        &self,
+        draining: bool,
+        in_flight: usize,
+        fleet: Option<&[NodeView]>,
+        queues: Option<&HashMap<WorkerId, u64>>,
+        class: Option<ClassLevel>,
+    ) -> AdmissionVerdict {
+        // Held to a fraction of the thresholds: a class below the highest.
+        let lower = class.filter(|c| !c.is_highest());
+        let class_shed = |c: ClassLevel| AdmissionVerdict::Shed {
+            reason: ShedReason::PriorityClass {
+                rank: u16::try_from(c.rank).unwrap_or(u16::MAX),
+                classes: u16::try_from(c.classes).unwrap_or(u16::MAX),
+            },
+            retry_after_s: RETRY_AFTER_S,
+        };
         let shed = |reason| AdmissionVerdict::Shed {
             reason,
             retry_after_s: RETRY_AFTER_S,
@@ -138,6 +169,11 @@ impl Admission {
         if in_flight >= self.max_in_flight {
             return shed(ShedReason::GatewayQueue);
         }
+        if let Some(c) = lower
+            && in_flight >= c.scaled(self.max_in_flight)
+        {
+            return class_shed(c);
+        }
         let Some(fleet) = fleet else {
             return AdmissionVerdict::NoFleetView;
         };
@@ -146,10 +182,25 @@ impl Admission {
             .filter(|n| n.state == NodeState::Up)
             .flat_map(|n| &n.workers)
             .peekable();
-        if workers.peek().is_some() && workers.all(|w| self.busy(w)) {
-            return shed(ShedReason::AllWorkersBusy);
+        if workers.peek().is_some() {
+            let (mut all, mut all_for_class) = (true, true);
+            for w in workers {
+                all &= self.busy(w, self.busy_waiting);
+                if let Some(c) = lower {
+                    all_for_class &= self.busy(w, c.scaled(self.busy_waiting));
+                }
+            }
+            if all {
+                return shed(ShedReason::AllWorkersBusy);
+            }
+            if let Some(c) = lower
+                && all_for_class
+            {
+                return class_shed(c);
+            }
         }
-        if let Some(target) = self.ttft_target_ms {
+        let target = class.and_then(|c| c.ttft_target_ms).or(self.ttft_target_ms);
+        if let Some(target) = target {
             let least = fleet
                 .iter()
                 .filter(|n| n.state == NodeState::Up)
@@ -173,9 +224,9 @@ impl Admission {
         AdmissionVerdict::Admit
     }
 
-    /// Whether `w` is above a threshold.
-    fn busy(&self, w: &WorkerView) -> bool {
-        w.waiting >= self.busy_waiting
+    /// Whether `w` is above a threshold (`busy_waiting`: this request's share of it).
+    fn busy(&self, w: &WorkerView, busy_waiting: usize) -> bool {
+        w.waiting >= busy_waiting
             || (w.kv_blocks_total > 0
                 && w.kv_blocks_used as f64 >= self.busy_kv_ratio * w.kv_blocks_total as f64)
     }
@@ -292,6 +343,86 @@ mod tests {
         assert_eq!(
             A.decide(false, 0, Some(&free_but_suspect)),
             shed(ShedReason::AllWorkersBusy)
+        );
+    }
+
+    #[test]
+    fn lower_classes_are_shed_first_and_the_highest_at_the_thresholds() {
+        let class = |rank| {
+            Some(ClassLevel {
+                rank,
+                classes: 2,
+                ttft_target_ms: None,
+            })
+        };
+        let low = shed(ShedReason::PriorityClass {
+            rank: 1,
+            classes: 2,
+        });
+        // Half the busy queue (4 → 2) on every worker: the low class is refused, not the high.
+        let half = [node(
+            NodeState::Up,
+            vec![worker(0, 16, 2), worker(0, 16, 3)],
+        )];
+        assert_eq!(A.decide_for(false, 0, Some(&half), None, class(1)), low);
+        assert_eq!(
+            A.decide_for(false, 0, Some(&half), None, class(0)),
+            AdmissionVerdict::Admit
+        );
+        let one_free = [node(
+            NodeState::Up,
+            vec![worker(0, 16, 2), worker(0, 16, 1)],
+        )];
+        assert_eq!(
+            A.decide_for(false, 0, Some(&one_free), None, class(1)),
+            AdmissionVerdict::Admit
+        );
+        // At the full threshold every class is refused, 503.
+        let full = [node(NodeState::Up, vec![worker(0, 16, 4)])];
+        assert_eq!(
+            A.decide_for(false, 0, Some(&full), None, class(0)),
+            shed(ShedReason::AllWorkersBusy)
+        );
+        // Half the in-flight cap (10 → 5).
+        let idle = [node(NodeState::Up, vec![worker(0, 16, 0)])];
+        assert_eq!(A.decide_for(false, 5, Some(&idle), None, class(1)), low);
+        assert_eq!(
+            A.decide_for(false, 5, Some(&idle), None, class(0)),
+            AdmissionVerdict::Admit
+        );
+        let e = crate::request_plane::error::RequestError::Overloaded {
+            reason: ShedReason::PriorityClass {
+                rank: 1,
+                classes: 2,
+            },
+            retry_after_s: 1,
+        };
+        assert_eq!(e.status(), 429);
+        assert_eq!(e.retry_after_s(), Some(1));
+    }
+
+    #[test]
+    fn a_class_target_replaces_the_gateway_target() {
+        let w = WorkerView {
+            prefill_wait_ms: Some(800),
+            ..worker(0, 16, 0)
+        };
+        let fleet = [node(NodeState::Up, vec![w])];
+        let strict = Some(ClassLevel {
+            rank: 0,
+            classes: 2,
+            ttft_target_ms: Some(500),
+        });
+        assert!(matches!(
+            A.decide_for(false, 0, Some(&fleet), None, strict),
+            AdmissionVerdict::Shed {
+                reason: ShedReason::TtftTarget { target_ms: 500, .. },
+                ..
+            }
+        ));
+        assert_eq!(
+            A.decide_for(false, 0, Some(&fleet), None, None),
+            AdmissionVerdict::Admit
         );
     }
 

@@ -36,17 +36,26 @@ pub enum ShedReason {
         /// How long the request waited (ms).
         waited_ms: u64,
     },
+    /// The request's priority class is past its share of the shedding thresholds while a
+    /// higher class would still be admitted (`request_plane/priority.rs`): **429**.
+    PriorityClass {
+        /// The class's rank (0 = highest).
+        rank: u16,
+        /// Classes configured.
+        classes: u16,
+    },
 }
 
 impl ShedReason {
     /// Every label of `flotilla_shed_total` ([`ShedReason::as_str`]), for a gateway to
     /// register its series at zero before the first request is shed.
-    pub const LABELS: [&'static str; 5] = [
+    pub const LABELS: [&'static str; 6] = [
         "draining",
         "gateway_queue",
         "all_workers_busy",
         "ttft_target",
         "cold_start",
+        "priority_class",
     ];
 
     /// Label of `flotilla_shed_total`.
@@ -57,6 +66,7 @@ impl ShedReason {
             ShedReason::AllWorkersBusy => "all_workers_busy",
             ShedReason::TtftTarget { .. } => "ttft_target",
             ShedReason::ColdStart { .. } => "cold_start",
+            ShedReason::PriorityClass { .. } => "priority_class",
         }
     }
 
@@ -81,6 +91,12 @@ impl ShedReason {
                 "no worker is serving the model: waited {waited_ms} ms for one to start \
                  (gateway.cold_start_timeout_ms); retry shortly"
             ),
+            ShedReason::PriorityClass { rank, classes } => format!(
+                "the fleet is past this request's priority class's share of the load (class \
+                 {} of {classes}, highest first; lower classes are shed first, and a higher \
+                 class is still admitted); retry shortly",
+                rank + 1
+            ),
         }
     }
 }
@@ -88,7 +104,8 @@ impl ShedReason {
 /// A request the request plane could not serve.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
-    /// Load shedding: refused before any work (503 with `Retry-After`).
+    /// Load shedding: refused before any work (503 with `Retry-After`; 429 when only the
+    /// request's priority class is refused, [`ShedReason::PriorityClass`]).
     #[error("{}", .reason.message())]
     Overloaded {
         /// Why.
@@ -165,6 +182,10 @@ impl RequestError {
     pub fn status(&self) -> u16 {
         match self {
             RequestError::Rejected(_) => 400,
+            RequestError::Overloaded {
+                reason: ShedReason::PriorityClass { .. },
+                ..
+            } => 429,
             RequestError::RouterReply | RequestError::StartFailed | RequestError::Internal(_) => {
                 500
             }
@@ -201,6 +222,7 @@ impl RequestError {
     pub fn kind(&self) -> ErrorKind {
         match self.status() {
             400 => ErrorKind::InvalidRequest,
+            429 => ErrorKind::RateLimited,
             503 => ErrorKind::Unavailable,
             _ => ErrorKind::Internal,
         }
@@ -230,6 +252,10 @@ mod tests {
                 target_ms: 0,
             },
             ShedReason::ColdStart { waited_ms: 0 },
+            ShedReason::PriorityClass {
+                rank: 1,
+                classes: 2,
+            },
         ];
         assert_eq!(all.map(ShedReason::as_str), ShedReason::LABELS);
     }

@@ -82,6 +82,10 @@ pub struct SubmitRequest {
     /// recomputing them (`worker/scheduler.rs`, "Peer pulls"). A hint, never an order.
     #[serde(default)]
     pub fetch: Option<FetchHint>,
+    /// Its priority class (`request_plane/priority.rs`), resolved at the gateway: its lane in
+    /// the worker's waiting queue. `None`: no class configured.
+    #[serde(default)]
+    pub class: Option<super::priority::ClassTag>,
 }
 
 /// The cost terms of one placement (`router/policy.rs`, [`Decision`](super::router::policy::Decision)),

@@ -633,6 +633,7 @@ mod tests {
             hand_off: false,
             remote_kv: None,
             fetch: None,
+            class: None,
         };
         RequestCore::new(
             RequestCoreConfig {

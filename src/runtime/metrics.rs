@@ -113,6 +113,24 @@ fn describe() {
              rejected), per request, by reason",
         ),
         (
+            "flotilla_class_requests_total",
+            "Requests per priority class (priority.classes), per request, by outcome as in \
+             flotilla_requests_total (refusals before a worker saw it excluded)",
+        ),
+        (
+            "flotilla_class_prompt_tokens_total",
+            "usage.prompt_tokens of ok requests, per priority class",
+        ),
+        (
+            "flotilla_class_completion_tokens_total",
+            "usage.completion_tokens of ok requests, per priority class",
+        ),
+        (
+            "flotilla_class_shed_total",
+            "Requests of a priority class refused by admission control (429 when only its \
+             class was refused, 503 otherwise; also in flotilla_shed_total), per request",
+        ),
+        (
             "flotilla_http_body_timeouts_total",
             "Requests whose body did not arrive within gateway.request_body_timeout_ms (408), per \
              request",
@@ -287,6 +305,11 @@ fn describe() {
         (
             "flotilla_ttft_seconds",
             "Time to first token in seconds, request received to the choice's first token, per \
+             choice",
+        ),
+        (
+            "flotilla_class_ttft_seconds",
+            "Time to first token in seconds per priority class, as flotilla_ttft_seconds, per \
              choice",
         ),
         (

@@ -149,6 +149,11 @@ pub trait SimWorkload {
     fn turns(&self, i: usize) -> usize;
     /// Turn `k` of session `i`.
     fn turn(&self, i: usize, k: usize) -> SimTurn;
+    /// The priority class session `i`'s requests name (`priority.classes`), as a client's
+    /// `x-priority-class` would; `None`: the default class.
+    fn class(&self, _i: usize) -> Option<&str> {
+        None
+    }
 }
 
 /// When sessions start.
@@ -214,6 +219,8 @@ pub struct SimRecord {
     pub output_tokens: u64,
     pub prompt_tokens: u64,
     pub cached_tokens: Option<u64>,
+    /// Its priority class, resolved as a gateway resolves it (`None`: none configured).
+    pub class: Option<String>,
 }
 
 /// Counts of what happened in a run.
@@ -1449,10 +1456,27 @@ impl<'w> SimFleet<'w> {
             prompt_tokens: turn.prompt.len() as u64,
             ..SimRecord::default()
         };
+        let class = match self
+            .spec
+            .config
+            .priority
+            .resolve(self.workload.class(i), None)
+        {
+            Ok(c) => c,
+            Err(e) => {
+                record.error = Some(format!("status 400: {e}"));
+                return self.end_session_with(i, k, record);
+            }
+        };
+        record.class = class.as_ref().map(|c| c.tag.name.clone());
         self.refresh_views();
-        let verdict = self
-            .admission
-            .decide(false, self.requests.len(), Some(&self.views));
+        let verdict = self.admission.decide_for(
+            false,
+            self.requests.len(),
+            Some(&self.views),
+            None,
+            class.as_ref().map(|c| c.level),
+        );
         if verdict != AdmissionVerdict::Admit {
             if let Some(p) = self.planner.as_ref() {
                 // As a live gateway counts it: demand the fleet could not take.
@@ -1461,7 +1485,12 @@ impl<'w> SimFleet<'w> {
             self.out.counters.shed += 1;
             record.error = Some(match verdict {
                 AdmissionVerdict::Shed { reason, .. } => {
-                    format!("status 503: {}", reason.message())
+                    let status = if matches!(reason, ShedReason::PriorityClass { .. }) {
+                        429
+                    } else {
+                        503
+                    };
+                    format!("status {status}: {}", reason.message())
                 }
                 _ => "status 503: no fleet view".into(),
             });
@@ -1562,6 +1591,10 @@ impl<'w> SimFleet<'w> {
             hand_off: false,
             remote_kv: None,
             fetch: None,
+            class: record.class.as_deref().and_then(|n| {
+                let c = self.spec.config.priority.resolve(Some(n), None).ok()??;
+                Some(c.tag)
+            }),
         };
         let mut core = RequestCore::new(
             RequestCoreConfig {

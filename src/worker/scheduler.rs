@@ -23,9 +23,12 @@
 //!    prompt (vLLM's preemption by recompute; its registered blocks usually come back as a
 //!    prefix-cache hit);
 //! 2. continues partially prefilled sequences;
-//! 3. admits waiting sequences strictly FCFS (no skipping; "first come" is the request's
-//!    arrival at its gateway, so a migrated request keeps its place) while `max_num_seqs`, the token
-//!    budget `max_num_batched_tokens` and the pool allow, chunking the last prefill to fit.
+//! 3. admits waiting sequences — preempted ones first, then strictly FCFS within each priority
+//!    class (no skipping; "first come" is the request's arrival at its gateway, so a migrated
+//!    request keeps its place), the classes served by deficit round robin on uncached prompt
+//!    tokens (`waiting.rs`, `request_plane/priority.rs`; one class when none is configured:
+//!    plain FCFS) — while `max_num_seqs`, the token budget `max_num_batched_tokens` and the
+//!    pool allow, chunking the last prefill to fit.
 //!    Admission allocates blocks for the whole prompt + 1 at once (all-or-nothing), reusing the
 //!    longest cached prefix. No admission happens in a step that preempted (as in vLLM v1),
 //!    which avoids admit/preempt thrashing.
@@ -77,6 +80,7 @@ mod batch;
 mod fill;
 mod outbox;
 mod step_model;
+mod waiting;
 mod watchdog;
 mod worker_core;
 

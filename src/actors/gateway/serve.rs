@@ -52,6 +52,7 @@ use crate::request_plane::admission::{
 };
 use crate::request_plane::error::{RequestError, ShedReason};
 use crate::request_plane::frontend::TokRef;
+use crate::request_plane::priority::{CLASS_HEADER, ClassError, Resolved};
 use crate::request_plane::protocol::TokenEventKind;
 use crate::request_plane::router::policy::Policy;
 use crate::runtime::ids::RequestId;
@@ -72,7 +73,11 @@ use tokio::sync::mpsc;
 /// Admission control on this node's flag, this gateway's requests in flight, the fleet view
 /// Discovery last published and the prefill queues this node's router published (when one
 /// runs here): no call to any actor.
-fn admit(s: &GatewayShared, serving: &Serving) -> Result<(), RequestError> {
+fn admit(
+    s: &GatewayShared,
+    serving: &Serving,
+    class: Option<&Resolved>,
+) -> Result<(), RequestError> {
     let fleet = s.fleet.latest();
     let queues = s.prefill_queues.latest();
     // A worker's face queues at its engine like a single server: only draining and the
@@ -82,11 +87,12 @@ fn admit(s: &GatewayShared, serving: &Serving) -> Result<(), RequestError> {
     } else {
         fleet.as_deref()
     };
-    match serving.admission.decide_with(
+    match serving.admission.decide_for(
         s.stats.draining(),
         serving.registry.len(),
         fleet,
         queues.as_deref(),
+        class.map(|c| c.level),
     ) {
         AdmissionVerdict::Admit => Ok(()),
         AdmissionVerdict::Shed {
@@ -94,6 +100,10 @@ fn admit(s: &GatewayShared, serving: &Serving) -> Result<(), RequestError> {
             retry_after_s,
         } => {
             metrics::counter!("flotilla_shed_total", "reason" => reason.as_str()).increment(1);
+            if let Some(c) = class {
+                metrics::counter!("flotilla_class_shed_total", "class" => c.tag.name.clone())
+                    .increment(1);
+            }
             if reason != crate::request_plane::error::ShedReason::Draining {
                 // Demand the fleet could not take: the planner counts it (a draining
                 // gateway's refusals go to another gateway and are counted there).
@@ -161,6 +171,25 @@ async fn wait_for_capacity(s: &GatewayShared, serving: &Serving) -> Result<(), R
             });
         }
     }
+}
+
+/// The priority class named by the `x-priority-class` header, if any (a value that is not
+/// visible ASCII is refused as a malformed name).
+fn class_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    let Some(v) = headers.get(CLASS_HEADER) else {
+        return Ok(None);
+    };
+    v.to_str().map(Some).map_err(|_| {
+        class_error(ClassError::Malformed {
+            source_name: CLASS_HEADER,
+        })
+    })
+}
+
+fn class_error(e: ClassError) -> ApiError {
+    ApiError::new(ErrorKind::InvalidRequest, e.to_string())
+        .param(e.param())
+        .code("invalid_priority_class")
 }
 
 /// The routing policy asked for by the `x-flotilla-route-policy` header, if any.
@@ -305,6 +334,8 @@ struct Choice {
     workers: Vec<String>,
     /// The prompt it answers (its index in the request's list; 0 for a single prompt).
     prompt: usize,
+    /// Its priority class, if classes are configured (per-class metrics).
+    class: Option<Arc<str>>,
 }
 
 /// What one event produced for the client.
@@ -360,6 +391,10 @@ impl Choice {
                     None => {
                         let d = now - self.t0;
                         metrics::histogram!("flotilla_ttft_seconds").record(d.as_secs_f64());
+                        if let Some(c) = &self.class {
+                            metrics::histogram!("flotilla_class_ttft_seconds", "class" => c.to_string())
+                                .record(d.as_secs_f64());
+                        }
                         self.stats.signals().first_token(d.as_secs_f64() * 1000.0);
                     }
                     Some(prev) => {
@@ -422,6 +457,8 @@ struct Started {
     /// Counted in `/metrics` already ([`Started::record`]); until then, dropping it counts
     /// the request as `cancelled` (its client went away).
     recorded: bool,
+    /// Its priority class, if classes are configured.
+    class: Option<Arc<str>>,
 }
 
 async fn spawn_choice(
@@ -482,9 +519,27 @@ async fn start(
     let kind = api.kind();
     let t0 = Instant::now();
     let serving = s.serving.as_ref().ok_or(RequestError::NoModel)?;
-    admit(s, serving)?;
+    // A class named in the header is judged before the body is read. Without the header the
+    // class is known only once the body is parsed (its `priority_class`, or the default):
+    // judged first as the highest class would be, then as its own.
+    let header_class = class_header(headers)?;
+    let pre_class = match header_class {
+        Some(h) => serving
+            .priority
+            .resolve(Some(h), None)
+            .map_err(class_error)?,
+        None => None,
+    };
+    admit(s, serving, pre_class.as_ref())?;
     let bytes = read_body(headers, body, s.max_body_bytes, s.request_body_timeout).await?;
     let req = api.parse(&bytes)?;
+    let class = serving
+        .priority
+        .resolve(header_class, req.priority_class.as_deref())
+        .map_err(class_error)?;
+    if header_class.is_none() && class.is_some() {
+        admit(s, serving, class.as_ref())?;
+    }
     let fe = &serving.frontend;
     check_model(&req.model, &[fe.model_id.as_str()])?;
     let policy = route_policy(headers)?;
@@ -508,6 +563,7 @@ async fn start(
     let (merged_tx, rx) = mpsc::unbounded_channel();
     let mut guard = CancelGuard(Vec::new());
     let mut choices = Vec::new();
+    let class_name: Option<Arc<str>> = class.as_ref().map(|c| Arc::from(c.tag.name.as_str()));
     // The `request` span (current here) as the trace the router and workers join.
     let traceparent = crate::runtime::otlp::current_traceparent();
     for (p, prompt) in prompts.iter().enumerate() {
@@ -538,6 +594,7 @@ async fn start(
                 hand_off: false,
                 remote_kv: None,
                 fetch: None,
+                class: class.as_ref().map(|c| c.tag.clone()),
             };
             guard
                 .0
@@ -559,6 +616,7 @@ async fn start(
                 stats: s.stats.clone(),
                 workers: Vec::new(),
                 prompt: p,
+                class: class_name.clone(),
             });
             s.stats.signals().arrived(prompt.len() as u64);
         }
@@ -588,6 +646,7 @@ async fn start(
         guard,
         t0,
         recorded: false,
+        class: class_name,
     };
     // Each choice's first event decides between an HTTP error and a response (a refusal
     // here is counted as `rejected` by `generate`, not by `Started`'s drop).
@@ -691,6 +750,16 @@ impl Started {
         metrics::counter!("flotilla_requests_total", "route" => self.route(), "outcome" => outcome, "status" => status.to_string())
             .increment(1);
         metrics::histogram!("flotilla_e2e_latency_seconds").record(self.t0.elapsed().as_secs_f64());
+        if let Some(c) = &self.class {
+            metrics::counter!("flotilla_class_requests_total", "class" => c.to_string(), "outcome" => outcome)
+                .increment(1);
+            if outcome == "ok" {
+                metrics::counter!("flotilla_class_prompt_tokens_total", "class" => c.to_string())
+                    .increment(u64::from(usage.prompt_tokens));
+                metrics::counter!("flotilla_class_completion_tokens_total", "class" => c.to_string())
+                    .increment(u64::from(usage.completion_tokens));
+            }
+        }
         if outcome == "ok" {
             metrics::counter!("flotilla_prompt_tokens_total")
                 .increment(u64::from(usage.prompt_tokens));

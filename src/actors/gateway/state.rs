@@ -110,6 +110,9 @@ pub struct Serving {
     pub cold_start_timeout: Duration,
     /// Admission thresholds.
     pub admission: Admission,
+    /// Priority classes (`priority.*`): a request's class, its lane at the worker and its
+    /// share of the shedding thresholds.
+    pub priority: Arc<crate::request_plane::priority::PriorityConfig>,
     /// A worker's own face (`face.rs`): every request goes to this worker, no router asked.
     pub pin: Option<crate::runtime::ids::WorkerId>,
     /// This node's fleet event bus (placements, migrations, give-ups).

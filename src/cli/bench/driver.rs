@@ -51,6 +51,8 @@ pub struct RunPlan {
     pub salt: u64,
     /// Headers added to every request (e.g. `x-flotilla-route-policy`).
     pub headers: Vec<(String, String)>,
+    /// `--classes`: session `i` sends `x-priority-class` (`metrics::class_of`).
+    pub classes: Vec<String>,
 }
 
 /// The system-message prefix that salts a chat prompt.
@@ -236,12 +238,19 @@ async fn send_turn(
 async fn run_session(
     target: &Target,
     base: &str,
-    session: &Session,
+    (index, session): (usize, &Session),
     plan: &RunPlan,
     progress: &Progress,
     start: Instant,
 ) -> Vec<RequestResult> {
     let mut out = Vec::with_capacity(session.turns.len());
+    let mut headers = plan.headers.clone();
+    if let Some(c) = super::metrics::class_of(&plan.classes, index) {
+        headers.push((
+            crate::request_plane::priority::CLASS_HEADER.to_owned(),
+            c.to_owned(),
+        ));
+    }
     for turn in &session.turns {
         if out.last().is_some_and(|r: &RequestResult| !r.ok) {
             let skipped = RequestResult::failed("skipped: an earlier turn of the session failed");
@@ -251,7 +260,7 @@ async fn run_session(
         }
         progress.in_flight.fetch_add(1, Ordering::Relaxed);
         let sent_s = start.elapsed().as_secs_f64();
-        let mut r = send_turn(target, base, turn, plan.salt, &plan.headers).await;
+        let mut r = send_turn(target, base, turn, plan.salt, &headers).await;
         r.sent_s = sent_s;
         progress.in_flight.fetch_sub(1, Ordering::Relaxed);
         progress.finish(&r);
@@ -279,7 +288,7 @@ impl Shared {
         let mut out = run_session(
             &self.target,
             &bases[i % bases.len()],
-            &self.workload.sessions[i],
+            (i, &self.workload.sessions[i]),
             &self.plan,
             &self.progress,
             self.start,

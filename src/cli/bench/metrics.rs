@@ -62,6 +62,132 @@ pub struct RequestResult {
     pub cached_tokens: Option<u64>,
 }
 
+/// Session `session`'s priority class under `--classes`: `classes[h(session) mod N]`, with
+/// `h` the SplitMix64 finalizer, so that the classes are mixed in arrival order the way
+/// independent tenants' requests are (`session mod N` would give each of N workers taking
+/// turns one class alone; the arbiter shares a replica between the classes queued there).
+pub fn class_of(classes: &[String], session: usize) -> Option<&str> {
+    if classes.is_empty() {
+        return None;
+    }
+    let mut x = (session as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^= x >> 31;
+    Some(classes[(x % classes.len() as u64) as usize].as_str())
+}
+
+/// One priority class's figures in a run (`--classes`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ClassShare {
+    pub class: String,
+    /// Requests sent, and those that succeeded.
+    pub requests: usize,
+    pub ok: usize,
+    /// Refused by admission: 429 (its class was shed) or 503.
+    pub shed: usize,
+    /// Requests whose first token came within the contention window (below).
+    pub served_in_window: usize,
+    /// `served_in_window` over every class's.
+    pub share: f64,
+    /// TTFT percentiles of its successful requests (ms).
+    pub ttft_p50_ms: f64,
+    pub ttft_p99_ms: f64,
+}
+
+/// Each class's share of service **while every class had requests to serve**: the window
+/// ends at the first token of the last successful request of the class that finished
+/// first (the earliest such time over the classes); within it, the requests whose first
+/// token came are counted per class. With every class backlogged through the window
+/// (a burst of like requests, or a closed loop), the shares follow the classes' weights
+/// (`request_plane/priority.rs`); past the window the classes left are served alone, so a
+/// whole run's totals only say what was offered.
+pub fn class_shares(results: &[RequestResult], classes: &[String]) -> Vec<ClassShare> {
+    let mut names: Vec<&str> = Vec::new();
+    for c in classes {
+        if !names.contains(&c.as_str()) {
+            names.push(c);
+        }
+    }
+    let first_token_s = |r: &RequestResult| r.ttft_ms.map(|t| r.sent_s + t / 1000.0);
+    fn of<'a>(
+        results: &'a [RequestResult],
+        classes: &'a [String],
+        name: &'a str,
+    ) -> impl Iterator<Item = &'a RequestResult> + 'a {
+        results
+            .iter()
+            .filter(move |r| class_of(classes, r.session) == Some(name))
+    }
+    let of = |name| of(results, classes, name);
+    let window = names
+        .iter()
+        .filter_map(|n| {
+            of(n)
+                .filter(|r| r.ok)
+                .filter_map(first_token_s)
+                .max_by(f64::total_cmp)
+        })
+        .min_by(f64::total_cmp)
+        .unwrap_or(0.0);
+    let mut out: Vec<ClassShare> = names
+        .iter()
+        .map(|n| {
+            let ttft: Vec<f64> = of(n).filter(|r| r.ok).filter_map(|r| r.ttft_ms).collect();
+            ClassShare {
+                class: (*n).to_owned(),
+                requests: of(n).count(),
+                ok: of(n).filter(|r| r.ok).count(),
+                shed: of(n)
+                    .filter(|r| {
+                        r.error.as_deref().is_some_and(|e| {
+                            e.starts_with("status 429") || e.starts_with("status 503")
+                        })
+                    })
+                    .count(),
+                served_in_window: of(n)
+                    .filter(|r| r.ok && first_token_s(r).is_some_and(|t| t <= window))
+                    .count(),
+                share: 0.0,
+                ttft_p50_ms: percentile(&ttft, 0.5),
+                ttft_p99_ms: percentile(&ttft, 0.99),
+            }
+        })
+        .collect();
+    let total: usize = out.iter().map(|c| c.served_in_window).sum();
+    for c in &mut out {
+        c.share = if total == 0 {
+            0.0
+        } else {
+            c.served_in_window as f64 / total as f64
+        };
+    }
+    out
+}
+
+/// [`class_shares`] as a markdown table.
+pub fn class_table(label: &str, shares: &[ClassShare]) -> String {
+    let mut t = format!(
+        "\n{label}: priority classes (share = first tokens served while every class had \
+         requests left)\n\n| class | requests | ok | shed | served in window | share | TTFT p50 \
+         (ms) | TTFT p99 (ms) |\n|---|---|---|---|---|---|---|---|\n"
+    );
+    for c in shares {
+        t.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {:.1} % | {:.0} | {:.0} |\n",
+            c.class,
+            c.requests,
+            c.ok,
+            c.shed,
+            c.served_in_window,
+            c.share * 100.0,
+            c.ttft_p50_ms,
+            c.ttft_p99_ms
+        ));
+    }
+    t
+}
+
 fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }

@@ -246,6 +246,13 @@ pub struct WorkloadArgs {
     /// synthetic-sessions: tokens of each answer.
     #[arg(long, default_value_t = 128)]
     pub session_output_tokens: u32,
+    /// Priority classes (`priority.classes` of the fleet), comma-separated: session `i` is of
+    /// class `classes[h(i) mod N]` (`metrics::class_of`: mixed in arrival order; sent as
+    /// `x-priority-class`); the report adds each class's share of
+    /// the first tokens served while every class still had requests to serve
+    /// ([`metrics::class_shares`]).
+    #[arg(long, value_delimiter = ',')]
+    pub classes: Vec<String>,
 }
 
 /// What one run of a `--compare` changes: its label and its extra headers.
@@ -632,6 +639,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
             concurrency: a.workload.concurrency,
             salt,
             headers: v.headers,
+            classes: a.workload.classes.clone(),
         };
         let meter = driver::FleetMeter::start(client.clone(), base.clone());
         let (results, wall_s) = driver::execute(
@@ -666,6 +674,12 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         println!("{}", report::compare_table(&runs));
     }
     print!("{}", report::cost_lines(&runs, a.dollars_per_replica_hour));
+    if !a.workload.classes.is_empty() {
+        for (label, results) in &per_request {
+            let shares = metrics::class_shares(results, &a.workload.classes);
+            println!("{}", metrics::class_table(label, &shares));
+        }
+    }
     if let Some(dir) = &a.workload.out {
         write_outputs(dir, &runs, &samples, &per_request)?;
     }

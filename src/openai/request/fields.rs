@@ -40,6 +40,7 @@ const COMMON: &[&str] = &[
     "user",
     "ignore_eos",
     "return_token_ids",
+    "priority_class",
     "response_format",
     "logit_bias",
 ];

@@ -106,6 +106,7 @@ pub(super) fn gateway(ctx: &NodeContext) -> GatewayParts {
             keep_alive: Duration::from_millis(g.keep_alive_ms),
             cold_start_timeout: Duration::from_millis(g.cold_start_timeout_ms),
             admission: ctx.config.admission(),
+            priority: Arc::new(ctx.config.priority.clone()),
             pin: None,
             bus: ctx.events.clone(),
         })

@@ -18,6 +18,7 @@ fn job(max_tokens: u32, ignore_eos: bool) -> SubmitRequest {
         hand_off: false,
         remote_kv: None,
         fetch: None,
+        class: None,
     }
 }
 

@@ -2,10 +2,12 @@
 //!
 //! See the parent module doc for the policy; this file holds the code.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 
 use super::step_model::{StepCost, StepShape};
+use super::waiting::Waiting;
 use crate::kv::{BlockPool, KvEvent, PoolError, PoolUsage, SeqLease};
+use crate::request_plane::priority::ClassTag;
 use crate::runtime::ids::{BlockId, SeqId};
 
 /// Errors of the scheduler.
@@ -128,6 +130,9 @@ pub struct SeqRequest {
     /// sequence is **handed off**: it leaves the batch and its blocks stay pinned
     /// ([`SeqUpdate::handed_off`]) until [`SchedulerCore::cancel`] releases them.
     pub hand_off: bool,
+    /// Its priority class (`request_plane/priority.rs`): its lane in the waiting queue.
+    /// `None`: the unclassed lane (the only one when no class is configured).
+    pub class: Option<ClassTag>,
 }
 
 pub use crate::request_plane::protocol::FinishReason;
@@ -222,8 +227,6 @@ struct SeqEntry {
     eos_token_id: Option<u32>,
     /// `Some` while running.
     lease: Option<SeqLease>,
-    /// See [`SeqRequest::arrival`].
-    arrival: u64,
     /// Remote KV: expected (waiting), being pulled or onboarded (running, not scheduled), or
     /// none.
     remote: Remote,
@@ -314,7 +317,7 @@ pub struct SchedulerCore {
     /// `min(max_model_len, pool capacity in tokens)`.
     max_len: usize,
     seqs: HashMap<SeqId, SeqEntry>,
-    waiting: VecDeque<SeqId>,
+    waiting: Waiting,
     /// Admission order: the newest is last (the first preemption victim).
     running: Vec<SeqId>,
     in_flight: Option<Vec<InFlight>>,
@@ -339,7 +342,7 @@ impl SchedulerCore {
             max_len: config.max_model_len.min(capacity),
             pool,
             seqs: HashMap::new(),
-            waiting: VecDeque::new(),
+            waiting: Waiting::default(),
             running: Vec::new(),
             in_flight: None,
             preempted: Vec::new(),
@@ -348,7 +351,8 @@ impl SchedulerCore {
         })
     }
 
-    /// Queues a request: first come, first served by [`SeqRequest::arrival`].
+    /// Queues a request: first come, first served by [`SeqRequest::arrival`] within its
+    /// priority class, classes by deficit round robin (`waiting.rs`).
     ///
     /// # Errors
     /// The request is refused (nothing queued) for an empty prompt, `max_tokens` 0, a
@@ -400,7 +404,6 @@ impl SchedulerCore {
                 stop_token_ids: req.stop_token_ids,
                 eos_token_id: req.eos_token_id,
                 lease: None,
-                arrival: req.arrival,
                 remote: if req.remote_tokens > 0 {
                     Remote::Expected(req.remote_tokens)
                 } else {
@@ -410,14 +413,8 @@ impl SchedulerCore {
                 report_cached: false,
             },
         );
-        // After every waiting sequence that arrived no later (a stable insertion).
-        let seqs = &self.seqs;
-        let at = self
-            .waiting
-            .iter()
-            .position(|s| seqs.get(s).is_some_and(|e| e.arrival > req.arrival))
-            .unwrap_or(self.waiting.len());
-        self.waiting.insert(at, seq);
+        // After every waiting sequence of its class that arrived no later.
+        self.waiting.insert(seq, req.class.as_ref(), req.arrival);
         Ok(())
     }
 
@@ -514,12 +511,14 @@ impl SchedulerCore {
             budget -= chunk;
         }
 
-        // 3. Admit waiting sequences, FCFS, unless this step had to preempt.
+        // 3. Admit waiting sequences (preempted ones first, then by class: FCFS within a
+        //    class, classes by deficit round robin), unless this step had to preempt.
         let preempted_now = self.preempted.len() > preempted_before;
         while !preempted_now && budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(&s) = self.waiting.front() else {
+            let Some(head) = self.waiting.peek() else {
                 break;
             };
+            let s = head.seq;
             if stall.as_mut().is_some_and(|l| !l.admits()) {
                 break;
             }
@@ -535,7 +534,14 @@ impl SchedulerCore {
                 Err(PoolError::OutOfBlocks { .. }) => break,
                 Err(e) => return Err(e.into()),
             };
-            self.waiting.pop_front();
+            // Its class pays for the prompt tokens computed here (cached, pulled and
+            // onboarded ones are not): at least 1.
+            let reused = match entry.remote {
+                Remote::Expected(n) => n.max(alloc.cached_tokens),
+                _ => alloc.cached_tokens + alloc.onboard_tokens,
+            };
+            self.waiting
+                .admitted(head, entry.prefill_len.saturating_sub(reused) as u64);
             self.running.push(s);
             let e = self.seqs.get_mut(&s).ok_or(PoolError::UnknownSequence(s))?;
             e.lease = Some(alloc.lease);
@@ -703,7 +709,7 @@ impl SchedulerCore {
                 f.alive = false;
             }
         }
-        self.waiting.retain(|&s| s != seq);
+        self.waiting.remove(seq);
         // A failed free leaves the lease to its Drop, which queues the release in the pool.
         let _ = self.remove(seq);
         true
@@ -863,7 +869,7 @@ impl SchedulerCore {
         e.num_computed = 0;
         e.prefill_len = e.tokens.len();
         let lease = e.lease.take();
-        self.waiting.push_front(s);
+        self.waiting.push_resume(s);
         self.preempted.push(s);
         if let Some(l) = lease {
             self.pool.free(l)?;

@@ -632,6 +632,7 @@ impl WorkerCore {
         let added = self.core.add(SeqRequest {
             remote_tokens: remote.as_ref().map_or(0, |kv| kv.tokens as usize),
             hand_off: req.hand_off,
+            class: req.class,
             seq,
             prompt: req.prompt,
             max_tokens: req.max_tokens as usize,
@@ -1537,6 +1538,7 @@ mod tests {
             hand_off: false,
             remote_kv: None,
             fetch: None,
+            class: None,
         }
     }
 
