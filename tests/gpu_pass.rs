@@ -147,6 +147,63 @@ fn mixed_batch_matches_the_cpu_engine() {
     assert!(max_abs_diff(&l1[0], &lb[0]) < 2e-3);
 }
 
+/// Prompt log-probabilities (echo) on the device path: a scoring sequence's every row comes
+/// out, between a decode row before it and a sampled prefill after it, and the scores, the
+/// sampled tokens and their logprobs are the CPU engine's.
+#[test]
+fn prompt_scores_match_the_cpu_engine_in_a_mixed_batch() {
+    let m = model();
+    let mut gpu = engine_on(m, 96, device(GemmPrecision::F32));
+    let mut cpu = engine_on(m, 96, Device::Cpu);
+    let prompt = &golden()[2].prompt_ids;
+    let (ta, tb, tc) = (blocks(0..8), blocks(8..16), blocks(16..24));
+    let scoring = |s: StepSeq, score: &[u32]| {
+        let mut s = s;
+        s.score = score.to_vec();
+        s.sampling = SamplingParams {
+            top_logprobs: 2,
+            echo_tokens: 30,
+            ..SamplingParams::default()
+        };
+        s
+    };
+    let warm = StepBatch {
+        seqs: vec![
+            seq(1, &prompt[..4], 0, &ta, true),
+            scoring(seq(2, &prompt[..12], 0, &tb, false), &prompt[1..13]),
+            seq(3, &prompt[..6], 0, &tc, true),
+        ],
+    };
+    let next = StepBatch {
+        seqs: vec![
+            seq(1, &[42], 4, &ta, true),
+            scoring(seq(2, &prompt[12..30], 12, &tb, true), &prompt[13..30]),
+            seq(3, &[43], 6, &tc, true),
+        ],
+    };
+    for b in [&warm, &next] {
+        let (og, oc) = (gpu.step(b).expect("gpu"), cpu.step(b).expect("cpu"));
+        let toks = |o: &flotilla::worker::engine::StepOutput| -> Vec<u32> {
+            o.tokens.iter().map(|t| t.token).collect()
+        };
+        assert_eq!(toks(&og), toks(&oc), "the sampled rows are the right ones");
+        for (a, b) in og.tokens.iter().zip(&oc.tokens) {
+            assert!((a.logprob - b.logprob).abs() < 1e-3, "{a:?} vs {b:?}");
+        }
+        assert_eq!(og.prompt.len(), 1);
+        let (pg, pc) = (&og.prompt[0], &oc.prompt[0]);
+        assert_eq!((pg.seq_id, pg.first), (pc.seq_id, pc.first));
+        assert_eq!(pg.logprobs.len(), b.seqs[1].score.len());
+        for (x, y) in pg.logprobs.iter().zip(&pc.logprobs) {
+            assert!((x.0 - y.0).abs() < 1e-3, "{x:?} vs {y:?}");
+            assert_eq!(
+                x.1.iter().map(|t| t.0).collect::<Vec<_>>(),
+                y.1.iter().map(|t| t.0).collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
 /// bf16 prefill products: the first greedy tokens agree with the golden ones and step 0's
 /// top-5 logits move by less than the measured bound.
 #[test]

@@ -192,3 +192,75 @@ fn malformed_batches_are_typed_errors() {
         Err(EngineError::InvalidBatch(_))
     ));
 }
+
+/// Prompt log-probabilities (`StepSeq::score`, echo): a prefill in chunks scores each prompt
+/// token from the logits of the position before it, exactly what the last-position logits of
+/// the prompt's prefix give (the same model run alone), with its alternatives ordered and the
+/// scored token's own logprob among them when it is that likely; the sampled row is still
+/// the last one.
+#[test]
+fn prompt_scores_match_each_prefix_run_alone() {
+    use flotilla::kernels::sample::{log_prob, top_log_probs};
+    let m = model();
+    let p: Vec<u32> = long_prompt()[..21].to_vec();
+    let table = blocks(0..2);
+    let mut e = engine(m, 64);
+    let mut scored = Vec::new();
+    let mut sampled = None;
+    // Chunks of 8: every chunk but the last scores all its rows (its last row against the next
+    // chunk's first token); the last one scores all but its sampled row.
+    for (i, c) in p.chunks(8).enumerate() {
+        let start = i * 8;
+        let end = start + c.len();
+        let mut s = seq(1, c, start, &table, end == p.len());
+        s.score = p[start + 1..p.len().min(end + 1)].to_vec();
+        s.sampling = SamplingParams {
+            top_logprobs: 3,
+            echo_tokens: p.len() as u32,
+            ..SamplingParams::default()
+        };
+        let out = e.step(&StepBatch { seqs: vec![s] }).expect("step");
+        assert_eq!(out.prompt.len(), 1);
+        assert_eq!(out.prompt[0].first, start + 1, "positions");
+        scored.extend(out.prompt[0].logprobs.clone());
+        if let Some(t) = out.tokens.first() {
+            sampled = Some(t.clone());
+        }
+    }
+    assert_eq!(scored.len(), p.len() - 1, "every token but the first");
+    let mut fresh = engine(m, 64);
+    for k in 1..p.len() {
+        let row = fresh
+            .logits(&StepBatch {
+                seqs: vec![seq(100 + k as u64, &p[..k], 0, &table, true)],
+            })
+            .expect("prefix")
+            .remove(0);
+        let (lp, top) = &scored[k - 1];
+        let want = log_prob(&row, p[k]);
+        assert!((lp - want).abs() < 1e-3, "token {k}: {lp} vs {want}");
+        assert!(*lp <= 0.0 && lp.is_finite());
+        let want_top = top_log_probs(&row, 3);
+        assert_eq!(
+            top.iter().map(|t| t.0).collect::<Vec<_>>(),
+            want_top.iter().map(|t| t.0).collect::<Vec<_>>(),
+            "token {k}: alternatives"
+        );
+        if let Some(own) = top.iter().find(|t| t.0 == p[k]) {
+            assert!(
+                (own.1 - lp).abs() < 1e-6,
+                "its own entry: the same distribution"
+            );
+        }
+    }
+    // The sampled token (greedy) is the whole prompt's argmax, as without scoring.
+    let row = fresh
+        .logits(&StepBatch {
+            seqs: vec![seq(200, &p, 0, &table, true)],
+        })
+        .expect("whole")
+        .remove(0);
+    let t = sampled.expect("sampled at the end of the prompt");
+    assert_eq!(t.token, flotilla::kernels::sample::argmax(&row));
+    assert!((t.logprob - log_prob(&row, t.token)).abs() < 1e-3);
+}

@@ -314,6 +314,7 @@ async fn collect(
             TokenEventKind::Failed { message, .. } => panic!("request failed: {message}"),
             TokenEventKind::Lost { reason } => panic!("request lost: {reason}"),
             TokenEventKind::HandOff(_) => panic!("hand-off not asked for"),
+            TokenEventKind::Prompt { .. } => panic!("prompt logprobs not asked for"),
         }
     }
 }

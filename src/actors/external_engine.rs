@@ -415,6 +415,18 @@ async fn handle_msg(
                 return Ok(());
             };
             let owner = job.owner();
+            if job.sampling.echo_tokens > 0 {
+                // Prompt log-probabilities are not read from an external engine's stream.
+                let ev = TokenEventKind::Failed {
+                    message: "echo is not supported by this worker's engine (an external \
+                              engine): prompt log-probabilities are computed by Flotilla's \
+                              own workers only"
+                        .into(),
+                    status: 400,
+                };
+                deliver(&owner, job.request, vec![ev]);
+                return Ok(());
+            }
             let mut decoder =
                 StreamDecoder::new(state.args.worker.clone(), &job, &state.args.eos_ids);
             let owner_of = owner.clone();

@@ -148,6 +148,7 @@ fn from_object(obj: &Obj) -> Result<MessagesRequest, ApiError> {
             // In range by the check above.
             max_tokens: u32::try_from(max_tokens).ok(),
             max_tokens_param: "max_tokens",
+            echo: false,
             sampling,
             stop,
             stream,

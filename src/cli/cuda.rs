@@ -149,6 +149,7 @@ fn seq(id: u64, tokens: Vec<u32>, start_pos: usize, table: &[BlockId]) -> StepSe
         block_table: table.to_vec(),
         sampling: SamplingParams::default(),
         sample: true,
+        score: Vec::new(),
     }
 }
 

@@ -128,6 +128,7 @@ pub fn generate_streaming(
         offset: 0,
         logprobs: false,
         top_logprobs: 0,
+        echo_tokens: 0,
     };
     let mut output_ids = Vec::new();
     let mut stream = tok.inner().decode_stream(false);
@@ -142,6 +143,7 @@ pub fn generate_streaming(
                 block_table: block_table.clone(),
                 sampling: sampling.clone(),
                 sample: true,
+                score: Vec::new(),
             }],
         };
         let out = engine.step(&batch)?;

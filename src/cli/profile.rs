@@ -70,6 +70,7 @@ fn seq(id: u64, tokens: Vec<u32>, start: usize, table: &[BlockId]) -> StepSeq {
         block_table: table.to_vec(),
         sampling: SamplingParams::default(),
         sample: true,
+        score: Vec::new(),
     }
 }
 

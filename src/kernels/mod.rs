@@ -91,4 +91,7 @@ pub struct ForwardSeq<'a> {
     pub block_table: &'a [crate::runtime::ids::BlockId],
     /// Compute the logits of this sequence's last token.
     pub want_logits: bool,
+    /// Compute the logits of every token of this sequence (prompt log-probabilities, `echo`);
+    /// implies `want_logits`. Its rows come in position order, the last token's last.
+    pub all_logits: bool,
 }

@@ -85,6 +85,15 @@ pub struct SamplingParams {
     /// most [`MAX_TOP_LOGPROBS`]; 0 = none.
     #[serde(default)]
     pub top_logprobs: u32,
+    /// Prompt log-probabilities (`echo` on `/v1/completions`, vLLM's `prompt_logprobs`): the
+    /// sequence's first `echo_tokens` tokens are the client's prompt, and the prefill scores
+    /// each of them from the second on — its logprob given the tokens before it, with
+    /// `top_logprobs` alternatives — from the logits of the position before it (so the
+    /// worker computes every prompt position, bypassing its prefix cache). Kept across a
+    /// migration (whose prompt grows by the tokens already generated: only these first
+    /// `echo_tokens` are scored); 0 = none.
+    #[serde(default)]
+    pub echo_tokens: u32,
 }
 
 /// Most alternatives a sampled token carries (OpenAI's bound on chat's `top_logprobs`).
@@ -101,6 +110,7 @@ impl Default for SamplingParams {
             offset: 0,
             logprobs: false,
             top_logprobs: 0,
+            echo_tokens: 0,
         }
     }
 }

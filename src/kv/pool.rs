@@ -271,7 +271,23 @@ impl BlockPool {
         seq: SeqId,
         prompt: &[u32],
     ) -> Result<Allocation, PoolError> {
-        self.allocate(seq, prompt, false)
+        self.allocate(seq, prompt, false, true)
+    }
+
+    /// [`BlockPool::allocate_sequence`] without the prefix cache: fresh blocks for the whole
+    /// prompt plus one slot, so that every position is computed (prompt log-probabilities
+    /// need each position's logits, which a cached block does not hold). The cache is neither
+    /// read nor harmed: once computed, blocks whose prefix is already cached stay unregistered
+    /// duplicates ([`BlockPool::mark_computed`]) and return to the free list when freed.
+    ///
+    /// # Errors
+    /// As [`BlockPool::allocate_sequence`].
+    pub fn allocate_uncached(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+    ) -> Result<Allocation, PoolError> {
+        self.allocate(seq, prompt, false, false)
     }
 
     /// [`BlockPool::allocate_sequence`], and the blocks after the G1 prefix hit that a lower
@@ -286,7 +302,7 @@ impl BlockPool {
         seq: SeqId,
         prompt: &[u32],
     ) -> Result<Allocation, PoolError> {
-        self.allocate(seq, prompt, true)
+        self.allocate(seq, prompt, true, true)
     }
 
     fn allocate(
@@ -294,6 +310,7 @@ impl BlockPool {
         seq: SeqId,
         prompt: &[u32],
         onboard: bool,
+        cached: bool,
     ) -> Result<Allocation, PoolError> {
         self.reclaim_leaked();
         if prompt.is_empty() {
@@ -302,7 +319,11 @@ impl BlockPool {
         if self.seqs.contains_key(&seq) {
             return Err(PoolError::DuplicateSequence(seq));
         }
-        let hits = self.prefix_hits(prompt);
+        let hits = if cached {
+            self.prefix_hits(prompt)
+        } else {
+            Vec::new()
+        };
         let fresh = self.blocks_for(prompt.len() + 1) - hits.len();
         let pinned_evictable = hits
             .iter()

@@ -5,7 +5,8 @@
 //! Per layer: `h = RMSNorm(x)`, `q,k,v = h·Wqᵀ, h·Wkᵀ, h·Wvᵀ (+bias)`, RoPE on q and k, write k/v
 //! into the paged cache, paged GQA attention, `x += attn·Woᵀ`, `h = RMSNorm(x)`,
 //! `x += (silu(h·Wgᵀ) ⊙ h·Wuᵀ)·Wdᵀ`. Final RMSNorm and the output projection run only for the
-//! rows whose logits are wanted.
+//! rows whose logits are wanted (a sequence's last token, or all its tokens for prompt
+//! log-probabilities).
 
 use crate::kernels::{AttnGeometry, AttnToken, Backend, Rope};
 use crate::model::kv_cache::KvCache;
@@ -121,7 +122,8 @@ pub fn validate_for(
 }
 
 /// Runs the batch; returns the logits (`[n_wanted, vocab]` f32, in batch order) of the last
-/// token of every sequence with `want_logits`.
+/// token of every sequence with `want_logits`, and of every token (in position order) of
+/// every sequence with `all_logits`.
 ///
 /// # Errors
 /// Whatever [`validate`] finds; nothing is computed or written then.
@@ -206,12 +208,16 @@ pub fn forward(
         be.matmul(&gate, n, &lw.w_down, &mut o);
         x.iter_mut().zip(&o).for_each(|(a, &b)| *a += b);
     }
-    // Rows whose logits are wanted: the last token of each flagged sequence.
+    // Rows whose logits are wanted: the last token of each flagged sequence, every token of
+    // a sequence that wants them all.
     let mut sel = Vec::new();
     let mut end = 0;
     for s in seqs {
+        let start = end;
         end += s.tokens.len();
-        if s.want_logits {
+        if s.all_logits {
+            sel.extend_from_slice(&x[start * h..end * h]);
+        } else if s.want_logits {
             sel.extend_from_slice(&x[(end - 1) * h..end * h]);
         }
     }

@@ -18,7 +18,8 @@
 //! | `model` | string, required | — |
 //! | `messages` (chat) | non-empty array of `{role, content}`; roles `system`, `developer` (read as system), `user`, `assistant`; `tool`/`function` → 400 "not supported"; `content` a string or an array of `{"type":"text","text":…}` parts, joined with `"\n"`; assistant `content` may be null (→ `""`) | required |
 //! | `prompt` (completions) | string, `[token id]`, or a list of prompts: `[string, …]` or `[[token id, …], …]` (one kind per list; a list of one is a single prompt). Each prompt gets `n` choices, ordered prompt-major (`index = prompt_index × n + j`), and each prompt is placed on its own. An empty list or prompt (`prompt[i]` named), a mixed list, a token id that is not an integer in `0..=u32::MAX` (or, at the frontend, outside the vocabulary), or prompts × `n` over [`MAX_PROMPT_CHOICES`] → 400 `param: "prompt"` | required |
-//! | `max_completion_tokens`, `max_tokens` | integer ≥ 1 (each checked, each names itself); `max_completion_tokens` wins when both are set (OpenAI's current API) | none = up to the context limit ([`check_context`]); note OpenAI's legacy completions default is 16, Flotilla's is not |
+//! | `max_completion_tokens`, `max_tokens` | integer ≥ 1, or ≥ 0 with `echo: true` (each checked, each names itself; 0 without echo → 400 as vLLM answers); `max_completion_tokens` wins when both are set (OpenAI's current API) | none = up to the context limit ([`check_context`]); note OpenAI's legacy completions default is 16, Flotilla's is not |
+//! | `echo` (completions) | boolean: each choice's `text` is its prompt followed by the completion, and with `logprobs` the logprobs cover the prompt's tokens first (the first one `null`, each later one log P(token \| the tokens before it), with its alternatives), then the generated ones; streamed, the prompt comes in the first chunk of each choice. With `max_tokens: 0` the answer is the prompt alone, `finish_reason: "length"`. Token-id and batch prompts too. A worker computes every prompt position for it (its prefix cache is bypassed) | false |
 //! | `temperature` | 0..=2 | 1.0 |
 //! | `top_p` | 0 < p ≤ 1 | 1.0 |
 //! | `top_k` (extension) | integer ≥ -1; 0 and -1 mean off | off |
@@ -38,7 +39,7 @@
 //! | `tool_choice`, `function_call` (chat) | `"none"` or `"auto"` (a plain answer: there are no tools); `"required"` or a named function → 400 `param` = the field | none |
 //! | `modalities` (chat) | `["text"]` | text |
 //! | `service_tier` (chat) | `"auto"` or `"default"` | auto |
-//! | `tools`, `functions`, `parallel_tool_calls`, `store`, `metadata`, `audio`, `prediction`, `reasoning_effort`, `web_search_options` (chat); `echo`, `suffix`, `best_of` (completions); `logit_bias` | only their unset value (null, false, "", [], {}, best_of 1); anything else → 400 "not supported" | — |
+//! | `tools`, `functions`, `parallel_tool_calls`, `store`, `metadata`, `audio`, `prediction`, `reasoning_effort`, `web_search_options` (chat); `suffix`, `best_of` (completions); `logit_bias` | only their unset value (null, false, "", [], {}, best_of 1); anything else → 400 "not supported" | — |
 //! | any other field (or a chat-only field on completions and back) | 400 `Unrecognized request argument supplied: X`, `param` = X, as OpenAI answers | — |
 //!
 //! The audit of unknown and unsupported fields is in [`fields`].
@@ -187,6 +188,10 @@ pub struct GenerationRequest {
     /// The field `max_tokens` came from (`"max_completion_tokens"` or `"max_tokens"`, the latter
     /// when neither was given), for error messages.
     pub max_tokens_param: &'static str,
+    /// `echo` (completions): each choice's text starts with its prompt, and with `logprobs`
+    /// its logprobs cover the prompt's tokens first (the first one `null`); with it
+    /// `max_tokens` may be 0 (the prompt alone, [`GenerationRequest::prompt_only`]).
+    pub echo: bool,
     /// Sampling parameters.
     pub sampling: Sampling,
     /// Stop strings (≤ [`MAX_STOP`], none empty).
@@ -217,10 +222,18 @@ impl GenerationRequest {
     ///
     /// # Errors
     /// See [`check_context`].
+    ///
+    /// `echo` with `max_tokens` 0 ([`GenerationRequest::prompt_only`]) returns 1: the worker
+    /// runs the prompt and samples one token, which the gateway drops (as vLLM does).
     pub fn check_context(&self, prompt_tokens: usize, context_len: usize) -> Result<u32, ApiError> {
+        let max_tokens = if self.prompt_only() {
+            Some(1)
+        } else {
+            self.max_tokens
+        };
         check_context(
             prompt_tokens,
-            self.max_tokens,
+            max_tokens,
             context_len,
             self.max_tokens_param,
         )
@@ -230,6 +243,15 @@ impl GenerationRequest {
             }
             e
         })
+    }
+}
+
+impl GenerationRequest {
+    /// `echo` with `max_tokens` (or `max_completion_tokens`) 0: the answer is the prompt alone
+    /// (with its logprobs), `finish_reason` `"length"`, no completion tokens — what evaluation
+    /// harnesses send to score a text.
+    pub fn prompt_only(&self) -> bool {
+        self.echo && self.max_tokens == Some(0)
     }
 }
 
@@ -285,8 +307,15 @@ fn from_object(kind: RequestKind, obj: &Obj) -> Result<GenerationRequest, ApiErr
         RequestKind::Completion => parse_prompt(obj)?,
     };
     let u32_max = i128::from(u32::MAX);
-    let max_tokens = get_int(obj, "max_tokens", 1, u32_max)?;
-    let max_completion_tokens = get_int(obj, "max_completion_tokens", 1, u32_max)?;
+    // `echo` (completions only; chat refuses it as unknown in the audit below): the prompt is
+    // returned with the completion, and 0 tokens may be asked for (the prompt alone).
+    let echo = match kind {
+        RequestKind::Completion => get_bool(obj, "echo")?.unwrap_or(false),
+        RequestKind::Chat => false,
+    };
+    let least = i128::from(!echo);
+    let max_tokens = get_int(obj, "max_tokens", least, u32_max)?;
+    let max_completion_tokens = get_int(obj, "max_completion_tokens", least, u32_max)?;
     let (max_tokens, max_tokens_param) = match (max_completion_tokens, max_tokens) {
         (Some(m), _) => (Some(m), "max_completion_tokens"),
         (None, m) => (m, "max_tokens"),
@@ -321,6 +350,7 @@ fn from_object(kind: RequestKind, obj: &Obj) -> Result<GenerationRequest, ApiErr
         // In range by the checks above.
         max_tokens: max_tokens.and_then(|m| u32::try_from(m).ok()),
         max_tokens_param,
+        echo,
         sampling,
         stop,
         stream,

@@ -16,7 +16,8 @@
 //! `logprobs` is `null` unless the request asked for it: chat `{"content":[{"token","logprob",
 //! "bytes","top_logprobs":[{"token","logprob","bytes"}]}]}`, completions `{"tokens",
 //! "token_logprobs","top_logprobs":[{token: logprob}],"text_offset"}`. A non-finite logprob is
-//! written as -9999.0, as OpenAI does.
+//! written as -9999.0, as OpenAI does. With `echo` (completions) the list starts with the
+//! prompt's tokens, the first with `null` in `token_logprobs` and in `top_logprobs`.
 //!
 //! Streaming ([`StreamState`]):
 //! - every chunk has the same `id`, `created` and `model`; `object` is `"chat.completion.chunk"`
@@ -98,13 +99,16 @@ impl Usage {
     }
 }
 
-/// One generated token with its log-probability and the top alternatives.
+/// One token (generated, or of an echoed prompt) with its log-probability and the top
+/// alternatives.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenLogprob {
     /// The token's text.
     pub token: String,
-    /// Its log-probability.
-    pub logprob: f32,
+    /// Its log-probability; `None` for the first token of an echoed prompt (nothing before it
+    /// to condition on): written `null`, and its `top_logprobs` entry `null`, as OpenAI and
+    /// vLLM answer.
+    pub logprob: Option<f32>,
     /// The most likely alternatives, best first.
     pub top: Vec<(String, f32)>,
 }
@@ -145,14 +149,23 @@ fn logprob_json(x: f32) -> f64 {
     if x.is_finite() { f64::from(x) } else { -9999.0 }
 }
 
+/// A token's logprob: [`logprob_json`], or `null` when it has none.
+fn opt_logprob_json(x: Option<f32>) -> Value {
+    x.map_or(Value::Null, |x| json!(logprob_json(x)))
+}
+
 /// Chat `logprobs` object for `tokens`.
 pub fn chat_logprobs(tokens: &[TokenLogprob]) -> Value {
-    let entry = |token: &str, lp: f32| json!({"token": token, "logprob": logprob_json(lp), "bytes": token.as_bytes()});
+    let entry = |token: &str, lp: Option<f32>| json!({"token": token, "logprob": opt_logprob_json(lp), "bytes": token.as_bytes()});
     let content: Vec<Value> = tokens
         .iter()
         .map(|t| {
             let mut e = entry(&t.token, t.logprob);
-            let top: Vec<Value> = t.top.iter().map(|(tok, lp)| entry(tok, *lp)).collect();
+            let top: Vec<Value> = t
+                .top
+                .iter()
+                .map(|(tok, lp)| entry(tok, Some(*lp)))
+                .collect();
             e["top_logprobs"] = Value::Array(top);
             e
         })
@@ -172,6 +185,9 @@ pub fn completion_logprobs(tokens: &[TokenLogprob], offset: usize) -> Value {
     let top: Vec<Value> = tokens
         .iter()
         .map(|t| {
+            if t.logprob.is_none() {
+                return Value::Null; // an echoed prompt's first token
+            }
             let m: Map<String, Value> = t
                 .top
                 .iter()
@@ -182,7 +198,7 @@ pub fn completion_logprobs(tokens: &[TokenLogprob], offset: usize) -> Value {
         .collect();
     json!({
         "tokens": tokens.iter().map(|t| t.token.as_str()).collect::<Vec<_>>(),
-        "token_logprobs": tokens.iter().map(|t| logprob_json(t.logprob)).collect::<Vec<_>>(),
+        "token_logprobs": tokens.iter().map(|t| opt_logprob_json(t.logprob)).collect::<Vec<_>>(),
         "top_logprobs": top,
         "text_offset": text_offset,
     })

@@ -279,6 +279,18 @@ pub enum TokenEventKind {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         top: Vec<(u32, f32)>,
     },
+    /// Prompt log-probabilities (`SamplingParams::echo_tokens`), sent as the prefill computes
+    /// them (one event per prefill chunk, all before the first `Token`): entry `i` scores the
+    /// prompt token at position `first + i` — its logprob given the tokens before it, with
+    /// the `top_logprobs` most likely tokens at that position and theirs, best first. The
+    /// first prompt token (position 0) has none. A prompt computed twice (a preemption, a
+    /// migration) sends its positions again: the gateway's Request keeps each position once.
+    Prompt {
+        /// Position of the token `logprobs[0]` scores (≥ 1).
+        first: u32,
+        /// `(logprob, [(token id, logprob)])` per scored token, in position order.
+        logprobs: Vec<(f32, Vec<(u32, f32)>)>,
+    },
     /// The worker will not continue this request (its replica is stopping or draining); what
     /// was generated so far is valid and the request may resume elsewhere (migration). The
     /// gateway's Request actor consumes it; a handler treats it as a 503 failure.

@@ -140,6 +140,10 @@ pub struct RequestCore {
     pending_kv: Option<RemoteKv>,
     /// The prefill worker holding this request's KV, and its request id there.
     held: Option<(WorkerId, RequestId)>,
+    /// Prompt log-probabilities (echo): the position of the next prompt token whose logprob
+    /// the handler has not had yet (1: none yet; each position is passed on once, whatever
+    /// attempt computed it).
+    prompt_scored: u32,
 }
 
 impl RequestCore {
@@ -161,7 +165,14 @@ impl RequestCore {
             attempts: 0,
             pending_kv: None,
             held: None,
+            prompt_scored: 1,
         }
+    }
+
+    /// Whether the handler has every prompt log-probability the request asked for (always,
+    /// without echo).
+    fn prompt_complete(&self) -> bool {
+        self.prompt_scored >= self.cfg.job.sampling.echo_tokens
     }
 
     /// The effects asked for since the last call, in order.
@@ -374,6 +385,11 @@ impl RequestCore {
         if let Some(a) = self.attempt.as_mut() {
             a.last_event_ms = now_ms;
             if let TokenEventKind::Token { index, .. } = ev {
+                if self.prompt_scored < self.cfg.job.sampling.echo_tokens {
+                    // The first token comes after the whole prompt's logprobs: some were
+                    // lost on the way. The next attempt computes them again.
+                    return self.migrate("prompt log-probabilities lost before the first token");
+                }
                 if index != a.received {
                     // Events were lost between the worker and here: resume from what was
                     // delivered, elsewhere or on the same worker.
@@ -386,8 +402,30 @@ impl RequestCore {
                 a.admitted = true;
             }
         }
+        let ev = match ev {
+            TokenEventKind::Prompt { first, logprobs } => {
+                if first > self.prompt_scored {
+                    let why = format!(
+                        "prompt log-probabilities lost (expected position {}, got {first})",
+                        self.prompt_scored
+                    );
+                    return self.migrate(&why);
+                }
+                // Positions already passed on (a recomputed prompt) are dropped.
+                let skip = (self.prompt_scored - first) as usize;
+                if skip >= logprobs.len() {
+                    return;
+                }
+                let logprobs = logprobs[skip..].to_vec();
+                let first = self.prompt_scored;
+                self.prompt_scored = first.saturating_add(logprobs.len() as u32);
+                TokenEventKind::Prompt { first, logprobs }
+            }
+            other => other,
+        };
         match ev {
             TokenEventKind::Lost { reason } => return self.migrate(&reason),
+            TokenEventKind::Prompt { .. } => {}
             TokenEventKind::HandOff(kv) => {
                 if !self.attempt.as_ref().is_some_and(|a| a.hand_off) {
                     return; // not asked for: ignored
@@ -502,6 +540,11 @@ impl RequestCore {
         job.prompt.extend_from_slice(&self.generated);
         job.max_tokens = job.max_tokens.saturating_sub(self.generated.len() as u32);
         job.sampling.offset = self.generated.len() as u64;
+        if self.prompt_complete() {
+            // Every prompt logprob was passed on: the next attempt need not score (and may
+            // use its prefix cache).
+            job.sampling.echo_tokens = 0;
+        }
         job
     }
 
@@ -891,5 +934,110 @@ mod tests {
         );
         assert!(c.is_done());
         assert_eq!(c.generated(), &[500, 7]);
+    }
+
+    fn prompt(first: u32, n: u32) -> TokenEventKind {
+        TokenEventKind::Prompt {
+            first,
+            logprobs: (first..first + n)
+                .map(|p| (-(p as f32), Vec::new()))
+                .collect(),
+        }
+    }
+
+    fn delivered_prompt(effects: &[RequestEffect]) -> Vec<(u32, usize)> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                RequestEffect::Deliver(TokenEventKind::Prompt { first, logprobs }) => {
+                    Some((*first, logprobs.len()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Echo: each prompt position reaches the handler once, whatever attempt computed it. A
+    /// migration after the prompt's logprobs were all passed on submits without echo (nothing
+    /// is scored twice); one before resubmits with it, and the new attempt's repeats are
+    /// dropped; a gap (events lost) migrates.
+    #[test]
+    fn prompt_logprobs_are_passed_on_once_across_attempts() {
+        let clock = ManualClock::new();
+        let mut c = core(&clock, None);
+        c.cfg.job.sampling.echo_tokens = 20;
+        c.start();
+        let first = place_on(&mut c, "a/replica-0");
+        c.event(first, prompt(1, 8));
+        assert_eq!(delivered_prompt(&c.take_effects()), [(1, 8)]);
+        // The worker is lost mid-prefill: the next attempt still scores the prompt.
+        c.event(first, TokenEventKind::Lost { reason: "x".into() });
+        let effects = c.take_effects();
+        let job = effects.iter().find_map(|e| match e {
+            RequestEffect::Route(_) => None,
+            RequestEffect::Submit { job, .. } => Some(job.clone()),
+            _ => None,
+        });
+        assert!(job.is_none(), "routed first: {effects:?}");
+        c.picked(Ok(Some(Placement {
+            worker: w("b/replica-0"),
+            hand_off: false,
+            fetch: None,
+            terms: None,
+        })));
+        let (second, echo) = match c.take_effects().as_slice() {
+            [RequestEffect::Submit { job, .. }] => (job.request, job.sampling.echo_tokens),
+            other => panic!("{other:?}"),
+        };
+        c.submitted(true);
+        assert_eq!(echo, 20, "positions 9.. are still owed");
+        // It recomputes from position 1: the known positions are dropped, the rest passed on.
+        c.event(second, prompt(1, 4));
+        c.event(second, prompt(5, 8));
+        c.event(second, prompt(13, 7));
+        assert_eq!(delivered_prompt(&c.take_effects()), [(9, 4), (13, 7)]);
+        c.event(second, token(0));
+        // Lost after the first token: the prompt was all passed on, so no more echo.
+        c.event(second, TokenEventKind::Lost { reason: "y".into() });
+        let _ = c.take_effects();
+        c.picked(Ok(Some(Placement {
+            worker: w("c/replica-0"),
+            hand_off: false,
+            fetch: None,
+            terms: None,
+        })));
+        match c.take_effects().as_slice() {
+            [RequestEffect::Submit { job, .. }] => {
+                assert_eq!(job.sampling.echo_tokens, 0);
+                assert_eq!(job.prompt.len(), 21, "prompt + the token delivered");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A gap in the positions, or a first token before the whole prompt: events were lost.
+        for lossy in [
+            vec![prompt(1, 3), prompt(6, 2)],
+            vec![prompt(1, 3), token(0)],
+        ] {
+            let mut c = core(&clock, None);
+            c.cfg.job.sampling.echo_tokens = 20;
+            c.start();
+            let id = place_on(&mut c, "a/replica-0");
+            for ev in lossy {
+                c.event(id, ev);
+            }
+            let effects = c.take_effects();
+            assert!(
+                effects
+                    .iter()
+                    .any(|e| matches!(e, RequestEffect::Fleet(FleetEventKind::Migrated { .. }))),
+                "{effects:?}"
+            );
+            assert!(
+                !effects
+                    .iter()
+                    .any(|e| matches!(e, RequestEffect::Deliver(TokenEventKind::Token { .. }))),
+                "{effects:?}"
+            );
+        }
     }
 }

@@ -1800,7 +1800,9 @@ impl<'w> SimFleet<'w> {
             TokenEventKind::Failed { message, status } => {
                 r.record.error = Some(format!("status {status}: {message}"));
             }
-            TokenEventKind::Lost { .. } | TokenEventKind::HandOff(_) => {}
+            TokenEventKind::Lost { .. }
+            | TokenEventKind::HandOff(_)
+            | TokenEventKind::Prompt { .. } => {}
         }
     }
 

@@ -27,7 +27,9 @@ use std::future::Future;
 pub use chaos::{ChaosArgs, ChaosEngine};
 pub use error::{EngineError, ErrorKind};
 pub use transformer::{Engine, EngineConfig, TransformerArgs, TransformerEngine};
-pub use types::{EngineInfo, SampledToken, SamplingParams, StepBatch, StepOutput, StepSeq};
+pub use types::{
+    EngineInfo, PromptScores, SampledToken, SamplingParams, StepBatch, StepOutput, StepSeq,
+};
 
 use crate::runtime::ids::SeqId;
 

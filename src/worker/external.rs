@@ -25,6 +25,9 @@
 //! also finishes its last token. So it works with both layouts: vLLM's (the finish rides on
 //! the last token's chunk) and OpenAI's (an empty finish chunk after it).
 //!
+//! A job that asks for prompt log-probabilities (`echo`, `SamplingParams::echo_tokens`) is
+//! refused with `Failed` (400) before any HTTP: they are not read from an engine's stream.
+//!
 //! What goes wrong, and what the request sees:
 //! - the engine refuses with 400/404/413/422: `Failed` (400), passed to the client;
 //! - the engine refuses with another status, cannot be reached, or its stream breaks before

@@ -95,6 +95,7 @@ pub fn seq(id: u64, tokens: &[u32], start_pos: usize, table: &[BlockId], sample:
         block_table: table.to_vec(),
         sampling: SamplingParams::default(),
         sample,
+        score: Vec::new(),
     }
 }
 

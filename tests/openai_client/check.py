@@ -104,4 +104,31 @@ try:
     check(False, "B23 an empty prompt in the list accepted")
 except openai.BadRequestError as e:
     check(e.status_code == 400 and e.param == "prompt", "B23 empty prompt names prompt")
+
+# Echo (issue 33 item 6): what lm-evaluation-harness sends to score a text — the prompt alone
+# with its logprobs, the first one None; then the prompt followed by a completion, streamed too.
+scored = client.completions.create(model=model, prompt="The sky is blue", echo=True, max_tokens=0,
+                                   logprobs=1, temperature=0)
+c = scored.choices[0]
+check(c.text == "The sky is blue", "echo text is the prompt")
+check(c.finish_reason == "length", "echo max_tokens 0 finishes with length")
+lp = c.logprobs
+check(lp.token_logprobs[0] is None and lp.top_logprobs[0] is None, "echo first token has no logprob")
+check(len(lp.tokens) == scored.usage.prompt_tokens and scored.usage.completion_tokens == 0,
+      "echo scores every prompt token, generates none")
+check(all(x is not None and x <= 0 for x in lp.token_logprobs[1:]), "echo logprobs are logprobs")
+check("".join(lp.tokens) == c.text and lp.text_offset[0] == 0, "echo tokens cover the text")
+more = client.completions.create(model=model, prompt="The sky is blue", echo=True, max_tokens=3,
+                                 logprobs=1, temperature=0)
+m = more.choices[0]
+check(m.text.startswith("The sky is blue") and len(m.text) > len(c.text), "echo then completion")
+check(all(abs(a - b) < 1e-3 for a, b in zip(m.logprobs.token_logprobs[1:len(lp.tokens)],
+                                             lp.token_logprobs[1:])), "echo prompt logprobs agree")
+check(len(m.logprobs.tokens) == len(lp.tokens) + more.usage.completion_tokens, "echo logprobs cover both")
+chunks = list(client.completions.create(model=model, prompt="The sky is blue", echo=True, max_tokens=3,
+                                        logprobs=1, temperature=0, stream=True))
+check("".join(ch.choices[0].text for ch in chunks if ch.choices) == m.text, "streamed echo text")
+first = next(ch.choices[0] for ch in chunks if ch.choices and ch.choices[0].text)
+check(first.text.startswith("The sky is blue") and first.logprobs.token_logprobs[0] is None,
+      "streamed echo: the prompt comes first")
 print("openai client checks passed")

@@ -29,7 +29,11 @@
 //! completed a stop string; `logprobs` carry the chosen token's logprob and, with
 //! `top_logprobs` (chat) / `logprobs: N` (completions), its worker's N most likely tokens at
 //! that step under the same distribution (the simulated engine lists its token alone, an
-//! external engine none); a failure after the stream started is one SSE error
+//! external engine none). `echo` (completions): the choice's text starts with its prompt (a
+//! string prompt as sent, a token-id prompt decoded), sent before the first token's text —
+//! with `logprobs`, once the worker's Prompt events have scored every prompt token (the first
+//! `null`); `max_tokens: 0` submits 1 and drops the sampled token (`finish_reason: "length"`,
+//! no completion tokens), as vLLM does. A failure after the stream started is one SSE error
 //! record, then the stream ends without `[DONE]`; keep-alive comments are sent every
 //! `gateway.keep_alive_ms` (10 s) while a stream waits for tokens.
 
@@ -41,7 +45,7 @@ mod wire;
 use crate::actors::request::{Job, Request, RequestArgs, RequestMsg};
 use crate::openai::detok::IncrementalDetokenizer;
 use crate::openai::error::{ApiError, ErrorKind};
-use crate::openai::request::{RequestKind, check_model, model_not_found};
+use crate::openai::request::{Input, RequestKind, check_model, model_not_found};
 use crate::openai::response::{
     self, ChoiceOutput, FinishReason, ResponseMeta, TokenLogprob, Usage,
 };
@@ -336,9 +340,55 @@ struct Choice {
     prompt: usize,
     /// Its priority class, if classes are configured (per-class metrics).
     class: Option<Arc<str>>,
+    /// `echo`: the prompt, sent before the first token's text (with its logprobs once they
+    /// have all come); `None` without echo or once sent.
+    echo: Option<Echo>,
+    /// `echo` with `max_tokens: 0`: the one token the worker samples is dropped, and the
+    /// choice ends with `length`.
+    prompt_only: bool,
+}
+
+/// An echoed prompt waiting to be sent.
+struct Echo {
+    /// Its text: the prompt string as received (a token-id prompt: its decoded ids).
+    text: String,
+    /// Its token ids.
+    ids: Vec<u32>,
+    /// Its tokens' logprobs so far (the first one `None`), when the request wants logprobs.
+    logprobs: Option<Vec<TokenLogprob>>,
+}
+
+impl Echo {
+    /// The prompt `ids` (text `text`) to echo; with `logprobs`, its first token listed
+    /// already (it has no logprob).
+    fn new(text: String, ids: Vec<u32>, logprobs: bool, tok: &TokRef) -> Self {
+        let logprobs = logprobs.then(|| {
+            ids.first()
+                .map(|&t| TokenLogprob {
+                    token: tok.0.decode(&[t], false).unwrap_or_default(),
+                    logprob: None,
+                    top: Vec::new(),
+                })
+                .into_iter()
+                .collect()
+        });
+        Self {
+            text,
+            ids,
+            logprobs,
+        }
+    }
+
+    /// Whether every prompt token's logprob has come (or none are wanted).
+    fn complete(&self) -> bool {
+        self.logprobs
+            .as_ref()
+            .is_none_or(|l| l.len() >= self.ids.len())
+    }
 }
 
 /// What one event produced for the client.
+#[derive(Default)]
 struct Produced {
     text: String,
     logprobs: Vec<TokenLogprob>,
@@ -376,6 +426,29 @@ impl Choice {
             }
             // Consumed by the Request actor; never reaches a handler.
             TokenEventKind::HandOff(_) => {}
+            TokenEventKind::Prompt { first, logprobs } => {
+                let text = |id: u32| self.tokenizer.0.decode(&[id], false).unwrap_or_default();
+                if let Some(echo) = self.echo.as_mut()
+                    && let Some(have) = echo.logprobs.as_mut()
+                {
+                    // The Request passes each position once, in order.
+                    for (i, (lp, top)) in logprobs.into_iter().enumerate() {
+                        let pos = first as usize + i;
+                        if pos != have.len() {
+                            continue;
+                        }
+                        let Some(&id) = echo.ids.get(pos) else { break };
+                        have.push(TokenLogprob {
+                            token: text(id),
+                            logprob: Some(lp),
+                            top: top.into_iter().map(|(t, lp)| (text(t), lp)).collect(),
+                        });
+                    }
+                }
+                if self.echo.as_ref().is_some_and(Echo::complete) {
+                    self.echo_into(&mut out);
+                }
+            }
             TokenEventKind::Token {
                 id,
                 logprob,
@@ -386,6 +459,14 @@ impl Choice {
                 if self.finish.is_some() {
                     return Ok(out);
                 }
+                // The echoed prompt goes first (its logprobs are all here: the worker sends
+                // them before the first token).
+                self.echo_into(&mut out);
+                if self.prompt_only {
+                    self.finish = Some(FinishReason::Length);
+                    return Ok(out);
+                }
+                let echoed = std::mem::take(&mut out);
                 let now = Instant::now();
                 match self.last {
                     None => {
@@ -416,7 +497,7 @@ impl Choice {
                     let text = |id: u32| self.tokenizer.0.decode(&[id], false).unwrap_or_default();
                     self.held_logprobs.push(TokenLogprob {
                         token: text(id),
-                        logprob,
+                        logprob: Some(logprob),
                         top: top.into_iter().map(|(t, lp)| (text(t), lp)).collect(),
                     });
                 }
@@ -435,9 +516,28 @@ impl Choice {
                 if self.finish.is_some() || self.stop.held().is_empty() {
                     out.logprobs.append(&mut self.held_logprobs);
                 }
+                out.prepend(echoed);
             }
         }
         Ok(out)
+    }
+
+    /// The echoed prompt (its text and logprobs), once, into `out`.
+    fn echo_into(&mut self, out: &mut Produced) {
+        if let Some(echo) = self.echo.take() {
+            out.text.push_str(&echo.text);
+            out.logprobs.extend(echo.logprobs.unwrap_or_default());
+        }
+    }
+}
+
+impl Produced {
+    /// `first`'s text, logprobs and ids before this one's.
+    fn prepend(&mut self, mut first: Produced) {
+        first.text.push_str(&self.text);
+        first.logprobs.append(&mut self.logprobs);
+        first.token_ids.append(&mut self.token_ids);
+        *self = first;
     }
 }
 
@@ -586,6 +686,12 @@ async fn start(
                     offset: 0,
                     logprobs: req.logprobs.is_some(),
                     top_logprobs: req.logprobs.unwrap_or(0),
+                    // Echo with logprobs: the worker scores the prompt.
+                    echo_tokens: if req.echo && req.logprobs.is_some() {
+                        u32::try_from(prompt.len()).unwrap_or(u32::MAX)
+                    } else {
+                        0
+                    },
                 },
                 stop_token_ids: vec![],
                 ignore_eos: req.ignore_eos,
@@ -600,6 +706,13 @@ async fn start(
                 .0
                 .push(spawn_choice(serving, &s.stats, policy, job, i, merged_tx.clone()).await?);
             let tok = TokRef(fe.tokenizer.clone());
+            let echo = req.echo.then(|| {
+                let text = match req.input.prompts().get(p) {
+                    Some(Input::Text(t)) => t.clone(),
+                    _ => tok.0.decode(prompt, false).unwrap_or_default(),
+                };
+                Echo::new(text, prompt.clone(), req.logprobs.is_some(), &tok)
+            });
             choices.push(Choice {
                 detok: IncrementalDetokenizer::with_context(tok.clone(), prompt),
                 stop: StopMatcher::new(&req.stop),
@@ -617,6 +730,8 @@ async fn start(
                 workers: Vec::new(),
                 prompt: p,
                 class: class_name.clone(),
+                echo,
+                prompt_only: req.prompt_only(),
             });
             s.stats.signals().arrived(prompt.len() as u64);
         }

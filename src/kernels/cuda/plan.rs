@@ -3,7 +3,7 @@
 //!
 //! The arrays follow [`crate::model::forward::forward`]'s conventions exactly (tokens in batch
 //! order, a token's KV slot at [`KvCache::slot_offset`](crate::model::kv_cache::KvCache::slot_offset),
-//! the logits of each flagged sequence's last token, in batch order), so the GPU pass and the
+//! the logits of each flagged sequence's last token — or of all its tokens — in batch order), so the GPU pass and the
 //! CPU pass compute the same thing.
 
 use crate::kernels::ForwardSeq;
@@ -45,7 +45,10 @@ impl StepPlan {
                 p.slots.push(((block * bs + pos % bs) * row) as i64);
                 p.table_start.push(start);
             }
-            if s.want_logits {
+            if s.all_logits {
+                let n = p.tokens.len();
+                p.logit_rows.extend(n - s.tokens.len()..n);
+            } else if s.want_logits {
                 p.logit_rows.push(p.tokens.len() - 1);
             }
         }
@@ -81,6 +84,7 @@ mod tests {
                 start_pos: 2,
                 block_table: &t0,
                 want_logits: false,
+                all_logits: false,
             },
             // one decode token at position 8 (third block)
             ForwardSeq {
@@ -88,6 +92,7 @@ mod tests {
                 start_pos: 8,
                 block_table: &t1,
                 want_logits: true,
+                all_logits: false,
             },
         ];
         let p = StepPlan::new(kv.block_size, 2 * 4, &seqs);
@@ -103,6 +108,29 @@ mod tests {
     }
 
     #[test]
+    fn a_sequence_that_wants_every_row_lists_them_in_order() {
+        let t = [BlockId(1), BlockId(2)];
+        let seqs = [
+            ForwardSeq {
+                tokens: &[1],
+                start_pos: 4,
+                block_table: &t,
+                want_logits: true,
+                all_logits: false,
+            },
+            ForwardSeq {
+                tokens: &[5, 6, 7],
+                start_pos: 0,
+                block_table: &t,
+                want_logits: false,
+                all_logits: true,
+            },
+        ];
+        let p = StepPlan::new(4, 2, &seqs);
+        assert_eq!(p.logit_rows, [0, 1, 2, 3]);
+    }
+
+    #[test]
     fn only_the_blocks_in_use_are_listed() {
         let kv = KvCache::new(1, 1, 2, 8, 4);
         let t = [BlockId(1), BlockId(2), BlockId(3)];
@@ -111,6 +139,7 @@ mod tests {
             start_pos: 3,
             block_table: &t,
             want_logits: true,
+            all_logits: false,
         }];
         let p = StepPlan::new(kv.block_size, 2, &s);
         assert_eq!(p.block_tables, [1]);

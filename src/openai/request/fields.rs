@@ -73,7 +73,6 @@ pub const ONLY_UNSET: &[&str] = &[
     "functions",
     "parallel_tool_calls",
     "logit_bias",
-    "echo",
     "suffix",
     "best_of",
     "store",

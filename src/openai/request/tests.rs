@@ -501,9 +501,49 @@ fn response_format_and_unsupported() {
         chat(json!({"tools": [{"type": "function"}]})),
         Some("tools"),
     );
-    bad(completion(json!({"echo": true})), Some("echo"));
+    bad(
+        completion(json!({"echo": true, "best_of": 2})),
+        Some("best_of"),
+    );
+    bad(
+        completion(json!({"echo": true, "suffix": "x"})),
+        Some("suffix"),
+    );
     bad(completion(json!({"best_of": 2})), Some("best_of"));
     bad(chat(json!({"logit_bias": {"1": 5}})), Some("logit_bias"));
+}
+
+/// `echo` (completions): a boolean; with it `max_tokens` (or `max_completion_tokens`) may be 0
+/// (the prompt alone), without it 0 is refused naming the field; chat has no such field.
+#[test]
+fn echo_and_zero_max_tokens() {
+    let r = completion(json!({"echo": true, "max_tokens": 0, "logprobs": 1})).unwrap();
+    assert!(r.echo && r.prompt_only());
+    assert_eq!(
+        r.check_context(10, 100).unwrap(),
+        1,
+        "one token is sampled, then dropped"
+    );
+    let r = completion(json!({"echo": true, "max_completion_tokens": 0})).unwrap();
+    assert!(r.prompt_only());
+    let r = completion(json!({"echo": true, "max_tokens": 3})).unwrap();
+    assert!(r.echo && !r.prompt_only());
+    assert_eq!(r.check_context(10, 100).unwrap(), 3);
+    let r = completion(json!({"echo": false, "max_tokens": 3})).unwrap();
+    assert!(!r.echo);
+    let m = bad(completion(json!({"max_tokens": 0})), Some("max_tokens"));
+    assert!(m.contains("at least 1"), "{m}");
+    bad(
+        completion(json!({"echo": false, "max_tokens": 0})),
+        Some("max_tokens"),
+    );
+    bad(completion(json!({"echo": "yes"})), Some("echo"));
+    bad(
+        completion(json!({"echo": true, "max_tokens": -1})),
+        Some("max_tokens"),
+    );
+    let m = bad(chat(json!({"echo": true})), Some("echo"));
+    assert!(m.contains("Unrecognized request argument"), "{m}");
 }
 
 #[test]

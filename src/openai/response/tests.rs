@@ -40,7 +40,7 @@ fn ids_and_usage() {
 fn non_streaming_chat() {
     let lp = TokenLogprob {
         token: "Hi".into(),
-        logprob: -0.5,
+        logprob: Some(-0.5),
         top: vec![("Hi".into(), -0.5), ("Yo".into(), f32::NEG_INFINITY)],
     };
     let choices = [
@@ -76,17 +76,40 @@ fn non_streaming_chat() {
     );
 }
 
+/// `echo`: the prompt's first token has no logprob: `null` in `token_logprobs` and in
+/// `top_logprobs`, as OpenAI and vLLM write it; the offsets run over prompt and completion.
+#[test]
+fn an_echoed_prompts_first_token_is_null() {
+    let lps = [
+        TokenLogprob {
+            token: "Hi".into(),
+            logprob: None,
+            top: vec![],
+        },
+        TokenLogprob {
+            token: " there".into(),
+            logprob: Some(-3.0),
+            top: vec![(" there".into(), -3.0)],
+        },
+    ];
+    assert_eq!(
+        completion_logprobs(&lps, 0),
+        json!({"tokens": ["Hi", " there"], "token_logprobs": [null, -3.0],
+               "top_logprobs": [null, {" there": -3.0}], "text_offset": [0, 2]})
+    );
+}
+
 #[test]
 fn non_streaming_text_completion() {
     let lps = vec![
         TokenLogprob {
             token: "é".into(),
-            logprob: -1.0,
+            logprob: Some(-1.0),
             top: vec![("é".into(), -1.0)],
         },
         TokenLogprob {
             token: "b".into(),
-            logprob: -2.0,
+            logprob: Some(-2.0),
             top: vec![],
         },
     ];
@@ -256,7 +279,7 @@ fn completion_stream_rules() {
     assert!(s.role_chunk(0).is_none());
     let lp = [TokenLogprob {
         token: "b".into(),
-        logprob: -1.0,
+        logprob: Some(-1.0),
         top: vec![],
     }];
     let mut out = Vec::new();

@@ -56,9 +56,12 @@
 //! # Tokens
 //! Deterministic placeholders: the token at position `p` of sequence `s` is
 //! `FIRST_TOKEN + (p·31 + s) mod TOKEN_RANGE`, never an end-of-sequence id in practice
-//! (requests that must run to `max_tokens` set `ignore_eos` anyway). Logprobs are 0.
+//! (requests that must run to `max_tokens` set `ignore_eos` anyway). Logprobs are 0 (a
+//! sampled token's, and an echoed prompt's tokens': each its own only alternative).
 
-use super::{EngineError, EngineInfo, SampledToken, StepBatch, StepEngine, StepOutput};
+use super::{
+    EngineError, EngineInfo, PromptScores, SampledToken, StepBatch, StepEngine, StepOutput,
+};
 use crate::control::planner::{CapacityProfile, StepModel};
 use crate::runtime::ids::SeqId;
 use serde::{Deserialize, Serialize};
@@ -345,7 +348,30 @@ pub fn model_step(args: &SimEngineArgs, batch: &StepBatch) -> (Duration, StepOut
             }
         })
         .collect();
-    (step_duration(ms), StepOutput { tokens })
+    // Prompt log-probabilities (echo): the same point mass — each scored prompt token is
+    // "certain" (logprob 0), alone among its alternatives.
+    let prompt = batch
+        .seqs
+        .iter()
+        .filter(|q| !q.score.is_empty())
+        .map(|q| PromptScores {
+            seq_id: q.seq_id,
+            first: q.start_pos + 1,
+            logprobs: q
+                .score
+                .iter()
+                .map(|&t| {
+                    let top = if q.sampling.top_logprobs > 0 {
+                        vec![(t, 0.0)]
+                    } else {
+                        Vec::new()
+                    };
+                    (0.0, top)
+                })
+                .collect(),
+        })
+        .collect();
+    (step_duration(ms), StepOutput { tokens, prompt })
 }
 
 /// Longest modelled step (s): a profile that prices a step beyond it (or below zero, or not

@@ -20,7 +20,7 @@ use rayon::prelude::*;
 
 use super::StepEngine;
 use super::error::EngineError;
-use super::types::{EngineInfo, SampledToken, StepBatch, StepOutput};
+use super::types::{EngineInfo, PromptScores, SampledToken, StepBatch, StepOutput};
 use crate::kernels::sample::{SeqSampler, log_prob, top_log_probs};
 use crate::kernels::{Backend, Device, Rope};
 use crate::model::forward::{ForwardSeq, forward, validate_for};
@@ -318,41 +318,46 @@ impl Engine {
         }
         let logits = self.run(batch, false)?;
         let vocab = self.weights.lm_head().rows;
+        let rows = RowMap::of(batch);
+        let row = |r: usize| &logits[r * vocab..(r + 1) * vocab];
         let mut tokens: Vec<SampledToken> = batch
             .seqs
             .iter()
-            .filter(|s| s.sample)
-            .zip(logits.chunks_exact(vocab))
-            .map(|(s, row)| {
+            .zip(&rows.last)
+            .filter(|(s, _)| s.sample)
+            .map(|(s, &r)| {
                 let sampler = self
                     .rngs
                     .entry(s.seq_id)
                     .or_insert_with(|| SeqSampler::new(s.sampling.seed, s.sampling.offset));
                 SampledToken {
                     seq_id: s.seq_id,
-                    token: sampler.choose(row, &s.sampling),
+                    token: sampler.choose(row(r), &s.sampling),
                     logprob: 0.0,
                     top: Vec::new(),
                 }
             })
             .collect();
-        let wanted: Vec<u32> = batch
+        let wanted: Vec<(u32, usize)> = batch
             .seqs
             .iter()
-            .filter(|s| s.sample)
-            .map(|s| s.sampling.top_logprobs)
+            .zip(&rows.last)
+            .filter(|(s, _)| s.sample)
+            .map(|(s, &r)| (s.sampling.top_logprobs, r))
             .collect();
         // Logprobs (a pass over the vocabulary each, two more for alternatives) in parallel
         // across sequences, from the logits the sampler drew from.
         tokens
             .par_iter_mut()
-            .zip(logits.par_chunks_exact(vocab))
             .zip(wanted.par_iter())
-            .for_each(|((t, row), &k)| {
-                t.logprob = log_prob(row, t.token);
-                t.top = top_log_probs(row, k);
+            .for_each(|(t, &(k, r))| {
+                t.logprob = log_prob(row(r), t.token);
+                t.top = top_log_probs(row(r), k);
             });
-        Ok(StepOutput { tokens })
+        let prompt = rows.score(batch, |r, target, k| {
+            Ok((log_prob(row(r), target), top_log_probs(row(r), k)))
+        })?;
+        Ok(StepOutput { tokens, prompt })
     }
 
     /// Runs the batch (writing its K/V like [`Engine::step`]) and returns the last-position
@@ -404,8 +409,9 @@ impl DeviceCompute {
     ) -> Result<StepOutput, EngineError> {
         let rows = self.forward(weights, &forward_seqs(batch, false))?;
         let stats = self.runner.row_stats(rows).map_err(device_lost)?;
+        let map = RowMap::of(batch);
         let mut tokens = Vec::with_capacity(rows);
-        for (i, s) in batch.seqs.iter().filter(|s| s.sample).enumerate() {
+        for (s, &i) in batch.seqs.iter().zip(&map.last).filter(|(s, _)| s.sample) {
             let sampler = rngs
                 .entry(s.seq_id)
                 .or_insert_with(|| SeqSampler::new(s.sampling.seed, s.sampling.offset));
@@ -427,11 +433,19 @@ impl DeviceCompute {
                 top,
             });
         }
-        Ok(StepOutput { tokens })
+        // Prompt log-probabilities: each scored row comes to the host (an echo request's
+        // prefill; rare, and its rows are read once).
+        let prompt = map.score(batch, |r, target, k| {
+            let row = self.runner.logits_row(r).map_err(device_lost)?;
+            Ok((log_prob(&row, target), top_log_probs(&row, k)))
+        })?;
+        Ok(StepOutput { tokens, prompt })
     }
 }
 
-/// The batch as the forward pass takes it.
+/// The batch as the forward pass takes it (`all_logits`: the last row of every sequence,
+/// for [`Engine::logits`]; otherwise the sampled rows, and every row of a sequence that
+/// scores its prompt).
 fn forward_seqs(batch: &StepBatch, all_logits: bool) -> Vec<ForwardSeq<'_>> {
     batch
         .seqs
@@ -441,8 +455,66 @@ fn forward_seqs(batch: &StepBatch, all_logits: bool) -> Vec<ForwardSeq<'_>> {
             start_pos: s.start_pos,
             block_table: &s.block_table,
             want_logits: all_logits || s.sample,
+            all_logits: !all_logits && !s.score.is_empty(),
         })
         .collect()
+}
+
+/// Where each sequence's logit rows sit in a step's output (`forward_seqs(batch, false)`):
+/// none, its last token's, or — a sequence with a [`StepSeq::score`](super::types::StepSeq::score)
+/// — one per token, in position order.
+struct RowMap {
+    /// Per sequence (batch order): its first row.
+    first: Vec<usize>,
+    /// Per sequence: its last row (its sampled row when it samples).
+    last: Vec<usize>,
+}
+
+impl RowMap {
+    fn of(batch: &StepBatch) -> Self {
+        let (mut first, mut last) = (Vec::new(), Vec::new());
+        let mut at = 0usize;
+        for s in &batch.seqs {
+            let n = if !s.score.is_empty() {
+                s.tokens.len()
+            } else {
+                usize::from(s.sample)
+            };
+            first.push(at);
+            at += n;
+            last.push(at.saturating_sub(1));
+        }
+        Self { first, last }
+    }
+
+    /// Every scoring sequence's [`PromptScores`]: `score(row, target, top_logprobs)` for the
+    /// row of each of its first `score.len()` tokens.
+    fn score(
+        &self,
+        batch: &StepBatch,
+        mut score: impl FnMut(usize, u32, u32) -> Result<(f32, Vec<(u32, f32)>), EngineError>,
+    ) -> Result<Vec<PromptScores>, EngineError> {
+        let mut out = Vec::new();
+        for (s, &first) in batch.seqs.iter().zip(&self.first) {
+            if s.score.is_empty() {
+                continue;
+            }
+            let k = s.sampling.top_logprobs;
+            let logprobs = s
+                .score
+                .iter()
+                .take(s.tokens.len())
+                .enumerate()
+                .map(|(i, &t)| score(first + i, t, k))
+                .collect::<Result<Vec<_>, _>>()?;
+            out.push(PromptScores {
+                seq_id: s.seq_id,
+                first: s.start_pos + 1,
+                logprobs,
+            });
+        }
+        Ok(out)
+    }
 }
 
 /// A device that fails after its step ran cannot be trusted with the next one.

@@ -19,6 +19,24 @@ pub struct StepSeq {
     pub sampling: SamplingParams,
     /// True when this chunk completes the prompt or is a decode token: sample one token.
     pub sample: bool,
+    /// Prompt log-probabilities (`SamplingParams::echo_tokens`): the token that follows each of
+    /// the first `score.len()` tokens of `tokens` (at positions `start_pos + 1 ..`), to be
+    /// scored from that row's logits ([`StepOutput::prompt`]); empty = none (every ordinary
+    /// step). At most `tokens.len()` long.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub score: Vec<u32>,
+}
+
+/// The prompt log-probabilities one step computed for one sequence ([`StepSeq::score`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PromptScores {
+    pub seq_id: SeqId,
+    /// Position (in the sequence) of the token `logprobs[0]` scores: the step's `start_pos + 1`.
+    pub first: usize,
+    /// Per scored token: its natural-log probability given the tokens before it (temperature 1,
+    /// the distribution [`SampledToken::logprob`] reads) and the `top_logprobs` most likely
+    /// tokens at that position with theirs, best first.
+    pub logprobs: Vec<(f32, Vec<(u32, f32)>)>,
 }
 
 /// All sequences of one step; they run through one forward pass.
@@ -43,10 +61,13 @@ pub struct SampledToken {
     pub top: Vec<(u32, f32)>,
 }
 
-/// Result of one step: one token per sequence that had `sample = true`, in batch order.
+/// Result of one step: one token per sequence that had `sample = true`, in batch order, and
+/// the prompt log-probabilities of every sequence with a [`StepSeq::score`], in batch order.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepOutput {
     pub tokens: Vec<SampledToken>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prompt: Vec<PromptScores>,
 }
 
 /// Static facts about an engine.

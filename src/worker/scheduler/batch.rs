@@ -133,6 +133,10 @@ pub struct SeqRequest {
     /// Its priority class (`request_plane/priority.rs`): its lane in the waiting queue.
     /// `None`: the unclassed lane (the only one when no class is configured).
     pub class: Option<ClassTag>,
+    /// Prompt log-probabilities are wanted (`echo`): the prefix cache is not used at
+    /// admission ([`BlockPool::allocate_uncached`]), so that every prompt position is computed
+    /// and yields its logits; nor are lower tiers onboarded.
+    pub uncached: bool,
 }
 
 pub use crate::request_plane::protocol::FinishReason;
@@ -150,6 +154,9 @@ pub struct ScheduledSeq {
     pub sample: bool,
     /// `Some(cached prefix tokens)` when the sequence was admitted in this step.
     pub cached_tokens: Option<usize>,
+    /// The sequence's token right after this entry's, when known (the next prompt chunk's
+    /// first token): what its last row's logits predict (prompt log-probabilities).
+    pub next_token: Option<u32>,
 }
 
 /// One engine step.
@@ -233,6 +240,8 @@ struct SeqEntry {
     hand_off: bool,
     /// Onboarded from a lower tier: the next entry reports its cached tokens (admission).
     report_cached: bool,
+    /// See [`SeqRequest::uncached`].
+    uncached: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -411,6 +420,7 @@ impl SchedulerCore {
                 },
                 hand_off: req.hand_off,
                 report_cached: false,
+                uncached: req.uncached,
             },
         );
         // After every waiting sequence of its class that arrived no later.
@@ -523,7 +533,9 @@ impl SchedulerCore {
                 break;
             }
             let entry = &self.seqs[&s];
-            let alloc = if entry.remote == Remote::None {
+            let alloc = if entry.uncached && entry.remote == Remote::None {
+                self.pool.allocate_uncached(s, &entry.tokens)
+            } else if entry.remote == Remote::None {
                 // Blocks after the G1 hit that a lower tier holds are onboarded.
                 self.pool.allocate_onboarding(s, &entry.tokens)
             } else {
@@ -899,6 +911,7 @@ impl SchedulerCore {
                 block_table: Vec::new(),
                 sample: false,
                 cached_tokens,
+                next_token: None,
             };
         };
         let start = e.num_computed;
@@ -912,6 +925,7 @@ impl SchedulerCore {
             block_table: table[..end.div_ceil(bs).min(table.len())].to_vec(),
             sample: end == e.tokens.len(),
             cached_tokens,
+            next_token: e.tokens.get(end).copied(),
         }
     }
 }

@@ -280,6 +280,55 @@ fn second_identical_prompt_reports_cached_tokens() {
     c.on_step_output(&sample_all(&b)).expect("out");
 }
 
+/// An `uncached` (echo) sequence computes its whole prompt though its prefix is cached, each
+/// entry knowing the token after it; the cache is left as it was: a later ordinary sequence
+/// still hits it, and the pool's usage returns to what it was.
+#[test]
+fn an_uncached_sequence_computes_its_cached_prefix_and_leaves_the_cache_intact() {
+    let mut c = core(64, 4, cfg(4, 6, 64));
+    let prompt: Vec<u32> = (0..10).collect();
+    c.add(req(1, prompt.clone(), 1)).expect("add");
+    drive(&mut c);
+    let used = c.kv_usage();
+    c.add(SeqRequest {
+        uncached: true,
+        ..req(2, prompt.clone(), 1)
+    })
+    .expect("add");
+    let b = c.schedule().expect("schedule");
+    assert_eq!(
+        b.entries[0].cached_tokens,
+        Some(0),
+        "nothing from the cache"
+    );
+    assert_eq!(b.entries[0].start_pos, 0);
+    assert_eq!(b.entries[0].token_ids, (0..6).collect::<Vec<u32>>());
+    assert_eq!(
+        b.entries[0].next_token,
+        Some(6),
+        "the next chunk's first token"
+    );
+    c.on_step_output(&sample_all(&b)).expect("out");
+    let b = c.schedule().expect("schedule");
+    assert_eq!(b.entries[0].token_ids, (6..10).collect::<Vec<u32>>());
+    assert_eq!(b.entries[0].next_token, None, "the last chunk samples");
+    c.on_step_output(&sample_all(&b)).expect("out");
+    assert!(!c.has_unfinished());
+    assert_eq!(
+        c.kv_usage(),
+        used,
+        "its duplicate blocks went back to the free list"
+    );
+    c.add(req(3, prompt, 1)).expect("add");
+    let b = c.schedule().expect("schedule");
+    assert_eq!(
+        b.entries[0].cached_tokens,
+        Some(8),
+        "the cache still serves"
+    );
+    c.on_step_output(&sample_all(&b)).expect("out");
+}
+
 #[test]
 fn stop_conditions() {
     let mut c = core(64, 4, cfg(8, 64, 64));

@@ -30,9 +30,9 @@ pub const SEQUENCE_TARGET: &str = "flotilla::sequence";
 
 use super::{
     DisaggWorker, FillChange, Hang, Health, KvFill, Outbox, PeerPullCounters, PeerPullWorker,
-    PullOrder, PullResult, ROUTABLE_GROUP, SCHEDULER_GROUP, SchedulerCore, SchedulerError,
-    SchedulerStats, SeqRequest, SimTransfer, StepResult, StepShape, StepTimeModel, StepWatchdog,
-    WatchdogVerdict,
+    PullOrder, PullResult, ROUTABLE_GROUP, SCHEDULER_GROUP, ScheduledSeq, SchedulerCore,
+    SchedulerError, SchedulerStats, SeqRequest, SimTransfer, StepResult, StepShape, StepTimeModel,
+    StepWatchdog, WatchdogVerdict,
 };
 use crate::kv::KvEvent;
 use crate::request_plane::protocol::{
@@ -434,6 +434,7 @@ impl WorkerCore {
         }
         if let Some(hint) = req.fetch.take()
             && req.remote_kv.is_none()
+            && req.sampling.echo_tokens == 0
             && let Some((tokens, timeout)) = self.fetch_plan(&hint, &req.prompt)
         {
             self.peer.asked += 1;
@@ -633,6 +634,8 @@ impl WorkerCore {
             remote_tokens: remote.as_ref().map_or(0, |kv| kv.tokens as usize),
             hand_off: req.hand_off,
             class: req.class,
+            // Prompt log-probabilities need every prompt position computed here.
+            uncached: req.sampling.echo_tokens > 0 && remote.is_none(),
             seq,
             prompt: req.prompt,
             max_tokens: req.max_tokens as usize,
@@ -1189,6 +1192,7 @@ impl WorkerCore {
                     block_table: e.block_table.clone(),
                     sampling: live.sampling.clone(),
                     sample: e.sample,
+                    score: prompt_targets(e, live.sampling.echo_tokens as usize),
                 });
             }
             if seqs.is_empty() {
@@ -1262,6 +1266,21 @@ impl WorkerCore {
                 return Ok(());
             }
         };
+        // Prompt log-probabilities first: they precede the sequence's first token.
+        for p in out.prompt {
+            let Some(l) = self.live.get(&p.seq_id) else {
+                continue;
+            };
+            let (to, req) = (l.owner.clone(), l.request);
+            self.emit(
+                &to,
+                req,
+                TokenEventKind::Prompt {
+                    first: u32::try_from(p.first).unwrap_or(u32::MAX),
+                    logprobs: p.logprobs,
+                },
+            );
+        }
         let sampled: Vec<(SeqId, u32)> = out.tokens.iter().map(|t| (t.seq_id, t.token)).collect();
         let mut logprobs: HashMap<SeqId, (f32, Vec<(u32, f32)>)> = out
             .tokens
@@ -1478,6 +1497,19 @@ impl WorkerCore {
 /// The `sequence` span of a submission that carries a `traceparent` (an OTLP export runs on
 /// its gateway): a child of the gateway's `request` span, under [`SEQUENCE_TARGET`]. Without
 /// one, no span (the lines carry `request_id` themselves).
+/// What each row of a scheduled entry is scored against for prompt log-probabilities: the
+/// token after it, for every row whose next position is among the first `echo_tokens` (the
+/// client's prompt; a migrated sequence's prompt also holds the tokens generated before).
+/// Empty when the entry scores nothing (no echo, a decode step, or past the prompt).
+fn prompt_targets(e: &ScheduledSeq, echo_tokens: usize) -> Vec<u32> {
+    let scored = echo_tokens
+        .saturating_sub(e.start_pos + 1)
+        .min(e.token_ids.len());
+    (0..scored)
+        .filter_map(|i| e.token_ids.get(i + 1).copied().or(e.next_token))
+        .collect()
+}
+
 fn sequence_span(
     worker: &WorkerId,
     trace_id: &Option<String>,
@@ -1499,6 +1531,36 @@ mod tests {
     use crate::worker::engine::{SampledToken, StepOutput};
     use crate::worker::scheduler::SchedulerConfig;
     use std::sync::Arc;
+
+    /// Echo: each row is scored against the token after it, while that token is among the
+    /// first `echo_tokens`; the last row of a chunk against the next chunk's first token.
+    #[test]
+    fn prompt_rows_are_scored_against_the_next_prompt_token() {
+        let entry = |start: usize, ids: &[u32], next: Option<u32>| ScheduledSeq {
+            seq: SeqId(1),
+            token_ids: ids.to_vec(),
+            start_pos: start,
+            block_table: vec![],
+            sample: next.is_none(),
+            cached_tokens: None,
+            next_token: next,
+        };
+        // Prompt [10, 11, 12, 13, 14] in two chunks.
+        assert_eq!(
+            prompt_targets(&entry(0, &[10, 11, 12], Some(13)), 5),
+            [11, 12, 13]
+        );
+        assert_eq!(prompt_targets(&entry(3, &[13, 14], None), 5), [14]);
+        // No echo; a one-token prompt; a decode step past the prompt.
+        assert!(prompt_targets(&entry(0, &[10, 11, 12], Some(13)), 0).is_empty());
+        assert!(prompt_targets(&entry(0, &[10], None), 1).is_empty());
+        assert!(prompt_targets(&entry(5, &[15], None), 5).is_empty());
+        // A migrated sequence (prompt + 2 generated): only the client's prompt is scored.
+        assert_eq!(
+            prompt_targets(&entry(0, &[10, 11, 12, 13, 14, 15, 16], None), 5),
+            [11, 12, 13, 14]
+        );
+    }
 
     fn core(clock: &ManualClock, role: Role) -> WorkerCore {
         let pool = BlockPool::new(64, 4, 7).unwrap();
@@ -1559,6 +1621,7 @@ mod tests {
                             top: Vec::new(),
                         })
                         .collect(),
+                    prompt: Vec::new(),
                 }),
             }),
             _ => None,
