@@ -168,7 +168,10 @@ async fn refusals_and_request_ids() {
             "presence_penalty",
         ),
         (&comp_url, completion(json!({"logprobs": 6})), "logprobs"),
-        (&comp_url, completion(json!({"echo": true})), "echo"),
+        // `echo` is served on completions (tests/logprobs.rs): a wrong type is refused, and
+        // chat has no such field.
+        (&comp_url, completion(json!({"echo": "yes"})), "echo"),
+        (&chat_url, chat(json!({"echo": true})), "echo"),
         (&comp_url, completion(json!({"suffix": "x"})), "suffix"),
         (&comp_url, completion(json!({"best_of": 2})), "best_of"),
         (
