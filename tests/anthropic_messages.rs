@@ -553,3 +553,121 @@ async fn b24_a_migrated_stream_ends_with_message_stop_and_the_reference_text() {
         "the stream migrated"
     );
 }
+
+/// The Messages API's edges: `POST /v1/messages/count_tokens` counts exactly the prompt a
+/// message with the same body runs (`usage.input_tokens` + `cache_read_input_tokens`), with
+/// errors in Anthropic's shape; a wrong route or method under `/v1/messages` answers in
+/// Anthropic's shape; consecutive turns of one role are combined into one turn (their texts
+/// joined with "\n"), so `user, user` runs as the one user turn holding both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_count_tokens_fallbacks_and_combined_turns() {
+    let c = Cluster::start(2, &["worker.kv_blocks=128"]);
+    wait_routable(&c, 1).await;
+    let count_url = c.url("/v1/messages/count_tokens");
+    let count = |body: Value| {
+        let url = count_url.clone();
+        async move { post_json(&url, &body).await }
+    };
+
+    // count_tokens = the prompt a message runs.
+    let (status, _, m) = post_json(&c.url("/v1/messages"), &messages(4, json!({}))).await;
+    assert_eq!(status, 200, "{m}");
+    let ran = m["usage"]["input_tokens"].as_u64().unwrap()
+        + m["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    let (status, _, v) = count(json!({"model": MODEL, "system": SYSTEM,
+                                      "messages": [{"role": "user", "content": ASK}]}))
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v, json!({"input_tokens": ran}));
+    let (_, _, bare) = count(json!({"model": MODEL,
+                                    "messages": [{"role": "user", "content": ASK}]}))
+    .await;
+    // The template's own default system prompt stands in for the missing one: another count.
+    assert_ne!(
+        bare["input_tokens"].as_u64().unwrap(),
+        ran,
+        "the system prompt counts: {bare}"
+    );
+
+    // Errors in Anthropic's shape, naming the field.
+    let (status, _, v) = count(json!({"model": MODEL, "max_tokens": 5,
+                                      "messages": [{"role": "user", "content": ASK}]}))
+    .await;
+    assert_error(status, &v, 400, "invalid_request_error", "max_tokens");
+    let (status, _, v) = count(json!({"model": MODEL})).await;
+    assert_error(status, &v, 400, "invalid_request_error", "messages");
+    let (status, _, v) = count(json!({"model": "no-such-model",
+                                      "messages": [{"role": "user", "content": ASK}]}))
+    .await;
+    assert_error(status, &v, 404, "not_found_error", "no-such-model");
+    let (status, _, v) = count(json!({"model": MODEL, "messages": [{"role": "user",
+        "content": [{"type": "image", "source": {}}]}]}))
+    .await;
+    assert_error(
+        status,
+        &v,
+        400,
+        "invalid_request_error",
+        "messages[0].content[0].type",
+    );
+
+    // Fallbacks under /v1/messages: Anthropic's shape; elsewhere OpenAI's.
+    let (status, _, v) = post_json(&c.url("/v1/messages/nope"), &json!({})).await;
+    assert_error(status, &v, 404, "not_found_error", "/v1/messages/nope");
+    let r = reqwest::get(c.url("/v1/messages")).await.unwrap();
+    assert_eq!(r.status().as_u16(), 405);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    let r = reqwest::get(c.url("/v1/messages/count_tokens"))
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 405);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["type"], "error", "{v}");
+    let (status, _, v) = post_json(&c.url("/v1/nope"), &json!({})).await;
+    assert_eq!(status, 404);
+    assert!(
+        v["error"]["message"].is_string() && v.get("type").is_none(),
+        "{v}"
+    );
+
+    // Combined turns: user, user runs as one user turn with both texts joined by "\n".
+    let split = messages(
+        12,
+        json!({"messages": [{"role": "user", "content": "Name three colors."},
+                            {"role": "user", "content": [{"type": "text", "text": "Be brief."}]}]}),
+    );
+    let joined = messages(
+        12,
+        json!({"messages": [{"role": "user", "content": "Name three colors.\nBe brief."}]}),
+    );
+    let (s1, _, a) = post_json(&c.url("/v1/messages"), &split).await;
+    let (s2, _, b) = post_json(&c.url("/v1/messages"), &joined).await;
+    assert_eq!((s1, s2), (200, 200), "{a} {b}");
+    assert_eq!(
+        a["content"], b["content"],
+        "the same turn, the same greedy text"
+    );
+    let input = |m: &Value| {
+        m["usage"]["input_tokens"].as_u64().unwrap()
+            + m["usage"]["cache_read_input_tokens"].as_u64().unwrap()
+    };
+    assert_eq!(input(&a), input(&b));
+    let (_, _, n) = count(json!({"model": MODEL, "system": SYSTEM,
+                                 "messages": split["messages"].clone()}))
+    .await;
+    assert_eq!(n["input_tokens"].as_u64().unwrap(), input(&a));
+    // A final assistant turn after combining is still a prefill: refused, naming the last one.
+    let (status, _, v) = post_json(
+        &c.url("/v1/messages"),
+        &messages(
+            4,
+            json!({"messages": [{"role": "user", "content": "Hi"},
+                                {"role": "assistant", "content": "Hel"},
+                                {"role": "assistant", "content": "lo"}]}),
+        ),
+    )
+    .await;
+    assert_error(status, &v, 400, "invalid_request_error", "messages[2].role");
+}

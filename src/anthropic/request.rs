@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | `model` | string, required | — |
 //! | `max_tokens` | integer ≥ 1, required (as in Anthropic's API) | — |
-//! | `messages` | non-empty array of `{role, content}`; `role` `user` or `assistant`; the last message must be `user` (a final `assistant` message asks to continue it — "prefill" — which this server does not do: 400) | required |
+//! | `messages` | non-empty array of `{role, content}`; `role` `user` or `assistant`; consecutive turns of one role are combined into one turn, as Anthropic does (their texts joined with `"\n"`, as a turn's text blocks are); the last message must be `user` (a final `assistant` message asks to continue it — "prefill" — which this server does not do: 400) | required |
 //! | `messages[i].content` | a string, or a non-empty array of text blocks `{"type":"text","text":…}` (joined with `"\n"`, as the chat route joins text parts); any other block type (`image`, `document`, `tool_use`, `tool_result`, `thinking`, `redacted_thinking`, …) → 400 naming it | required |
 //! | `system` | a string, or an array of text blocks; rendered as a first `system` message | none |
 //! | text block extras | `cache_control` (an object; the prefix cache caches every prompt anyway), `citations` (null or `[]` only) | — |
@@ -93,6 +93,85 @@ pub struct MessagesRequest {
     pub user_id: Option<String>,
 }
 
+/// Top-level fields a `POST /v1/messages/count_tokens` body may carry (besides
+/// [`ONLY_UNSET`]'s): Anthropic's count_tokens parameters — a Messages body without
+/// `max_tokens`, `stream`, `stop_sequences`, sampling or `metadata`.
+const COUNT_KNOWN: &[&str] = &[
+    "model",
+    "messages",
+    "system",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "cache_control",
+];
+
+/// Parse and validate a `POST /v1/messages/count_tokens` body (Anthropic's token counting:
+/// <https://docs.anthropic.com/en/api/messages-count-tokens>): `model`, `messages` and
+/// `system` as for [`parse_messages_request`] (so the prompt counted is the one a Messages
+/// request would run, through the same chat template), `tools` / `tool_choice` / `thinking`
+/// only at the values that ask for nothing; `max_tokens` and the generation fields are not
+/// part of it (400 `Extra inputs are not permitted`, as Anthropic answers). The result has
+/// `max_tokens` `None`; only its `model` and `input` matter.
+///
+/// # Errors
+/// As [`parse_messages_request`].
+pub fn parse_count_tokens_request(body: &[u8]) -> Result<GenerationRequest, ApiError> {
+    let obj = json_object(body)?;
+    if let Some(key) = obj
+        .keys()
+        .find(|k| !COUNT_KNOWN.contains(&k.as_str()) && !ONLY_UNSET.contains(&k.as_str()))
+    {
+        return Err(invalid(
+            key,
+            format!("{}: Extra inputs are not permitted", clip(key)),
+        ));
+    }
+    let model = get_str(&obj, "model")?
+        .ok_or_else(|| invalid("model", "model: Field required"))?
+        .to_owned();
+    let mut messages = parse_system(&obj)?;
+    messages.extend(parse_turns(&obj)?);
+    check_unsupported(&obj)?;
+    Ok(GenerationRequest {
+        kind: RequestKind::Chat,
+        model,
+        input: Input::Chat(messages),
+        max_tokens: None,
+        max_tokens_param: "max_tokens",
+        echo: false,
+        sampling: Sampling::default(),
+        stop: Vec::new(),
+        stream: false,
+        include_usage: false,
+        n: 1,
+        logprobs: None,
+        ignore_eos: false,
+        return_token_ids: false,
+        user: None,
+    })
+}
+
+/// The body as a JSON object, or a 400 saying what it is.
+fn json_object(body: &[u8]) -> Result<Obj, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            ErrorKind::InvalidRequest,
+            format!("the request body is not valid JSON ({e}); expected a JSON object"),
+        )
+    })?;
+    match value {
+        Value::Object(obj) => Ok(obj),
+        other => Err(ApiError::new(
+            ErrorKind::InvalidRequest,
+            format!(
+                "the request body must be a JSON object, got {}",
+                type_name(&other)
+            ),
+        )),
+    }
+}
+
 /// Parse and validate a `POST /v1/messages` body; see the module doc for every field.
 ///
 /// # Errors
@@ -100,22 +179,7 @@ pub struct MessagesRequest {
 /// JSON object, a field is missing, unknown, of the wrong type or out of range, or asks for
 /// something this server cannot do (non-text content, tools, extended thinking, prefill).
 pub fn parse_messages_request(body: &[u8]) -> Result<MessagesRequest, ApiError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| {
-        ApiError::new(
-            ErrorKind::InvalidRequest,
-            format!("the request body is not valid JSON ({e}); expected a JSON object"),
-        )
-    })?;
-    let Value::Object(obj) = value else {
-        return Err(ApiError::new(
-            ErrorKind::InvalidRequest,
-            format!(
-                "the request body must be a JSON object, got {}",
-                type_name(&value)
-            ),
-        ));
-    };
-    from_object(&obj)
+    from_object(&json_object(body)?)
 }
 
 fn from_object(obj: &Obj) -> Result<MessagesRequest, ApiError> {
@@ -201,13 +265,14 @@ fn parse_turns(obj: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
             "messages must contain at least one message",
         ));
     }
-    let turns: Vec<ChatMessage> = arr
+    let parsed: Vec<ChatMessage> = arr
         .iter()
         .enumerate()
         .map(|(i, m)| parse_turn(&format!("messages[{i}]"), m))
         .collect::<Result<_, _>>()?;
+    let turns = merge_turns(parsed);
     if turns.last().is_some_and(|m| m.role == Role::Assistant) {
-        let p = format!("messages[{}].role", turns.len() - 1);
+        let p = format!("messages[{}].role", arr.len() - 1);
         return Err(invalid(
             &p,
             format!(
@@ -217,6 +282,26 @@ fn parse_turns(obj: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
         ));
     }
     Ok(turns)
+}
+
+/// Consecutive turns of one role become one turn, as Anthropic's API combines them ("consecutive
+/// user or assistant turns in your request will be combined into a single turn"): the merged
+/// turn holds both turns' content blocks in order, and its text is theirs joined with `"\n"`,
+/// as the text blocks of one turn are joined ([`text_blocks`]). So `user, user` reaches the
+/// chat template as one user message (a template would otherwise render two user turns in a
+/// row, which the model never saw in training).
+fn merge_turns(turns: Vec<ChatMessage>) -> Vec<ChatMessage> {
+    let mut out: Vec<ChatMessage> = Vec::with_capacity(turns.len());
+    for t in turns {
+        match out.last_mut() {
+            Some(last) if last.role == t.role => {
+                last.content.push('\n');
+                last.content.push_str(&t.content);
+            }
+            _ => out.push(t),
+        }
+    }
+    out
 }
 
 fn parse_turn(p: &str, m: &Value) -> Result<ChatMessage, ApiError> {

@@ -108,4 +108,19 @@ for kw, name in (
         check(err.get("type") == "invalid_request_error", f"{name}: {e.body}")
         check(name in err.get("message", ""), f"{name} named: {e.body}")
 
+# count_tokens: the prompt a message with the same system and messages runs.
+counted = client.messages.count_tokens(model=model, system=SYSTEM, messages=MSG)
+check(counted.input_tokens == m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0),
+      f"count_tokens {counted} vs {m.usage}")
+try:
+    client.messages.count_tokens(model="no-such-model", messages=MSG)
+    check(False, "count_tokens: unknown model accepted")
+except anthropic.NotFoundError as e:
+    check(error_of(e).get("type") == "not_found_error", f"count_tokens 404 {e.body}")
+# Consecutive user turns are one turn: the same answer as their texts joined with "\n".
+two = create(messages=[{"role": "user", "content": "Name three colors."},
+                       {"role": "user", "content": "Be brief."}])
+one = create(messages=[{"role": "user", "content": "Name three colors.\nBe brief."}])
+check(two.content[0].text == one.content[0].text, f"combined turns {two} vs {one}")
+
 print("anthropic client checks passed")

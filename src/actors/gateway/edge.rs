@@ -321,17 +321,33 @@ pub fn readiness(word: &str, mut fields: serde_json::Value) -> Response {
 
 /// 405 in the OpenAI error shape.
 pub async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
-    let mut r = ApiError::new(
+    let e = ApiError::new(
         ErrorKind::InvalidRequest,
         format!("method {method} is not allowed on {}", uri.path()),
     )
-    .code("method_not_allowed")
-    .into_response();
+    .code("method_not_allowed");
+    let mut r = if is_messages_path(uri.path()) {
+        crate::anthropic::error::response(&e)
+    } else {
+        e.into_response()
+    };
     *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
     r
 }
 
-/// 404 in the OpenAI error shape.
-pub async fn not_found(uri: axum::http::Uri) -> ApiError {
-    ApiError::new(ErrorKind::NotFound, format!("no route for {}", uri.path())).code("not_found")
+/// 404: in Anthropic's error shape under `/v1/messages` (`not_found_error`), else OpenAI's.
+pub async fn not_found(uri: axum::http::Uri) -> Response {
+    let e = ApiError::new(ErrorKind::NotFound, format!("no route for {}", uri.path()))
+        .code("not_found");
+    if is_messages_path(uri.path()) {
+        crate::anthropic::error::response(&e)
+    } else {
+        e.into_response()
+    }
+}
+
+/// Whether `path` is Anthropic's Messages API (`/v1/messages` and below): its clients read
+/// Anthropic's error shape.
+fn is_messages_path(path: &str) -> bool {
+    path == "/v1/messages" || path.starts_with("/v1/messages/")
 }

@@ -1,6 +1,7 @@
 //! HTTP routes: the OpenAI routes and Anthropic's `/v1/messages` (`serve.rs`), `/live`, `/health`, `/metrics`, `/v1/fleet`,
-//! the control API (`edge::control_routes`); everything else is a 404 in the OpenAI error
-//! shape. Every response carries `x-request-id` (`edge.rs`).
+//! `/v1/messages/count_tokens`, the control API (`edge::control_routes`); everything else is a
+//! 404 in the OpenAI error shape (under `/v1/messages`, Anthropic's; a wrong method there is a
+//! 405 in Anthropic's shape too). Every response carries `x-request-id` (`edge.rs`).
 
 use super::edge::{control_guard, live, method_not_allowed, not_found, readiness};
 #[doc(no_inline)]
@@ -25,6 +26,10 @@ pub fn app(shared: Arc<GatewayShared>) -> Router {
         .route("/v1/chat/completions", axum::routing::post(serve::chat))
         .route("/v1/completions", axum::routing::post(serve::completions))
         .route("/v1/messages", axum::routing::post(serve::messages))
+        .route(
+            "/v1/messages/count_tokens",
+            axum::routing::post(serve::messages_count_tokens),
+        )
         .route("/v1/models", get(serve::models))
         .route("/v1/models/{id}", get(serve::model))
         .merge(control_routes(shared.clone()))

@@ -1101,6 +1101,34 @@ pub async fn messages(
     generate(s, Api::Messages, headers, body).await
 }
 
+/// `POST /v1/messages/count_tokens` (Anthropic's token counting): `{"input_tokens": N}`, the
+/// prompt tokens a Messages request with these `model`, `system` and `messages` would run
+/// (the same chat template; body rules in `anthropic::request::parse_count_tokens_request`).
+/// Only this gateway's tokenizer is used: no worker is asked, nothing is admitted or counted
+/// as a request. Errors in Anthropic's shape (400 naming the field, 404 unknown model, 413,
+/// 415, 408 as on `/v1/messages`).
+pub async fn messages_count_tokens(
+    State(s): State<Arc<GatewayShared>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let counted = async {
+        super::edge::require_json(&headers)?;
+        let serving = s.serving.as_ref().ok_or(RequestError::NoModel)?;
+        let bytes = read_body(&headers, body, s.max_body_bytes, s.request_body_timeout).await?;
+        let req = anthropic::request::parse_count_tokens_request(&bytes)?;
+        let fe = &serving.frontend;
+        check_model(&req.model, &[fe.model_id.as_str()])?;
+        let ids = fe.prompts_ids(&req)?;
+        Ok::<usize, ApiError>(ids.iter().map(Vec::len).sum())
+    }
+    .await;
+    match counted {
+        Ok(n) => Json(serde_json::json!({ "input_tokens": n })).into_response(),
+        Err(e) => anthropic::error::response(&e),
+    }
+}
+
 /// `GET /v1/models`.
 pub async fn models(State(s): State<Arc<GatewayShared>>) -> Response {
     let data: Vec<_> = s

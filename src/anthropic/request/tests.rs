@@ -238,3 +238,81 @@ fn tools_thinking_and_prefill_are_refused_unless_they_ask_for_nothing() {
     assert_eq!(param, "messages[1].role");
     assert!(message.contains("prefill"), "{message}");
 }
+
+/// Consecutive turns of one role are one turn, their texts joined with "\n" (as one turn's
+/// text blocks are); a final assistant turn after combining is still a prefill, refused naming
+/// the last message.
+#[test]
+fn consecutive_turns_of_one_role_are_combined() {
+    let r = ok(with(
+        "messages",
+        json!([{"role": "user", "content": "a"},
+               {"role": "user", "content": [{"type": "text", "text": "b"},
+                                            {"type": "text", "text": "c"}]},
+               {"role": "assistant", "content": "d"},
+               {"role": "assistant", "content": "e"},
+               {"role": "user", "content": "f"}]),
+    ));
+    let Input::Chat(m) = r.generation.input else {
+        panic!("chat input")
+    };
+    let got: Vec<(Role, &str)> = m.iter().map(|m| (m.role, m.content.as_str())).collect();
+    assert_eq!(
+        got,
+        [
+            (Role::User, "a\nb\nc"),
+            (Role::Assistant, "d\ne"),
+            (Role::User, "f")
+        ]
+    );
+    let (param, _) = err(with(
+        "messages",
+        json!([{"role": "user", "content": "a"},
+               {"role": "assistant", "content": "b"},
+               {"role": "assistant", "content": "c"}]),
+    ));
+    assert_eq!(param, "messages[2].role");
+}
+
+/// count_tokens takes a Messages body without the generation fields: the same messages and
+/// system; `max_tokens` and friends are extra inputs, named.
+#[test]
+fn a_count_tokens_body_is_a_messages_body_without_generation_fields() {
+    let count = |v: Value| parse_count_tokens_request(v.to_string().as_bytes());
+    let g = count(json!({"model": "m", "system": "S",
+                         "messages": [{"role": "user", "content": "Hi"}], "tools": []}))
+    .expect("valid");
+    assert_eq!(g.model, "m");
+    assert_eq!(g.max_tokens, None);
+    let Input::Chat(m) = &g.input else {
+        panic!("chat input")
+    };
+    assert_eq!(m.len(), 2);
+    assert_eq!((m[0].role, m[0].content.as_str()), (Role::System, "S"));
+    for (body, param) in [
+        (
+            json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]}),
+            "max_tokens",
+        ),
+        (
+            json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "Hi"}]}),
+            "stream",
+        ),
+        (json!({"model": "m"}), "messages"),
+        (
+            json!({"messages": [{"role": "user", "content": "Hi"}]}),
+            "model",
+        ),
+        (
+            json!({"model": "m", "messages": [{"role": "user", "content": "Hi"}],
+                   "thinking": {"type": "enabled", "budget_tokens": 1024}}),
+            "thinking",
+        ),
+    ] {
+        let e = count(body).expect_err("refused");
+        assert_eq!(e.param.as_deref(), Some(param), "{e:?}");
+        assert!(e.message.contains(param), "{e:?}");
+    }
+    assert!(count(json!([1])).is_err());
+    assert!(parse_count_tokens_request(b"{").is_err(), "not JSON");
+}
