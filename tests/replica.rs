@@ -224,6 +224,7 @@ impl Harness {
             remote_kv: None,
             fetch: None,
             class: None,
+            session: None,
         }
     }
 

@@ -210,6 +210,7 @@ impl Fleet {
             remote_kv: None,
             fetch: None,
             class: None,
+            session: None,
         };
         let args = RequestArgs {
             job,

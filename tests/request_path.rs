@@ -122,6 +122,7 @@ impl Fleet {
             bus: Default::default(),
             relay: None,
             share_load: true,
+            sessions: Default::default(),
         })
         .unwrap();
         let mut fleet = Self {
@@ -266,6 +267,7 @@ impl Fleet {
             remote_kv: None,
             fetch: None,
             class: None,
+            session: None,
         };
         let mut core = RequestCore::new(
             RequestCoreConfig {

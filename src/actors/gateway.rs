@@ -17,6 +17,8 @@
 //!   that change how a body is read (`Content-Encoding` decoded, other codings refused by name).
 //! - `serve.rs` — the generation routes, OpenAI's and Anthropic's `/v1/messages` (admission,
 //!   body, validation, streaming); `serve/wire.rs` — each API's parser, records and error shape.
+//! - `session.rs` — a request's session key (`x-session-id` and the other configured headers,
+//!   or the body's `user`), bounded.
 //! - `chaos_routes.rs`, `worker_routes.rs` — the control API: faults, a replica's role.
 //! - `face.rs` — a replica's own OpenAI face (`worker.http`).
 //! - `routes.rs` — the apps: the gateway's routes (and `/health`, `/metrics`, `/v1/fleet`,
@@ -30,6 +32,7 @@ pub mod face;
 pub mod page;
 pub mod routes;
 pub mod serve;
+pub mod session;
 pub mod state;
 pub mod worker_routes;
 

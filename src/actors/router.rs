@@ -22,6 +22,19 @@
 //! gone, and a restarted replica starts from an empty cache. Placements never released (a
 //! gateway that died) expire after [`LEASE_TTL_MS`].
 //!
+//! # Sessions
+//! A request with a session key ([`RouteRequest::session`]) goes, under the kv policies, to
+//! the worker that served its session's last turn until that worker's queued prefill tokens
+//! pass `router.session_max_queued_tokens`; then the cost decides and the session moves
+//! (`router/policy.rs`, "Sessions that stick"). The table of sessions
+//! ([`SessionTable`], `router.session_capacity` / `router.session_ttl_ms`) is shared like the
+//! load: every `Routed` change told to the other routers names its session, and they record it
+//! as their own, so a session's next turn sticks whichever router places it. Disaggregated,
+//! the session sticks to its **decode** (or aggregated) worker, which holds its history after
+//! each turn: the sticky decode worker still hands a long uncached suffix to a prefill worker
+//! (the rule below, on its own overlap), and the hand-off's prefill placement does not move
+//! the session. The `placed` line says `session=kept|released|none` for a request with a key.
+//!
 //! # Disaggregation
 //! Replicas have a [`Role`] (their schedulers join the role's process group). Whole requests
 //! go to aggregated and decode workers (prefill workers only when no other is routable). When
@@ -56,7 +69,8 @@ use crate::runtime::wire::Wire;
 use crate::worker::scheduler::{ROUTABLE_GROUP, SCHEDULER_GROUP};
 use index::{ApplyOutcome, PrefixIndex};
 use load::{ActiveLoad, RequestKey};
-use policy::{Policy, Selector, SelectorConfig};
+use policy::session::SessionTable;
+use policy::{Decision, Policy, Selector, SelectorConfig};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
 use std::collections::HashMap;
@@ -177,6 +191,9 @@ pub struct RouterArgs {
     /// Tell the other routers every change to this router's load and count theirs
     /// (`router.share_load`; `load.rs`, "Several routers").
     pub share_load: bool,
+    /// Which worker served each session's last turn, empty at start, bounded by
+    /// `router.session_capacity` and `router.session_ttl_ms` (`policy/session.rs`).
+    pub sessions: SessionTable,
 }
 
 impl RouterArgs {
@@ -191,6 +208,7 @@ impl RouterArgs {
             bus: Default::default(),
             relay: None,
             share_load: true,
+            sessions: SessionTable::default(),
         }
     }
 }
@@ -220,6 +238,8 @@ pub struct RouterState {
     /// The other routers this one knows of (registered names): while there are any, ties
     /// are spread by request ([`Selector::spread_next`]).
     peers: std::collections::HashSet<String>,
+    /// Session → worker of its last turn, this router's placements and the others' alike.
+    sessions: SessionTable,
 }
 
 /// Workers a router may choose: members of the routable schedulers' group (alive, healthy,
@@ -281,6 +301,7 @@ impl RouterState {
             shared: Vec::new(),
             peer_placed: HashMap::new(),
             peers: Default::default(),
+            sessions: args.sessions,
         })
     }
 
@@ -389,8 +410,12 @@ impl RouterState {
                     hashes,
                     blocks,
                     cursor,
+                    session,
                     ..
                 } => {
+                    if let Some(session) = session {
+                        self.sessions.placed(&session, &worker, now);
+                    }
                     self.load.on_routed_prefix(
                         key.clone(),
                         &worker,
@@ -501,7 +526,13 @@ impl RouterState {
         if self.share_load && !self.peers.is_empty() {
             selector.spread_next(spread_of(&key));
         }
-        let Some(mut d) = selector.select(
+        let sticky = req
+            .session
+            .as_deref()
+            .and_then(|k| self.sessions.worker_of(k, now))
+            .cloned();
+        let Some(mut d) = selector.select_session(
+            sticky.as_ref(),
             &live,
             &req.seq_hashes,
             req.prompt_tokens,
@@ -530,7 +561,10 @@ impl RouterState {
                 &self.load,
             ) && self.load.prefill_tokens(&p.worker) <= self.disagg.max_prefill_queue_tokens
             {
-                d = p;
+                d = Decision {
+                    affinity: d.affinity,
+                    ..p
+                };
                 hand_off = true;
             } else {
                 metrics::counter!("flotilla_router_local_prefills_total", "why" => "prefill_queue")
@@ -546,6 +580,15 @@ impl RouterState {
             now,
         );
         self.peer_placed.remove(&key);
+        // The session follows its decode (or aggregated) worker: a prefill hand-off's worker
+        // only computes the prompt, and the decode attempt that follows is placed again.
+        let has_session = req.session.is_some();
+        let session = req.session.filter(|_| !hand_off);
+        if let Some(k) = &session {
+            self.sessions.placed(k, &d.worker, now);
+            metrics::counter!("flotilla_router_session_placements_total", "affinity" => d.affinity.as_str())
+                .increment(1);
+        }
         if self.share_load {
             self.shared.push(sync::LoadChange::Routed {
                 node: key.node,
@@ -556,6 +599,7 @@ impl RouterState {
                 hashes: req.seq_hashes.clone(),
                 blocks: d.request_blocks,
                 cursor: selector.cursor(),
+                session: session.clone(),
             });
         }
         let w = d.worker.to_string();
@@ -580,6 +624,7 @@ impl RouterState {
             candidates: d.candidates,
             pull_from: fetch.as_ref().map(|f| f.holder.clone()),
             pull_blocks: fetch.as_ref().map(|f| f.blocks),
+            session: has_session.then(|| d.affinity.as_str().to_owned()),
         };
         Ok(Some(Placement {
             worker: d.worker,
@@ -679,6 +724,7 @@ impl RouterState {
     /// returns the workers whose resync is due (never asked, or asked [`RESYNC_RETRY_MS`] ago).
     fn housekeeping(&mut self, now: u64) -> Vec<WorkerId> {
         self.load.expire(now, LEASE_TTL_MS);
+        self.sessions.expire(now);
         // Peers' placements dropped by expiry or a purged worker leave the origin map too.
         let load = &self.load;
         self.peer_placed.retain(|k, _| load.worker_of(k).is_some());
@@ -876,6 +922,7 @@ fn route_traced(
             tracing::info!(target: PLACEMENT_TARGET, request_id = %id, gateway = %node, %request,
                 worker = %p.worker, hand_off = p.hand_off,
                 overlap_blocks = t.map(|t| t.overlap_blocks), cost = t.map(|t| t.cost),
+                session = t.and_then(|t| t.session.as_deref()),
                 "placed");
         }
         None => {
@@ -1013,6 +1060,7 @@ mod tests {
             bus: Default::default(),
             relay: None,
             share_load: true,
+            sessions: SessionTable::default(),
         })
         .unwrap();
         (state, clock, workers)
@@ -1209,7 +1257,83 @@ mod tests {
             remote_prefill: false,
             trace_id: None,
             traceparent: None,
+            session: None,
         }
+    }
+
+    fn turn(n: u64, session: &str) -> RouteRequest {
+        RouteRequest {
+            session: Some(session.to_owned()),
+            ..req(n)
+        }
+    }
+
+    #[test]
+    fn a_sessions_turns_stick_and_another_router_adopts_its_affinity() {
+        let all = ["w0", "w1", "w2", "w3"];
+        let (mut a, _, wa) = router(Policy::Kv);
+        let (mut b, _, wb) = router(Policy::Kv);
+        wa.set(&all, &all);
+        wb.set(&all, &all);
+        a.router_joined("rb");
+        b.router_joined("ra");
+        let first = a.place(turn(1, "s")).unwrap().unwrap();
+        assert_eq!(
+            first.terms.as_ref().unwrap().session.as_deref(),
+            Some("none")
+        );
+        b.peer_load("ra", a.take_shared());
+        // Turns of "s" end and new ones come, through either router, while other requests
+        // load the fleet: every turn goes to the first worker.
+        for n in 2..12u64 {
+            let r = if n % 2 == 0 { &mut b } else { &mut a };
+            let p = r.place(turn(n, "s")).unwrap().unwrap();
+            assert_eq!(p.worker, first.worker, "turn {n}");
+            assert_eq!(p.terms.as_ref().unwrap().session.as_deref(), Some("kept"));
+            r.place(req(100 + n)).unwrap();
+            let changes = r.take_shared();
+            let other = if n % 2 == 0 { &mut a } else { &mut b };
+            other.peer_load(if n % 2 == 0 { "rb" } else { "ra" }, changes);
+        }
+        // Avoided (it failed this request): placed elsewhere, and the session moves there
+        // for both routers.
+        let mut moved = turn(50, "s");
+        moved.avoid = vec![first.worker.clone()];
+        let p = a.place(moved).unwrap().unwrap();
+        assert_ne!(p.worker, first.worker);
+        assert_eq!(
+            p.terms.as_ref().unwrap().session.as_deref(),
+            Some("released")
+        );
+        b.peer_load("ra", a.take_shared());
+        let q = b.place(turn(51, "s")).unwrap().unwrap();
+        assert_eq!(q.worker, p.worker, "b adopted a's new affinity");
+        // Requests without a session say nothing of one.
+        assert_eq!(
+            b.place(req(60)).unwrap().unwrap().terms.unwrap().session,
+            None
+        );
+    }
+
+    #[test]
+    fn a_saturated_sessions_worker_releases_it() {
+        let (mut r, _, workers) = router(Policy::Kv);
+        r.config.session_max_queued_tokens = 100;
+        r.selectors.clear();
+        workers.set(&["w0", "w1"], &["w0", "w1"]);
+        let first = r.place(turn(1, "s")).unwrap().unwrap().worker;
+        // Turn 1 has not seen its first token: its 32 tokens are queued, under 100.
+        let p = r.place(turn(2, "s")).unwrap().unwrap();
+        assert_eq!(p.worker, first);
+        // A long turn (64 tokens queued after 64: still at most 100) takes it past 100.
+        let mut long = turn(3, "s");
+        long.prompt_tokens = 64;
+        assert_eq!(r.place(long).unwrap().unwrap().worker, first);
+        let p = r.place(turn(9, "s")).unwrap().unwrap();
+        assert_ne!(p.worker, first, "over 100 queued tokens: released");
+        assert_eq!(p.terms.unwrap().session.as_deref(), Some("released"));
+        let p = r.place(turn(10, "s")).unwrap().unwrap();
+        assert_ne!(p.worker, first, "the session moved");
     }
 
     #[test]

@@ -152,6 +152,17 @@ pub struct RouterConfig {
     /// counts only its own placements, as independent routers do). The prefix index is
     /// shared either way: every router applies every worker's KV events.
     pub share_load: bool,
+    /// `kv`, `dynamo_kv`: a session's turns (requests with the same session key, see
+    /// `gateway.session_headers`) stay on the worker that served its last turn while that
+    /// worker's queued prefill tokens are at most this many; past it the cost decides and the
+    /// session moves (default 16 384: two chunked-prefill steps of 8 192 tokens, as
+    /// `disagg.max_prefill_queue_tokens`; `router/policy.rs`, "Sessions that stick"). 0: off.
+    pub session_max_queued_tokens: u64,
+    /// Sessions the router remembers (default 100 000); a new one past it evicts the least
+    /// recently placed. Shared by every router (`router/policy/session.rs`).
+    pub session_capacity: usize,
+    /// A session not placed for this long is forgotten (ms, default 1 800 000: 30 minutes).
+    pub session_ttl_ms: u64,
     /// Engines outside Flotilla (vLLM-compatible servers, or another fleet's `worker.http`
     /// faces) that this node's router places requests on, as workers `<node>/<name>`
     /// (`worker::external`). Read by router nodes, which need the gateway role too; other
@@ -175,6 +186,11 @@ impl Default for RouterConfig {
             pull_credit: crate::request_plane::router::policy::PeerPull::DEFAULT_CREDIT,
             pull_min_blocks: crate::request_plane::router::policy::PeerPull::DEFAULT_MIN_BLOCKS,
             share_load: true,
+            session_max_queued_tokens:
+                crate::request_plane::router::policy::DEFAULT_SESSION_MAX_QUEUED_TOKENS,
+            session_capacity:
+                crate::request_plane::router::policy::session::DEFAULT_SESSION_CAPACITY,
+            session_ttl_ms: crate::request_plane::router::policy::session::DEFAULT_SESSION_TTL_MS,
             external_workers: Vec::new(),
         }
     }
@@ -331,6 +347,17 @@ pub struct GatewayConfig {
     /// planner sees it waiting and starts a replica — then gets a 503 with `Retry-After`
     /// (0: no wait). Without such a planner it is refused at once.
     pub cold_start_timeout_ms: u64,
+    /// Headers that carry a request's session key, first present wins (lower case; default
+    /// [`crate::actors::gateway::session::DEFAULT_SESSION_HEADERS`]: `x-session-id`,
+    /// `x-session-affinity`, `x-claude-code-session-id`, `session_id`). Under the kv policies
+    /// the router keeps a session's turns on one worker until it saturates
+    /// (`router.session_max_queued_tokens`). A key is 1..=256 visible ASCII bytes, else 400.
+    /// Empty: no header is read.
+    pub session_headers: Vec<String>,
+    /// Without a session header, take the body's `user` (OpenAI routes) or
+    /// `metadata.user_id` (`/v1/messages`) as the session key (default false: one user may
+    /// run many unrelated sessions). Bounded as the headers are.
+    pub session_from_user: bool,
 }
 
 impl Default for GatewayConfig {
@@ -352,6 +379,11 @@ impl Default for GatewayConfig {
             idle_timeout_ms: 30_000,
             max_connections: 1024,
             cold_start_timeout_ms: 120_000,
+            session_headers: crate::actors::gateway::session::DEFAULT_SESSION_HEADERS
+                .iter()
+                .map(|h| (*h).to_owned())
+                .collect(),
+            session_from_user: false,
         }
     }
 }
@@ -851,6 +883,14 @@ impl Config {
                 return Err(invalid(field, "must be within 1..=600000 (ms)"));
             }
         }
+        for h in &g.session_headers {
+            if axum::http::HeaderName::from_lowercase(h.as_bytes()).is_err() {
+                return Err(invalid(
+                    "gateway.session_headers",
+                    format!("{h:?} is not a lower-case HTTP header name"),
+                ));
+            }
+        }
         if g.cold_start_timeout_ms > 3_600_000 {
             return Err(invalid(
                 "gateway.cold_start_timeout_ms",
@@ -967,7 +1007,17 @@ impl Config {
                 credit: r.pull_credit,
                 min_blocks: r.pull_min_blocks,
             },
+            session_max_queued_tokens: r.session_max_queued_tokens,
         }
+    }
+
+    /// The router's session table, empty, with its bounds (`router.session_capacity`,
+    /// `router.session_ttl_ms`).
+    pub fn session_table(&self) -> crate::request_plane::router::policy::session::SessionTable {
+        crate::request_plane::router::policy::session::SessionTable::new(
+            self.router.session_capacity,
+            self.router.session_ttl_ms,
+        )
     }
 
     /// Gateway admission (`gateway.busy_kv_ratio`, `busy_waiting`, `max_in_flight`,

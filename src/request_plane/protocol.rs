@@ -86,6 +86,11 @@ pub struct SubmitRequest {
     /// the worker's waiting queue. `None`: no class configured.
     #[serde(default)]
     pub class: Option<super::priority::ClassTag>,
+    /// The request's session key (`x-session-id` or another configured header, or the body's
+    /// `user` when configured; at most 256 visible ASCII bytes, checked at the door): passed
+    /// to the router with every attempt ([`RouteRequest::session`]). `None`: no session.
+    #[serde(default)]
+    pub session: Option<String>,
 }
 
 /// The cost terms of one placement (`router/policy.rs`, [`Decision`](super::router::policy::Decision)),
@@ -115,6 +120,11 @@ pub struct PlacementTerms {
     pub pull_from: Option<WorkerId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pull_blocks: Option<u32>,
+    /// For a request with a session key: `kept` (placed on the session's worker, sticky) or
+    /// `released` (that worker was saturated, not live or avoided; the cost chose), or `none`
+    /// (a new session); absent without a session key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
 }
 
 /// KV a prefill worker holds for a decode worker to pull (disaggregated serving).
@@ -171,6 +181,11 @@ pub struct RouteRequest {
     /// The gateway's `request` span as a W3C `traceparent`, as in [`SubmitRequest`].
     #[serde(default)]
     pub traceparent: Option<String>,
+    /// The request's session key ([`SubmitRequest::session`]): under the kv policies the
+    /// router keeps a session's turns on the worker that served its last one until that
+    /// worker saturates (`router/policy.rs`, "Sessions that stick"). `None`: no session.
+    #[serde(default)]
+    pub session: Option<String>,
 }
 
 /// A router's answer: where to submit.

@@ -577,6 +577,7 @@ impl RequestCore {
             remote_prefill: self.pending_kv.is_none(),
             trace_id: job.trace_id.clone(),
             traceparent: job.traceparent.clone(),
+            session: job.session.clone(),
         };
         self.placing = Some(Placing {
             job,
@@ -677,6 +678,7 @@ mod tests {
             remote_kv: None,
             fetch: None,
             class: None,
+            session: None,
         };
         RequestCore::new(
             RequestCoreConfig {

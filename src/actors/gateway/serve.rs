@@ -643,6 +643,13 @@ async fn start(
     let fe = &serving.frontend;
     check_model(&req.model, &[fe.model_id.as_str()])?;
     let policy = route_policy(headers)?;
+    let user_field = match api {
+        Api::Messages => "metadata.user_id",
+        _ => "user",
+    };
+    let session = serving
+        .sessions
+        .key(headers, req.user.as_deref(), user_field)?;
     let prompts = fe.prompts_ids(&req)?;
     let batch = prompts.len() > 1;
     let max_tokens = prompts
@@ -701,6 +708,7 @@ async fn start(
                 remote_kv: None,
                 fetch: None,
                 class: class.as_ref().map(|c| c.tag.clone()),
+                session: session.clone(),
             };
             guard
                 .0

@@ -117,6 +117,9 @@ pub struct Serving {
     pub pin: Option<crate::runtime::ids::WorkerId>,
     /// This node's fleet event bus (placements, migrations, give-ups).
     pub bus: crate::request_plane::events::EventBus,
+    /// Where a request's session key is read (`gateway.session_headers`,
+    /// `gateway.session_from_user`).
+    pub sessions: super::session::SessionKeys,
 }
 
 /// One fault as listed by `GET /chaos/faults`.

@@ -132,6 +132,31 @@
 //! - `round_robin`: the rotating cursor over the live workers sorted by id.
 //! - `random`: uniform over the live workers sorted by id, from the seeded `StdRng`.
 //!
+//! # Sessions that stick (both kv policies)
+//!
+//! A request may carry a **session key** (the gateway reads it from `x-session-id` or another
+//! configured header, `gateway.session_headers`). The router remembers which worker served each
+//! session's last turn ([`session::SessionTable`]) and [`Selector::select_session`] sends the
+//! next turn there — that worker holds the session's whole history in its KV cache — **until
+//! that worker saturates**: while its queued prefill tokens (`queued(w)` above, the prompt
+//! tokens the routers placed there that wait for their first token) are at most
+//! [`SelectorConfig::session_max_queued_tokens`], the session's worker wins whatever the costs;
+//! past it, or when the worker is not live or is in the request's `avoid` list, the cost above
+//! decides and the session's affinity moves to the worker it picks ([`Affinity::Released`]).
+//!
+//! The default threshold, [`DEFAULT_SESSION_MAX_QUEUED_TOKENS`] = 16 384 tokens, is two
+//! chunked-prefill steps of the default `worker.max_num_batched_tokens` (8 192), about 0.25 s
+//! of prefill on the simulated H100 (0.015 ms a token, `worker/engine/sim.rs`) — the same bound
+//! the router already puts on a prefill worker's queue before it stops handing prompts to it
+//! (`disagg.max_prefill_queue_tokens`, Dynamo's conditional disaggregation default). A queue
+//! that long delays the turn's first token by more than recomputing a typical agent history
+//! (a few thousand tokens) elsewhere would. 0 turns stickiness off.
+//!
+//! Stickiness is a layer over the KV cost, not a policy of its own: it applies under `kv` and
+//! `dynamo_kv` only; `least_loaded`, `round_robin` and `random` ignore session keys (a request
+//! that overrides its policy with one of them is placed as that policy says). The decision's
+//! cost terms are still the chosen worker's, so prefix hits are measured as for any placement.
+//!
 //! # Cost of a decision
 //!
 //! One [`PrefixIndex::overlaps_in`] walk, then `O(|live|)` arithmetic (`dynamo_kv` adds one
@@ -158,6 +183,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::runtime::ids::{SequenceHash, WorkerId};
 
+pub mod session;
+
 use super::index::{Overlaps, PrefixIndex, TierSet, WorkerSlot};
 use super::load::{ActiveLoad, LoadSlot, WorkerLoad};
 use crate::kv::Tier;
@@ -177,6 +204,10 @@ pub const DEFAULT_DECODE_WEIGHT: f64 = 0.125;
 pub const DEFAULT_BALANCE_RATIO: f64 = 1.5;
 /// See [`DEFAULT_BALANCE_RATIO`].
 pub const DEFAULT_BALANCE_REQUESTS: u32 = 4;
+/// Queued prefill tokens (tokens) up to which a session's worker keeps its next turns, unless
+/// configured (`router.session_max_queued_tokens`): two chunked-prefill steps of 8 192 tokens,
+/// the same bound as `disagg.max_prefill_queue_tokens` (module docs, "Sessions that stick").
+pub const DEFAULT_SESSION_MAX_QUEUED_TOKENS: u64 = 16_384;
 
 /// How the router picks a worker.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -271,6 +302,36 @@ pub struct SelectorConfig {
     /// Both kv policies: what a prompt block another worker holds in G1, and this worker
     /// could pull from it, is worth (see the module docs, "Peer pulls").
     pub peer_pull: PeerPull,
+    /// Both kv policies: a session's worker keeps its turns while its queued prefill tokens
+    /// are at most this many (tokens; 0: sessions never stick). Module docs, "Sessions that
+    /// stick"; default [`DEFAULT_SESSION_MAX_QUEUED_TOKENS`].
+    pub session_max_queued_tokens: u64,
+}
+
+/// How a placement relates to its request's session (module docs, "Sessions that stick").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Affinity {
+    /// No session to stick to: the request has no key, the key is new, or the policy ignores
+    /// sessions; the cost decided.
+    #[default]
+    None,
+    /// Placed on the worker that served the session's last turn (sticky).
+    Kept,
+    /// The session's worker was saturated, not live or avoided: the cost decided, and the
+    /// session moves to the worker it picked.
+    Released,
+}
+
+impl Affinity {
+    /// `none`, `kept` or `released`, as the `placed` line and the placement terms say it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Affinity::None => "none",
+            Affinity::Kept => "kept",
+            Affinity::Released => "released",
+        }
+    }
 }
 
 /// Where a prompt's leading blocks can be pulled from (peer pull, G4): `holder` keeps the
@@ -358,6 +419,7 @@ impl Default for SelectorConfig {
             seed: 0,
             tier_credit: TierCredit::default(),
             peer_pull: PeerPull::default(),
+            session_max_queued_tokens: DEFAULT_SESSION_MAX_QUEUED_TOKENS,
         }
     }
 }
@@ -577,6 +639,8 @@ pub struct Decision {
     /// Peer pull: the worker holding the most leading prompt blocks in G1, when the chosen
     /// worker lacks at least `peer_pull.min_blocks` of them.
     pub fetch: Option<FetchHint>,
+    /// Whether the request's session kept its worker ([`Selector::select_session`]).
+    pub affinity: Affinity,
 }
 
 /// Picks workers (see the module docs).
@@ -680,6 +744,24 @@ impl Selector {
         index: &PrefixIndex,
         load: &ActiveLoad,
     ) -> Option<Decision> {
+        self.select_session(None, live, hashes, prompt_tokens, index, load)
+    }
+
+    /// [`Selector::select`] for a request whose session's last turn was served by `sticky`
+    /// (`None`: no session, or a new one): under `kv` and `dynamo_kv`, `sticky` is chosen
+    /// when it is in `live` and its queued prefill tokens ([`ActiveLoad`]) are at most
+    /// [`SelectorConfig::session_max_queued_tokens`] ([`Affinity::Kept`]); otherwise the
+    /// policy decides ([`Affinity::Released`] when `sticky` was given). The tie cursor does
+    /// not advance on a kept placement. Module docs, "Sessions that stick".
+    pub fn select_session(
+        &mut self,
+        sticky: Option<&WorkerId>,
+        live: &[WorkerId],
+        hashes: &[SequenceHash],
+        prompt_tokens: u32,
+        index: &PrefixIndex,
+        load: &ActiveLoad,
+    ) -> Option<Decision> {
         if live.is_empty() {
             return None;
         }
@@ -718,7 +800,22 @@ impl Selector {
             prompt_tokens,
             load,
         );
-        let pick = self.pick(live, &costs, load);
+        let sessions = matches!(self.config.policy, Policy::Kv | Policy::DynamoKv)
+            && self.config.session_max_queued_tokens > 0;
+        let sticky = sticky.filter(|_| sessions);
+        let kept = sticky.and_then(|w| {
+            let i = live.iter().position(|l| l == w)?;
+            (self.cache.load(i, load).prefill_tokens <= self.config.session_max_queued_tokens)
+                .then_some(i)
+        });
+        let (pick, affinity) = match (kept, sticky) {
+            (Some(i), _) => {
+                self.spread = 0;
+                (i, Affinity::Kept)
+            }
+            (None, Some(_)) => (self.pick(live, &costs, load), Affinity::Released),
+            (None, None) => (self.pick(live, &costs, load), Affinity::None),
+        };
         let c = costs[pick];
         let fetch = holder.and_then(|(w, n)| {
             let short = n.saturating_sub(c.overlap_blocks);
@@ -742,6 +839,7 @@ impl Selector {
             cost: c.cost,
             candidates: live.len(),
             fetch,
+            affinity,
         })
     }
 

@@ -26,6 +26,11 @@ pub enum LoadChange {
         /// The placing selector's tie cursor after the decision
         /// ([`super::policy::Selector::follow_cursor`]).
         cursor: u64,
+        /// The request's session key: `worker` is the session's worker now
+        /// ([`super::policy::session::SessionTable::placed`]), for every router. `None`: no
+        /// session, or a prefill hand-off (the session follows its decode worker).
+        #[serde(default)]
+        session: Option<String>,
     },
     /// Its first token came ([`ActiveLoad::on_first_token`](super::load::ActiveLoad::on_first_token)).
     FirstToken { node: NodeId, request: RequestId },

@@ -74,6 +74,7 @@ pub(super) fn router(ctx: &NodeContext) -> RouterArgs {
     args.bus = ctx.events.clone();
     args.relay = Some(ctx.name("kv_event_relay"));
     args.share_load = ctx.config.router.share_load;
+    args.sessions = ctx.config.session_table();
     args
 }
 
@@ -109,6 +110,10 @@ pub(super) fn gateway(ctx: &NodeContext) -> GatewayParts {
             priority: Arc::new(ctx.config.priority.clone()),
             pin: None,
             bus: ctx.events.clone(),
+            sessions: crate::actors::gateway::session::SessionKeys::new(
+                &g.session_headers,
+                g.session_from_user,
+            ),
         })
     });
     let chaos = ctx

@@ -19,6 +19,7 @@ fn job(max_tokens: u32, ignore_eos: bool) -> SubmitRequest {
         remote_kv: None,
         fetch: None,
         class: None,
+        session: None,
     }
 }
 

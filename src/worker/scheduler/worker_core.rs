@@ -1601,6 +1601,7 @@ mod tests {
             remote_kv: None,
             fetch: None,
             class: None,
+            session: None,
         }
     }
 

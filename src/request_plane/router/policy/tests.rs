@@ -826,3 +826,157 @@ fn a_cold_pick_is_told_which_peer_holds_the_prefix_when_pulls_are_on() {
         Err(SelectorConfigError::PullMinBlocks)
     ));
 }
+
+/// A kv selector whose sessions stick while a worker has at most `max` tokens queued.
+fn sticky_selector(policy: Policy, max: u64) -> Selector {
+    Selector::new(SelectorConfig {
+        policy,
+        session_max_queued_tokens: max,
+        peer_pull: PeerPull {
+            credit: 0.0,
+            ..PeerPull::default()
+        },
+        ..SelectorConfig::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_session_sticks_to_its_worker_over_a_cheaper_one() {
+    // w0 holds the prompt and is idle; the session's worker w1 has 1 000 tokens queued and
+    // holds nothing: the cost alone picks w0, the session keeps w1.
+    let hashes = prompt(8, 1);
+    let mut index = PrefixIndex::new();
+    hold(&mut index, "w0", &hashes, 8);
+    let mut load = ActiveLoad::new();
+    load.on_routed(key(1), &w("w1"), 1000, 63, 0);
+    let live = [w("w0"), w("w1")];
+    for policy in [Policy::Kv, Policy::DynamoKv] {
+        let mut s = sticky_selector(policy, 1000);
+        let plain = s.select(&live, &hashes, 128, &index, &load).unwrap();
+        assert_eq!(
+            (plain.worker.as_str(), plain.affinity),
+            ("w0", Affinity::None)
+        );
+        let d = s
+            .select_session(Some(&w("w1")), &live, &hashes, 128, &index, &load)
+            .unwrap();
+        assert_eq!(
+            (d.worker.as_str(), d.affinity),
+            ("w1", Affinity::Kept),
+            "{policy}"
+        );
+        // The terms are still the chosen worker's.
+        assert_eq!(d.overlap_blocks, 0);
+        assert_eq!(d.best_overlap_blocks, 8);
+        assert_eq!(d.uncached_tokens, 128);
+    }
+}
+
+#[test]
+fn a_session_is_released_when_its_worker_saturates() {
+    let hashes = prompt(4, 2);
+    let index = PrefixIndex::new();
+    let mut load = ActiveLoad::new();
+    load.on_routed(key(1), &w("w1"), 1000, 63, 0);
+    let live = [w("w0"), w("w1")];
+    // Exactly at the threshold it still sticks; one token past, the cost decides.
+    let mut s = sticky_selector(Policy::Kv, 1000);
+    let d = s
+        .select_session(Some(&w("w1")), &live, &hashes, 64, &index, &load)
+        .unwrap();
+    assert_eq!((d.worker.as_str(), d.affinity), ("w1", Affinity::Kept));
+    let mut s = sticky_selector(Policy::Kv, 999);
+    let d = s
+        .select_session(Some(&w("w1")), &live, &hashes, 64, &index, &load)
+        .unwrap();
+    assert_eq!((d.worker.as_str(), d.affinity), ("w0", Affinity::Released));
+    // The first token came: its queue is empty again, the session sticks.
+    load.on_first_token(&key(1), 1);
+    let d = s
+        .select_session(Some(&w("w1")), &live, &hashes, 64, &index, &load)
+        .unwrap();
+    assert_eq!((d.worker.as_str(), d.affinity), ("w1", Affinity::Kept));
+    // 0 turns stickiness off.
+    let mut s = sticky_selector(Policy::Kv, 0);
+    let d = s
+        .select_session(Some(&w("w1")), &live, &hashes, 64, &index, &load)
+        .unwrap();
+    assert_eq!(d.affinity, Affinity::None);
+}
+
+#[test]
+fn a_session_whose_worker_is_gone_or_avoided_is_placed_by_the_cost() {
+    let hashes = prompt(4, 3);
+    let index = PrefixIndex::new();
+    let load = ActiveLoad::new();
+    let mut s = sticky_selector(Policy::Kv, 1000);
+    // Dead (not routable), or avoided (the router leaves avoided workers out of `live`).
+    for live in [vec![w("w0"), w("w2")], vec![w("w2")]] {
+        let d = s
+            .select_session(Some(&w("w1")), &live, &hashes, 64, &index, &load)
+            .unwrap();
+        assert!(live.contains(&d.worker));
+        assert_eq!(d.affinity, Affinity::Released);
+    }
+}
+
+#[test]
+fn policies_other_than_kv_ignore_sessions() {
+    let hashes = prompt(4, 4);
+    let index = PrefixIndex::new();
+    let load = ActiveLoad::new();
+    let live = [w("w0"), w("w1")];
+    for policy in [Policy::RoundRobin, Policy::LeastLoaded, Policy::Random] {
+        let mut s = sticky_selector(policy, 1000);
+        let picks: std::collections::HashSet<WorkerId> = (0..8)
+            .map(|_| {
+                let d = s
+                    .select_session(Some(&w("w1")), &live, &hashes, 64, &index, &load)
+                    .unwrap();
+                assert_eq!(d.affinity, Affinity::None, "{policy}");
+                d.worker
+            })
+            .collect();
+        if policy == Policy::RoundRobin {
+            assert_eq!(picks.len(), 2, "round_robin still takes turns");
+        }
+    }
+}
+
+#[test]
+fn the_session_table_is_bounded_lru_and_ttl() {
+    use super::session::SessionTable;
+    let mut t = SessionTable::new(3, 1000);
+    for (i, s) in ["a", "b", "c"].iter().enumerate() {
+        t.placed(s, &w(&format!("w{i}")), 0);
+    }
+    // "a" placed again: "b" is now the least recently placed, and goes first.
+    t.placed("a", &w("w9"), 10);
+    t.placed("d", &w("w3"), 10);
+    assert_eq!(t.len(), 3);
+    assert_eq!(t.worker_of("b", 10), None, "evicted: least recently placed");
+    assert_eq!(
+        t.worker_of("a", 10),
+        Some(&w("w9")),
+        "moved to its last worker"
+    );
+    assert_eq!(t.worker_of("c", 10), Some(&w("w2")));
+    // Past the TTL an entry is not used, and the next expiry drops it.
+    assert_eq!(t.worker_of("c", 1001), None);
+    assert_eq!(t.worker_of("a", 1001), Some(&w("w9")));
+    assert_eq!(t.expire(1001), 1, "c, last placed at 0");
+    assert_eq!(t.len(), 2);
+    // A table of capacity 0 remembers nothing.
+    let mut none = SessionTable::new(0, 1000);
+    none.placed("a", &w("w0"), 0);
+    assert!(none.is_empty());
+    // Many sessions: never more than the capacity.
+    let mut t = SessionTable::new(100, u64::MAX);
+    for i in 0..10_000u64 {
+        t.placed(&format!("s{i}"), &w("w0"), i);
+        assert!(t.len() <= 100);
+    }
+    assert_eq!(t.worker_of("s9999", 10_000), Some(&w("w0")));
+    assert_eq!(t.worker_of("s9899", 10_000), None);
+}
