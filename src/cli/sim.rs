@@ -7,6 +7,8 @@
 //! flotilla sim --dataset mooncake-conversation --max-requests 600 --speedup 20 --workers 16 \
 //!     --compare router.policy=kv,round_robin
 //! flotilla sim --dataset synthetic-sessions --prefill 1 --decode 2 --kill 5:1
+//! flotilla sim --dataset agent-sessions --sessions 64 --turns 8 --workers 16 \
+//!     --compare router.policy=kv,kv+router.session_max_queued_tokens=0,round_robin
 //! ```
 //!
 //! **Inputs**: the workload options of `flotilla bench` (`--trace` / `--dataset`,
@@ -21,7 +23,9 @@
 //! one applying every KV event and, with `router.share_load`, the others' load changes after
 //! `--net-delay-ms` (`--compare routers=1,2,4,8,8+router.share_load=false`). The token ids of prompts are those `flotilla bench`
 //! sends (the same `--salt` gives the same prompts; the default salt here is 0, not random, so
-//! that runs repeat). A chat workload (`--dataset sharegpt`) is rendered through the model's
+//! that runs repeat). A workload session's key (`--dataset agent-sessions`) reaches the
+//! router with each of its turns as the gateway passes `x-session-id`, so sessions stick as
+//! on a live fleet (`router.session_max_queued_tokens`). A chat workload (`--dataset sharegpt`) is rendered through the model's
 //! chat template and tokenizer, as the gateway renders it (`--model`).
 //!
 //! **Faults**: `--kill AT_S:WORKER` (repeatable) kills worker `WORKER` (0-based, in the order
@@ -288,6 +292,10 @@ impl SimWorkload for BenchWorkload<'_> {
             prompt,
             max_tokens: t.max_tokens,
         }
+    }
+
+    fn session_key(&self, i: usize) -> Option<String> {
+        self.workload.sessions.get(i).and_then(|s| s.key.clone())
     }
 }
 

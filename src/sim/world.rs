@@ -154,6 +154,14 @@ pub trait SimWorkload {
     fn class(&self, _i: usize) -> Option<&str> {
         None
     }
+
+    /// Session `i`'s session key, passed to the router with each of its turns as the gateway
+    /// passes `x-session-id` ([`RouteRequest::session`](crate::request_plane::protocol::RouteRequest::session));
+    /// `None` (the default): none.
+    fn session_key(&self, i: usize) -> Option<String> {
+        let _ = i;
+        None
+    }
 }
 
 /// When sessions start.
@@ -615,6 +623,7 @@ impl<'w> SimFleet<'w> {
         router_args.workers = groups.clone();
         router_args.disagg = DisaggRouting::from(&c.disagg);
         router_args.share_load = c.router.share_load;
+        router_args.sessions = c.session_table();
         let routers = (0..spec.routers)
             .map(|_| RouterState::new(router_args.clone()))
             .collect::<Result<Vec<_>, _>>()
@@ -1595,6 +1604,7 @@ impl<'w> SimFleet<'w> {
                 let c = self.spec.config.priority.resolve(Some(n), None).ok()??;
                 Some(c.tag)
             }),
+            session: self.workload.session_key(record.session),
         };
         let mut core = RequestCore::new(
             RequestCoreConfig {

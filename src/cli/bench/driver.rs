@@ -251,6 +251,10 @@ async fn run_session(
             c.to_owned(),
         ));
     }
+    // A keyed session sends its key with every turn, as an agent client does.
+    if let Some(k) = &session.key {
+        headers.push(("x-session-id".to_owned(), k.clone()));
+    }
     for turn in &session.turns {
         if out.last().is_some_and(|r: &RequestResult| !r.ok) {
             let skipped = RequestResult::failed("skipped: an earlier turn of the session failed");

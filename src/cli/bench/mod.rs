@@ -12,8 +12,10 @@
 //! instead). Mooncake traces (prompts of token ids built per 512-token
 //! `hash_id`, posted to `/v1/completions` as `prompt: [ids]`, so prefix sharing is exact),
 //! Azure traces (lengths and arrivals only, random ids), `--dataset sharegpt` (multi-turn chat
-//! sessions through `/v1/chat/completions`) and `--dataset synthetic-sessions` (a shared
-//! system prefix plus multi-turn user messages, token ids). Every request sets `ignore_eos`
+//! sessions through `/v1/chat/completions`), `--dataset synthetic-sessions` (a shared
+//! system prefix plus multi-turn user messages, token ids) and `--dataset agent-sessions`
+//! (the same with a session key per agent, sent as `x-session-id`, and bursts of `--fanout`
+//! sub-requests sharing the agent's history: [`workload::agent_sessions`]). Every request sets `ignore_eos`
 //! with `max_tokens` = the wanted output length, so outputs have the workload's lengths.
 //! A session's turns follow each other without think time; turn k's history holds the
 //! dataset's *recorded* answers (synthetic ids for synthetic-sessions), not the model's, so
@@ -90,6 +92,11 @@ pub enum Dataset {
     Sharegpt,
     /// `--sessions` sessions sharing a `--system-prompt-tokens` prefix, `--turns` turns each.
     SyntheticSessions,
+    /// Agent sessions with session keys (`x-session-id`): `--sessions` agents of `--turns`
+    /// turns (each turn's prompt = the agent's whole history + a new message), and after every
+    /// `--fanout-every`-th turn a burst of `--fanout` sub-requests sharing that history, sent
+    /// at once under the agent's key (`workload::agent_sessions`).
+    AgentSessions,
     /// Mooncake FAST'25 conversation trace (bundled; `mooncake_conversation_trace.jsonl`).
     MooncakeConversation,
     /// Mooncake FAST'25 synthetic trace (bundled; `mooncake_synthetic_trace.jsonl`).
@@ -108,7 +115,7 @@ impl Dataset {
             Dataset::MooncakeSynthetic => Some("mooncake_synthetic_trace.jsonl"),
             Dataset::AzureConv => Some("azure_llm_2023_conv.csv"),
             Dataset::AzureCode => Some("azure_llm_2023_code.csv"),
-            Dataset::Sharegpt | Dataset::SyntheticSessions => None,
+            Dataset::Sharegpt | Dataset::SyntheticSessions | Dataset::AgentSessions => None,
         }
     }
 }
@@ -253,6 +260,19 @@ pub struct WorkloadArgs {
     /// ([`metrics::class_shares`]).
     #[arg(long, value_delimiter = ',')]
     pub classes: Vec<String>,
+    /// agent-sessions: sub-requests in each burst (0: none).
+    #[arg(long, default_value_t = 4)]
+    pub fanout: usize,
+    /// agent-sessions: a burst after every this many turns of an agent (≥ 1).
+    #[arg(long, default_value_t = 2, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub fanout_every: usize,
+    /// agent-sessions: agent `a` starts at `a ×` this (ms of trace time, ÷ `--speedup`).
+    #[arg(long, default_value_t = 1000.0)]
+    pub agent_gap_ms: f64,
+    /// agent-sessions: the burst after turn `k` is sent `(k + 1) ×` this after its agent
+    /// starts (ms of trace time, ÷ `--speedup`): about one turn's duration.
+    #[arg(long, default_value_t = 2000.0)]
+    pub turn_gap_ms: f64,
 }
 
 /// What one run of a `--compare` changes: its label and its extra headers.
@@ -395,6 +415,29 @@ pub fn load_workload(a: &WorkloadArgs) -> anyhow::Result<Workload> {
                 path.display()
             );
             Ok(workload::from_sharegpt(&convs, caps, limit))
+        }
+        Some(Dataset::AgentSessions) => {
+            ensure!(
+                a.agent_gap_ms.is_finite()
+                    && a.agent_gap_ms >= 0.0
+                    && a.turn_gap_ms.is_finite()
+                    && a.turn_gap_ms >= 0.0,
+                "--agent-gap-ms and --turn-gap-ms must be finite and >= 0"
+            );
+            let spec = workload::AgentSpec {
+                base: SyntheticSpec {
+                    sessions: a.sessions,
+                    turns: a.turns,
+                    system_tokens: a.system_prompt_tokens,
+                    user_tokens: a.user_tokens,
+                    output_tokens: a.session_output_tokens,
+                },
+                fanout: a.fanout,
+                fanout_every: a.fanout_every.max(1),
+                agent_gap_ms: a.agent_gap_ms,
+                turn_gap_ms: a.turn_gap_ms,
+            };
+            Ok(workload::agent_sessions(spec, caps, limit))
         }
         _ => {
             let spec = SyntheticSpec {

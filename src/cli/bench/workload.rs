@@ -120,6 +120,9 @@ pub struct Session {
     pub timestamp_ms: Option<f64>,
     /// Turns in order (at least one).
     pub turns: Vec<Turn>,
+    /// Session key sent with every turn (`x-session-id`; the simulator passes it to the router
+    /// as the gateway does); `None`: none.
+    pub key: Option<String>,
 }
 
 /// What building the workload changed to fit the caps.
@@ -303,6 +306,7 @@ pub fn from_trace(
         let max_tokens = cap_output(r.output_tokens, caps, &mut adj);
         sessions.push(Session {
             timestamp_ms: Some(r.timestamp_ms),
+            key: None,
             turns: vec![Turn {
                 prompt: Prompt::Tokens(segs),
                 max_tokens,
@@ -483,6 +487,124 @@ pub fn synthetic_sessions(spec: SyntheticSpec, caps: Caps, max_requests: usize) 
     }
 }
 
+/// Shape of `--dataset agent-sessions` (`agent_sessions`).
+#[derive(Clone, Copy, Debug)]
+pub struct AgentSpec {
+    /// Agents (`sessions`), their turns and token lengths, as synthetic-sessions.
+    pub base: SyntheticSpec,
+    /// Sub-requests per burst (0: none).
+    pub fanout: usize,
+    /// A burst after every this many turns (≥ 1).
+    pub fanout_every: usize,
+    /// Agent `a` starts at `a × agent_gap_ms` (trace ms).
+    pub agent_gap_ms: f64,
+    /// The burst after turn `k` of an agent is sent `(k + 1) × turn_gap_ms` after it starts.
+    pub turn_gap_ms: f64,
+}
+
+/// A multi-turn agent workload with session keys: agent `a` is a session keyed `agent-<a>`
+/// (sent as `x-session-id`) starting at `a × agent_gap_ms`, whose turn k's prompt is the shared
+/// system prefix, every earlier turn (user message + recorded answer) and turn k's message
+/// (as [`synthetic_sessions`]: long shared histories). After every `fanout_every`-th turn k,
+/// a **burst** of `fanout` sub-requests (sub-agents, tool calls) is sent at once, at
+/// `(k + 1) × turn_gap_ms` after the agent started: each one a one-turn session under the
+/// same key whose prompt is the agent's history through turn k's answer plus its own task
+/// message (`user_tokens`). Workload order: each agent, then its bursts; timestamps order the
+/// arrivals (`--arrival trace` by default). Turns past `max_input` tokens are dropped (and
+/// counted), as are the bursts after them.
+pub fn agent_sessions(spec: AgentSpec, caps: Caps, max_requests: usize) -> Workload {
+    const TAG_TASK: u64 = 0x7A;
+    let b = spec.base;
+    let mut adj = Adjustments::default();
+    let system = Segment {
+        seed: combine(TAG_SYSTEM, 0),
+        len: b.system_tokens,
+    };
+    let mut sessions = Vec::new();
+    let mut budget = max_requests;
+    for s in 0..b.sessions as u64 {
+        if budget == 0 {
+            break;
+        }
+        let key = format!("agent-{s}");
+        let start = s as f64 * spec.agent_gap_ms;
+        let mut history = if b.system_tokens > 0 {
+            vec![system]
+        } else {
+            Vec::new()
+        };
+        let mut turns = Vec::new();
+        let mut bursts = Vec::new();
+        for k in 0..b.turns {
+            if turns.len() + bursts.len() >= budget {
+                break;
+            }
+            let mut segs = history.clone();
+            segs.push(Segment {
+                seed: combine(combine(TAG_USER, s), k as u64),
+                len: b.user_tokens.max(1),
+            });
+            let len: u32 = segs.iter().map(|x| x.len).sum();
+            if len > caps.max_input {
+                adj.dropped_turns += b.turns - k;
+                break;
+            }
+            let max_tokens = cap_output(b.output_tokens, caps, &mut adj);
+            turns.push(Turn {
+                prompt: Prompt::Tokens(segs.clone()),
+                max_tokens,
+            });
+            history = segs;
+            history.push(Segment {
+                seed: combine(combine(TAG_ANSWER, s), k as u64),
+                len: max_tokens,
+            });
+            if (k + 1) % spec.fanout_every != 0 {
+                continue;
+            }
+            for j in 0..spec.fanout {
+                if turns.len() + bursts.len() >= budget {
+                    break;
+                }
+                let mut segs = history.clone();
+                segs.push(Segment {
+                    seed: combine(combine(combine(TAG_TASK, s), k as u64), j as u64),
+                    len: b.user_tokens.max(1),
+                });
+                let len: u32 = segs.iter().map(|x| x.len).sum();
+                if len > caps.max_input {
+                    adj.dropped_turns += 1;
+                    continue;
+                }
+                let max_tokens = cap_output(b.output_tokens, caps, &mut adj);
+                bursts.push(Session {
+                    timestamp_ms: Some(start + (k + 1) as f64 * spec.turn_gap_ms),
+                    turns: vec![Turn {
+                        prompt: Prompt::Tokens(segs),
+                        max_tokens,
+                    }],
+                    key: Some(key.clone()),
+                });
+            }
+        }
+        budget -= turns.len() + bursts.len();
+        if !turns.is_empty() {
+            sessions.push(Session {
+                timestamp_ms: Some(start),
+                turns,
+                key: Some(key),
+            });
+        }
+        sessions.extend(bursts);
+    }
+    Workload {
+        name: "agent-sessions".to_owned(),
+        sessions,
+        adjustments: adj,
+        trace_block_hit_rate: None,
+    }
+}
+
 /// Mooncake's definition: fraction of `hash_ids` (512-token blocks) that appeared in an earlier
 /// record, over all records in order; NaN when there are none.
 pub fn trace_block_hit_rate(records: &[TraceRecord]) -> f64 {
@@ -597,6 +719,7 @@ fn push_untimed(sessions: &mut Vec<Session>, turns: Vec<Turn>) {
         sessions.push(Session {
             timestamp_ms: None,
             turns,
+            key: None,
         });
     }
 }
@@ -710,6 +833,46 @@ mod tests {
         let mut q2 = q.clone();
         q2[0] = 99;
         assert_eq!(ideal_hit_rate_tokens([q, q2].into_iter()), 0.0);
+    }
+
+    #[test]
+    fn agent_sessions_are_keyed_and_bursts_share_the_history() {
+        let spec = AgentSpec {
+            base: SyntheticSpec {
+                sessions: 2,
+                turns: 4,
+                system_tokens: 64,
+                user_tokens: 16,
+                output_tokens: 8,
+            },
+            fanout: 3,
+            fanout_every: 2,
+            agent_gap_ms: 1000.0,
+            turn_gap_ms: 100.0,
+        };
+        let w = agent_sessions(spec, CAPS, usize::MAX);
+        // Per agent: its session of 4 turns, then 2 bursts of 3.
+        assert_eq!(w.sessions.len(), 2 * (1 + 6));
+        assert_eq!(w.requests(), 2 * (4 + 6));
+        let agent = &w.sessions[0];
+        assert_eq!(agent.key.as_deref(), Some("agent-0"));
+        let sub = &w.sessions[1];
+        assert_eq!(sub.key.as_deref(), Some("agent-0"));
+        assert_eq!(
+            sub.timestamp_ms,
+            Some(200.0),
+            "after turn 1: (1 + 1) × 100 ms"
+        );
+        assert_eq!(w.sessions[7].key.as_deref(), Some("agent-1"));
+        assert_eq!(w.sessions[7].timestamp_ms, Some(1000.0));
+        // A burst's prompt is turn 2's prompt without its message: the history through turn 1.
+        let (Prompt::Tokens(turn2), Prompt::Tokens(burst)) =
+            (&agent.turns[2].prompt, &sub.turns[0].prompt)
+        else {
+            panic!("token prompts")
+        };
+        assert_eq!(turn2[..turn2.len() - 1], burst[..burst.len() - 1]);
+        assert_ne!(turn2.last(), burst.last());
     }
 
     #[test]
