@@ -205,7 +205,9 @@ async fn a_sessions_turns_stick_until_its_worker_saturates_and_bad_keys_are_refu
     // 3. Bad keys: 400 naming the header or field, in each route's error shape; no placement.
     let client = reqwest::Client::new();
     let long_key = "k".repeat(257);
-    let bad: Vec<(&str, Value, Vec<(&str, Vec<u8>)>, &str)> = vec![
+    // (route, body, headers, the header or field the 400 names)
+    type BadCase<'a> = (&'a str, Value, Vec<(&'a str, Vec<u8>)>, &'a str);
+    let bad: Vec<BadCase> = vec![
         (
             "/v1/completions",
             json!({"model": MODEL, "prompt": "hi", "max_tokens": 1}),

@@ -149,6 +149,7 @@ pub fn parse_count_tokens_request(body: &[u8]) -> Result<GenerationRequest, ApiE
         ignore_eos: false,
         return_token_ids: false,
         user: None,
+        priority_class: None,
     })
 }
 
