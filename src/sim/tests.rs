@@ -277,7 +277,7 @@ fn the_simulator_shares_the_live_decision_code() {
         "SchedulerCore::new(",
         "BlockPool::new(",
         "sim::model_step(",
-        ".admission\n            .decide(",
+        "self.admission.decide_for(",
         "c.selector_config()",
         "c.admission()",
         "c.scheduler_config(",
