@@ -216,6 +216,13 @@ pub struct GenerationRequest {
 }
 
 impl GenerationRequest {
+    /// `echo` with `max_tokens` (or `max_completion_tokens`) 0: the answer is the prompt alone
+    /// (with its logprobs), `finish_reason` `"length"`, no completion tokens — what evaluation
+    /// harnesses send to score a text.
+    pub fn prompt_only(&self) -> bool {
+        self.echo && self.max_tokens == Some(0)
+    }
+
     /// [`check_context`] with this request's `max_tokens` and field names: a prompt that alone
     /// fills the context gets `param` = `"messages"` / `"prompt"`, an overflow caused by the
     /// requested count gets the max-tokens field actually used.
@@ -243,15 +250,6 @@ impl GenerationRequest {
             }
             e
         })
-    }
-}
-
-impl GenerationRequest {
-    /// `echo` with `max_tokens` (or `max_completion_tokens`) 0: the answer is the prompt alone
-    /// (with its logprobs), `finish_reason` `"length"`, no completion tokens — what evaluation
-    /// harnesses send to score a text.
-    pub fn prompt_only(&self) -> bool {
-        self.echo && self.max_tokens == Some(0)
     }
 }
 
