@@ -1273,6 +1273,11 @@ mod tests {
         let all = ["w0", "w1", "w2", "w3"];
         let (mut a, _, wa) = router(Policy::Kv);
         let (mut b, _, wb) = router(Policy::Kv);
+        // Turns' prompts are never first-tokened here: they pile up in the queue.
+        for r in [&mut a, &mut b] {
+            r.config.session_max_queued_tokens = 16_384;
+            r.selectors.clear();
+        }
         wa.set(&all, &all);
         wb.set(&all, &all);
         a.router_joined("rb");

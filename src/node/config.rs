@@ -155,8 +155,8 @@ pub struct RouterConfig {
     /// `kv`, `dynamo_kv`: a session's turns (requests with the same session key, see
     /// `gateway.session_headers`) stay on the worker that served its last turn while that
     /// worker's queued prefill tokens are at most this many; past it the cost decides and the
-    /// session moves (default 16 384: two chunked-prefill steps of 8 192 tokens, as
-    /// `disagg.max_prefill_queue_tokens`; `router/policy.rs`, "Sessions that stick"). 0: off.
+    /// session moves (default 256, measured: `router/policy.rs`, "Sessions that stick";
+    /// `docs/benchmarks.md`). 0: off.
     pub session_max_queued_tokens: u64,
     /// Sessions the router remembers (default 100 000); a new one past it evicts the least
     /// recently placed. Shared by every router (`router/policy/session.rs`).
