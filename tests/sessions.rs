@@ -78,6 +78,14 @@ async fn complete(
     status
 }
 
+/// A request with a bad session key: route, body, headers, the header or field its 400 names.
+type BadKey = (
+    &'static str,
+    Value,
+    Vec<(&'static str, Vec<u8>)>,
+    &'static str,
+);
+
 /// The up gateways' URLs.
 async fn gateways(c: &impl Gateway) -> Vec<String> {
     fleet(c).await["gateways"]
@@ -205,9 +213,7 @@ async fn a_sessions_turns_stick_until_its_worker_saturates_and_bad_keys_are_refu
     // 3. Bad keys: 400 naming the header or field, in each route's error shape; no placement.
     let client = reqwest::Client::new();
     let long_key = "k".repeat(257);
-    // (route, body, headers, the header or field the 400 names)
-    type BadCase<'a> = (&'a str, Value, Vec<(&'a str, Vec<u8>)>, &'a str);
-    let bad: Vec<BadCase> = vec![
+    let bad: Vec<BadKey> = vec![
         (
             "/v1/completions",
             json!({"model": MODEL, "prompt": "hi", "max_tokens": 1}),
