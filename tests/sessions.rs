@@ -141,12 +141,13 @@ async fn a_sessions_turns_stick_until_its_worker_saturates_and_bad_keys_are_refu
         workers.iter().all(|w| *w == workers[0]),
         "every turn on one worker: {workers:?}"
     );
-    // The same requests without a key are spread by the cost's rotating ties.
+    // Requests like them without a key (other texts: the session's worker caches those) are
+    // spread by the cost's rotating ties.
     let mut spread = std::collections::BTreeSet::new();
     for t in 0..8 {
         let id = format!("plain-{t}");
         let prompt = format!(
-            "turn {t}: {} tell me about topic number {}",
+            "plain {t}: {} write about subject number {}",
             t * 7919,
             t * 31
         );
