@@ -14,7 +14,7 @@ mod poll;
 #[path = "common/process.rs"]
 mod process;
 
-use crate::http::{Gateway, MODEL, metric_sum, metric_sum_with};
+use crate::http::{MODEL, metric_sum, metric_sum_with};
 use crate::process::Cluster;
 use futures::StreamExt;
 use serde_json::{Value, json};
