@@ -86,6 +86,15 @@ async fn classes_are_checked_counted_and_the_lower_one_is_shed_first() {
             "x-priority-class",
             "1 to 64 visible ASCII",
         ),
+        (
+            vec![
+                ("x-priority-class", "batch"),
+                ("x-priority-class", "interactive"),
+            ],
+            completion(2),
+            "x-priority-class",
+            "more than once",
+        ),
         (vec![], unknown_in_body, "priority_class", "\"gold\""),
         (vec![], not_a_string, "priority_class", "priority_class"),
         (
@@ -173,7 +182,7 @@ async fn classes_are_checked_counted_and_the_lower_one_is_shed_first() {
     assert_eq!(retry.as_deref(), Some("1"));
     assert_eq!(err["error"]["type"], "rate_limit_error", "{err}");
     let msg = err["error"]["message"].as_str().unwrap();
-    assert!(msg.contains("priority class"), "{msg}");
+    assert!(msg.starts_with("priority class \"batch\": "), "{msg}");
     let (status, _, ok) = send(
         &c,
         "/v1/completions",

@@ -821,6 +821,16 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
     };
     let mut input = BenchWorkload::new(&workload, salt, frontend.as_ref())?;
     input.classes = a.workload.classes.clone();
+    if !input.classes.is_empty() {
+        // Every class must be configured: a run whose requests all get a 400 says nothing.
+        let config = load_config(&a, None)?;
+        for c in &input.classes {
+            config
+                .priority
+                .resolve(Some(c), None)
+                .map_err(|e| anyhow::anyhow!("--classes: {e}"))?;
+        }
+    }
     // A chat workload's ideal hit rate from the token ids the gateway would place (the
     // bench's is estimated from the text, without the template), in arrival order.
     let ideal_table = if input.chat.is_empty() {

@@ -178,16 +178,39 @@ async fn wait_for_capacity(s: &GatewayShared, serving: &Serving) -> Result<(), R
 }
 
 /// The priority class named by the `x-priority-class` header, if any (a value that is not
-/// visible ASCII is refused as a malformed name).
+/// visible ASCII, or the header given twice, is refused as a malformed name).
 fn class_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
-    let Some(v) = headers.get(CLASS_HEADER) else {
+    let mut values = headers.get_all(CLASS_HEADER).iter();
+    let Some(v) = values.next() else {
         return Ok(None);
     };
-    v.to_str().map(Some).map_err(|_| {
+    let malformed = || {
         class_error(ClassError::Malformed {
             source_name: CLASS_HEADER,
         })
-    })
+    };
+    if values.next().is_some() {
+        let mut e = malformed();
+        e.message = format!("{CLASS_HEADER}: the header is given more than once");
+        return Err(e);
+    }
+    v.to_str().map(Some).map_err(|_| malformed())
+}
+
+/// A refusal of a request's class names the class (the shed reason knows only its rank).
+fn name_class(e: RequestError, class: Option<&Resolved>) -> ApiError {
+    let by_class = matches!(
+        e,
+        RequestError::Overloaded {
+            reason: ShedReason::PriorityClass { .. },
+            ..
+        }
+    );
+    let mut api = ApiError::from(e);
+    if let Some(c) = class.filter(|_| by_class) {
+        api.message = format!("priority class {:?}: {}", c.tag.name, api.message);
+    }
+    api
 }
 
 fn class_error(e: ClassError) -> ApiError {
@@ -630,7 +653,7 @@ async fn start(
             .map_err(class_error)?,
         None => None,
     };
-    admit(s, serving, pre_class.as_ref())?;
+    admit(s, serving, pre_class.as_ref()).map_err(|e| name_class(e, pre_class.as_ref()))?;
     let bytes = read_body(headers, body, s.max_body_bytes, s.request_body_timeout).await?;
     let req = api.parse(&bytes)?;
     let class = serving
@@ -638,7 +661,7 @@ async fn start(
         .resolve(header_class, req.priority_class.as_deref())
         .map_err(class_error)?;
     if header_class.is_none() && class.is_some() {
-        admit(s, serving, class.as_ref())?;
+        admit(s, serving, class.as_ref()).map_err(|e| name_class(e, class.as_ref()))?;
     }
     let fe = &serving.frontend;
     check_model(&req.model, &[fe.model_id.as_str()])?;
