@@ -5,6 +5,7 @@
 #
 #   scripts/peers/dynamo.sh setup                          # venv + model folder, ~1 min, 0.7 GB
 #   scripts/peers/dynamo.sh start MODE PORT WORKERS [mocker args]   # MODE: kv | round-robin | random
+#     (DYN_FRONTEND_ARGS: extra frontend flags, e.g. "--router-policy-config FILE")
 #   scripts/peers/dynamo.sh stop
 #
 # Mocker args worth setting for a fair comparison: --block-size 16 (its default is 64),
@@ -50,8 +51,9 @@ case ${1:-} in
     fi
     rm -rf "$DIR/kvstore" && mkdir -p "$DIR/kvstore" "$DIR/logs"
     cd "$DIR"
+    # shellcheck disable=SC2086
     nohup venv/bin/python -m dynamo.frontend --router-mode "$mode" --http-host 127.0.0.1 \
-      --http-port "$port" --discovery-backend file > logs/frontend.log 2>&1 &
+      --http-port "$port" --discovery-backend file ${DYN_FRONTEND_ARGS:-} > logs/frontend.log 2>&1 &
     echo $! > frontend.pid
     nohup venv/bin/python -m dynamo.mocker --model-path "$DIR/model/smollm2" \
       --model-name smollm2 --discovery-backend file --num-workers "$n" "$@" \

@@ -174,11 +174,6 @@ impl ClassError {
 }
 
 impl PriorityConfig {
-    /// Whether classes are configured.
-    pub fn enabled(&self) -> bool {
-        !self.classes.is_empty()
-    }
-
     /// Check names (unique, well formed), quanta (≥ 1), targets (≥ 1) and the default.
     ///
     /// # Errors
