@@ -455,26 +455,11 @@ pub fn synthetic_sessions(spec: SyntheticSpec, caps: Caps, max_requests: usize) 
             if turns.len() == budget {
                 break;
             }
-            let mut segs = history.clone();
-            segs.push(Segment {
-                seed: combine(combine(TAG_USER, s), k as u64),
-                len: spec.user_tokens.max(1),
-            });
-            let len: u32 = segs.iter().map(|x| x.len).sum();
-            if len > caps.max_input {
+            let Some(turn) = next_turn(&mut history, &spec, (s, k), caps, &mut adj) else {
                 adj.dropped_turns += spec.turns - k;
                 break;
-            }
-            let max_tokens = cap_output(spec.output_tokens, caps, &mut adj);
-            turns.push(Turn {
-                prompt: Prompt::Tokens(segs.clone()),
-                max_tokens,
-            });
-            history = segs;
-            history.push(Segment {
-                seed: combine(combine(TAG_ANSWER, s), k as u64),
-                len: max_tokens,
-            });
+            };
+            turns.push(turn);
         }
         budget -= turns.len();
         push_untimed(&mut sessions, turns);
@@ -500,6 +485,38 @@ pub struct AgentSpec {
     pub agent_gap_ms: f64,
     /// The burst after turn `k` of an agent is sent `(k + 1) × turn_gap_ms` after it starts.
     pub turn_gap_ms: f64,
+}
+
+/// Turn `k` of session `s` over its `history` (system prefix and earlier turns): the history
+/// plus turn k's user message, `None` when that passes `caps.max_input`; else the history
+/// grows by the message and its synthetic answer (`output_tokens`, capped).
+fn next_turn(
+    history: &mut Vec<Segment>,
+    spec: &SyntheticSpec,
+    (s, k): (u64, usize),
+    caps: Caps,
+    adj: &mut Adjustments,
+) -> Option<Turn> {
+    let mut segs = history.clone();
+    segs.push(Segment {
+        seed: combine(combine(TAG_USER, s), k as u64),
+        len: spec.user_tokens.max(1),
+    });
+    let len: u32 = segs.iter().map(|x| x.len).sum();
+    if len > caps.max_input {
+        return None;
+    }
+    let max_tokens = cap_output(spec.output_tokens, caps, adj);
+    let turn = Turn {
+        prompt: Prompt::Tokens(segs.clone()),
+        max_tokens,
+    };
+    *history = segs;
+    history.push(Segment {
+        seed: combine(combine(TAG_ANSWER, s), k as u64),
+        len: max_tokens,
+    });
+    Some(turn)
 }
 
 /// A multi-turn agent workload with session keys: agent `a` is a session keyed `agent-<a>`
@@ -539,26 +556,11 @@ pub fn agent_sessions(spec: AgentSpec, caps: Caps, max_requests: usize) -> Workl
             if turns.len() + bursts.len() >= budget {
                 break;
             }
-            let mut segs = history.clone();
-            segs.push(Segment {
-                seed: combine(combine(TAG_USER, s), k as u64),
-                len: b.user_tokens.max(1),
-            });
-            let len: u32 = segs.iter().map(|x| x.len).sum();
-            if len > caps.max_input {
+            let Some(turn) = next_turn(&mut history, &b, (s, k), caps, &mut adj) else {
                 adj.dropped_turns += b.turns - k;
                 break;
-            }
-            let max_tokens = cap_output(b.output_tokens, caps, &mut adj);
-            turns.push(Turn {
-                prompt: Prompt::Tokens(segs.clone()),
-                max_tokens,
-            });
-            history = segs;
-            history.push(Segment {
-                seed: combine(combine(TAG_ANSWER, s), k as u64),
-                len: max_tokens,
-            });
+            };
+            turns.push(turn);
             if (k + 1) % spec.fanout_every != 0 {
                 continue;
             }
