@@ -183,11 +183,12 @@ impl Admission {
             .flat_map(|n| &n.workers)
             .peekable();
         if workers.peek().is_some() {
+            let class_waiting = lower.map(|c| c.scaled(self.busy_waiting));
             let (mut all, mut all_for_class) = (true, true);
             for w in workers {
                 all &= self.busy(w, self.busy_waiting);
-                if let Some(c) = lower {
-                    all_for_class &= self.busy(w, c.scaled(self.busy_waiting));
+                if let Some(n) = class_waiting {
+                    all_for_class &= self.busy(w, n);
                 }
             }
             if all {

@@ -833,6 +833,20 @@ impl SimWorkload for TwoClasses {
     }
 }
 
+impl TwoClasses {
+    /// `n` requests of distinct 512-token prompts (seeds from `seed`), `max_tokens` each.
+    fn burst(n: u32, seed: u32, max_tokens: u32) -> Self {
+        Self(
+            (0..n)
+                .map(|i| SimTurn {
+                    prompt: prompt(seed + i, 512),
+                    max_tokens,
+                })
+                .collect(),
+        )
+    }
+}
+
 fn two_classes(quanta: [u32; 2]) -> SimSpec {
     use crate::request_plane::priority::{PriorityClass, PriorityConfig};
     let mut s = spec(1);
@@ -859,14 +873,7 @@ fn two_classes(quanta: [u32; 2]) -> SimSpec {
 /// quanta (within 10 % of the weights, the bound).
 #[test]
 fn a_burst_is_served_by_class_weight() {
-    let burst = TwoClasses(
-        (0..400)
-            .map(|i| SimTurn {
-                prompt: prompt(1_000 + i, 512),
-                max_tokens: 16,
-            })
-            .collect(),
-    );
+    let burst = TwoClasses::burst(400, 1_000, 16);
     for (quanta, want) in [([512, 128], 0.8), ([256, 256], 0.5)] {
         let mut spec = two_classes(quanta);
         spec.config.gateway.busy_waiting = 1_000_000;
@@ -906,14 +913,7 @@ fn a_burst_is_served_by_class_weight() {
 /// (429) and still admits the highest.
 #[test]
 fn the_lowest_class_is_shed_first() {
-    let burst = TwoClasses(
-        (0..200)
-            .map(|i| SimTurn {
-                prompt: prompt(3_000 + i, 512),
-                max_tokens: 64,
-            })
-            .collect(),
-    );
+    let burst = TwoClasses::burst(200, 3_000, 64);
     let mut spec = two_classes([512, 128]);
     spec.config.gateway.busy_waiting = 40;
     // 8 running at most (~4 requests a second): arrivals 50 ms apart build a queue of ~5
