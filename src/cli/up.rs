@@ -137,6 +137,10 @@ struct Launch {
     slot_roles: Vec<Option<crate::runtime::role::Role>>,
     /// The extra gateway nodes' slots (after every worker slot).
     gateway_slots: Vec<usize>,
+    /// `FLOTILLA_GEMM_MIN_M` for every node: the CPU kernels' crossover, measured once here
+    /// (`kernels/cpu/matmul.rs`), so that a node (re)started under load neither pays for the
+    /// measurement nor measures a busy machine.
+    gemm_min_m: Option<usize>,
     opts: UpOptions,
 }
 
@@ -198,6 +202,9 @@ impl Launch {
             .arg("--roles")
             .arg(roles)
             .env("FLOTILLA_NODE__COOKIE", &self.cookie);
+        if let Some(m) = self.gemm_min_m {
+            cmd.env("FLOTILLA_GEMM_MIN_M", m.to_string());
+        }
         if let Some(f) = &opts.log_format {
             cmd.env("FLOTILLA_LOG_FORMAT", f);
         }
@@ -385,6 +392,22 @@ fn slot_roles(
     slots
 }
 
+/// The CPU kernels' crossover for every node of a CPU-engine cluster, measured here once on
+/// the still idle machine (`None`: sim engines, or `FLOTILLA_GEMM_MIN_M` already set, which
+/// the nodes inherit).
+async fn cpu_crossover(config: &crate::node::config::Config) -> Option<usize> {
+    if config.worker.engine != crate::node::config::EngineKind::Cpu
+        || std::env::var_os("FLOTILLA_GEMM_MIN_M").is_some()
+    {
+        return None;
+    }
+    let c = tokio::task::spawn_blocking(crate::kernels::cpu::matmul::crossover)
+        .await
+        .ok()?;
+    tracing::info!(target: UP_TARGET, crossover = %c, "cpu kernels, for every node");
+    Some(c.gemm_min_m)
+}
+
 /// A cluster being started: its node processes and what restarting one needs.
 struct Started {
     procs: Vec<NodeProc>,
@@ -399,6 +422,7 @@ struct Started {
 async fn start_cluster(
     opts: &UpOptions,
     slot_roles: &[Option<crate::runtime::role::Role>],
+    gemm_min_m: Option<usize>,
     cookie: &str,
     sigterm: &mut tokio::signal::unix::Signal,
 ) -> anyhow::Result<(Startup, Started)> {
@@ -424,6 +448,7 @@ async fn start_cluster(
         transport_ports,
         slot_roles: slot_roles.to_vec(),
         gateway_slots: gateway_slots.clone(),
+        gemm_min_m,
         opts: opts.clone(),
     };
     let first: Vec<usize> = (0..opts.nodes)
@@ -522,12 +547,13 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     let cookie = cookie();
     let (model, config) = preflight(&opts, &cookie)?;
     let slot_roles = slot_roles(&opts, &config);
+    let gemm_min_m = cpu_crossover(&config).await;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     // A node whose picked port another process took meanwhile: start again on other ports.
     let mut attempt = 1;
     let (result, started) = loop {
         let (result, mut started) =
-            start_cluster(&opts, &slot_roles, &cookie, &mut sigterm).await?;
+            start_cluster(&opts, &slot_roles, gemm_min_m, &cookie, &mut sigterm).await?;
         match result {
             Startup::PortTaken(name) if attempt < PORT_ATTEMPTS => {
                 tracing::warn!(target: UP_TARGET,

@@ -97,6 +97,12 @@ fn engine_device(config: &Config) -> Result<(crate::kernels::Device, usize), Nod
     let sel = cuda::select(w.backend).map_err(NodeError::Backend)?;
     tracing::info!(cuda = sel.cuda, gpus = sel.gpus, reason = %sel.reason, "engine backend");
     let device = sel.device(0, w.cuda_gemm);
+    if matches!(device, Device::Cpu) {
+        // Measured here once (about 0.1 s), before the first request needs it.
+        let isa = crate::kernels::cpu::matmul::isa();
+        let crossover = crate::kernels::cpu::matmul::crossover();
+        tracing::info!(?isa, %crossover, "cpu kernels");
+    }
     Ok((device, sel.gpus))
 }
 

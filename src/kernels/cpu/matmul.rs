@@ -4,11 +4,19 @@
 //! - Quantised weights, `m <= 32` (decode batches): weights are dequantised *in
 //!   registers* block by block and multiplied with f32 activations, 4 weight rows × up to 4
 //!   activation rows per register tile, prefetching 4 tiles ahead (AVX2: `m == 1` only).
-//! - Quantised weights, `32 < m <` [`GEMM_MIN_M`] (larger batches, prefill chunks): a
+//! - Quantised weights, `32 < m <` [`gemm_min_m`] (larger batches, prefill chunks): a
 //!   panel of 64 weight rows is dequantised into an L2-resident f32 scratch, then swept by a
 //!   4×4 register tile for every group of 4 activation rows.
-//! - Quantised weights, very large `m` (an unchunked prefill of 1,024 tokens or more): tiles
-//!   of rows are dequantised to f32 and multiplied with `gemm`.
+//! - Quantised weights, `m >=` [`gemm_min_m`] (prefill chunks, where this machine runs them
+//!   faster so): tiles of rows are dequantised to f32 and multiplied with `gemm`.
+//!
+//! Which of the last two is faster for a prefill chunk depends on the core, not on the model:
+//! measured on two machines of the project's kind, both AVX-512, 2 threads, 512 rows, the
+//! panel kernel ran 1.7× faster than `gemm` on an AMD EPYC and 1.7× slower on an Intel Xeon
+//! (`docs/benchmarks.md`, "Prefill kernels: the crossover is measured"). So the crossover is
+//! not a constant: [`crossover`] times both paths on this machine once per process (about
+//! 0.1 s) and keeps the smallest candidate row count from which `gemm` wins at every larger
+//! candidate; `FLOTILLA_GEMM_MIN_M` sets it instead (reproducible runs, tests).
 //!
 //! SIMD paths are AVX-512F + F16C, detected at run time (`FLOTILLA_NO_SIMD` forces the
 //! portable code). Each weight block is read once per step for the whole batch, and activations
@@ -26,12 +34,149 @@ use super::simd_avx2 as avx2;
 use super::tile::{C, R};
 use crate::kernels::quant::{MatrixData, QK, WeightMatrix};
 
-/// From this many activation rows on, quantised weights go through dequantised tiles + gemm.
-/// Below it, the panel kernel: measured against gemm from 128 rows on (the earlier bound) in
-/// the same run, it prefills 512 tokens 1.9× faster (`docs/benchmarks.md`, "Engine (CPU)"):
-/// dequantising a whole 512-row tile to memory for `gemm` costs more than the panel's L2
-/// reuse saves it. Prefill chunks (`worker.max_num_batched_tokens`, 512) stay below it.
-pub const GEMM_MIN_M: usize = 1024;
+/// From this many activation rows on, quantised weights always go through dequantised tiles +
+/// `gemm`, whatever [`crossover`] found: above every prefill chunk
+/// (`worker.max_num_batched_tokens`, 512), where the panel kernel never won.
+pub const GEMM_MIN_M_MAX: usize = 1024;
+/// Row counts [`crossover`] times both paths at: prefill chunks of 128 to 512 tokens.
+pub const CROSSOVER_CANDIDATES: [usize; 3] = [128, 256, 512];
+/// Timed runs of each path per candidate (the fastest counts: a busy machine only slows a run).
+const CROSSOVER_REPS: usize = 3;
+/// Weight shapes `(rows, cols)` the crossover is timed on: a model's widest projections are
+/// of this kind (SmolLM2-135M's MLP: 1,536 × 576 up, 576 × 1,536 down).
+const CROSSOVER_SHAPES: [(usize, usize); 2] = [(1536, 576), (576, 1536)];
+
+/// Where this process's crossover came from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CrossoverSource {
+    /// `FLOTILLA_GEMM_MIN_M`.
+    Env,
+    /// Timed on this machine: per candidate row count, `(rows, panel ms, gemm ms)`.
+    Measured(Vec<(usize, f64, f64)>),
+}
+
+/// The activation-row count from which quantised matmuls use `gemm` (module docs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Crossover {
+    /// `gemm` from this many rows on (33 ..= [`GEMM_MIN_M_MAX`]).
+    pub gemm_min_m: usize,
+    /// How it was found.
+    pub source: CrossoverSource,
+}
+
+impl std::fmt::Display for Crossover {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "gemm from {} rows", self.gemm_min_m)?;
+        match &self.source {
+            CrossoverSource::Env => write!(f, " (FLOTILLA_GEMM_MIN_M)"),
+            CrossoverSource::Measured(t) => {
+                write!(f, " (measured, panel/gemm ms:")?;
+                for (m, p, g) in t {
+                    write!(f, " {m}: {p:.2}/{g:.2}")?;
+                }
+                write!(f, ")")
+            }
+        }
+    }
+}
+
+static CROSSOVER: LazyLock<Crossover> = LazyLock::new(|| find_crossover(isa()));
+
+/// This process's crossover, found on first use (module docs). A node calls it at start, so
+/// that the measurement runs before any request and is logged.
+pub fn crossover() -> &'static Crossover {
+    &CROSSOVER
+}
+
+/// `gemm` from this many activation rows on (quantised weights).
+pub fn gemm_min_m() -> usize {
+    CROSSOVER.gemm_min_m
+}
+
+/// The crossover from `FLOTILLA_GEMM_MIN_M`, else timed on this machine with `simd`.
+fn find_crossover(simd: Isa) -> Crossover {
+    if let Some(m) = std::env::var("FLOTILLA_GEMM_MIN_M")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+    {
+        return Crossover {
+            gemm_min_m: m.clamp(Q_PATH_MAX_M + 1, GEMM_MIN_M_MAX),
+            source: CrossoverSource::Env,
+        };
+    }
+    let times = time_paths(simd);
+    Crossover {
+        gemm_min_m: pick_crossover(&times),
+        source: CrossoverSource::Measured(times),
+    }
+}
+
+/// The smallest candidate from which `gemm` is faster at that and every larger candidate;
+/// [`GEMM_MIN_M_MAX`] when the panel kernel wins at the largest. `times`: `(rows, panel,
+/// gemm)`, rows ascending.
+fn pick_crossover(times: &[(usize, f64, f64)]) -> usize {
+    let mut from = GEMM_MIN_M_MAX;
+    for &(m, panel, gemm) in times.iter().rev() {
+        if gemm < panel {
+            from = m;
+        } else {
+            break;
+        }
+    }
+    from
+}
+
+/// Both quantised paths timed at every candidate row count, interleaved, fastest of
+/// [`CROSSOVER_REPS`] (ms, summed over [`CROSSOVER_SHAPES`]).
+fn time_paths(simd: Isa) -> Vec<(usize, f64, f64)> {
+    use std::time::Instant;
+    let mats: Vec<WeightMatrix> = CROSSOVER_SHAPES
+        .iter()
+        .map(|&(n, k)| {
+            let wf: Vec<f32> = (0..n * k)
+                .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+                .collect();
+            WeightMatrix {
+                rows: n,
+                cols: k,
+                data: MatrixData::Q4_1(crate::kernels::quant::quantize_q4_1(&wf)),
+            }
+        })
+        .collect();
+    let max_m = CROSSOVER_CANDIDATES[CROSSOVER_CANDIDATES.len() - 1];
+    let kmax = CROSSOVER_SHAPES.iter().map(|s| s.1).max().unwrap_or(0);
+    let nmax = CROSSOVER_SHAPES.iter().map(|s| s.0).max().unwrap_or(0);
+    let x: Vec<f32> = (0..max_m * kmax)
+        .map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5)
+        .collect();
+    let mut y = vec![0f32; max_m * nmax];
+    let mut run = |m: usize, gemm: bool| {
+        let t = Instant::now();
+        for w in &mats {
+            let (xs, ys) = (&x[..m * w.cols], &mut y[..m * w.rows]);
+            if gemm {
+                gemm_tiles(xs, m, w, ys, simd);
+            } else {
+                quant_small_m(xs, m, &[w], &mut [ys], simd);
+            }
+        }
+        t.elapsed().as_secs_f64() * 1e3
+    };
+    // Warm-up: the buffers' pages, rayon's threads.
+    run(CROSSOVER_CANDIDATES[0], false);
+    run(CROSSOVER_CANDIDATES[0], true);
+    CROSSOVER_CANDIDATES
+        .iter()
+        .map(|&m| {
+            let (mut panel, mut gemm) = (f64::MAX, f64::MAX);
+            for _ in 0..CROSSOVER_REPS {
+                panel = panel.min(run(m, false));
+                gemm = gemm.min(run(m, true));
+            }
+            (m, panel, gemm)
+        })
+        .collect()
+}
 /// Weight rows dequantised per gemm tile (bounded scratch: `TILE_ROWS * cols` f32).
 const TILE_ROWS: usize = 512;
 
@@ -81,7 +226,7 @@ pub fn simd_enabled() -> bool {
 /// `y[m, n] = x[m, k] · W[n, k]ᵀ` (all f32 except `W`'s storage), with `k = w.cols`,
 /// `n = w.rows`. Panics only if slice lengths disagree with the shapes (a programming error).
 pub fn matmul(x: &[f32], m: usize, w: &WeightMatrix, y: &mut [f32]) {
-    matmul_impl(x, m, w, y, isa());
+    matmul_impl(x, m, w, y, isa(), gemm_min_m());
 }
 
 /// `ys[i][m, ws[i].rows] = x[m, k] · ws[i]ᵀ` for matrices sharing the input width `k`
@@ -90,7 +235,7 @@ pub fn matmul(x: &[f32], m: usize, w: &WeightMatrix, y: &mut [f32]) {
 pub fn matmul_many(x: &[f32], m: usize, ws: &[&WeightMatrix], ys: &mut [&mut [f32]]) {
     assert_eq!(ws.len(), ys.len(), "matmul_many: one output per matrix");
     let fused = m > 0
-        && m < GEMM_MIN_M
+        && m < gemm_min_m()
         && ws
             .iter()
             .all(|w| !matches!(w.data, MatrixData::F32(_)) && w.cols == ws[0].cols);
@@ -116,10 +261,11 @@ pub fn matmul_with(x: &[f32], m: usize, w: &WeightMatrix, y: &mut [f32], want: I
         (Isa::Avx2, w) => w,
         (Isa::Portable, _) => Isa::Portable,
     };
-    matmul_impl(x, m, w, y, usable);
+    matmul_impl(x, m, w, y, usable, gemm_min_m());
 }
 
-fn matmul_impl(x: &[f32], m: usize, w: &WeightMatrix, y: &mut [f32], simd: Isa) {
+/// [`matmul`] with quantised weights through `gemm` from `gemm_from` rows on.
+fn matmul_impl(x: &[f32], m: usize, w: &WeightMatrix, y: &mut [f32], simd: Isa, gemm_from: usize) {
     let (n, k) = (w.rows, w.cols);
     assert_eq!(x.len(), m * k, "matmul: x has wrong length");
     assert_eq!(y.len(), m * n, "matmul: y has wrong length");
@@ -128,20 +274,25 @@ fn matmul_impl(x: &[f32], m: usize, w: &WeightMatrix, y: &mut [f32], simd: Isa) 
     }
     match &w.data {
         MatrixData::F32(v) => gemm_f32(x, m, v, n, k, y, 0, n),
-        _ if m >= GEMM_MIN_M => {
-            let mut r0 = 0;
-            let mut tile = vec![0f32; TILE_ROWS.min(n) * k];
-            while r0 < n {
-                let t = TILE_ROWS.min(n - r0);
-                tile[..t * k]
-                    .par_chunks_mut(k)
-                    .enumerate()
-                    .for_each(|(i, row)| dequant_row(w, r0 + i, row, simd));
-                gemm_f32(x, m, &tile[..t * k], t, k, y, r0, n);
-                r0 += t;
-            }
-        }
+        _ if m >= gemm_from => gemm_tiles(x, m, w, y, simd),
         _ => quant_small_m(x, m, &[w], &mut [y], simd),
+    }
+}
+
+/// `y = x·Wᵀ` for quantised `W`: tiles of [`TILE_ROWS`] weight rows dequantised to f32, each
+/// multiplied with `gemm`.
+fn gemm_tiles(x: &[f32], m: usize, w: &WeightMatrix, y: &mut [f32], simd: Isa) {
+    let (n, k) = (w.rows, w.cols);
+    let mut r0 = 0;
+    let mut tile = vec![0f32; TILE_ROWS.min(n) * k];
+    while r0 < n {
+        let t = TILE_ROWS.min(n - r0);
+        tile[..t * k]
+            .par_chunks_mut(k)
+            .enumerate()
+            .for_each(|(i, row)| dequant_row(w, r0 + i, row, simd));
+        gemm_f32(x, m, &tile[..t * k], t, k, y, r0, n);
+        r0 += t;
     }
 }
 
@@ -207,7 +358,7 @@ fn panel_path(simd: Isa, m: usize) -> bool {
     }
 }
 
-/// `ys[i] = x · ws[i]ᵀ` for quantised `ws` and `m < GEMM_MIN_M`, as one parallel region
+/// `ys[i] = x · ws[i]ᵀ` for quantised `ws` and `m <` [`gemm_min_m`], as one parallel region
 /// (fewer fork-joins per layer, better balance for small matrices).
 fn quant_small_m(x: &[f32], m: usize, ws: &[&WeightMatrix], ys: &mut [&mut [f32]], simd: Isa) {
     let total: usize = ws.iter().map(|w| w.rows).sum();
@@ -554,19 +705,75 @@ mod tests {
                 data: MatrixData::Q4_1(quantize_q4_1(&wf)),
             },
         ];
-        // Decode rows, panel rows (a prefill chunk, not a multiple of the tile) and gemm rows.
-        for m in [1, 2, 3, 5, 8, 50, 130, 513, GEMM_MIN_M + 3] {
+        // Decode rows, batch and prefill-chunk rows (not multiples of the tile), each through
+        // the panel kernel and through gemm (whatever this machine's crossover), and rows past
+        // GEMM_MIN_M_MAX.
+        for m in [1, 2, 3, 5, 8, 50, 130, 513, GEMM_MIN_M_MAX + 3] {
             let x = data(m * k, m as u32);
             for w in &mats {
                 let r = reference(&x, m, &w.to_f32(), n, k);
                 for simd in [Isa::Portable, Isa::Avx2, Isa::Avx512] {
-                    let mut y = vec![0.0; m * n];
-                    matmul_with(&x, m, w, &mut y, simd);
-                    for (a, b) in y.iter().zip(&r) {
-                        assert!((a - b).abs() < 1e-4, "m={m} {simd:?} {a} vs {b}");
+                    let simd = match (isa(), simd) {
+                        (Isa::Portable, _) | (Isa::Avx2, Isa::Avx512) => isa(),
+                        (_, s) => s,
+                    };
+                    for gemm_from in [Q_PATH_MAX_M + 1, GEMM_MIN_M_MAX] {
+                        let mut y = vec![0.0; m * n];
+                        matmul_impl(&x, m, w, &mut y, simd, gemm_from);
+                        for (a, b) in y.iter().zip(&r) {
+                            assert!(
+                                (a - b).abs() < 1e-4,
+                                "m={m} {simd:?} gemm from {gemm_from}: {a} vs {b}"
+                            );
+                        }
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn the_crossover_is_where_gemm_wins_from_there_on() {
+        // (rows, panel ms, gemm ms)
+        let t = |v: &[(f64, f64)]| -> Vec<(usize, f64, f64)> {
+            CROSSOVER_CANDIDATES
+                .iter()
+                .zip(v)
+                .map(|(&m, &(p, g))| (m, p, g))
+                .collect()
+        };
+        // gemm wins everywhere: from the smallest candidate.
+        assert_eq!(
+            pick_crossover(&t(&[(2.0, 1.0), (4.0, 2.0), (8.0, 4.0)])),
+            128
+        );
+        // gemm wins from 256 on.
+        assert_eq!(
+            pick_crossover(&t(&[(1.0, 2.0), (4.0, 3.0), (8.0, 4.0)])),
+            256
+        );
+        // a win at 128 that does not hold at 256 does not count.
+        assert_eq!(
+            pick_crossover(&t(&[(2.0, 1.0), (3.0, 4.0), (8.0, 4.0)])),
+            512
+        );
+        // the panel kernel wins at 512: gemm only past every prefill chunk.
+        assert_eq!(
+            pick_crossover(&t(&[(2.0, 1.0), (4.0, 2.0), (4.0, 8.0)])),
+            GEMM_MIN_M_MAX
+        );
+    }
+
+    #[test]
+    fn the_crossover_is_measured_on_this_machine_within_bounds() {
+        let c = find_crossover(isa());
+        assert!(
+            (Q_PATH_MAX_M + 1..=GEMM_MIN_M_MAX).contains(&c.gemm_min_m),
+            "{c}"
+        );
+        if let CrossoverSource::Measured(times) = &c.source {
+            assert_eq!(times.len(), CROSSOVER_CANDIDATES.len());
+            assert!(times.iter().all(|&(_, p, g)| p > 0.0 && g > 0.0), "{c}");
         }
     }
 
