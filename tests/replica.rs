@@ -217,7 +217,7 @@ impl Harness {
             stop_token_ids: vec![],
             ignore_eos: false,
             owner_incarnation: 1,
-            arrival_ms: 0,
+            waiting_since_ms: 0,
             trace_id: None,
             traceparent: None,
             hand_off: false,

@@ -203,7 +203,7 @@ impl Fleet {
             stop_token_ids: vec![],
             ignore_eos: true,
             owner_incarnation: 1,
-            arrival_ms: 0,
+            waiting_since_ms: 0,
             trace_id: None,
             traceparent: None,
             hand_off: false,

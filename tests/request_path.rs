@@ -96,6 +96,8 @@ struct Fleet {
     workers: BTreeMap<WorkerId, WorkerCore>,
     /// Steps in flight: when each ends, on which worker, what it returns.
     steps: Vec<(Instant, WorkerId, StepResult)>,
+    /// Gather windows the workers asked to be woken at (`WorkerEffect::KickAt`).
+    kicks: Vec<(Instant, WorkerId)>,
     requests: BTreeMap<RequestId, Req>,
     /// Attempt id → the request (the gateway's sink registry).
     listening: HashMap<RequestId, RequestId>,
@@ -132,6 +134,7 @@ impl Fleet {
             router,
             workers: BTreeMap::new(),
             steps: Vec::new(),
+            kicks: Vec::new(),
             requests: BTreeMap::new(),
             listening: HashMap::new(),
             ids: Arc::new(AtomicU64::new(1_000)),
@@ -260,7 +263,7 @@ impl Fleet {
             stop_token_ids: vec![],
             ignore_eos: true,
             owner_incarnation: 1,
-            arrival_ms: self.clock.wall_ms(),
+            waiting_since_ms: self.clock.wall_ms(),
             trace_id: None,
             traceparent: None,
             hand_off: false,
@@ -416,6 +419,7 @@ impl Fleet {
             WorkerEffect::Pull(job) => panic!("no disaggregation here: {job:?}"),
             WorkerEffect::TierCopies(c) => panic!("no lower KV tiers here: {c:?}"),
             WorkerEffect::Fetch { .. } => panic!("no peer pulls here"),
+            WorkerEffect::KickAt(at) => self.kicks.push((at, wid.clone())),
             WorkerEffect::Release(_) | WorkerEffect::RoleChanged(_) | WorkerEffect::Ping => {}
             WorkerEffect::ConfirmPull { .. } => panic!("no disaggregation here"),
             WorkerEffect::KvEvents { events, .. } => self.router.kv_events(events),
@@ -438,7 +442,12 @@ impl Fleet {
     fn advance(&mut self) -> bool {
         let next_step = self.steps.iter().map(|(t, ..)| *t).min();
         let next_retry = self.requests.values().filter_map(|r| r.retry_at).min();
-        let Some(next) = [next_step, next_retry].into_iter().flatten().min() else {
+        let next_kick = self.kicks.iter().map(|(t, _)| *t).min();
+        let Some(next) = [next_step, next_retry, next_kick]
+            .into_iter()
+            .flatten()
+            .min()
+        else {
             return false;
         };
         let now = self.clock.now();
@@ -451,6 +460,15 @@ impl Fleet {
         for (_, wid, result) in due {
             if let Some(w) = self.workers.get_mut(&wid) {
                 w.step_done(result, || None).unwrap();
+            }
+        }
+        let (kicks, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.kicks)
+            .into_iter()
+            .partition(|(t, _)| *t <= now);
+        self.kicks = later;
+        for (_, wid) in kicks {
+            if let Some(w) = self.workers.get_mut(&wid) {
+                w.kick_due().unwrap();
             }
         }
         for r in self.requests.values_mut() {

@@ -520,6 +520,7 @@ async fn handle_msg(
         }
         SchedulerMsg::StepDone(_)
         | SchedulerMsg::CanaryDone(_)
+        | SchedulerMsg::Kick(_)
         | SchedulerMsg::PullDone(_)
         | SchedulerMsg::CopiesDone(_)
         | SchedulerMsg::FetchDone(_) => {}

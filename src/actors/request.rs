@@ -26,10 +26,14 @@
 //! worker-side failure that is not a loss (`Failed`: bad request, engine fault) is passed on,
 //! not migrated. A pick whose worker left before it got the request (the router's view a
 //! moment behind a kill) is routed again at once, avoiding that worker, up to
-//! [`GONE_PICKS_MAX`] times: neither a migration nor a failed placement.
+//! [`GONE_PICKS_MAX`] times: neither a migration nor a failed placement. When a worker joins
+//! the routable group (a restart, a scale-up), an attempt still waiting in its worker's queue
+//! asks the router whether the newcomer would start it sooner and moves if so — nor is that a
+//! migration: nothing was computed for it yet.
 //!
 //! Metrics: `flotilla_migrations_total`, `flotilla_migration_failures_total`,
-//! `flotilla_route_retries_total` (picks routed again because their worker was gone), and
+//! `flotilla_route_retries_total` (picks routed again because their worker was gone),
+//! `flotilla_requests_moved_total` (queued attempts moved to a worker that joined), and
 //! `flotilla_migration_resume_gap_seconds` (last token before the loss → first token after it,
 //! as the client sees it).
 //!
@@ -56,7 +60,7 @@ use crate::runtime::clock::SharedClock;
 use crate::runtime::ids::{RequestId, WorkerId};
 use crate::runtime::resilience::NodeStats;
 use crate::runtime::wire::Wire;
-use crate::worker::scheduler::SCHEDULER_GROUP;
+use crate::worker::scheduler::{ROUTABLE_GROUP, SCHEDULER_GROUP};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -124,6 +128,9 @@ pub enum RequestMsg {
     WorkerLost(RequestId),
     /// Internal: try placing again (a migration found no worker and waited).
     Retry,
+    /// Internal: a worker joined the routable group; a still-queued attempt may move there
+    /// ([`RequestCore::worker_joined`]).
+    WorkerJoined,
     /// Internal, every [`WORKER_CHECK_INTERVAL_MS`] of an attempt: whether its scheduler is
     /// still in the group (the monitor's backup) and, after [`STALL_CHECK_MS`] without an
     /// event (and each further `STALL_CHECK_MS` of silence), whether it still has the attempt.
@@ -309,8 +316,10 @@ impl Actor for Request {
         args: RequestArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         args.stats.request_started();
-        // Told at once when a scheduler leaves (removed when this actor stops).
+        // Told at once when a scheduler leaves, and when a worker becomes routable (both
+        // monitors removed when this actor stops).
         ractor::pg::monitor(SCHEDULER_GROUP.to_owned(), myself.get_cell());
+        ractor::pg::monitor(ROUTABLE_GROUP.to_owned(), myself.get_cell());
         let core = RequestCore::new(
             RequestCoreConfig {
                 job: args.job.clone(),
@@ -360,16 +369,27 @@ impl Actor for Request {
         event: ractor::SupervisionEvent,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        if let ractor::SupervisionEvent::ProcessGroupChanged(ractor::pg::GroupChangeMessage::Leave(
-            _,
-            group,
-            gone,
-        )) = event
-            && group == SCHEDULER_GROUP
-            && let Some(l) = &state.listening
-            && gone.iter().any(|c| c.get_id() == l.scheduler)
-        {
-            let _ = myself.cast(RequestMsg::WorkerLost(l.id));
+        use ractor::pg::GroupChangeMessage;
+        match event {
+            ractor::SupervisionEvent::ProcessGroupChanged(GroupChangeMessage::Leave(
+                _,
+                group,
+                gone,
+            )) if group == SCHEDULER_GROUP => {
+                if let Some(l) = &state.listening
+                    && gone.iter().any(|c| c.get_id() == l.scheduler)
+                {
+                    let _ = myself.cast(RequestMsg::WorkerLost(l.id));
+                }
+            }
+            ractor::SupervisionEvent::ProcessGroupChanged(GroupChangeMessage::Join(
+                _,
+                group,
+                _,
+            )) if group == ROUTABLE_GROUP && state.listening.is_some() => {
+                let _ = myself.cast(RequestMsg::WorkerJoined);
+            }
+            _ => {}
         }
         Ok(())
     }
@@ -407,6 +427,7 @@ impl Request {
             }
             RequestMsg::HasAnswer(id, has) => state.core.has_answer(id, has),
             RequestMsg::Retry => state.core.retry(),
+            RequestMsg::WorkerJoined => state.core.worker_joined(),
         }
         state.apply(myself).await;
         Ok(())

@@ -506,7 +506,22 @@ impl RouterState {
         } else {
             serving
         };
-        let live = prefer_not(serving, &req.avoid);
+        // A queued attempt asking whether to move may only go elsewhere (and nowhere if its
+        // placement is no longer known here).
+        let moving = req
+            .rebalance
+            .map(|old| RequestKey::new(req.node.clone(), old));
+        let from = match &moving {
+            Some(old) => match self.load.worker_of(old) {
+                Some(w) => Some(w.clone()),
+                None => return Ok(None),
+            },
+            None => None,
+        };
+        let live = match &from {
+            Some(from) => serving.into_iter().filter(|w| w != from).collect(),
+            None => prefer_not(serving, &req.avoid),
+        };
         if let Some(w) = self.load.worker_of(&key) {
             let hand_off = req.remote_prefill && prefill_pool.contains(w) && !live.contains(w);
             if live.contains(w) || hand_off {
@@ -529,6 +544,7 @@ impl RouterState {
         let sticky = req
             .session
             .as_deref()
+            .filter(|_| moving.is_none())
             .and_then(|k| self.sessions.worker_of(k, now))
             .cloned();
         let Some(mut d) = selector.select_session(
@@ -541,6 +557,28 @@ impl RouterState {
         ) else {
             return Ok(None);
         };
+        if let (Some(old), Some(from)) = (moving, &from) {
+            // Move only if the queue there, with this prompt, is no longer than the one here
+            // without it: a move never makes the two queues more uneven (so requests never
+            // move back and forth), and the request starts no later than where it waits.
+            let here = self.load.prefill_tokens(from);
+            let own = u64::from(req.prompt_tokens);
+            let there = self.load.prefill_tokens(&d.worker) + u64::from(d.uncached_tokens);
+            if there > here.saturating_sub(own) {
+                return Ok(None);
+            }
+            // The old placement goes now, not when the Request's release arrives: the other
+            // attempts asking in the same moment see the queue this one leaves.
+            // (`on_release`'s body: `selector` still borrows `self.selectors`.)
+            self.peer_placed.remove(&old);
+            if self.load.on_finished(&old) && self.share_load {
+                self.shared.push(sync::LoadChange::Finished {
+                    node: old.node,
+                    request: old.request,
+                });
+            }
+            metrics::counter!("flotilla_router_rebalanced_total").increment(1);
+        }
         // Conditional disaggregation (Dynamo's rule): a decode worker that would prefill at
         // least `min_prefill_tokens` of the prompt itself hands the prefill to the prefill
         // worker the same cost picks, unless that one's queue is already long.
@@ -1246,6 +1284,44 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_queued_request_moves_only_to_a_shorter_queue() {
+        let (mut r, _, workers) = router(Policy::LeastLoaded);
+        // Four requests of 32 tokens wait on w0, the only worker; then w1 joins.
+        workers.set(&["w0"], &["w0"]);
+        for n in 1..=4 {
+            assert_eq!(
+                r.place(req(n)).unwrap().unwrap().worker,
+                WorkerId::new("w0")
+            );
+        }
+        workers.set(&["w0", "w1"], &["w0", "w1"]);
+        // Each queued request asks with a fresh attempt id, naming the attempt it would move;
+        // a move releases the old placement at once (the Request's own release comes later
+        // and changes nothing), so asks in the same moment see the queue as it will be.
+        let ask = |n: u64, old: u64| RouteRequest {
+            rebalance: Some(RequestId(old)),
+            ..req(n)
+        };
+        let p = r.place(ask(11, 1)).unwrap().expect("w1 is idle: move");
+        assert_eq!(p.worker, WorkerId::new("w1"));
+        assert_eq!(r.load.prefill_tokens(&WorkerId::new("w0")), 96);
+        let p = r
+            .place(ask(12, 2))
+            .unwrap()
+            .expect("32 + 32 there, 96 - 32 here: move");
+        assert_eq!(p.worker, WorkerId::new("w1"));
+        r.release(NodeId::new("gw"), RequestId(2));
+        // Now 64 and 64: a move would only turn the imbalance around.
+        assert!(r.place(ask(13, 3)).unwrap().is_none(), "stays");
+        assert_eq!(r.load.prefill_tokens(&WorkerId::new("w0")), 64);
+        assert_eq!(r.load.prefill_tokens(&WorkerId::new("w1")), 64);
+        // An attempt this router no longer knows, or no other worker: nowhere to go.
+        assert!(r.place(ask(14, 99)).unwrap().is_none());
+        workers.set(&["w0"], &["w0"]);
+        assert!(r.place(ask(15, 4)).unwrap().is_none());
+    }
+
     fn req(n: u64) -> RouteRequest {
         RouteRequest {
             node: NodeId::new("gw"),
@@ -1254,6 +1330,7 @@ mod tests {
             seq_hashes: vec![],
             policy: None,
             avoid: vec![],
+            rebalance: None,
             remote_prefill: false,
             trace_id: None,
             traceparent: None,

@@ -51,6 +51,8 @@ pub enum SchedulerMsg {
     Tick(Wire<()>),
     /// Local: the canary's ping came back.
     CanaryDone(Wire<()>),
+    /// Local: a gather window for migrated requests ended (`WorkerEffect::KickAt`).
+    Kick(Wire<()>),
     /// Stop taking new work (leave routing); running requests go on (cast).
     Drain(Wire<()>),
     /// Hand off every request still here: each gets [`TokenEventKind::Lost`] with this
@@ -230,6 +232,10 @@ impl SchedulerState {
                 worker: self.args.worker.clone(),
                 role,
             }),
+            WorkerEffect::KickAt(at) => {
+                let wait = at.saturating_duration_since(self.args.clock.now());
+                myself.send_after(wait, || SchedulerMsg::Kick(Wire::encode(&())));
+            }
             WorkerEffect::Ping => {
                 let (engine, me) = (self.engine.clone(), myself.clone());
                 tokio::spawn(async move {
@@ -599,6 +605,7 @@ fn handle_msg(msg: SchedulerMsg, state: &mut SchedulerState) -> Result<(), Worke
             state.core.tick(protocol::owner_status)?;
         }
         SchedulerMsg::CanaryDone(_) => state.core.canary_done(),
+        SchedulerMsg::Kick(_) => state.core.kick_due()?,
         SchedulerMsg::Drain(_) => state.core.drain(),
         SchedulerMsg::HandOffAll(reason) => {
             let reason = reason

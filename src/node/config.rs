@@ -100,12 +100,22 @@ pub struct SchedulerSection {
     /// one-block minimum beside the decodes (ITL p50 tripled, throughput −38 %), while 200 ms
     /// cut the ITL p99 about 3× for about a fifth of the throughput, and 300 ms only 2×.
     pub max_decode_stall_ms: u64,
+    /// A worker that is idle when a migrated request arrives waits this long (ms) before its
+    /// next step, so that the other requests of the lost worker, which arrive together, run
+    /// in that step instead of behind a step of the first one alone. Only migrated requests
+    /// wait (a new request or a disaggregated decode starts at once). Default 5: a lost
+    /// worker's 16 requests reached their new worker within 0.3–0.6 ms on the project's
+    /// 2-core VM, under two CPU hogs; without it the first of them ran alone in a step of
+    /// 0.3–0.6 s that every other one waited for (`docs/benchmarks.md`, "Recovery under
+    /// contention"). 0 = off.
+    pub resume_gather_ms: u64,
 }
 
 impl Default for SchedulerSection {
     fn default() -> Self {
         Self {
             max_decode_stall_ms: 200,
+            resume_gather_ms: 5,
         }
     }
 }
@@ -1045,7 +1055,7 @@ impl Config {
 
     /// A replica's batch limits (`worker.max_num_seqs`, `max_num_batched_tokens`,
     /// `max_model_len_tokens` capped by the model's context `model_context`, and
-    /// `scheduler.max_decode_stall_ms`).
+    /// `scheduler.max_decode_stall_ms`, `scheduler.resume_gather_ms`).
     pub fn scheduler_config(
         &self,
         model_context: usize,
@@ -1056,6 +1066,7 @@ impl Config {
             max_num_batched_tokens: w.max_num_batched_tokens,
             max_model_len: w.max_model_len_tokens.min(model_context),
             max_decode_stall_ms: self.scheduler.max_decode_stall_ms,
+            resume_gather_ms: self.scheduler.resume_gather_ms,
         }
     }
 

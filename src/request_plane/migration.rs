@@ -14,9 +14,9 @@
 //!   stall has lasted [`MigrationPolicy::deadline`] (from the first of them). Faults that
 //!   arrive faster than restarted workers become ready therefore cost time, not the request.
 //! - A loss is followed by a placement at once: a migrated request keeps its place among
-//!   the others by its arrival time (the scheduler's queue is first come, first served by
-//!   arrival at the gateway), so re-placing it late would only push it behind requests that
-//!   are not losing anything. (Measured: backing off after losses without progress starved
+//!   the others (the scheduler's queue is first come, first served by how long the client
+//!   has waited for its next token: since its last token, or its arrival), so re-placing it
+//!   late would only push it behind requests that are not losing anything. (Measured: backing off after losses without progress starved
 //!   the backed-off requests under the contended soak, each placed last and lost again
 //!   before its turn.)
 //! - A placement that finds no routable worker (every worker down or restarting, the router

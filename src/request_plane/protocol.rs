@@ -55,10 +55,16 @@ pub struct SubmitRequest {
     /// the scheduler aborts the sequence.
     #[serde(default)]
     pub owner_incarnation: u64,
-    /// When the request reached its gateway (ms since the Unix epoch), kept across
-    /// migrations: its place in the waiting queue.
+    /// Since when the client has been waiting for this attempt's next token (ms since the
+    /// Unix epoch): the request's arrival at its gateway, or, for a migrated request, when its
+    /// last token was delivered. The worker queues by it, first come first served, so that
+    /// among the requests re-prefilling after a fault the one whose client has waited longest
+    /// goes first: a migrated request keeps its place ahead of later arrivals, and the
+    /// requests that move together from fault to fault take turns instead of keeping one
+    /// order (ordered by arrival, the last of such a group never reached the front between
+    /// faults and was given up).
     #[serde(default)]
-    pub arrival_ms: u64,
+    pub waiting_since_ms: u64,
     /// The HTTP request's `x-request-id`, for this worker's log lines about the sequence.
     #[serde(default)]
     pub trace_id: Option<String>,
@@ -171,6 +177,14 @@ pub struct RouteRequest {
     /// Workers that already failed this request: not chosen unless no other is live.
     #[serde(default)]
     pub avoid: Vec<WorkerId>,
+    /// Set when an attempt still queued on its worker asks whether to move (a worker joined
+    /// the routable group): that attempt's request id on the same `node`. The router places
+    /// the new attempt on another worker only if that worker's prefill queue, this prompt
+    /// included, stays no longer than the old worker's without it — and then releases the old
+    /// attempt's placement at once, so the next attempt asking sees the queue as it will be —
+    /// and answers `None` (stay) otherwise. `None`: an ordinary placement.
+    #[serde(default)]
+    pub rebalance: Option<RequestId>,
     /// The router may send the prompt to a prefill worker ([`Placement::hand_off`]); false
     /// for a decode attempt that carries remote KV.
     #[serde(default)]

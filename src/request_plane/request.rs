@@ -116,6 +116,9 @@ struct Placing {
     worker: Option<WorkerId>,
     /// The router's cost terms for it, for the `placed` event.
     terms: Option<crate::request_plane::protocol::PlacementTerms>,
+    /// Asked by a queued attempt whether to move ([`RequestCore::worker_joined`]): the
+    /// current attempt stays unless the router names another worker.
+    moving: bool,
 }
 
 /// One request's state (see the module doc).
@@ -134,6 +137,9 @@ pub struct RequestCore {
     migration: Migration,
     done: bool,
     last_token_at: Option<Instant>,
+    /// When the last token was delivered (wall ms): the next attempt's place in its worker's
+    /// queue ([`SubmitRequest::waiting_since_ms`]).
+    last_token_wall_ms: Option<u64>,
     /// Attempts placed so far (the first one uses the job's request id).
     attempts: u32,
     /// KV handed off by a prefill worker, for the next (decode) attempt to pull.
@@ -162,6 +168,7 @@ impl RequestCore {
             migration,
             done: false,
             last_token_at: None,
+            last_token_wall_ms: None,
             attempts: 0,
             pending_kv: None,
             held: None,
@@ -229,10 +236,79 @@ impl RequestCore {
         }
     }
 
+    /// A worker joined the routable group (restarted, scaled up, back from draining): if
+    /// the current attempt still waits in its worker's queue (not admitted, no token yet),
+    /// ask the router whether another worker would start it sooner
+    /// ([`RouteRequest::rebalance`]). Without this, the requests a fault moved onto the
+    /// one surviving worker would all wait there while the restarted one sits idle.
+    pub fn worker_joined(&mut self) {
+        if self.done
+            || self.placing.is_some()
+            || self.cfg.pin.is_some()
+            || self.held.is_some()
+            || self.pending_kv.is_some()
+        {
+            return;
+        }
+        let Some(a) = self.attempt.as_ref() else {
+            return;
+        };
+        if a.admitted || a.first_token_seen || a.hand_off {
+            return;
+        }
+        let old = a.id;
+        let job = self.next_job(RequestId(self.ids.fetch_add(1, Ordering::Relaxed)));
+        let mut route = self.route_request(&job);
+        route.rebalance = Some(old);
+        route.remote_prefill = false;
+        self.placing = Some(Placing {
+            job,
+            worker: None,
+            terms: None,
+            moving: true,
+        });
+        self.effects.push(RequestEffect::Route(route));
+    }
+
+    /// The router's answer to a [`RequestCore::worker_joined`] question: move the queued
+    /// attempt to the worker it names, if it is still queued; otherwise stay.
+    fn move_picked(&mut self, pick: Result<Option<Placement>, RequestError>) {
+        let Some(placing) = self.placing.take() else {
+            return;
+        };
+        let Ok(Some(p)) = pick else {
+            return; // stay: no worker would start it sooner (or the router is away)
+        };
+        let queued = self
+            .attempt
+            .as_ref()
+            .is_some_and(|a| !a.admitted && !a.first_token_seen);
+        if self.done || !queued {
+            // Its prefill began meanwhile: it stays, and the router forgets the move.
+            self.effects.push(RequestEffect::ReleasePlacement((
+                self.node(),
+                placing.job.request,
+            )));
+            return;
+        }
+        tracing::debug!(request = %self.id(), request_id = %self.cfg.job.trace_id.as_deref().unwrap_or("-"),
+            from = ?self.current().map(|(_, w)| w.clone()), to = %p.worker, "moving a queued request to a worker that starts it sooner");
+        metrics::counter!("flotilla_requests_moved_total").increment(1);
+        self.end_attempt(true);
+        self.attempts += 1;
+        self.placing = Some(Placing {
+            moving: false,
+            ..placing
+        });
+        self.picked(Ok(Some(p)));
+    }
+
     /// The router's answer to [`RequestEffect::Route`].
     pub fn picked(&mut self, pick: Result<Option<Placement>, RequestError>) {
-        if self.placing.is_none() {
-            return;
+        match self.placing.as_ref() {
+            None => return,
+            Some(p) if p.moving => return self.move_picked(pick),
+            Some(_) => {}
         }
         let pick = match pick.and_then(|p| p.ok_or(RequestError::NoWorkers)) {
             Ok(p) => p,
@@ -273,6 +349,7 @@ impl RequestCore {
             job,
             worker: Some(worker),
             terms,
+            moving: false,
         }) = self.placing.take()
         else {
             return;
@@ -466,10 +543,13 @@ impl RequestCore {
                 if self.migration.on_resumed()
                     && let Some(last) = self.last_token_at
                 {
+                    let gap = now - last;
                     metrics::histogram!("flotilla_migration_resume_gap_seconds")
-                        .record((now - last).as_secs_f64());
+                        .record(gap.as_secs_f64());
+                    tracing::debug!(request = %self.id(), gap_ms = gap.as_millis() as u64, generated = self.generated.len(), "resumed");
                 }
                 self.last_token_at = Some(now);
+                self.last_token_wall_ms = Some(now_ms);
             }
             TokenEventKind::Failed { .. } => {}
         }
@@ -540,6 +620,10 @@ impl RequestCore {
         job.prompt.extend_from_slice(&self.generated);
         job.max_tokens = job.max_tokens.saturating_sub(self.generated.len() as u32);
         job.sampling.offset = self.generated.len() as u64;
+        // The client has waited since its last token (or its arrival, before any).
+        if let Some(ms) = self.last_token_wall_ms {
+            job.waiting_since_ms = ms;
+        }
         if self.prompt_complete() {
             // Every prompt logprob was passed on: the next attempt need not score (and may
             // use its prefix cache).
@@ -564,25 +648,12 @@ impl RequestCore {
         };
         self.attempts += 1;
         let job = self.next_job(id);
-        let route = RouteRequest {
-            node: job.reply_to.clone(),
-            request: id,
-            prompt_tokens: job.prompt.len() as u32,
-            seq_hashes: block_hashes(&job.prompt, self.cfg.block_size, self.cfg.salt)
-                .into_iter()
-                .map(|(_, s)| s)
-                .collect(),
-            policy: self.cfg.policy,
-            avoid: self.migration.avoid().to_vec(),
-            remote_prefill: self.pending_kv.is_none(),
-            trace_id: job.trace_id.clone(),
-            traceparent: job.traceparent.clone(),
-            session: job.session.clone(),
-        };
+        let route = self.route_request(&job);
         self.placing = Some(Placing {
             job,
             worker: None,
             terms: None,
+            moving: false,
         });
         match self.cfg.pin.clone() {
             Some(worker) => self.picked(Ok(Some(Placement {
@@ -592,6 +663,26 @@ impl RequestCore {
                 terms: None,
             }))),
             None => self.effects.push(RequestEffect::Route(route)),
+        }
+    }
+
+    /// What the router is asked to place `job`.
+    fn route_request(&self, job: &SubmitRequest) -> RouteRequest {
+        RouteRequest {
+            node: job.reply_to.clone(),
+            request: job.request,
+            prompt_tokens: job.prompt.len() as u32,
+            seq_hashes: block_hashes(&job.prompt, self.cfg.block_size, self.cfg.salt)
+                .into_iter()
+                .map(|(_, s)| s)
+                .collect(),
+            policy: self.cfg.policy,
+            avoid: self.migration.avoid().to_vec(),
+            rebalance: None,
+            remote_prefill: self.pending_kv.is_none(),
+            trace_id: job.trace_id.clone(),
+            traceparent: job.traceparent.clone(),
+            session: job.session.clone(),
         }
     }
 
@@ -671,7 +762,7 @@ mod tests {
             stop_token_ids: vec![],
             ignore_eos: true,
             owner_incarnation: 1,
-            arrival_ms: clock.wall_ms(),
+            waiting_since_ms: clock.wall_ms(),
             trace_id: None,
             traceparent: None,
             hand_off: false,
@@ -696,6 +787,54 @@ mod tests {
 
     fn w(s: &str) -> WorkerId {
         WorkerId::new(s)
+    }
+
+    /// The Submit effects so far, in order.
+    fn submits(c: &mut RequestCore) -> Vec<(WorkerId, SubmitRequest)> {
+        c.take_effects()
+            .into_iter()
+            .filter_map(|e| match e {
+                RequestEffect::Submit { worker, job } => Some((worker, *job)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_migrated_attempt_queues_by_its_last_token_not_its_arrival() {
+        let clock = ManualClock::new();
+        let arrival = clock.wall_ms();
+        let mut c = core(&clock, Some("a"));
+        c.start();
+        let (_, first) = submits(&mut c).pop().expect("first attempt");
+        assert_eq!(
+            first.waiting_since_ms, arrival,
+            "a new request waits since its arrival"
+        );
+        c.submitted(true);
+        let id = first.request;
+        for (i, ms) in [(0u32, 300u64), (1, 700)] {
+            clock.advance(Duration::from_millis(ms));
+            c.event(
+                id,
+                TokenEventKind::Token {
+                    id: 7,
+                    index: i,
+                    finish: None,
+                    logprob: 0.0,
+                    top: Vec::new(),
+                },
+            );
+        }
+        let last_token = clock.wall_ms();
+        clock.advance(Duration::from_millis(2_000));
+        c.worker_lost(id);
+        let (_, next) = submits(&mut c).pop().expect("the migration's attempt");
+        assert_eq!(next.prompt.len(), first.prompt.len() + 2);
+        assert_eq!(
+            next.waiting_since_ms, last_token,
+            "its client has waited since the last token"
+        );
     }
 
     fn token(index: u32) -> TokenEventKind {
@@ -821,6 +960,90 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_queued_attempt_moves_to_a_worker_that_joined_only_before_it_starts() {
+        let clock = ManualClock::new();
+        let mut c = core(&clock, None);
+        c.start();
+        let first = place_on(&mut c, "a/replica-0");
+        let _ = c.take_effects();
+        // A worker joins: the queued attempt asks whether to move, and the router says stay.
+        c.worker_joined();
+        let route = match c.take_effects().as_slice() {
+            [RequestEffect::Route(r)] => r.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(route.rebalance, Some(first));
+        assert!(!route.remote_prefill, "a move is never a prefill hand-off");
+        c.picked(Ok(None));
+        assert!(c.take_effects().is_empty(), "stays where it is");
+        assert_eq!(c.current().map(|(id, _)| id), Some(first));
+        // Next time the router names another worker: cancelled there, submitted here.
+        c.worker_joined();
+        let _ = c.take_effects();
+        c.picked(Ok(Some(Placement {
+            worker: w("b/replica-0"),
+            hand_off: false,
+            fetch: None,
+            terms: None,
+        })));
+        let effects = c.take_effects();
+        assert!(effects.iter().any(
+            |e| matches!(e, RequestEffect::Cancel { worker, key } if *worker == w("a/replica-0") && key.1 == first)
+        ), "{effects:?}");
+        assert!(
+            effects
+                .iter()
+                .any(|e| matches!(e, RequestEffect::ReleasePlacement(key) if key.1 == first))
+        );
+        let moved = effects
+            .iter()
+            .find_map(|e| match e {
+                RequestEffect::Submit { worker, job } if *worker == w("b/replica-0") => {
+                    Some(job.request)
+                }
+                _ => None,
+            })
+            .expect("submitted to the new worker");
+        assert_ne!(moved, first);
+        c.submitted(true);
+        assert_eq!(c.current(), Some((moved, &w("b/replica-0"))));
+        // Once admitted it stays, whoever joins.
+        c.event(
+            moved,
+            TokenEventKind::Admitted {
+                worker: w("b/replica-0"),
+                cached_tokens: 0,
+            },
+        );
+        let _ = c.take_effects();
+        c.worker_joined();
+        assert!(c.take_effects().is_empty(), "its prefill began: it stays");
+        // A move the router granted after the prefill began is taken back.
+        let mut c = core(&clock, None);
+        c.start();
+        let first = place_on(&mut c, "a/replica-0");
+        let _ = c.take_effects();
+        c.worker_joined();
+        let asked = match c.take_effects().as_slice() {
+            [RequestEffect::Route(r)] => r.request,
+            other => panic!("{other:?}"),
+        };
+        c.event(first, token(0));
+        let _ = c.take_effects();
+        c.picked(Ok(Some(Placement {
+            worker: w("b/replica-0"),
+            hand_off: false,
+            fetch: None,
+            terms: None,
+        })));
+        match c.take_effects().as_slice() {
+            [RequestEffect::ReleasePlacement(key)] if key.1 == asked => {}
+            other => panic!("only the granted move released: {other:?}"),
+        }
+        assert_eq!(c.current().map(|(id, _)| id), Some(first));
     }
 
     #[test]

@@ -434,6 +434,8 @@ enum Ev {
     CopiesDone(usize, u32, Vec<(CopyId, CopyOutcome)>),
     Retry(RequestId),
     Tick(usize, u32),
+    /// Worker `i`'s (incarnation) gather window for migrated requests ended.
+    Kick(usize, u32),
     KvEvents(Vec<KvEvent>),
     Tokens(Vec<TokenEvent>),
     Kill(usize),
@@ -1076,6 +1078,12 @@ impl<'w> SimFleet<'w> {
                     self.worker_result(i, r);
                 }
             }
+            Ev::Kick(i, inc) => {
+                if let Some(core) = self.live_core(i, inc) {
+                    let r = core.kick_due();
+                    self.worker_result(i, r);
+                }
+            }
             Ev::Retry(rid) => {
                 if let Some(r) = self.requests.get_mut(&rid) {
                     r.core.retry();
@@ -1594,7 +1602,7 @@ impl<'w> SimFleet<'w> {
             stop_token_ids: vec![],
             ignore_eos: true,
             owner_incarnation: 1,
-            arrival_ms: self.clock.wall_ms(),
+            waiting_since_ms: self.clock.wall_ms(),
             trace_id: None,
             traceparent: None,
             hand_off: false,
@@ -1989,6 +1997,7 @@ impl<'w> SimFleet<'w> {
             WorkerEffect::RoleChanged(role) => {
                 self.fleet_event(FleetEventKind::RoleChanged { worker: id, role })
             }
+            WorkerEffect::KickAt(at) => self.schedule_at(at, Ev::Kick(i, inc)),
             WorkerEffect::Ping => {
                 if self.workers[i].faults.hang {
                     self.workers[i].ping_parked = true;

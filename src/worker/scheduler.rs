@@ -24,8 +24,10 @@
 //!    prefix-cache hit);
 //! 2. continues partially prefilled sequences;
 //! 3. admits waiting sequences — preempted ones first, then strictly FCFS within each priority
-//!    class (no skipping; "first come" is the request's arrival at its gateway, so a migrated
-//!    request keeps its place), the classes served by deficit round robin on uncached prompt
+//!    class (no skipping; "first come" is since when the client has waited for the
+//!    sequence's next token — its arrival at the gateway, or its last token before a
+//!    migration — so a migrated request keeps its place and requests that migrate together
+//!    take turns), the classes served by deficit round robin on uncached prompt
 //!    tokens (`waiting.rs`, `request_plane/priority.rs`; one class when none is configured:
 //!    plain FCFS) — while `max_num_seqs`, the token budget `max_num_batched_tokens` and the
 //!    pool allow, chunking the last prefill to fit.

@@ -704,7 +704,7 @@ async fn start(
             let job = Job {
                 reply_to: serving.node.clone(),
                 owner_incarnation: serving.incarnation,
-                arrival_ms: serving.clock.wall_ms(),
+                waiting_since_ms: serving.clock.wall_ms(),
                 request: RequestId(first_id + u64::from(i)),
                 prompt: prompt.clone(),
                 max_tokens: max_tokens[p],

@@ -12,7 +12,7 @@ fn job(max_tokens: u32, ignore_eos: bool) -> SubmitRequest {
         stop_token_ids: vec![],
         ignore_eos,
         owner_incarnation: 1,
-        arrival_ms: 0,
+        waiting_since_ms: 0,
         trace_id: None,
         traceparent: None,
         hand_off: false,

@@ -70,6 +70,10 @@ pub struct SchedulerConfig {
     /// ([`SchedulerCore::schedule_with`]); 0 = off (the token budget alone). The default here
     /// is off; the runtime's comes from `scheduler.max_decode_stall_ms`.
     pub max_decode_stall_ms: u64,
+    /// An idle replica given a migrated request waits this long (ms) for the rest of the lost
+    /// worker's requests before its next step (`WorkerCore::submit`); 0 = at once. The default
+    /// here is off; the runtime's comes from `scheduler.resume_gather_ms`.
+    pub resume_gather_ms: u64,
 }
 
 impl Default for SchedulerConfig {
@@ -79,6 +83,7 @@ impl Default for SchedulerConfig {
             max_num_batched_tokens: 2048,
             max_model_len: 4096,
             max_decode_stall_ms: 0,
+            resume_gather_ms: 0,
         }
     }
 }
@@ -118,10 +123,11 @@ pub struct SeqRequest {
     pub max_tokens: usize,
     pub stop_token_ids: Vec<u32>,
     pub eos_token_id: Option<u32>,
-    /// Place in the waiting queue: lower first, equal ones in submission order. The request's
-    /// arrival at its gateway (ms since the Unix epoch), so that a request that migrated here
-    /// keeps its place among the others instead of queueing behind every later one.
-    pub arrival: u64,
+    /// Place in the waiting queue: lower first, equal ones in submission order. Since when
+    /// the client has waited for the sequence's next token (ms since the Unix epoch: its
+    /// arrival at the gateway, or its last token before a migration; see
+    /// [`SubmitRequest::waiting_since_ms`](crate::request_plane::protocol::SubmitRequest)).
+    pub waiting_since: u64,
     /// Disaggregated decode: the KV of the first `remote_tokens` prompt tokens was computed by
     /// a prefill worker and is pulled from it at admission (a [`PullOrder`]) for the blocks
     /// not already cached here; 0 = none. Must be below the prompt's length.
@@ -360,7 +366,7 @@ impl SchedulerCore {
         })
     }
 
-    /// Queues a request: first come, first served by [`SeqRequest::arrival`] within its
+    /// Queues a request: first come, first served by [`SeqRequest::waiting_since`] within its
     /// priority class, classes by deficit round robin (`waiting.rs`).
     ///
     /// # Errors
@@ -423,8 +429,9 @@ impl SchedulerCore {
                 uncached: req.uncached,
             },
         );
-        // After every waiting sequence of its class that arrived no later.
-        self.waiting.insert(seq, req.class.as_ref(), req.arrival);
+        // After every waiting sequence of its class that has waited at least as long.
+        self.waiting
+            .insert(seq, req.class.as_ref(), req.waiting_since);
         Ok(())
     }
 

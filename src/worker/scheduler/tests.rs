@@ -25,6 +25,7 @@ fn cfg(
         max_num_batched_tokens,
         max_model_len,
         max_decode_stall_ms: 0,
+        resume_gather_ms: 0,
     }
 }
 
@@ -532,12 +533,12 @@ fn seeded_random_workload() {
 }
 
 #[test]
-fn waiting_sequences_are_admitted_in_order_of_arrival() {
+fn waiting_sequences_are_admitted_longest_waiting_first() {
     // Room for one sequence at a time: admission order is the order of service.
     let mut c = core(64, 4, cfg(1, 64, 64));
-    for (seq, arrival) in [(1, 30), (2, 10), (3, 20), (4, 10), (5, 0)] {
+    for (seq, waiting_since) in [(1, 30), (2, 10), (3, 20), (4, 10), (5, 0)] {
         c.add(SeqRequest {
-            arrival,
+            waiting_since,
             ..req(seq, vec![1, 2, 3], 2)
         })
         .expect("add");
@@ -901,13 +902,13 @@ fn a_pulling_sequence_is_never_preempted() {
     let mut prompt: Vec<u32> = (0..10).collect();
     prompt.push(1);
     c.add(SeqRequest {
-        arrival: 1,
+        waiting_since: 1,
         remote_tokens: 10,
         ..req(1, prompt, 4)
     })
     .unwrap();
     c.add(SeqRequest {
-        arrival: 2,
+        waiting_since: 2,
         ..req(2, (20..26).collect(), 40)
     })
     .unwrap();

@@ -2,8 +2,9 @@
 //! class, served by deficit round robin on uncached prompt tokens
 //! (`request_plane/priority.rs`), and the preempted sequences, resumed before any lane.
 //!
-//! With no class configured every sequence is in the one unclassed lane: first come, first
-//! served by arrival, exactly the queue it replaces.
+//! "First come" is since when the client has waited for the sequence's next token (its
+//! arrival, or its last token before a migration: `SeqRequest::waiting_since`). With no class
+//! configured every sequence is in the one unclassed lane.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -29,7 +30,7 @@ pub(super) struct Head {
 /// The waiting queue (module docs).
 #[derive(Debug, Default)]
 pub(super) struct Waiting {
-    /// Per lane: `(arrival, seq)` in arrival order (stable for equal arrivals).
+    /// Per lane: `(waiting since, seq)`, longest waiting first (stable for equal times).
     lanes: Vec<VecDeque<(u64, SeqId)>>,
     resume: VecDeque<SeqId>,
     drr: Drr,
@@ -37,15 +38,16 @@ pub(super) struct Waiting {
 }
 
 impl Waiting {
-    /// Queue `seq` in its class's lane after every sequence that arrived no later.
-    pub fn insert(&mut self, seq: SeqId, class: Option<&ClassTag>, arrival: u64) {
+    /// Queue `seq` in its class's lane after every sequence that has waited at least as long
+    /// (`since`: ms since the Unix epoch).
+    pub fn insert(&mut self, seq: SeqId, class: Option<&ClassTag>, since: u64) {
         let l = self.drr.lane(class);
         if self.lanes.len() <= l {
             self.lanes.resize_with(l + 1, VecDeque::new);
         }
         let lane = &mut self.lanes[l];
-        let at = lane.partition_point(|&(a, _)| a <= arrival);
-        lane.insert(at, (arrival, seq));
+        let at = lane.partition_point(|&(a, _)| a <= since);
+        lane.insert(at, (since, seq));
         self.drr.activate(l);
         self.place.insert(seq, Place::Lane(l));
     }
@@ -119,7 +121,7 @@ mod tests {
     }
 
     #[test]
-    fn one_lane_is_first_come_first_served_by_arrival() {
+    fn one_lane_serves_the_longest_waiting_first() {
         let mut w = Waiting::default();
         w.insert(SeqId(1), None, 10);
         w.insert(SeqId(2), None, 5);

@@ -27,6 +27,9 @@ use std::time::Duration;
 
 /// The tracing target of the per-sequence lines (admitted, finished, dropped).
 pub const SEQUENCE_TARGET: &str = "flotilla::sequence";
+/// The tracing target of one debug line per engine step (tokens, duration, queue):
+/// `FLOTILLA_LOG=info,flotilla::step=debug`.
+pub const STEP_TARGET: &str = "flotilla::step";
 
 use super::{
     DisaggWorker, FillChange, Hang, Health, KvFill, Outbox, PeerPullCounters, PeerPullWorker,
@@ -177,6 +180,8 @@ pub enum WorkerEffect {
     RoleChanged(Role),
     /// Ping the engine; answer with [`WorkerCore::canary_done`].
     Ping,
+    /// Call [`WorkerCore::kick_due`] at this instant (the end of a gather window).
+    KickAt(Instant),
 }
 
 /// The engine missed a deadline: the replica must restart.
@@ -262,6 +267,8 @@ pub struct WorkerCore {
     fill: KvFill,
     step_model: StepTimeModel,
     step_timing: Option<StepTiming>,
+    /// The end of a gather window for migrated requests (no step starts before it).
+    gather_until: Option<Instant>,
     held: HashMap<SeqId, Held>,
     /// Pulls in flight: whom to confirm to (prefill worker, its request key) when each returns.
     pulls: HashMap<SeqId, (WorkerId, RequestKey)>,
@@ -315,6 +322,7 @@ impl WorkerCore {
             watchdog: StepWatchdog::new(clock.clone(), cfg.step_timeout, cfg.canary_interval),
             step_model: StepTimeModel::new(),
             step_timing: None,
+            gather_until: None,
             fill: KvFill::default(),
             faults: InjectedFaults::default(),
             effects,
@@ -455,7 +463,29 @@ impl WorkerCore {
             );
             return Ok(());
         }
+        // A migrated stream (it has delivered tokens, and is no disaggregated decode) comes
+        // with the rest of its lost worker's requests: an idle engine waits a moment for them,
+        // so that they share the first step.
+        let resumed = req.sampling.offset > 0 && req.remote_kv.is_none();
         self.enqueue(req);
+        let gather = Duration::from_millis(self.core.config().resume_gather_ms);
+        if resumed && !gather.is_zero() && !self.watchdog.step_in_flight() {
+            if self.gather_until.is_none() {
+                let until = self.clock.now() + gather;
+                self.gather_until = Some(until);
+                self.effects.push(WorkerEffect::KickAt(until));
+            }
+            return Ok(());
+        }
+        self.kick()
+    }
+
+    /// A gather window ([`WorkerEffect::KickAt`]) ended: start the step it waited for.
+    ///
+    /// # Errors
+    /// A broken invariant of the batch former while starting steps.
+    pub fn kick_due(&mut self) -> Result<(), WorkerCoreError> {
+        self.gather_until = None;
         self.kick()
     }
 
@@ -645,7 +675,7 @@ impl WorkerCore {
             } else {
                 self.cfg.eos_token_id
             },
-            arrival: req.arrival_ms,
+            waiting_since: req.waiting_since_ms,
         });
         match added {
             Ok(()) => {
@@ -1147,8 +1177,14 @@ impl WorkerCore {
         self.effects.push(WorkerEffect::KvEvents { events, tokens });
     }
 
-    /// Start the next step if none is running and there is work.
+    /// Start the next step if none is running and there is work (not within a gather window).
     fn kick(&mut self) -> Result<(), WorkerCoreError> {
+        if self
+            .gather_until
+            .is_some_and(|until| self.clock.now() < until)
+        {
+            return Ok(());
+        }
         while !self.watchdog.step_in_flight() && self.core.has_unfinished() {
             let mut batch = self.core.schedule_with(self.step_model.cost().as_ref())?;
             for order in std::mem::take(&mut batch.pulls) {
@@ -1360,6 +1396,7 @@ impl WorkerCore {
             return;
         }
         let ms = self.clock.now().duration_since(t.started).as_secs_f64() * 1000.0;
+        tracing::debug!(target: STEP_TARGET, worker = %self.cfg.worker, tokens = t.shape.tokens, ms = ms.round(), running = self.core.num_running(), waiting = self.core.num_waiting(), "step");
         self.step_model.observe(t.shape, ms);
         let w = self.cfg.worker.to_string();
         metrics::histogram!("flotilla_scheduler_step_duration_seconds", "worker" => w.clone())
@@ -1527,7 +1564,7 @@ fn sequence_span(
 mod tests {
     use super::*;
     use crate::kv::BlockPool;
-    use crate::runtime::clock::ManualClock;
+    use crate::runtime::clock::{Clock, ManualClock};
     use crate::worker::engine::{SampledToken, StepOutput};
     use crate::worker::scheduler::SchedulerConfig;
     use std::sync::Arc;
@@ -1594,7 +1631,7 @@ mod tests {
             stop_token_ids: vec![],
             ignore_eos: true,
             owner_incarnation: 1,
-            arrival_ms: 0,
+            waiting_since_ms: 0,
             trace_id: None,
             traceparent: None,
             hand_off: false,
@@ -1776,6 +1813,66 @@ mod tests {
         assert_eq!(p.stats().peer_pulls.failed, 1);
         run_out(&mut p, &clock);
         assert!(!p.has(&key3), "it ran to its last token");
+    }
+
+    #[test]
+    fn migrated_requests_that_arrive_together_share_the_first_step() {
+        let clock = ManualClock::new();
+        let pool = BlockPool::new(64, 4, 7).unwrap();
+        let cfg = SchedulerConfig {
+            resume_gather_ms: 5,
+            ..SchedulerConfig::default()
+        };
+        let mut w = core(&clock, Role::Aggregated);
+        w.core = SchedulerCore::new(cfg, pool).unwrap();
+        w.take_effects();
+        let migrated = |id| {
+            let mut j = job(id, 2);
+            j.sampling.offset = 3; // three tokens delivered before the loss
+            j
+        };
+        // The first migrated request on an idle engine waits for the rest of its group.
+        w.submit(migrated(1)).unwrap();
+        let first = w.take_effects();
+        assert!(answer(&first).is_none(), "no step yet: {first:?}");
+        let until = first
+            .iter()
+            .find_map(|e| match e {
+                WorkerEffect::KickAt(at) => Some(*at),
+                _ => None,
+            })
+            .expect("a gather window");
+        clock.advance(Duration::from_millis(1));
+        w.submit(migrated(2)).unwrap();
+        w.tick(|_| OwnerStatus::Present).unwrap();
+        let more = w.take_effects();
+        assert!(
+            !more.iter().any(|e| matches!(e, WorkerEffect::KickAt(_))) && answer(&more).is_none(),
+            "one window, and nothing starts within it: {more:?}"
+        );
+        clock.advance(until.saturating_duration_since(clock.now()));
+        w.kick_due().unwrap();
+        let Some(WorkerEffect::Step { batch, .. }) = w
+            .take_effects()
+            .into_iter()
+            .find(|e| matches!(e, WorkerEffect::Step { .. }))
+        else {
+            panic!("the window's end starts the step");
+        };
+        assert_eq!(
+            batch.seqs.len(),
+            2,
+            "both migrated requests in the first step"
+        );
+        // A new request (nothing delivered yet) never waits.
+        let mut w = core(&clock, Role::Aggregated);
+        w.core = SchedulerCore::new(cfg, BlockPool::new(64, 4, 7).unwrap()).unwrap();
+        w.take_effects();
+        w.submit(job(3, 2)).unwrap();
+        assert!(
+            answer(&w.take_effects()).is_some(),
+            "a new request starts at once"
+        );
     }
 
     #[test]
