@@ -101,7 +101,8 @@ struct UpArgs {
     /// Leave a node that dies down instead of starting it again.
     #[arg(long)]
     no_restart: bool,
-    /// Most restarts of one node within 60 s; one more and it is left down.
+    /// Most crash restarts of one node within 60 s; one more and it is left down (a chaos
+    /// `kill_node` is not counted).
     #[arg(long, default_value_t = flotilla::cli::up::MAX_RESPAWNS)]
     max_restarts: usize,
     /// Engine of every replica: `cpu` (the real model) or `sim` (timing model, for fleet runs).

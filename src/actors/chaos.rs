@@ -4,7 +4,9 @@
 //! (`kill_actor`, `kill_node`, `panic_task`) and `partition` act here; the others go into the
 //! node's [`FaultBook`] (`control/chaos.rs`, which says where each one acts).
 
-use crate::control::chaos::{ActorKind, CHAOS_GROUP, FaultBook, FaultKind, Injection, actor_name};
+use crate::control::chaos::{
+    ActorKind, CHAOS_GROUP, CHAOS_KILL_EXIT, FaultBook, FaultKind, Injection, actor_name,
+};
 use crate::kv::faults::KvEventFaults;
 use crate::request_plane::events::{EventBus, FleetEventKind};
 use crate::runtime::ids::WorkerId;
@@ -293,9 +295,12 @@ fn kill_actors(actor: ActorKind, node: &str, workers: &[WorkerId]) {
 }
 
 fn kill_this_node() {
-    tracing::warn!("chaos: killing this node process (SIGKILL)");
-    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
-    std::process::abort();
+    tracing::warn!(
+        "chaos: killing this node process (exit {CHAOS_KILL_EXIT}, abrupt as a SIGKILL)"
+    );
+    // No destructor runs, no actor stops, no connection is shut down in order: the kernel
+    // closes them as it would after a SIGKILL; only the exit status says it was injected.
+    std::process::exit(CHAOS_KILL_EXIT);
 }
 
 /// The Chaos actor of `node`, wherever it runs.

@@ -60,7 +60,7 @@ pub enum ChaosCmd {
         #[arg(long, default_value = "replica")]
         actor: String,
     },
-    /// Kill the target's node process (SIGKILL); `flotilla up` starts it again.
+    /// Kill the target's node process (an abrupt exit, status 75); `flotilla up` starts it again.
     KillNode {
         /// `any_busy`, `node:NAME` or a worker id (its node).
         #[arg(long, default_value = "any_busy")]
@@ -137,7 +137,9 @@ pub async fn run(a: ChaosArgs) -> anyhow::Result<()> {
                 println!("problem: {p}");
             }
             println!("SOAK_REPORT {}", serde_json::to_string(&report)?);
-            anyhow::ensure!(report.passed(), "the soak found lost or changed requests");
+            if let Some(why) = report.failure() {
+                anyhow::bail!("the soak failed: {why}");
+            }
             return Ok(());
         }
     };

@@ -92,9 +92,35 @@ pub struct SoakReport {
 impl SoakReport {
     /// Nothing lost, nothing changed, and the fleet came back after every fault.
     pub fn passed(&self) -> bool {
-        self.lost == 0
-            && self.mismatched == 0
-            && self.faults.iter().all(|f| f.back_to_capacity_ms.is_some())
+        self.failure().is_none()
+    }
+
+    /// Why the soak failed, in words (`None`: it passed).
+    pub fn failure(&self) -> Option<String> {
+        let mut why = Vec::new();
+        if self.lost > 0 {
+            why.push(format!("{} of {} requests lost", self.lost, self.requests));
+        }
+        if self.mismatched > 0 {
+            why.push(format!(
+                "{} completed with a text other than the reference",
+                self.mismatched
+            ));
+        }
+        let never: Vec<String> = self
+            .faults
+            .iter()
+            .filter(|f| f.back_to_capacity_ms.is_none())
+            .map(|f| format!("{} of {} at {} ms", f.kind, f.hit.join(","), f.at_ms))
+            .collect();
+        if !never.is_empty() {
+            why.push(format!(
+                "the fleet never returned to full capacity after {} (a node left down: see \
+                 `flotilla up`'s log, e.g. --max-restarts)",
+                never.join("; ")
+            ));
+        }
+        (!why.is_empty()).then(|| why.join("; "))
     }
 
     /// A markdown summary.
@@ -566,5 +592,43 @@ mod tests {
         assert_eq!(histogram_buckets(&typed, "x"), b);
         assert_eq!(histogram_quantile(&[], 0.5), None);
         assert_eq!(histogram_quantile(&[(1.0, 0.0)], 0.5), None);
+    }
+
+    #[test]
+    fn a_failed_soak_says_what_failed() {
+        let fault = |back| FaultEvent {
+            kind: "kill_node".into(),
+            hit: vec!["node-1/replica-0".into()],
+            at_ms: 46_000,
+            back_to_capacity_ms: back,
+        };
+        let mut r = SoakReport {
+            requests: 64,
+            completed: 64,
+            lost: 0,
+            mismatched: 0,
+            faults: vec![fault(Some(900))],
+            migrations: 3,
+            restarts: 0,
+            resume_gap_p50_ms: None,
+            resume_gap_p99_ms: None,
+            back_to_capacity_p50_ms: None,
+            back_to_capacity_max_ms: None,
+            reference_s: 1.0,
+            chaos_s: 1.0,
+            problems: vec![],
+        };
+        assert!(r.passed() && r.failure().is_none());
+        // Nothing lost, but a node never came back: the message says so, not "lost".
+        r.faults.push(fault(None));
+        let why = r.failure().expect("failed");
+        assert!(
+            why.contains(
+                "never returned to full capacity after kill_node of node-1/replica-0 at 46000 ms"
+            ) && !why.contains("lost"),
+            "{why}"
+        );
+        r.lost = 2;
+        assert!(r.failure().unwrap().starts_with("2 of 64 requests lost; "));
     }
 }

@@ -15,12 +15,15 @@
 //! model missing, …) fails `up` at once: its own error is already on stderr, the other
 //! nodes are stopped and `up` returns an error naming the node. After start-up, a node that
 //! dies (crash, chaos `kill_node`) is started again under its name and joins the others; one
-//! that stops cleanly is left stopped.
+//! that stops cleanly is left stopped. More than `--max-restarts` crashes within
+//! [`RESPAWN_WINDOW`] leave a node down; a chaos `kill_node` (exit
+//! [`CHAOS_KILL_EXIT`]) is not counted: the budget stops crash loops, not injected faults.
 //! `--prefill N --decode M` starts N prefill and M decode worker nodes (`worker.role`; see
 //! `request_plane/role.rs`) instead of aggregated ones: a disaggregated cluster.
 //! On Ctrl-C / SIGTERM each child gets SIGTERM — each node drains (see `node::drain`) — and is
 //! given `STOP_GRACE` to stop in order, then SIGKILL; `up` exits 0 with no child left behind.
 
+use crate::control::chaos::CHAOS_KILL_EXIT;
 use crate::node::{READY_PREFIX, ReadyLine};
 use figment::Figment;
 use figment::providers::Serialized;
@@ -61,7 +64,8 @@ pub struct UpOptions {
     pub chaos: bool,
     /// Start a node that dies again (`--no-restart` turns it off).
     pub restart: bool,
-    /// Most restarts of one node within [`RESPAWN_WINDOW`]; one more and it stays down.
+    /// Most restarts of one node within [`RESPAWN_WINDOW`]; one more and it stays down
+    /// (chaos `kill_node` exits are not counted).
     pub max_restarts: usize,
     /// `worker.role` of each worker node (node 1, 2, …), for a disaggregated cluster
     /// (`--prefill N --decode M`); empty: every node keeps its configured role.
@@ -682,7 +686,12 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
                     }
                     let now = std::time::Instant::now();
                     p.restarts.retain(|t| now.duration_since(*t) < RESPAWN_WINDOW);
-                    if p.restarts.len() >= opts.max_restarts {
+                    // A chaos `kill_node` is a fault the user injected, not a crash loop: it
+                    // is restarted without counting against the budget.
+                    let injected = status.code() == Some(CHAOS_KILL_EXIT);
+                    if injected {
+                        tracing::warn!(target: UP_TARGET, "{} killed by the chaos API (exit {CHAOS_KILL_EXIT}); starting it again", p.name);
+                    } else if p.restarts.len() >= opts.max_restarts {
                         tracing::warn!(target: UP_TARGET,
                             "{} exited ({status}) {} times within {} s; leaving it down (--max-restarts)",
                             p.name, p.restarts.len() + 1, RESPAWN_WINDOW.as_secs()
@@ -690,8 +699,10 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
                         p.stopped = true;
                         continue;
                     }
-                    tracing::warn!(target: UP_TARGET,"{} exited ({status}); starting it again", p.name);
-                    p.restarts.push(now);
+                    if !injected {
+                        tracing::warn!(target: UP_TARGET,"{} exited ({status}); starting it again", p.name);
+                        p.restarts.push(now);
+                    }
                     let join = peers(&ports, i);
                     let http = if launch.is_gateway(i) {
                         gateway_http

@@ -41,6 +41,10 @@ use std::time::Duration;
 /// Process group of every Chaos actor.
 pub const CHAOS_GROUP: &str = "flotilla.chaos";
 
+/// Exit status of a node process killed by a `kill_node` fault (sysexits' `EX_TEMPFAIL`, 75):
+/// how `flotilla up` tells an injected kill from a crash.
+pub const CHAOS_KILL_EXIT: i32 = 75;
+
 /// What a fault does.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -70,8 +74,9 @@ pub enum FaultKind {
         #[serde(default)]
         actor: ActorKind,
     },
-    /// The target's node process exits abruptly (SIGKILL of itself). `flotilla up` starts it
-    /// again.
+    /// The target's node process exits abruptly with status [`CHAOS_KILL_EXIT`]: no destructor
+    /// runs and no actor stops, so to its peers it is a SIGKILL. `flotilla up` starts it again, and does not
+    /// count it against `--max-restarts` (a budget against crash loops, not injected faults).
     KillNode,
     /// The target workers' KV event publishers drop this fraction of their KV events on the
     /// way to the routers (seeded by the fault's `seed`): routers see gaps and resync from

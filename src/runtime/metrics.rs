@@ -15,10 +15,12 @@ pub const LATENCY_BUCKETS_S: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
 
-/// Finer buckets (seconds) of the migration resume gap, whose target is p99 < 1 s.
+/// Finer buckets (seconds) of the migration resume gap, whose target is p99 < 1 s, up to
+/// `gateway.migration_deadline_ms`'s default (30 s) and past it: under frequent faults a gap
+/// spans several, and its p99 must land in a bucket, not past the last one.
 pub const RESUME_GAP_BUCKETS_S: &[f64] = &[
     0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0,
-    10.0,
+    7.5, 10.0, 15.0, 20.0, 30.0, 60.0,
 ];
 
 /// The process's recorder, installed on first use.
