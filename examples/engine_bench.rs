@@ -69,6 +69,12 @@ fn main() -> anyhow::Result<()> {
         .and_then(|i| args.get(i + 1).cloned());
     let model_path = resolve_model_path(None)?;
     let model = load_model(&model_path)?;
+    // The CPU kernels' crossover is measured once per process (~0.1–0.2 s), at a node's start;
+    // here too, before anything is timed, and printed.
+    eprintln!(
+        "cpu kernels: {}",
+        flotilla::kernels::cpu::matmul::crossover()
+    );
     let bytes_per_step = model.weights.bytes_per_decode_step();
     let mut e = Engine::new(
         Arc::clone(&model.weights),
