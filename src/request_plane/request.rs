@@ -785,6 +785,16 @@ mod tests {
         )
     }
 
+    /// The router's pick of `worker` (no hand-off, no pull).
+    fn on(worker: &str) -> Result<Option<Placement>, RequestError> {
+        Ok(Some(Placement {
+            worker: w(worker),
+            hand_off: false,
+            fetch: None,
+            terms: None,
+        }))
+    }
+
     fn w(s: &str) -> WorkerId {
         WorkerId::new(s)
     }
@@ -854,12 +864,7 @@ mod tests {
             matches!(effects.last(), Some(RequestEffect::Route(_))),
             "{effects:?}"
         );
-        c.picked(Ok(Some(Placement {
-            worker: w(worker),
-            hand_off: false,
-            fetch: None,
-            terms: None,
-        })));
+        c.picked(on(worker));
         let id = match c.take_effects().as_slice() {
             [RequestEffect::Submit { worker: to, job }] if *to == w(worker) => job.request,
             other => panic!("{other:?}"),
@@ -983,12 +988,7 @@ mod tests {
         // Next time the router names another worker: cancelled there, submitted here.
         c.worker_joined();
         let _ = c.take_effects();
-        c.picked(Ok(Some(Placement {
-            worker: w("b/replica-0"),
-            hand_off: false,
-            fetch: None,
-            terms: None,
-        })));
+        c.picked(on("b/replica-0"));
         let effects = c.take_effects();
         assert!(effects.iter().any(
             |e| matches!(e, RequestEffect::Cancel { worker, key } if *worker == w("a/replica-0") && key.1 == first)
@@ -1033,12 +1033,7 @@ mod tests {
         };
         c.event(first, token(0));
         let _ = c.take_effects();
-        c.picked(Ok(Some(Placement {
-            worker: w("b/replica-0"),
-            hand_off: false,
-            fetch: None,
-            terms: None,
-        })));
+        c.picked(on("b/replica-0"));
         match c.take_effects().as_slice() {
             [RequestEffect::ReleasePlacement(key)] if key.1 == asked => {}
             other => panic!("only the granted move released: {other:?}"),
@@ -1124,12 +1119,7 @@ mod tests {
             _ => None,
         });
         assert!(!route.expect("decode placement").remote_prefill);
-        c.picked(Ok(Some(Placement {
-            worker: w("d/replica-0"),
-            hand_off: false,
-            fetch: None,
-            terms: None,
-        })));
+        c.picked(on("d/replica-0"));
         let decode = match c.take_effects().as_slice() {
             [RequestEffect::Submit { job, .. }] => {
                 assert_eq!(
@@ -1204,12 +1194,7 @@ mod tests {
             _ => None,
         });
         assert!(job.is_none(), "routed first: {effects:?}");
-        c.picked(Ok(Some(Placement {
-            worker: w("b/replica-0"),
-            hand_off: false,
-            fetch: None,
-            terms: None,
-        })));
+        c.picked(on("b/replica-0"));
         let (second, echo) = match c.take_effects().as_slice() {
             [RequestEffect::Submit { job, .. }] => (job.request, job.sampling.echo_tokens),
             other => panic!("{other:?}"),
@@ -1225,12 +1210,7 @@ mod tests {
         // Lost after the first token: the prompt was all passed on, so no more echo.
         c.event(second, TokenEventKind::Lost { reason: "y".into() });
         let _ = c.take_effects();
-        c.picked(Ok(Some(Placement {
-            worker: w("c/replica-0"),
-            hand_off: false,
-            fetch: None,
-            terms: None,
-        })));
+        c.picked(on("c/replica-0"));
         match c.take_effects().as_slice() {
             [RequestEffect::Submit { job, .. }] => {
                 assert_eq!(job.sampling.echo_tokens, 0);
