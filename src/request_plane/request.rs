@@ -106,6 +106,8 @@ struct Attempt {
     last_check_ms: u64,
     /// A prefill-only attempt (disaggregated): it ends with a hand-off.
     hand_off: bool,
+    /// It pulls KV from another worker (a peer pull or a hand-off): never moved while queued.
+    pulls: bool,
 }
 
 /// A placement in progress: asked the router, or submitting.
@@ -253,7 +255,7 @@ impl RequestCore {
         let Some(a) = self.attempt.as_ref() else {
             return;
         };
-        if a.admitted || a.first_token_seen || a.hand_off {
+        if a.admitted || a.first_token_seen || a.hand_off || a.pulls {
             return;
         }
         let old = a.id;
@@ -382,6 +384,7 @@ impl RequestCore {
             last_event_ms: self.clock.wall_ms(),
             last_check_ms: 0,
             hand_off: job.hand_off,
+            pulls: job.fetch.is_some() || job.remote_kv.is_some(),
         });
         self.effects
             .push(RequestEffect::Fleet(FleetEventKind::Placed {
