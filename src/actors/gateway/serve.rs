@@ -13,7 +13,7 @@
 //! for each choice's first event, so that a refusal (no worker: 503; can never fit: 400) is
 //! an HTTP status before any stream header → stream or collect.
 //!
-//! A list of prompts on `/v1/completions` (case B23) is one request of prompts × `n` choices,
+//! A list of prompts on `/v1/completions` is one request of prompts × `n` choices,
 //! prompt-major (`index = prompt_index × n + j`): every prompt is tokenized and checked against
 //! the context before any choice starts (a refusal names `prompt[i]`, and nothing reaches a
 //! worker), then each choice is its own Request actor, placed on its own, so the prompts of one
@@ -131,7 +131,7 @@ async fn wait_for_capacity(s: &GatewayShared, serving: &Serving) -> Result<(), R
         return Ok(());
     };
     // Only a planner that acts brings a worker up: without one, a fleet with no worker
-    // refuses at once (B15), as admission and the router decide.
+    // refuses at once with a 503 instead of waiting, as admission and the router decide.
     if serving.pin.is_some()
         || !waits_for_capacity(&fleet, planner_may_act(&fleet), serving.cold_start_timeout)
     {

@@ -1,4 +1,4 @@
-//! Request headers that change how a body must be read (case B25), honoured or refused by name
+//! Request headers that change how a body must be read, honoured or refused by name
 //! on every route of the gateway and of a worker's face, before any route runs:
 //!
 //! - **`Content-Encoding`**: `gzip` (and its alias `x-gzip`), `deflate` (zlib, as HTTP means
