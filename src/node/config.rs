@@ -94,7 +94,8 @@ pub struct SchedulerSection {
     /// newcomer's prefill delays running streams by at most about this much per token; at
     /// least one KV block of prefill still runs per step. Steps without decodes use the whole
     /// `worker.max_num_batched_tokens` budget, as does every step until the model has samples
-    /// enough. 0 = off (the token budget alone). Default 200, chosen by a sweep on the
+    /// enough, and so does a migrated stream's recompute (its client is already waiting longer
+    /// than this). 0 = off (the token budget alone). Default 200, chosen by a sweep on the
     /// project's 2-core VM (`docs/benchmarks.md`, "Stall-free batching"): about 4× the
     /// decode-only step there (45–50 ms at 4 streams); 100 ms left room for no more than the
     /// one-block minimum beside the decodes (ITL p50 tripled, throughput −38 %), while 200 ms

@@ -143,6 +143,13 @@ pub struct SeqRequest {
     /// admission ([`BlockPool::allocate_uncached`]), so that every prompt position is computed
     /// and yields its logits; nor are lower tiers onboarded.
     pub uncached: bool,
+    /// A migrated stream: its client already has tokens and the prompt holds them, so its
+    /// prefill is a recompute during which the stream is stalled. Stall-free batching does
+    /// not cut its chunks (only the token budget does): the limit bounds how long a newcomer's
+    /// prefill may stall running streams, and this one's own stall is already longer than
+    /// that; cut to one block per step beside decodes, its recompute took several steps and
+    /// the next fault often came first.
+    pub resumed: bool,
 }
 
 pub use crate::request_plane::protocol::FinishReason;
@@ -248,6 +255,8 @@ struct SeqEntry {
     report_cached: bool,
     /// See [`SeqRequest::uncached`].
     uncached: bool,
+    /// See [`SeqRequest::resumed`].
+    resumed: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -316,6 +325,16 @@ impl StallLimit {
         if n < want {
             self.capped = true;
         }
+        if n > 0 {
+            self.shape.add(start, n);
+            self.prefill += n;
+        }
+        n
+    }
+
+    /// Counts a chunk that the limit does not cut (a resumed stream's, see
+    /// [`SeqRequest::resumed`]) in the step, so that later chunks see it.
+    fn take(&mut self, start: usize, n: usize) -> usize {
         if n > 0 {
             self.shape.add(start, n);
             self.prefill += n;
@@ -427,6 +446,7 @@ impl SchedulerCore {
                 hand_off: req.hand_off,
                 report_cached: false,
                 uncached: req.uncached,
+                resumed: req.resumed,
             },
         );
         // After every waiting sequence of its class that has waited at least as long.
@@ -452,7 +472,8 @@ impl SchedulerCore {
     /// keep the step's predicted time within `max_decode_stall_ms` — but the step's prefill
     /// always gets at least one KV block's worth of tokens (or what is left of the budget), so
     /// that prefills progress whatever the model says, and an admitted sequence at least one
-    /// token. Without decode rows, or without a model, only the token budget applies.
+    /// token. Without decode rows, or without a model, only the token budget applies; nor
+    /// does the limit cut a resumed stream's chunks ([`SeqRequest::resumed`]).
     ///
     /// # Errors
     /// [`SchedulerError::StepInFlight`] while a step is out; [`SchedulerError::Pool`] means
@@ -515,7 +536,11 @@ impl SchedulerCore {
             }
             let mut chunk = (e.prefill_len - e.num_computed).min(budget);
             if let Some(limit) = stall.as_mut() {
-                chunk = limit.chunk(e.num_computed, chunk, 0);
+                chunk = if e.resumed {
+                    limit.take(e.num_computed, chunk)
+                } else {
+                    limit.chunk(e.num_computed, chunk, 0)
+                };
                 if chunk == 0 {
                     break;
                 }
@@ -536,10 +561,10 @@ impl SchedulerCore {
                 break;
             };
             let s = head.seq;
-            if stall.as_mut().is_some_and(|l| !l.admits()) {
+            let entry = &self.seqs[&s];
+            if !entry.resumed && stall.as_mut().is_some_and(|l| !l.admits()) {
                 break;
             }
-            let entry = &self.seqs[&s];
             let alloc = if entry.uncached && entry.remote == Remote::None {
                 self.pool.allocate_uncached(s, &entry.tokens)
             } else if entry.remote == Remote::None {
@@ -591,7 +616,11 @@ impl SchedulerCore {
             }
             let mut chunk = (e.prefill_len - e.num_computed).min(budget);
             if let Some(limit) = stall.as_mut() {
-                chunk = limit.chunk(e.num_computed, chunk, 1);
+                chunk = if e.resumed {
+                    limit.take(e.num_computed, chunk)
+                } else {
+                    limit.chunk(e.num_computed, chunk, 1)
+                };
             }
             entries.push(self.entry(s, chunk, Some(alloc.cached_tokens)));
             budget -= chunk;

@@ -667,6 +667,38 @@ fn without_decodes_or_without_a_model_the_token_budget_alone_applies() {
 }
 
 #[test]
+fn a_resumed_stream_recomputes_in_one_step_beside_decodes() {
+    // A decode-only step is already predicted above the limit: a newcomer gets one block
+    // (4 tokens) per step, a migrated stream (resumed) its whole recompute in one step.
+    let slow = StepCost {
+        base_ms: 100.0,
+        ..LINEAR
+    };
+    for (resumed, chunks) in [(false, vec![4, 4, 4, 4, 4]), (true, vec![20])] {
+        let mut c = core(128, 4, stall_cfg(512, 50));
+        let mut pos = HashMap::new();
+        c.add(req(1, vec![1, 2, 3], 100)).expect("add");
+        step_with(&mut c, Some(&slow), &mut pos);
+        c.add(SeqRequest {
+            resumed,
+            ..req(2, (0..20).collect(), 4)
+        })
+        .expect("add");
+        let mut got = Vec::new();
+        loop {
+            let b = step_with(&mut c, Some(&slow), &mut pos);
+            assert_eq!(b.entries[0].token_ids.len(), 1, "the decode row runs");
+            let e = b.entries.iter().find(|e| e.seq == SeqId(2)).expect("seq 2");
+            got.push(e.token_ids.len());
+            if e.sample {
+                break;
+            }
+        }
+        assert_eq!(got, chunks, "resumed {resumed}");
+    }
+}
+
+#[test]
 fn a_model_that_allows_nothing_still_lets_one_block_through() {
     // Even a decode-only step is predicted above the limit: one block (4 tokens) per step.
     let slow = StepCost {

@@ -666,6 +666,8 @@ impl WorkerCore {
             class: req.class,
             // Prompt log-probabilities need every prompt position computed here.
             uncached: req.sampling.echo_tokens > 0 && remote.is_none(),
+            // A migrated stream re-prefills what its client already has.
+            resumed: req.sampling.offset > 0 && remote.is_none(),
             seq,
             prompt: req.prompt,
             max_tokens: req.max_tokens as usize,
