@@ -10,6 +10,9 @@
 //!   copies a driver carries out ([`TierCopy`]), [`TierConfig`]; `pool_tiers.rs` — the
 //!   pool's methods over them.
 //! - `lease.rs` — [`SeqLease`]: the value that stands for a sequence's blocks; drop-safe.
+//! - `memory.rs` — the KV memory itself: [`memory::KvMemory`] (one registrable region per
+//!   pool), its layout, kinds (host or staged device memory), leases and epochs; the engines
+//!   allocate in it and the transport moves its bytes.
 //! - `events.rs` — [`KvEvent`] and friends (serde), [`EventReplay`] (reference consumer).
 //! - `vllm.rs` — vLLM's KV event wire format (MessagePack) and [`vllm::Translator`], which
 //!   turns an external engine's events into Flotilla's.
@@ -69,6 +72,7 @@ pub mod eviction;
 pub mod faults;
 pub mod hash;
 mod lease;
+pub mod memory;
 pub mod pool;
 mod pool_tiers;
 pub mod tiers;

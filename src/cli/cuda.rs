@@ -310,7 +310,7 @@ impl std::fmt::Display for Handoff {
 
 /// KV blocks handed between engines through the node transport: prefills `prompt` on an engine
 /// on `src`, pulls its blocks (to other block ids) over the TCP backend into an engine on each
-/// of `dsts` (device pools are staged through host memory: `transport/region.rs`, "Memory
+/// of `dsts` (device pools are staged through host memory: `kv/memory.rs`, "Memory
 /// kinds"), then decodes `n` greedy tokens there from the pulled KV alone and compares them
 /// with the source's own continuation. Finally drops the source engine and checks that a pull
 /// from its still-registered region fails instead of reading freed memory.

@@ -7,14 +7,14 @@
 //! which sequence is decided outside (block tables); this type only stores values.
 //!
 //! The memory may be shared with a transport (`Arc<KvMemory>`), which reads and writes only
-//! blocks the block manager pinned for a transfer (see `transport/region.rs`); this type is
+//! blocks the block manager pinned for a transfer (see `kv/memory.rs`); this type is
 //! the only one that makes Rust references into it, and only through `&self` / `&mut self`.
 
 use std::ops::Range;
 use std::sync::Arc;
 
+use crate::kv::memory::{KvLayout, KvMemory};
 use crate::runtime::ids::BlockId;
-use crate::transport::{KvLayout, KvMemory};
 
 /// Default tokens per block.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;

@@ -10,8 +10,9 @@
 //!
 //! Files:
 //! - `actor.rs` — [`TransportActor`], the node tree's supervised face of the node's transport.
-//! - `region.rs` — [`KvMemory`] (registrable memory), [`RegionId`] and epochs, [`KvLayout`]
-//!   and the byte runs ([`Segment`]) a block list becomes.
+//! - the memory it moves is the KV plane's (`kv/memory.rs`, re-exported here): [`KvMemory`]
+//!   (registrable memory), [`RegionId`] and epochs, [`KvLayout`] and the byte runs
+//!   ([`Segment`]) a block list becomes.
 //! - `ucx/` — the UCX backend (`ucx/sys.rs`: generated bindings, loaded at run time).
 //! - `tcp.rs` — the TCP backend: a server per node, windowed pipelined reads.
 //! - `faults.rs` — the chaos filters a pull passes: delay, drop, partition.
@@ -23,14 +24,13 @@
 //! it.
 //!
 //! # Stale memory is never read
-//! A region is registered under a fresh epoch ([`region::next_epoch`]). The newest epoch heard
+//! A region is registered under a fresh epoch ([`next_epoch`]). The newest epoch heard
 //! for each owner (from descriptors learned through Discovery or pulls) is kept; a pull that
 //! names an older one fails with [`TransportError::Stale`] before any byte moves, and a TCP
 //! server refuses any epoch but the one it holds.
 
 mod actor;
 pub mod faults;
-pub mod region;
 pub mod tcp;
 pub mod ucx;
 
@@ -41,12 +41,12 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::kv::memory::{
+    DeviceAccess, KvLayout, KvMemory, MemoryError, MemoryKind, MemoryLease, Preregistered,
+    RegionId, Segment, next_epoch,
+};
 pub use actor::{TransportActor, TransportMsg, local};
 pub use faults::{TransferFaults, TransferVerdict};
-pub use region::{
-    DeviceAccess, KvLayout, KvMemory, MemoryKind, MemoryLease, Preregistered, RegionId, Segment,
-    next_epoch,
-};
 
 /// Why a transfer did not happen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -98,6 +98,24 @@ pub enum TransportError {
         /// Its kind (`AddrInUse`: the port is taken).
         kind: std::io::ErrorKind,
     },
+}
+
+impl From<MemoryError> for TransportError {
+    fn from(e: MemoryError) -> Self {
+        match e {
+            MemoryError::Layout(m) => Self::Layout(m),
+            MemoryError::OutOfRange {
+                offset,
+                len,
+                region,
+            } => Self::OutOfRange {
+                offset,
+                len,
+                region,
+            },
+            MemoryError::Backend(m) => Self::Backend(m),
+        }
+    }
 }
 
 /// Which backend moves the bytes.
@@ -408,7 +426,7 @@ impl Transport {
             // Staged host memory (the GPU pass's CPU twins) is reached through copies only.
             (Some(_), None) if memory.is_staged() && memory.kind() == MemoryKind::Host => None,
             // Device memory that this UCX cannot map is served over TCP, staged through host
-            // buffers (see `region.rs`, "Memory kinds").
+            // buffers (see `kv/memory.rs`, "Memory kinds").
             (Some(u), None) if memory.is_staged() => match u.register(memory.clone()).await {
                 Ok(r) => Some((r, true)),
                 Err(e) => {

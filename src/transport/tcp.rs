@@ -12,7 +12,7 @@
 //!   range out of bounds). A refusal ends the connection.
 //!
 //! Received bytes go through a bounce buffer into the destination region
-//! ([`KvMemory::write_from`]), never through a reference into it (see `region.rs`).
+//! ([`KvMemory::write_from`]), never through a reference into it (see `kv/memory.rs`).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -25,7 +25,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use super::TransportError;
-use super::region::{KvMemory, RegionId, Segment};
+use super::{KvMemory, RegionId, Segment};
 
 /// Largest request (bytes of segments) one read asks for.
 pub const CHUNK_BYTES: u64 = 4 << 20;

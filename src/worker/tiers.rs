@@ -9,7 +9,7 @@
 //! device memory on a GPU, reached through its copies), shared as the transport shares it: a
 //! copy reads a G1 block that its table keeps whole until the copy returns, or writes a block
 //! of a sequence that is not scheduled until then — the pinning contract of
-//! `transport/region.rs`, which the pool's lanes guarantee.
+//! `kv/memory.rs`, which the pool's lanes guarantee.
 //!
 //! # G3 segment
 //! `<kv_disk_dir>/<worker>.kvseg`, `disk_blocks` records of `RECORD_HEADER + bytes_per_block`

@@ -24,12 +24,12 @@ use super::plan::StepPlan;
 use super::twin;
 use crate::kernels::quant::{MatrixData, WeightMatrix};
 use crate::kernels::{AttnGeometry, RopeLayout};
-use crate::transport::{DeviceAccess, MemoryKind, MemoryLease};
+use crate::kv::memory::{DeviceAccess, MemoryKind, MemoryLease};
 
 /// A KV pool on the device as the transport reaches it: synchronous `cuMemcpyDtoH` /
 /// `cuMemcpyHtoD` on the engine's context (made current on the calling thread), each under the
 /// engine's lease. They do not wait for the engine's stream: by the pinning contract
-/// (`transport/region.rs`) the blocks moved were written by steps that have finished (every
+/// (`kv/memory.rs`) the blocks moved were written by steps that have finished (every
 /// step ends by reading its logits back) and no kernel touches them meanwhile.
 struct CudaAccess {
     ctx: Arc<CudaContext>,

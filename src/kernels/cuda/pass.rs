@@ -17,8 +17,8 @@ use super::plan::StepPlan;
 use super::twin;
 use crate::kernels::quant::{MatrixData, WeightMatrix};
 use crate::kernels::{AttnGeometry, RopeLayout};
-use crate::transport::region::LeasedHost;
-use crate::transport::{DeviceAccess, MemoryKind, MemoryLease};
+use crate::kv::memory::LeasedHost;
+use crate::kv::memory::{DeviceAccess, MemoryKind, MemoryLease};
 
 /// How prefill matrix products (more rows than one decode GEMV takes) are computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -257,7 +257,7 @@ impl DeviceOps for HostOps {
     ) -> Option<(NonNull<u8>, MemoryKind, Box<dyn DeviceAccess>)> {
         let ptr = NonNull::new(pools.as_ptr() as *mut u8)?;
         // SAFETY: the pools never grow or move, and their engine revokes `lease` before it
-        // frees them; KV bytes are accessed under the pinning contract (`transport/region.rs`).
+        // frees them; KV bytes are accessed under the pinning contract (`kv/memory.rs`).
         let access = unsafe { LeasedHost::new(ptr, lease.clone()) };
         Some((ptr, MemoryKind::Host, Box::new(access)))
     }

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use tokio::sync::oneshot;
 
-use super::region::{KvMemory, MemoryKind, Preregistered, Segment};
+use super::{KvMemory, MemoryKind, Preregistered, Segment};
 use super::{TransportError, UcxRemote};
 use sys::*;
 

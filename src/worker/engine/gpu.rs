@@ -7,7 +7,7 @@
 //! block is `2 · n_layers` runs at the same offsets on either side (tiers and the transport
 //! move it with `copy_runs`). Plain device allocations, no managed memory. The pools are
 //! offered to the node's transport as staged memory ([`DeviceRunner::kv_memory`],
-//! `transport/region.rs` "Memory kinds"), under a lease the engine revokes before freeing them.
+//! `kv/memory.rs` "Memory kinds"), under a lease the engine revokes before freeing them.
 
 use std::sync::Arc;
 

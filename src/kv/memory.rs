@@ -1,4 +1,6 @@
-//! Registered memory: the bytes a transport may read or write, their identity and layout.
+//! Registered KV memory: the bytes a transport may read or write, their identity and layout.
+//! The KV plane owns it (the engines allocate their pools in it); the transport
+//! (`crate::transport`) registers it and moves its bytes, it does not own it.
 //!
 //! A KV pool lives in one [`KvMemory`] allocation, laid out `[layer][K, V][block][bytes]`
 //! ([`KvLayout`]), so one registration (one UCX rkey) covers a whole replica's KV and a block is
@@ -25,14 +27,14 @@
 //! buffer that way; UCX reads CUDA memory in place only when it registers it as CUDA memory
 //! itself (a UCX built with `cuda_copy` / `cuda_ipc` / `gdr_copy`), and otherwise the region
 //! is served over TCP. Staged memory is not owned by its [`KvMemory`]: the owner frees it after
-//! [`MemoryLease::revoke`], and copies after that fail with [`super::TransportError::Backend`]
+//! [`MemoryLease::revoke`], and copies after that fail with [`MemoryError::Backend`]
 //! instead of touching freed memory.
 //!
 //! # Epochs
 //! Each registration gets a fresh [`RegionId::epoch`] (a process-wide counter seeded by the wall
 //! clock, so it also grows across restarts). A replica that restarts registers new memory under
 //! a new epoch; a pull naming an older epoch than the one its owner published is refused
-//! ([`super::TransportError::Stale`]), and the TCP server refuses any epoch it does not hold.
+//! (the transport's `TransportError::Stale`), and the TCP server refuses any epoch it does not hold.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
@@ -41,7 +43,27 @@ use std::sync::{RwLock, RwLockReadGuard};
 
 use serde::{Deserialize, Serialize};
 
-use super::TransportError;
+/// Why a region could not be made, read or written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MemoryError {
+    /// The two pools' geometries differ, a block is out of range, or a region is empty or
+    /// too large to allocate.
+    #[error("layout: {0}")]
+    Layout(String),
+    /// A byte range leaves its region.
+    #[error("range {offset}+{len} leaves a region of {region} bytes")]
+    OutOfRange {
+        /// Offset (bytes).
+        offset: u64,
+        /// Length (bytes).
+        len: u64,
+        /// Region size (bytes).
+        region: u64,
+    },
+    /// A staged copy failed (the device refused it, or the memory was revoked).
+    #[error("backend: {0}")]
+    Backend(String),
+}
 
 /// Alignment of a [`KvMemory`] allocation: a page, as RDMA registration prefers.
 const ALIGN: usize = 4096;
@@ -239,17 +261,17 @@ impl KvMemory {
     /// Allocates `len` zeroed bytes (`len` ≥ 1) on the heap.
     ///
     /// # Errors
-    /// [`TransportError::Layout`] when `len` is 0 or too large to allocate.
-    pub fn zeroed(len: usize) -> Result<Self, TransportError> {
+    /// [`MemoryError::Layout`] when `len` is 0 or too large to allocate.
+    pub fn zeroed(len: usize) -> Result<Self, MemoryError> {
         let layout = Layout::from_size_align(len.max(1), ALIGN)
-            .map_err(|e| TransportError::Layout(format!("{len} bytes: {e}")))?;
+            .map_err(|e| MemoryError::Layout(format!("{len} bytes: {e}")))?;
         if len == 0 {
-            return Err(TransportError::Layout("an empty region".into()));
+            return Err(MemoryError::Layout("an empty region".into()));
         }
         // SAFETY: `layout` has a non-zero size (checked above).
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(raw)
-            .ok_or_else(|| TransportError::Layout(format!("cannot allocate {len} bytes")))?;
+            .ok_or_else(|| MemoryError::Layout(format!("cannot allocate {len} bytes")))?;
         Ok(Self {
             ptr,
             len,
@@ -285,15 +307,15 @@ impl KvMemory {
     /// `access` holds.
     ///
     /// # Errors
-    /// [`TransportError::Layout`] for an empty region.
+    /// [`MemoryError::Layout`] for an empty region.
     pub fn staged(
         addr: NonNull<u8>,
         len: usize,
         kind: MemoryKind,
         access: Box<dyn DeviceAccess>,
-    ) -> Result<Self, TransportError> {
+    ) -> Result<Self, MemoryError> {
         if len == 0 {
-            return Err(TransportError::Layout("an empty region".into()));
+            return Err(MemoryError::Layout("an empty region".into()));
         }
         Ok(Self {
             ptr: addr,
@@ -344,13 +366,13 @@ impl KvMemory {
     /// No one may write these bytes during the call (the pinning contract).
     ///
     /// # Errors
-    /// [`TransportError::OutOfRange`] when the range leaves the region.
-    pub unsafe fn read_into(&self, offset: usize, out: &mut [u8]) -> Result<(), TransportError> {
+    /// [`MemoryError::OutOfRange`] when the range leaves the region.
+    pub unsafe fn read_into(&self, offset: usize, out: &mut [u8]) -> Result<(), MemoryError> {
         self.check(offset, out.len())?;
         if let Backing::Staged { kind, access } = &self.backing {
             return access
                 .read(offset, out)
-                .map_err(|e| TransportError::Backend(format!("{kind} read: {e}")));
+                .map_err(|e| MemoryError::Backend(format!("{kind} read: {e}")));
         }
         // SAFETY: in bounds (checked); the caller guarantees no concurrent writer.
         unsafe { copy_out(self.ptr, offset, out) };
@@ -363,13 +385,13 @@ impl KvMemory {
     /// No one else may access these bytes during the call (the pinning contract).
     ///
     /// # Errors
-    /// [`TransportError::OutOfRange`] when the range leaves the region.
-    pub unsafe fn write_from(&self, offset: usize, data: &[u8]) -> Result<(), TransportError> {
+    /// [`MemoryError::OutOfRange`] when the range leaves the region.
+    pub unsafe fn write_from(&self, offset: usize, data: &[u8]) -> Result<(), MemoryError> {
         self.check(offset, data.len())?;
         if let Backing::Staged { kind, access } = &self.backing {
             return access
                 .write(offset, data)
-                .map_err(|e| TransportError::Backend(format!("{kind} write: {e}")));
+                .map_err(|e| MemoryError::Backend(format!("{kind} write: {e}")));
         }
         // SAFETY: in bounds (checked); the caller guarantees exclusive access to the range.
         unsafe { copy_in(self.ptr, offset, data) };
@@ -384,7 +406,7 @@ impl KvMemory {
     /// destination range; the two ranges do not overlap.
     ///
     /// # Errors
-    /// [`TransportError::OutOfRange`] when a range leaves its region; a staged side's copy
+    /// [`MemoryError::OutOfRange`] when a range leaves its region; a staged side's copy
     /// error.
     pub unsafe fn copy_to(
         &self,
@@ -393,7 +415,7 @@ impl KvMemory {
         dst_offset: usize,
         len: usize,
         scratch: &mut Vec<u8>,
-    ) -> Result<(), TransportError> {
+    ) -> Result<(), MemoryError> {
         self.check(offset, len)?;
         dst.check(dst_offset, len)?;
         if !self.is_staged() && !dst.is_staged() {
@@ -416,10 +438,10 @@ impl KvMemory {
         }
     }
 
-    fn check(&self, offset: usize, len: usize) -> Result<(), TransportError> {
+    fn check(&self, offset: usize, len: usize) -> Result<(), MemoryError> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),
-            _ => Err(TransportError::OutOfRange {
+            _ => Err(MemoryError::OutOfRange {
                 offset: offset as u64,
                 len: len as u64,
                 region: self.len as u64,
@@ -517,15 +539,15 @@ impl KvLayout {
     /// on both sides.
     ///
     /// # Errors
-    /// [`TransportError::Layout`] when the two pools differ in layers or block bytes, or a block
+    /// [`MemoryError::Layout`] when the two pools differ in layers or block bytes, or a block
     /// id is out of its pool.
     pub fn segments(
         &self,
         dst: &KvLayout,
         pairs: &[(u32, u32)],
-    ) -> Result<Vec<Segment>, TransportError> {
+    ) -> Result<Vec<Segment>, MemoryError> {
         if self.n_layers != dst.n_layers || self.block_bytes != dst.block_bytes {
-            return Err(TransportError::Layout(format!(
+            return Err(MemoryError::Layout(format!(
                 "source has {} layers × {} B blocks, destination {} × {} B",
                 self.n_layers, self.block_bytes, dst.n_layers, dst.block_bytes
             )));
@@ -534,7 +556,7 @@ impl KvLayout {
             .iter()
             .find(|&&(s, d)| s >= self.num_blocks || d >= dst.num_blocks)
         {
-            return Err(TransportError::Layout(format!(
+            return Err(MemoryError::Layout(format!(
                 "block pair ({s} → {d}) out of range ({} source, {} destination blocks)",
                 self.num_blocks, dst.num_blocks
             )));
@@ -612,15 +634,15 @@ mod tests {
         };
         assert!(matches!(
             L.segments(&other, &[(0, 0)]),
-            Err(TransportError::Layout(_))
+            Err(MemoryError::Layout(_))
         ));
         assert!(matches!(
             L.segments(&L, &[(8, 0)]),
-            Err(TransportError::Layout(_))
+            Err(MemoryError::Layout(_))
         ));
         assert!(matches!(
             L.segments(&L, &[(0, 8)]),
-            Err(TransportError::Layout(_))
+            Err(MemoryError::Layout(_))
         ));
     }
 
@@ -656,7 +678,7 @@ mod tests {
             m.write_from(250, &[9; 6]).expect("in range");
             assert!(matches!(
                 m.write_from(251, &[9; 6]),
-                Err(TransportError::OutOfRange { .. })
+                Err(MemoryError::OutOfRange { .. })
             ));
             let mut out = [0u8; 8];
             m.read_into(248, &mut out).expect("in range");
