@@ -556,6 +556,13 @@ pub async fn run(
         .iter()
         .filter_map(|f| f.back_to_capacity_ms.map(|x| x as f64))
         .collect();
+    let shown = problems.len();
+    if lost + mismatched > shown {
+        problems.push(format!(
+            "… and {} more lost or changed request(s) (the first {shown} are shown)",
+            lost + mismatched - shown
+        ));
+    }
     Ok(SoakReport {
         requests: opts.requests,
         completed: opts.requests - lost,
