@@ -10,6 +10,7 @@
 //! - `resilience.rs` — per-node resilience counters and draining flag, panic accounting.
 //! - `signals.rs` — a gateway's cumulative request counts and latency histograms (the
 //!   planner's signals).
+//! - `supervision.rs` — the generic OTP-style supervisor (specs and the supervisor actor).
 
 pub mod clock;
 pub mod cluster;
@@ -20,4 +21,5 @@ pub mod ports;
 pub mod resilience;
 pub mod role;
 pub mod signals;
+pub mod supervision;
 pub mod wire;

@@ -44,11 +44,6 @@ const EXCEPTIONS: &[(&str, &str, &str)] = &[
         "node",
         "the tree's arguments move to the composition root; the tree takes them built",
     ),
-    (
-        "actors",
-        "supervisors",
-        "the generic supervisor (specs, the supervisor actor) sits below the actors, the tree above",
-    ),
 ];
 
 /// One `crate::X` (or root-climbing `super::…::X`) use: the file, its line, the module named.

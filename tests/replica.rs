@@ -19,9 +19,9 @@ use flotilla::request_plane::protocol::{
 use flotilla::request_plane::token_sink::SinkRegistry;
 use flotilla::runtime::ids::{NodeId, RequestId, WorkerId};
 use flotilla::runtime::role::Role;
+use flotilla::runtime::supervision::{Shutdown, Strategy, Supervisor, SupervisorFlags};
 use flotilla::runtime::wire::Wire;
 use flotilla::supervisors::tree::{ReplicaParams, replica};
-use flotilla::supervisors::{Shutdown, Strategy, Supervisor, SupervisorFlags};
 use flotilla::transport::{Transport, TransportActor, TransportConfig};
 use flotilla::worker::engine::{EngineConfig, SamplingParams};
 use flotilla::worker::scheduler::{SchedulerConfig, SchedulerStats, StatsBoard};
@@ -60,7 +60,7 @@ struct Harness {
     node: NodeId,
     worker: WorkerId,
     registry: SinkRegistry,
-    sup: ActorRef<flotilla::supervisors::SupervisorMsg>,
+    sup: ActorRef<flotilla::runtime::supervision::SupervisorMsg>,
     sink: ActorRef<TokenSinkMsg>,
     board: StatsBoard,
 }

@@ -5,7 +5,7 @@
 mod poll;
 
 use crate::poll::poll_until;
-use flotilla::supervisors::{
+use flotilla::runtime::supervision::{
     ChildSpec, Restart, Shutdown, Strategy, Supervisor, SupervisorFlags, SupervisorMsg,
     SupervisorSpec,
 };

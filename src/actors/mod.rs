@@ -19,7 +19,8 @@
 //! - `planner.rs` — sizes the pools every interval from the fleet view; publishes decisions.
 //!
 //! The transport's actor lives with the transport (`transport/actor.rs`), the generic
-//! supervisor with the tree (`supervisors/supervisor.rs`).
+//! supervisor below every actor (`runtime/supervision/`), the node's tree above them
+//! (`supervisors/tree.rs`).
 
 pub mod chaos;
 pub mod discovery;

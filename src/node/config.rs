@@ -399,7 +399,7 @@ impl Default for GatewayConfig {
     }
 }
 
-/// Restart budgets (see `supervisors::spec::SupervisorFlags`).
+/// Restart budgets (see `runtime::supervision::SupervisorFlags`).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct SupervisionConfig {

@@ -57,9 +57,9 @@ mod spawn;
 
 pub use args::{ReplicaParams, first_request_id};
 
-use super::spec::{ChildSpec, Strategy, SupervisorFlags, SupervisorSpec};
 use crate::node::context::NodeContext;
 use crate::runtime::role::NodeRole;
+use crate::runtime::supervision::{ChildSpec, Strategy, SupervisorFlags, SupervisorSpec};
 use std::time::Duration;
 
 /// Restart budget of each replica: at most this many restarts within this window.

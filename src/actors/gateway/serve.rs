@@ -61,7 +61,7 @@ use crate::request_plane::protocol::TokenEventKind;
 use crate::request_plane::router::policy::Policy;
 use crate::runtime::ids::RequestId;
 use crate::runtime::resilience::NodeStats;
-use crate::supervisors::{ChildSpec, Restart, Shutdown, SupervisorMsg};
+use crate::runtime::supervision::{ChildSpec, Restart, Shutdown, SupervisorMsg};
 use crate::worker::engine::SamplingParams;
 use axum::Json;
 use axum::body::Body;

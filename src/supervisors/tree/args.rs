@@ -16,7 +16,7 @@ use crate::node::context::NodeContext;
 use crate::request_plane::token_sink::SinkRegistry;
 use crate::runtime::ids::WorkerId;
 use crate::runtime::role::NodeRole;
-use crate::supervisors::{Shutdown, SupervisorFlags};
+use crate::runtime::supervision::{Shutdown, SupervisorFlags};
 use crate::worker::engine::EngineConfig;
 use crate::worker::engine::sim::SimProfile;
 use crate::worker::scheduler::{DisaggWorker, SchedulerConfig, SimTransfer};

@@ -13,7 +13,7 @@ use crate::actors::scheduler::{Scheduler, SchedulerArgs};
 use crate::actors::token_sink::TokenSink;
 use crate::node::context::NodeContext;
 use crate::request_plane::protocol::{Owner, sink_name};
-use crate::supervisors::spec::{ChildSpec, StartFn};
+use crate::runtime::supervision::spec::{ChildSpec, StartFn};
 use crate::worker::engine::sim::{SimEngine, SimEngineArgs};
 use crate::worker::engine::{ChaosArgs, ChaosEngine, TransformerArgs, TransformerEngine};
 use ractor::{Actor, ActorCell, ActorRef, SpawnErr};
