@@ -39,11 +39,6 @@ const EXCEPTIONS: &[(&str, &str, &str)] = &[
         "node",
         "each plane owns its configuration section; sim reads the sections, not the node's Config",
     ),
-    (
-        "supervisors",
-        "node",
-        "the tree's arguments move to the composition root; the tree takes them built",
-    ),
 ];
 
 /// One `crate::X` (or root-climbing `super::…::X`) use: the file, its line, the module named.

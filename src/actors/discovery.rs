@@ -69,6 +69,7 @@ pub enum DiscoveryMsg {
 }
 
 /// What Discovery needs to start.
+#[derive(Clone)]
 pub struct DiscoveryArgs {
     /// This node's name.
     pub node_id: NodeId,

@@ -1,7 +1,6 @@
 //! What a node's supervision tree is built from: [`NodeContext`], made once by
-//! `node::start` and cloned into every start function of the tree (`supervisors/tree.rs`).
-//! Kept apart from `node.rs` so that the tree does not depend on the node process that
-//! starts it.
+//! `node::start`; `tree_args.rs` turns it into the arguments the tree
+//! (`supervisors/tree.rs`) is started with.
 
 use crate::control::discovery::FleetView;
 use crate::control::discovery::membership::MembershipEvent;

@@ -2,13 +2,15 @@
 //! starts and stops — and what the tree is built from.
 //! - `config.rs` — the typed configuration tree (TOML + env + `--set`); it builds the planes'
 //!   own settings (`From` impls).
-//! - `context.rs` — [`context::NodeContext`]: what the node's supervision tree
-//!   (`supervisors/tree.rs`) is built from.
+//! - `context.rs` — [`context::NodeContext`]: the node's shared parts and configuration;
+//!   `tree_args.rs` builds from it what the supervision tree (`supervisors/tree.rs`) is
+//!   started with.
 //! - this file — start, the ready line, drain, ordered stop.
 
 pub mod config;
 pub mod context;
 mod name_check;
+pub mod tree_args;
 
 use crate::node::config::Config;
 use crate::node::context::NodeContext;
@@ -271,7 +273,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         planner: Default::default(),
         planner_capacity,
     };
-    let spec = tree::node_tree(&ctx);
+    let spec = tree::node_tree(&tree_args::node_tree_args(&ctx));
     let (root, root_task) = match Actor::spawn(spec.actor_name.clone(), Supervisor, spec).await {
         Ok(x) => x,
         Err(e) => {

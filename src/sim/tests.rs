@@ -311,7 +311,7 @@ fn the_simulator_shares_the_live_decision_code() {
         include_str!("../actors/gateway/serve.rs").contains("waits_for_capacity("),
         "the live gateway no longer asks waits_for_capacity"
     );
-    let live = include_str!("../supervisors/tree/args.rs");
+    let live = include_str!("../node/tree_args.rs");
     for shared in [
         "config.admission()",
         "config.migration_policy()",

@@ -29,11 +29,12 @@
 //!       └─ scheduler   continuous batching over the block pool; drives the engine
 //! ```
 //! Every child is permanent. Actor names are registered per node (prefixed by
-//! `NodeContext::prefix`) and are what `/v1/fleet` lists.
+//! `NodeTreeArgs::prefix`) and are what `/v1/fleet` lists.
 //!
-//! This file holds the shape only: each supervisor's flags and its ordered children.
-//! `args.rs` builds what the children are started with from the configuration; `spawn.rs`
-//! turns each into a child spec (the one place that names the actor types).
+//! This file holds the tree: each supervisor's flags and its ordered children, and the child
+//! spec of each leaf (the one place that names the actor types the tree starts). What the
+//! children are started with ([`NodeTreeArgs`]) is built by the composition root from the
+//! configuration (`node/tree_args.rs`); the tree never reads the configuration itself.
 //!
 //! # Restart budgets
 //! Budgets multiply across levels: a replica that spends its budget costs the worker pool
@@ -52,14 +53,29 @@
 //! - `request_sup` ([`REQUEST_BUDGET`]) never restarts anything (every request is
 //!   temporary): a restart there would be a bug, so the first one escalates.
 
-mod args;
-mod spawn;
-
-pub use args::{ReplicaParams, first_request_id};
-
-use crate::node::context::NodeContext;
-use crate::runtime::role::NodeRole;
-use crate::runtime::supervision::{ChildSpec, Strategy, SupervisorFlags, SupervisorSpec};
+use crate::actors::chaos::{Chaos, FaultFilters};
+use crate::actors::discovery::{Discovery, DiscoveryArgs};
+use crate::actors::engine_worker::EngineWorker;
+use crate::actors::gateway::{GatewayArgs, HttpGateway};
+use crate::actors::kv_publisher::{KvEventPublisher, KvPublisherArgs};
+use crate::actors::planner::{PlannerActor, PlannerArgs};
+use crate::actors::router::{KvEventsRelay, Router, RouterArgs, RouterMsg};
+use crate::actors::scheduler::{Scheduler, SchedulerArgs};
+use crate::actors::token_sink::TokenSink;
+use crate::model::LoadedModel;
+use crate::request_plane::protocol::{Owner, sink_name};
+use crate::request_plane::token_sink::SinkRegistry;
+use crate::runtime::ids::{NodeId, WorkerId};
+use crate::runtime::resilience::NodeStats;
+use crate::runtime::supervision::spec::StartFn;
+use crate::runtime::supervision::{ChildSpec, Shutdown, Strategy, SupervisorFlags, SupervisorSpec};
+use crate::worker::engine::EngineConfig;
+use crate::worker::engine::sim::{SimEngine, SimEngineArgs, SimProfile};
+use crate::worker::engine::{ChaosArgs, ChaosEngine, TransformerArgs, TransformerEngine};
+use crate::worker::external::ExternalArgs;
+use crate::worker::scheduler::{DisaggWorker, SchedulerConfig, SimTransfer};
+use ractor::{Actor, ActorCell, ActorRef, SpawnErr};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Restart budget of each replica: at most this many restarts within this window.
@@ -69,137 +85,251 @@ pub const ROUTER_BUDGET: (u32, Duration) = (10, Duration::from_secs(60));
 /// Restart budget of `request_sup`, whose children are all temporary.
 pub const REQUEST_BUDGET: (u32, Duration) = (0, Duration::from_secs(60));
 
+/// The restart budgets and backoff of the node's supervisors (`supervision.*`).
+#[derive(Clone, Copy, Debug)]
+pub struct Budgets {
+    /// The node's own (`supervision.node_max_restarts` in `node_period_ms`).
+    pub node: (u32, Duration),
+    /// The gateway's, the worker pool's and the external engines' (`supervision.max_restarts`
+    /// in `period_ms`).
+    pub inner: (u32, Duration),
+    /// First restart delay (`supervision.backoff_base_ms`), doubling up to `backoff_max`.
+    pub backoff_base: Duration,
+    /// Longest restart delay (`supervision.backoff_max_ms`).
+    pub backoff_max: Duration,
+}
+
+impl Budgets {
+    /// Flags with `strategy`, the budget `(max restarts, window)` and the backoff.
+    pub fn flags(&self, strategy: Strategy, (max, period): (u32, Duration)) -> SupervisorFlags {
+        SupervisorFlags::new(strategy, max, period)
+            .with_backoff(self.backoff_base, self.backoff_max)
+    }
+}
+
+/// Everything the tree is started with, built once per node by the composition root
+/// (`node/tree_args.rs`) from the configuration; roles select the branches (a `None` or
+/// empty branch is not started).
+pub struct NodeTreeArgs {
+    /// Prefix of every registered actor name: `<node>/`.
+    pub prefix: String,
+    /// This node's name.
+    pub node_id: NodeId,
+    /// Process start, ms since the Unix epoch.
+    pub incarnation: u64,
+    /// The node's resilience counters: every supervisor counts its restarts there.
+    pub stats: Arc<NodeStats>,
+    /// Restart budgets and backoff.
+    pub budgets: Budgets,
+    /// How long each child is given to stop (`supervision.shutdown_timeout_ms`).
+    pub shutdown: Shutdown,
+    /// Discovery's arguments.
+    pub discovery: DiscoveryArgs,
+    /// The Chaos actor's arguments.
+    pub chaos: <Chaos as Actor>::Arguments,
+    /// The filters of the faults injected on this node (external engines' publishers read
+    /// theirs).
+    pub fault_filters: FaultFilters,
+    /// The router's arguments (role router).
+    pub router: Option<RouterArgs>,
+    /// The external engines of `router.external_workers` (empty without any).
+    pub external: Vec<ExternalArgs>,
+    /// The gateway's children (role gateway, or a worker with `worker.http`).
+    pub gateway: Option<GatewayParts>,
+    /// The node's KV transport (worker nodes).
+    pub transport: Option<Arc<crate::transport::Transport>>,
+    /// The worker pool's replicas (role worker): `None` for a replica without a model (an
+    /// empty replica supervisor).
+    pub replicas: Option<Vec<Option<ReplicaParams>>>,
+    /// The planner's arguments (role planner).
+    pub planner: Option<PlannerArgs>,
+}
+
+impl NodeTreeArgs {
+    /// Registered name for a node-local actor.
+    pub fn name(&self, base: &str) -> String {
+        format!("{}{}", self.prefix, base)
+    }
+
+    fn flags(&self, strategy: Strategy, budget: (u32, Duration)) -> SupervisorFlags {
+        self.budgets.flags(strategy, budget)
+    }
+}
+
+/// What the gateway's children share: the token sink's registry (also read by the HTTP
+/// actors' serving state) and the HTTP actors' arguments.
+pub struct GatewayParts {
+    /// Per-request token senders, filled by the HTTP actors and read by the token sink.
+    pub registry: SinkRegistry,
+    /// The gateway's HTTP actor's arguments (`None` on a node without the gateway role).
+    pub http: Option<GatewayArgs>,
+    /// The replicas' own faces (`worker.http`): `(k, arguments)`.
+    pub faces: Vec<(u32, GatewayArgs)>,
+}
+
+/// What one replica needs.
+#[derive(Clone)]
+pub struct ReplicaParams {
+    /// Worker id; also the replica supervisor's registered name and the prefix of its
+    /// children's names (`<worker>/kv_publisher`, `<worker>/engine`, `<worker>/scheduler`).
+    pub worker: WorkerId,
+    /// The model, shared read-only by every replica of the process.
+    pub model: Arc<LoadedModel>,
+    /// KV pool geometry.
+    pub engine: EngineConfig,
+    /// Batch limits.
+    pub scheduler: SchedulerConfig,
+    /// The replica supervisor's flags (one_for_all: its parts share device memory).
+    pub flags: SupervisorFlags,
+    /// Shutdown of each part.
+    pub shutdown: Shutdown,
+    /// The filters of the faults injected on this node (its parts read their own).
+    pub faults: FaultFilters,
+    /// How long sequences' owner may be missing before they are aborted
+    /// (`cluster.liveness_timeout_ms`).
+    pub owner_grace: Duration,
+    /// Step watchdog timeout (`worker.step_timeout_ms`).
+    pub step_timeout: Duration,
+    /// Canary period (`worker.canary_interval_ms`).
+    pub canary_interval: Duration,
+    /// `Some((profile, speedup))`: a simulated engine instead of the real one.
+    pub sim: Option<(SimProfile, f64)>,
+    /// The node's resilience counters (restarts, engine hangs).
+    pub stats: Arc<crate::runtime::resilience::NodeStats>,
+    /// Where the scheduler publishes its stats (the node's board).
+    pub board: crate::worker::scheduler::StatsBoard,
+    /// The node's clock.
+    pub clock: crate::runtime::clock::SharedClock,
+    /// The node's fleet event bus.
+    pub bus: crate::request_plane::events::EventBus,
+    /// The node's KV transport: the engine allocates and registers its pools through it.
+    pub transport: Option<Arc<crate::transport::Transport>>,
+    /// The replica's role at start (`worker.role`).
+    pub role: crate::runtime::role::Role,
+    /// Disaggregation settings (`disagg.*`).
+    pub disagg: DisaggWorker,
+    /// On a simulated engine: the modelled KV transfer.
+    pub sim_transfer: Option<SimTransfer>,
+    /// Peer pulls (`worker.peer_pulls`): the cost rule's settings, `None` when off.
+    pub peer_pull: Option<crate::worker::scheduler::PeerPullWorker>,
+    /// The pool's lower KV tiers (`worker.kv_host_blocks`, `kv_disk_*`).
+    pub tiers: crate::kv::TierConfig,
+    /// On a simulated engine: the modelled speed of copies between tiers.
+    pub tier_links: Option<crate::worker::scheduler::SimTierLinks>,
+    /// The engine's KV memory, for the tier copier (filled by the engine at start).
+    pub kv_region: crate::worker::tiers::KvRegionSlot,
+    /// G3's directory on a real engine (`worker.kv_disk_dir`).
+    pub kv_disk_dir: Option<std::path::PathBuf>,
+    /// Publish the KV events in vLLM's format too (`worker.kv_events_addr`).
+    pub kv_events: Option<crate::actors::kv_publisher::VllmEventsConfig>,
+}
+
+impl ReplicaParams {
+    /// Registered name of the replica's part `part` (`kv_publisher`, `engine`, `scheduler`).
+    pub fn part_name(&self, part: &str) -> String {
+        format!("{}/{part}", self.worker)
+    }
+}
+
 /// The whole tree of a node.
-pub fn node_tree(ctx: &NodeContext) -> SupervisorSpec {
-    let s = &ctx.config.supervision;
-    let node_budget = (s.node_max_restarts, Duration::from_millis(s.node_period_ms));
-    let mut node = SupervisorSpec::new(
-        ctx.name("node"),
-        flags(ctx, Strategy::OneForOne, node_budget),
-    )
-    .counting(ctx.stats.clone())
-    .child(spawn::discovery(ctx))
-    .child(spawn::chaos(ctx));
-    if ctx.config.has_role(NodeRole::Router) {
-        node = node.child(ChildSpec::supervisor(router_sup(ctx)));
+pub fn node_tree(a: &NodeTreeArgs) -> SupervisorSpec {
+    let mut node =
+        SupervisorSpec::new(a.name("node"), a.flags(Strategy::OneForOne, a.budgets.node))
+            .counting(a.stats.clone())
+            .child(discovery(a))
+            .child(chaos(a));
+    if let Some(router) = &a.router {
+        node = node.child(ChildSpec::supervisor(router_sup(a, router)));
     }
-    if let Some(pool) = external_workers(ctx) {
-        node = node.child(ChildSpec::supervisor(pool));
+    if !a.external.is_empty() {
+        node = node.child(ChildSpec::supervisor(external_workers(a)));
     }
-    let faces = ctx.config.has_role(NodeRole::Worker) && ctx.config.worker.http.is_some();
-    if ctx.config.has_role(NodeRole::Gateway) || faces {
-        node = node.child(ChildSpec::supervisor(gateway_sup(ctx)));
+    if let Some(parts) = &a.gateway {
+        node = node.child(ChildSpec::supervisor(gateway_sup(a, parts)));
     }
-    if let Some(t) = &ctx.transport {
-        node = node.child(spawn::transport(ctx, t.clone()));
+    if let Some(t) = &a.transport {
+        node = node.child(transport(a, t.clone()));
     }
-    if ctx.config.has_role(NodeRole::Worker) {
-        node = node.child(ChildSpec::supervisor(worker_pool(ctx)));
+    if let Some(replicas) = &a.replicas {
+        node = node.child(ChildSpec::supervisor(worker_pool(a, replicas)));
     }
-    if let Some(planner) = spawn::planner(ctx) {
-        node = node.child(planner);
+    if let Some(args) = &a.planner {
+        node = node.child(planner(a, args));
     }
     node
 }
 
 /// The router and the relay that feeds it KV events: either exiting restarts both.
-fn router_sup(ctx: &NodeContext) -> SupervisorSpec {
+fn router_sup(a: &NodeTreeArgs, router_args: &RouterArgs) -> SupervisorSpec {
     SupervisorSpec::new(
-        ctx.name("router_sup"),
-        flags(ctx, Strategy::OneForAll, ROUTER_BUDGET),
+        a.name("router_sup"),
+        a.flags(Strategy::OneForAll, ROUTER_BUDGET),
     )
-    .counting(ctx.stats.clone())
-    .child(spawn::router(ctx))
-    .child(spawn::kv_event_relay(ctx))
+    .counting(a.stats.clone())
+    .child(router(a, router_args))
+    .child(kv_event_relay(a))
 }
 
-/// The external engines of `router.external_workers`, each as a worker of this node (`None`
-/// without any, or without the gateway's model to hash and stop with).
-fn external_workers(ctx: &NodeContext) -> Option<SupervisorSpec> {
-    let ext = &ctx.config.router.external_workers;
-    if ext.is_empty() || !ctx.config.has_role(NodeRole::Router) {
-        return None;
-    }
-    let Some(frontend) = &ctx.frontend else {
-        tracing::error!(
-            "router.external_workers: no model on this node; external engines not started"
-        );
-        return None;
-    };
-    let pair_flags = flags(ctx, Strategy::OneForAll, REPLICA_BUDGET);
-    let engines = ext.iter().map(|e| {
-        let worker = crate::runtime::ids::WorkerId::new(format!("{}{}", ctx.prefix, e.name));
-        let args = crate::worker::external::ExternalArgs {
-            kv_publisher_name: format!("{worker}/kv_publisher"),
-            worker: worker.clone(),
-            config: e.clone(),
-            block_size: ctx.config.worker.block_size_tokens as u32,
-            salt: frontend.salt,
-            eos_ids: frontend.tokenizer.eos_ids.clone(),
-            board: ctx.worker_stats.clone(),
-        };
+/// The external engines of `router.external_workers`, each as a worker of this node.
+fn external_workers(a: &NodeTreeArgs) -> SupervisorSpec {
+    let pair_flags = a.flags(Strategy::OneForAll, REPLICA_BUDGET);
+    let engines = a.external.iter().map(|e| {
         ChildSpec::supervisor(
-            SupervisorSpec::new(worker.to_string(), pair_flags)
-                .counting(ctx.stats.clone())
-                .children([
-                    spawn::external_kv_publisher(ctx, &args),
-                    spawn::external_engine(ctx, &args),
-                ]),
+            SupervisorSpec::new(e.worker.to_string(), pair_flags)
+                .counting(a.stats.clone())
+                .children([external_kv_publisher(a, e), external_engine(a, e)]),
         )
     });
-    Some(
-        SupervisorSpec::new(
-            ctx.name("external_workers"),
-            flags(ctx, Strategy::OneForOne, inner_budget(ctx)),
-        )
-        .counting(ctx.stats.clone())
-        .children(engines),
+    SupervisorSpec::new(
+        a.name("external_workers"),
+        a.flags(Strategy::OneForOne, a.budgets.inner),
     )
+    .counting(a.stats.clone())
+    .children(engines)
 }
 
 /// The request plane's doors: the gateway's listener and the replicas' own faces
 /// (`worker.http`), over one token sink and one request supervisor. The listeners start last
 /// and stop first.
-fn gateway_sup(ctx: &NodeContext) -> SupervisorSpec {
-    let parts = args::gateway(ctx);
+fn gateway_sup(a: &NodeTreeArgs, parts: &GatewayParts) -> SupervisorSpec {
     let requests = SupervisorSpec::new(
-        ctx.name("request_sup"),
-        flags(ctx, Strategy::OneForOne, REQUEST_BUDGET),
+        a.name("request_sup"),
+        a.flags(Strategy::OneForOne, REQUEST_BUDGET),
     )
-    .counting(ctx.stats.clone());
+    .counting(a.stats.clone());
     let mut sup = SupervisorSpec::new(
-        ctx.name("gateway_sup"),
-        flags(ctx, Strategy::OneForOne, inner_budget(ctx)),
+        a.name("gateway_sup"),
+        a.flags(Strategy::OneForOne, a.budgets.inner),
     )
-    .counting(ctx.stats.clone())
-    .child(spawn::token_sink(ctx, &parts))
+    .counting(a.stats.clone())
+    .child(token_sink(a, parts))
     .child(ChildSpec::supervisor(requests));
     if let Some(http) = &parts.http {
-        sup = sup.child(spawn::http_gateway(ctx, http));
+        sup = sup.child(http_gateway(a, http));
     }
-    for (k, face) in &parts.faces {
-        sup = sup.child(spawn::face(ctx, *k, face));
+    for (k, face_args) in &parts.faces {
+        sup = sup.child(face(a, *k, face_args));
     }
     sup
 }
 
 /// `worker.replicas` replicas, each under its own one_for_all supervisor.
-fn worker_pool(ctx: &NodeContext) -> SupervisorSpec {
-    let replica_flags = flags(ctx, Strategy::OneForAll, REPLICA_BUDGET);
-    let replicas = (0..ctx.config.worker.replicas).map(|k| {
-        let spec = match args::replica(ctx, k, replica_flags) {
-            Some(p) => replica(p),
+fn worker_pool(a: &NodeTreeArgs, replicas: &[Option<ReplicaParams>]) -> SupervisorSpec {
+    let replica_flags = a.flags(Strategy::OneForAll, REPLICA_BUDGET);
+    let replicas = replicas.iter().enumerate().map(|(k, p)| {
+        let spec = match p {
+            Some(p) => replica(p.clone()),
             // No model loaded: an empty replica (nothing to serve with).
-            None => SupervisorSpec::new(ctx.name(&format!("replica-{k}")), replica_flags)
-                .counting(ctx.stats.clone()),
+            None => SupervisorSpec::new(a.name(&format!("replica-{k}")), replica_flags)
+                .counting(a.stats.clone()),
         };
         ChildSpec::supervisor(spec)
     });
     SupervisorSpec::new(
-        ctx.name("worker_pool"),
-        flags(ctx, Strategy::OneForOne, inner_budget(ctx)),
+        a.name("worker_pool"),
+        a.flags(Strategy::OneForOne, a.budgets.inner),
     )
-    .counting(ctx.stats.clone())
+    .counting(a.stats.clone())
     .children(replicas)
 }
 
@@ -208,26 +338,239 @@ fn worker_pool(ctx: &NodeContext) -> SupervisorSpec {
 pub fn replica(p: ReplicaParams) -> SupervisorSpec {
     SupervisorSpec::new(p.worker.to_string(), p.flags)
         .counting(p.stats.clone())
-        .children([
-            spawn::kv_publisher(&p),
-            spawn::engine(&p),
-            spawn::scheduler(&p),
-        ])
+        .children([kv_publisher(&p), engine(&p), scheduler(&p)])
 }
 
-/// `supervision.max_restarts` in `supervision.period_ms`.
-fn inner_budget(ctx: &NodeContext) -> (u32, Duration) {
-    let s = &ctx.config.supervision;
-    (s.max_restarts, Duration::from_millis(s.period_ms))
+// The leaves: one child spec per actor type, with the name it registers under and the
+// arguments it is (re)started with.
+
+/// Membership, heartbeats, liveness, role groups.
+fn discovery(a: &NodeTreeArgs) -> ChildSpec {
+    let args = a.discovery.clone();
+    ChildSpec::actor("discovery", Some(a.name("discovery")), move || {
+        (Discovery, args.clone())
+    })
+    .shutdown(a.shutdown)
 }
 
-/// Flags with `strategy`, the budget `(max restarts, window)` and the configured backoff.
-fn flags(ctx: &NodeContext, strategy: Strategy, (max, period): (u32, Duration)) -> SupervisorFlags {
-    let s = &ctx.config.supervision;
-    SupervisorFlags::new(strategy, max, period).with_backoff(
-        Duration::from_millis(s.backoff_base_ms),
-        Duration::from_millis(s.backoff_max_ms),
+/// The planner (role `planner`).
+fn planner(a: &NodeTreeArgs, args: &PlannerArgs) -> ChildSpec {
+    let args = args.clone();
+    ChildSpec::actor("planner", Some(a.name("planner")), move || {
+        (PlannerActor, args.clone())
+    })
+    .shutdown(a.shutdown)
+}
+
+/// Installs and clears injected faults on this node.
+fn chaos(a: &NodeTreeArgs) -> ChildSpec {
+    let args = a.chaos.clone();
+    ChildSpec::actor("chaos", Some(a.name("chaos")), move || {
+        (Chaos, args.clone())
+    })
+    .shutdown(a.shutdown)
+}
+
+/// The node's KV transport (worker nodes): a handle on the transport `node::start` made.
+fn transport(a: &NodeTreeArgs, transport: Arc<crate::transport::Transport>) -> ChildSpec {
+    ChildSpec::actor("transport", Some(a.name("transport")), move || {
+        (crate::transport::TransportActor, transport.clone())
+    })
+    .shutdown(a.shutdown)
+}
+
+/// Placement: prefix index, load, policy.
+fn router(a: &NodeTreeArgs, args: &RouterArgs) -> ChildSpec {
+    let config = args.clone();
+    ChildSpec::actor("router", Some(a.name("router")), move || {
+        (Router, config.clone())
+    })
+    .shutdown(a.shutdown)
+}
+
+/// Joins the KV-events group on behalf of this node's router and hands every batch on. It
+/// starts after the router (under the same one_for_all supervisor) and finds it by name.
+fn kv_event_relay(a: &NodeTreeArgs) -> ChildSpec {
+    let router_name = a.name("router");
+    let name = a.name("kv_event_relay");
+    let start: StartFn = Arc::new(move |sup: ActorCell| {
+        let (router_name, name) = (router_name.clone(), name.clone());
+        Box::pin(async move {
+            let router: ActorRef<RouterMsg> = ractor::registry::where_is(router_name.clone())
+                .ok_or_else(|| {
+                    SpawnErr::StartupFailed(format!("router {router_name} is not running").into())
+                })?
+                .into();
+            let (r, _) = Actor::spawn_linked(Some(name), KvEventsRelay, router, sup).await?;
+            Ok(r.get_cell())
+        })
+    });
+    ChildSpec::new("kv_event_relay", start).shutdown(a.shutdown)
+}
+
+/// Receives this node's requests' tokens, one message per engine step.
+fn token_sink(a: &NodeTreeArgs, parts: &GatewayParts) -> ChildSpec {
+    let registry = parts.registry.clone();
+    let incarnation = a.incarnation;
+    let owner = Owner::new(a.node_id.clone(), incarnation);
+    ChildSpec::actor("token_sink", Some(sink_name(&owner)), move || {
+        (TokenSink, (registry.clone(), incarnation))
+    })
+    .shutdown(a.shutdown)
+}
+
+/// The HTTP listener: OpenAI API, `/live`, `/health`, `/metrics`, `/v1/fleet`.
+fn http_gateway(a: &NodeTreeArgs, http: &GatewayArgs) -> ChildSpec {
+    let http = http.clone();
+    ChildSpec::actor("http_gateway", Some(a.name("http_gateway")), move || {
+        (HttpGateway, http.clone())
+    })
+    .shutdown(a.shutdown)
+}
+
+/// Replica `k`'s own HTTP face (`worker.http`): the gateway actor over the face's routes.
+fn face(a: &NodeTreeArgs, k: u32, http: &GatewayArgs) -> ChildSpec {
+    let http = http.clone();
+    let name = format!("face-{k}");
+    ChildSpec::actor(name.clone(), Some(a.name(&name)), move || {
+        (HttpGateway, http.clone())
+    })
+    .shutdown(a.shutdown)
+}
+
+/// A replica's KV-event publisher and snapshot server.
+fn kv_publisher(p: &ReplicaParams) -> ChildSpec {
+    let worker = p.worker.clone();
+    let faults = p.faults.kv_events.clone();
+    let vllm = p.kv_events.clone();
+    ChildSpec::actor(
+        "kv_publisher",
+        Some(p.part_name("kv_publisher")),
+        move || {
+            (
+                KvEventPublisher,
+                KvPublisherArgs {
+                    worker: worker.clone(),
+                    faults: faults.clone(),
+                    vllm: vllm.clone(),
+                },
+            )
+        },
     )
+    .shutdown(p.shutdown)
+}
+
+/// An external engine's KV event publisher: a replica's, fed by the engine's translated
+/// vLLM-format events instead of a block pool.
+fn external_kv_publisher(t: &NodeTreeArgs, a: &ExternalArgs) -> ChildSpec {
+    let worker = a.worker.clone();
+    let faults = t.fault_filters.kv_events.clone();
+    ChildSpec::actor(
+        "kv_publisher",
+        Some(a.kv_publisher_name.clone()),
+        move || {
+            (
+                KvEventPublisher,
+                KvPublisherArgs {
+                    worker: worker.clone(),
+                    faults: faults.clone(),
+                    vllm: None,
+                },
+            )
+        },
+    )
+    .shutdown(t.shutdown)
+}
+
+/// An external engine seen as a scheduler (`worker::external`).
+fn external_engine(t: &NodeTreeArgs, a: &ExternalArgs) -> ChildSpec {
+    let a = a.clone();
+    let name = format!("{}/scheduler", a.worker);
+    ChildSpec::actor("scheduler", Some(name), move || {
+        (crate::actors::external_engine::ExternalEngine, a.clone())
+    })
+    .shutdown(t.shutdown)
+}
+
+/// A replica's engine: the real forward pass, or the timing model when `p.sim` is set.
+fn engine(p: &ReplicaParams) -> ChildSpec {
+    let name = Some(p.part_name("engine"));
+    // Every engine runs behind the chaos filter, which applies this node's injected engine
+    // faults (slow, hang, fail) at the engine boundary.
+    let spec = match &p.sim {
+        None => {
+            let args = ChaosArgs {
+                inner: TransformerArgs {
+                    weights: p.model.weights.clone(),
+                    config: p.engine,
+                    transport: p.transport.clone().map(|t| (t, p.worker.to_string())),
+                    kv_region: p.tiers.is_on().then(|| p.kv_region.clone()),
+                },
+                faults: p.faults.workers.clone(),
+                worker: p.worker.clone(),
+            };
+            ChildSpec::actor("engine", name, move || {
+                (
+                    EngineWorker::<ChaosEngine<TransformerEngine>>::new(),
+                    args.clone(),
+                )
+            })
+        }
+        Some((profile, speedup)) => {
+            let args = ChaosArgs {
+                inner: SimEngineArgs {
+                    profile: profile.clone(),
+                    speedup: *speedup,
+                    num_blocks: p.engine.num_blocks,
+                    block_size: p.engine.block_size,
+                    vocab_size: p.model.config().vocab_size,
+                    max_context: p.model.config().max_context,
+                },
+                faults: p.faults.workers.clone(),
+                worker: p.worker.clone(),
+            };
+            ChildSpec::actor("engine", name, move || {
+                (EngineWorker::<ChaosEngine<SimEngine>>::new(), args.clone())
+            })
+        }
+    };
+    spec.shutdown(p.shutdown)
+}
+
+/// A replica's scheduler: continuous batching over the block pool; drives the engine.
+fn scheduler(p: &ReplicaParams) -> ChildSpec {
+    let args = SchedulerArgs {
+        worker: p.worker.clone(),
+        engine_name: p.part_name("engine"),
+        kv_publisher_name: Some(p.part_name("kv_publisher")),
+        config: p.scheduler,
+        num_blocks: p.engine.num_blocks,
+        block_size: p.engine.block_size,
+        salt: p.model.config().block_hash_salt(),
+        eos_token_id: p.model.tokenizer.eos_ids.first().copied(),
+        faults: p.faults.workers.clone(),
+        step_timeout: p.step_timeout,
+        canary_interval: p.canary_interval,
+        owner_grace: p.owner_grace,
+        stats: p.stats.clone(),
+        role: p.role,
+        disagg: p.disagg,
+        transport: p.transport.clone(),
+        sim_transfer: p.sim_transfer,
+        peer_pull: p.peer_pull,
+        tiers: p.tiers,
+        tier_links: p.tier_links,
+        kv_region: p.kv_region.clone(),
+        kv_disk_dir: p.kv_disk_dir.clone(),
+        token_events: p.kv_events.is_some(),
+        board: p.board.clone(),
+        clock: p.clock.clone(),
+        bus: p.bus.clone(),
+    };
+    ChildSpec::actor("scheduler", Some(p.part_name("scheduler")), move || {
+        (Scheduler, args.clone())
+    })
+    .shutdown(p.shutdown)
 }
 
 #[cfg(test)]

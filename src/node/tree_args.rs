@@ -1,7 +1,7 @@
-//! Configuration → actor arguments: everything the tree's children are started with, built
-//! from the node's [`NodeContext`]. No actor is named or spawned here (see `spawn.rs`).
+//! What the node's supervision tree is started with ([`NodeTreeArgs`]), built from the
+//! configuration and the node's shared parts ([`NodeContext`]): the composition root's half of
+//! the tree; the tree itself (`supervisors/tree.rs`) never reads the configuration.
 
-use crate::actors::chaos::FaultFilters;
 use crate::actors::discovery::DiscoveryArgs;
 use crate::actors::gateway::GatewayArgs;
 use crate::actors::gateway::conn::ConnLimits;
@@ -11,28 +11,116 @@ use crate::actors::gateway::state::FaceInfo;
 use crate::actors::gateway::state::Serving;
 use crate::actors::router::RouterArgs;
 use crate::control::discovery::membership::Leases;
-use crate::model::LoadedModel;
 use crate::node::context::NodeContext;
 use crate::request_plane::token_sink::SinkRegistry;
 use crate::runtime::ids::WorkerId;
 use crate::runtime::role::NodeRole;
-use crate::runtime::supervision::{Shutdown, SupervisorFlags};
+use crate::runtime::supervision::{Shutdown, Strategy, SupervisorFlags};
+use crate::supervisors::tree::{
+    Budgets, GatewayParts, NodeTreeArgs, REPLICA_BUDGET, ReplicaParams,
+};
 use crate::worker::engine::EngineConfig;
-use crate::worker::engine::sim::SimProfile;
-use crate::worker::scheduler::{DisaggWorker, SchedulerConfig, SimTransfer};
+use crate::worker::scheduler::DisaggWorker;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+/// The tree's arguments for this node.
+pub fn node_tree_args(ctx: &NodeContext) -> NodeTreeArgs {
+    let s = &ctx.config.supervision;
+    let budgets = Budgets {
+        node: (s.node_max_restarts, Duration::from_millis(s.node_period_ms)),
+        inner: (s.max_restarts, Duration::from_millis(s.period_ms)),
+        backoff_base: Duration::from_millis(s.backoff_base_ms),
+        backoff_max: Duration::from_millis(s.backoff_max_ms),
+    };
+    let faces = ctx.config.has_role(NodeRole::Worker) && ctx.config.worker.http.is_some();
+    let replica_flags = budgets.flags(Strategy::OneForAll, REPLICA_BUDGET);
+    NodeTreeArgs {
+        prefix: ctx.prefix.clone(),
+        node_id: ctx.node_id.clone(),
+        incarnation: ctx.incarnation,
+        stats: ctx.stats.clone(),
+        budgets,
+        shutdown: shutdown(ctx),
+        discovery: discovery(ctx),
+        chaos: (
+            ctx.faults.clone(),
+            ctx.fault_filters.clone(),
+            ctx.cluster.clone(),
+            ctx.clock.clone(),
+            ctx.events.clone(),
+        ),
+        fault_filters: ctx.fault_filters.clone(),
+        router: ctx.config.has_role(NodeRole::Router).then(|| router(ctx)),
+        external: external(ctx),
+        gateway: (ctx.config.has_role(NodeRole::Gateway) || faces).then(|| gateway(ctx)),
+        transport: ctx.transport.clone(),
+        replicas: ctx.config.has_role(NodeRole::Worker).then(|| {
+            (0..ctx.config.worker.replicas)
+                .map(|k| replica(ctx, k, replica_flags))
+                .collect()
+        }),
+        planner: planner(ctx),
+    }
+}
+
+/// The planner (role `planner`, with its capacity curves resolved at start).
+fn planner(ctx: &NodeContext) -> Option<crate::actors::planner::PlannerArgs> {
+    let capacity = ctx.planner_capacity.clone()?;
+    Some(crate::actors::planner::PlannerArgs {
+        config: ctx.config.planner.clone(),
+        capacity,
+        fleet: ctx.fleet.clone(),
+        board: ctx.planner.clone(),
+        clock: ctx.clock.clone(),
+        node: ctx.node_id.clone(),
+        lease: crate::control::leadership::LeaseConfig::from_liveness(
+            ctx.config.cluster.liveness_timeout_ms,
+        ),
+        liveness_ms: ctx.config.cluster.liveness_timeout_ms,
+    })
+}
+
+/// The external engines of `router.external_workers`, each as a worker of this node (none
+/// without any, without the router role, or without the gateway's model to hash and stop
+/// with).
+fn external(ctx: &NodeContext) -> Vec<crate::worker::external::ExternalArgs> {
+    let ext = &ctx.config.router.external_workers;
+    if ext.is_empty() || !ctx.config.has_role(NodeRole::Router) {
+        return Vec::new();
+    }
+    let Some(frontend) = &ctx.frontend else {
+        tracing::error!(
+            "router.external_workers: no model on this node; external engines not started"
+        );
+        return Vec::new();
+    };
+    ext.iter()
+        .map(|e| {
+            let worker = WorkerId::new(format!("{}{}", ctx.prefix, e.name));
+            crate::worker::external::ExternalArgs {
+                kv_publisher_name: format!("{worker}/kv_publisher"),
+                worker,
+                config: e.clone(),
+                block_size: ctx.config.worker.block_size_tokens as u32,
+                salt: frontend.salt,
+                eos_ids: frontend.tokenizer.eos_ids.clone(),
+                board: ctx.worker_stats.clone(),
+            }
+        })
+        .collect()
+}
+
 /// How long each child is given to stop (`supervision.shutdown_timeout_ms`).
-pub(super) fn shutdown(ctx: &NodeContext) -> Shutdown {
+fn shutdown(ctx: &NodeContext) -> Shutdown {
     Shutdown::Timeout(Duration::from_millis(
         ctx.config.supervision.shutdown_timeout_ms,
     ))
 }
 
 /// Discovery: membership leases, heartbeats and seeds.
-pub(super) fn discovery(ctx: &NodeContext) -> DiscoveryArgs {
+fn discovery(ctx: &NodeContext) -> DiscoveryArgs {
     let c = &ctx.config.cluster;
     DiscoveryArgs {
         node_id: ctx.node_id.clone(),
@@ -64,7 +152,7 @@ pub(super) fn discovery(ctx: &NodeContext) -> DiscoveryArgs {
 }
 
 /// The router's placement policy (on the system clock and the live schedulers' group).
-pub(super) fn router(ctx: &NodeContext) -> RouterArgs {
+fn router(ctx: &NodeContext) -> RouterArgs {
     let mut args = RouterArgs::new(ctx.config.selector_config());
     args.disagg = (&ctx.config.disagg).into();
     // Only a gateway on this node with a TTFT target reads them (admission.rs).
@@ -78,19 +166,8 @@ pub(super) fn router(ctx: &NodeContext) -> RouterArgs {
     args
 }
 
-/// What the gateway's children share: the token sink's registry (also read by the HTTP
-/// actors' serving state) and the HTTP actors' arguments.
-pub(super) struct GatewayParts {
-    /// Per-request token senders, filled by the HTTP actors and read by the token sink.
-    pub registry: SinkRegistry,
-    /// The gateway's HTTP actor's arguments (`None` on a node without the gateway role).
-    pub http: Option<GatewayArgs>,
-    /// The replicas' own faces (`worker.http`): `(k, arguments)`.
-    pub faces: Vec<(u32, GatewayArgs)>,
-}
-
 /// The gateway's serving state, admission, migration policy and HTTP limits.
-pub(super) fn gateway(ctx: &NodeContext) -> GatewayParts {
+fn gateway(ctx: &NodeContext) -> GatewayParts {
     let g = &ctx.config.gateway;
     let registry = SinkRegistry::default();
     let serving = ctx.frontend.as_ref().map(|fe| {
@@ -204,7 +281,7 @@ fn faces(ctx: &NodeContext, gateway: &Arc<GatewayShared>) -> Vec<(u32, GatewayAr
 
 /// Replica `k` of this node (`<node>/replica-<k>`), or `None` when the node has no model
 /// loaded (a node without the worker role never asks).
-pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Option<ReplicaParams> {
+fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Option<ReplicaParams> {
     let w = &ctx.config.worker;
     let model = ctx.model.as_ref()?;
     Some(ReplicaParams {
@@ -266,70 +343,6 @@ pub(super) fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Opti
         kv_region: Default::default(),
         kv_disk_dir: w.kv_disk_dir.clone(),
     })
-}
-
-/// What one replica needs.
-#[derive(Clone)]
-pub struct ReplicaParams {
-    /// Worker id; also the replica supervisor's registered name and the prefix of its
-    /// children's names (`<worker>/kv_publisher`, `<worker>/engine`, `<worker>/scheduler`).
-    pub worker: WorkerId,
-    /// The model, shared read-only by every replica of the process.
-    pub model: Arc<LoadedModel>,
-    /// KV pool geometry.
-    pub engine: EngineConfig,
-    /// Batch limits.
-    pub scheduler: SchedulerConfig,
-    /// The replica supervisor's flags (one_for_all: its parts share device memory).
-    pub flags: SupervisorFlags,
-    /// Shutdown of each part.
-    pub shutdown: Shutdown,
-    /// The filters of the faults injected on this node (its parts read their own).
-    pub faults: FaultFilters,
-    /// How long sequences' owner may be missing before they are aborted
-    /// (`cluster.liveness_timeout_ms`).
-    pub owner_grace: Duration,
-    /// Step watchdog timeout (`worker.step_timeout_ms`).
-    pub step_timeout: Duration,
-    /// Canary period (`worker.canary_interval_ms`).
-    pub canary_interval: Duration,
-    /// `Some((profile, speedup))`: a simulated engine instead of the real one.
-    pub sim: Option<(SimProfile, f64)>,
-    /// The node's resilience counters (restarts, engine hangs).
-    pub stats: Arc<crate::runtime::resilience::NodeStats>,
-    /// Where the scheduler publishes its stats (the node's board).
-    pub board: crate::worker::scheduler::StatsBoard,
-    /// The node's clock.
-    pub clock: crate::runtime::clock::SharedClock,
-    /// The node's fleet event bus.
-    pub bus: crate::request_plane::events::EventBus,
-    /// The node's KV transport: the engine allocates and registers its pools through it.
-    pub transport: Option<Arc<crate::transport::Transport>>,
-    /// The replica's role at start (`worker.role`).
-    pub role: crate::runtime::role::Role,
-    /// Disaggregation settings (`disagg.*`).
-    pub disagg: DisaggWorker,
-    /// On a simulated engine: the modelled KV transfer.
-    pub sim_transfer: Option<SimTransfer>,
-    /// Peer pulls (`worker.peer_pulls`): the cost rule's settings, `None` when off.
-    pub peer_pull: Option<crate::worker::scheduler::PeerPullWorker>,
-    /// The pool's lower KV tiers (`worker.kv_host_blocks`, `kv_disk_*`).
-    pub tiers: crate::kv::TierConfig,
-    /// On a simulated engine: the modelled speed of copies between tiers.
-    pub tier_links: Option<crate::worker::scheduler::SimTierLinks>,
-    /// The engine's KV memory, for the tier copier (filled by the engine at start).
-    pub kv_region: crate::worker::tiers::KvRegionSlot,
-    /// G3's directory on a real engine (`worker.kv_disk_dir`).
-    pub kv_disk_dir: Option<std::path::PathBuf>,
-    /// Publish the KV events in vLLM's format too (`worker.kv_events_addr`).
-    pub kv_events: Option<crate::actors::kv_publisher::VllmEventsConfig>,
-}
-
-impl ReplicaParams {
-    /// Registered name of the replica's part `part` (`kv_publisher`, `engine`, `scheduler`).
-    pub fn part_name(&self, part: &str) -> String {
-        format!("{}/{part}", self.worker)
-    }
 }
 
 /// The first request id of a gateway incarnation: the incarnation (ms since the Unix epoch)
