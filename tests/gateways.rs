@@ -1,8 +1,8 @@
-//! Several gateways (issue 31): `flotilla up --gateways 2` runs two gateway + router nodes over
+//! Several gateways: `flotilla up --gateways 2` runs two gateway + router nodes over
 //! the same workers. Streams go to both while the chaos API kills one gateway node and a busy
 //! worker: every request sent to the gateway that lived returns its no-fault reference byte for
 //! byte; a stream cut by its gateway's death ends with a transport error at its client, which
-//! retries on the other gateway (as the README's client does) and gets the same bytes; the dead
+//! retries on the other gateway (as the failover client of docs/fleet.md does) and gets the same bytes; the dead
 //! gateway's work on the workers is freed; the gateway comes back on its port and serves again.
 
 #[path = "common/http.rs"]
@@ -183,7 +183,7 @@ async fn two_gateways_lose_nothing_when_one_is_killed_under_load() {
     assert_eq!(again.text, reference[0]);
     assert_eq!(gateways(&b_at).await.len(), 2);
 
-    // The README's failover client (the `openai` package, `make venv`): its first gateway is
+    // The failover client of docs/fleet.md (the `openai` package, `make venv`): its first gateway is
     // dead, it answers through the next one.
     let root = env!("CARGO_MANIFEST_DIR");
     let python = format!("{root}/.venv/bin/python");
