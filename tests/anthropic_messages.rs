@@ -192,7 +192,7 @@ fn assert_error(status: u16, v: &Value, want_status: u16, ty: &str, field: &str)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b24_messages_beside_chat_on_raw_http() {
+async fn messages_beside_chat_on_raw_http() {
     let c = Cluster::start(2, &["worker.kv_blocks=128"]);
     wait_routable(&c, 1).await;
     let url = c.url("/v1/messages");
@@ -507,10 +507,10 @@ async fn b24_messages_beside_chat_on_raw_http() {
     .await;
 }
 
-/// B24: a stream whose worker is killed mid-way migrates and still ends with `message_stop`
+/// A stream whose worker is killed mid-way migrates and still ends with `message_stop`
 /// and the reference text.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b24_a_migrated_stream_ends_with_message_stop_and_the_reference_text() {
+async fn a_migrated_stream_ends_with_message_stop_and_the_reference_text() {
     let c = Cluster::start_with(3, &["--chaos"], &["worker.kv_blocks=128"]);
     wait_routable(&c, 2).await;
     let url = c.url("/v1/messages");

@@ -1,4 +1,4 @@
-//! Chaos soak (issue 5): steady load through `flotilla up` while the chaos API kills a busy
+//! Chaos soak: steady load through `flotilla up` while the chaos API kills a busy
 //! worker every few seconds, alternating actor kills and node-process kills. Every request
 //! must return 200 and equal its no-fault reference byte for byte; migrations must happen;
 //! the fleet must return to full capacity after every fault. Scaled down for CI; users run

@@ -254,7 +254,7 @@ async fn a_disaggregated_cluster_answers_as_an_aggregated_one_and_moves_only_mis
 /// that is gone at once (over UCX shared memory, a read of a restarted replica's old pool may
 /// still succeed, with the right bytes: B10 (D) allows either).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b10_transfers_cancelled_or_losing_their_prefill_worker_free_both_sides() {
+async fn transfers_cancelled_or_losing_their_prefill_worker_free_both_sides() {
     let c = cluster(&["transport.backend=tcp"]);
     wait_routable(&c, 2).await;
     let want = greedy_text("long_prompt");
@@ -400,7 +400,7 @@ async fn b10_transfers_cancelled_or_losing_their_prefill_worker_free_both_sides(
 /// (SIGTERM) while requests keep arriving: it leaves routing at once, the decode worker
 /// prefills by itself, no request fails, and the node exits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b16_b17_a_prefill_worker_that_panics_or_drains_loses_no_request() {
+async fn a_prefill_worker_that_panics_or_drains_loses_no_request() {
     use crate::process::{node_pid, signal};
     let c = cluster(&["node.drain_grace_ms=20000"]);
     wait_routable(&c, 2).await;
@@ -414,7 +414,7 @@ async fn b16_b17_a_prefill_worker_that_panics_or_drains_loses_no_request() {
             .sum()
     };
     let before = restarts(&fleet(&c).await);
-    // B17: the prefill worker's scheduler panics in its next handler.
+    // The prefill worker's scheduler panics in its next handler.
     chaos(&c, json!({"kind": "panic", "target": {"worker": PREFILL}})).await;
     poll_until(Duration::from_secs(30), "the replica restarted", || async {
         (restarts(&fleet(&c).await) > before).then_some(())
@@ -435,7 +435,7 @@ async fn b16_b17_a_prefill_worker_that_panics_or_drains_loses_no_request() {
     })
     .await;
 
-    // B16: drain the prefill node while requests arrive.
+    // Drain the prefill node while requests arrive.
     let pid = node_pid(&c, "node-1").await;
     let load = {
         let gw = c.url("/v1/completions");
@@ -480,7 +480,7 @@ async fn b16_b17_a_prefill_worker_that_panics_or_drains_loses_no_request() {
 /// handed to the other decode worker — and the client's text equals the reference run byte
 /// for byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b11_a_disaggregated_stream_migrates_without_a_seam() {
+async fn a_disaggregated_stream_migrates_without_a_seam() {
     let c = Cluster::start_with(
         4,
         &["--chaos", "--prefill", "1", "--decode", "2"],

@@ -1,4 +1,4 @@
-//! `router.external_workers` (issue 13, item 4): Flotilla's router places requests on engines
+//! `router.external_workers`: Flotilla's router places requests on engines
 //! outside its fleet. The engines here are another Flotilla cluster's per-worker faces
 //! (`worker.http`, vLLM-format KV events on `worker.kv_events_addr`), two worker node
 //! processes on the simulated engine; the routing fleet runs in this process with the gateway and router

@@ -1,4 +1,4 @@
-//! A gateway node that dies leaves no orphaned work behind, and ids never repeat (B18).
+//! A gateway node that dies leaves no orphaned work behind, and ids never repeat.
 //!
 //! (1) Response ids and chaos fault ids stay distinct across restarts of the gateway node;
 //! `/v1/fleet` shows the node's restarts and its new incarnation. (2) Streams whose gateway
@@ -101,7 +101,7 @@ async fn harmless_fault(c: &Cluster) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b18_ids_never_repeat_across_gateway_restarts() {
+async fn ids_never_repeat_across_gateway_restarts() {
     let c = Cluster::start_with(3, &["--chaos"], &["worker.kv_blocks=128"]);
     wait_routable(&c, 2).await;
     let mut ids = Vec::new();
@@ -137,7 +137,7 @@ async fn b18_ids_never_repeat_across_gateway_restarts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b18_orphaned_streams_are_aborted_and_the_new_gateway_serves() {
+async fn orphaned_streams_are_aborted_and_the_new_gateway_serves() {
     let c = Cluster::start_with(3, &["--chaos"], &["worker.kv_blocks=512"]);
     wait_routable(&c, 2).await;
     let client = reqwest::Client::new();

@@ -283,7 +283,7 @@ fn a_gpu_that_cannot_start_falls_back_only_when_allowed() {
     assert!(err.to_string().contains("libcuda"), "{err}");
 }
 
-/// The GPU pass's KV pools go through the node transport (issue 14, item 4): a prompt
+/// The GPU pass's KV pools go through the node transport: a prompt
 /// prefilled here, its blocks pulled over TCP (the pools staged through host copies) into
 /// another engine of the same device and into a CPU engine at other block ids, decodes there
 /// to the source's own greedy tokens; once the source engine is dropped its region refuses

@@ -107,7 +107,7 @@ async fn refusals_and_request_ids() {
     let comp_url = c.url("/v1/completions");
     let tag = format!("{:08x}", rand::random::<u32>());
 
-    // ----- B19: a forced tool call with no tools, on every trigger of the case.
+    // ----- a forced tool call with no tools, on every trigger of the case.
     let forced = json!({"type": "function", "function": {"name": "f"}});
     for (i, extra) in [
         json!({"tool_choice": "required"}),
@@ -196,7 +196,7 @@ async fn refusals_and_request_ids() {
         assert!(v["choices"][0]["message"]["content"].is_string(), "{v}");
     }
 
-    // ----- B20: JSON content type on the POST routes, on both OpenAI routes.
+    // ----- JSON content type on the POST routes, on both OpenAI routes.
     for url in [&chat_url, &comp_url] {
         let body = serde_json::to_string(&chat(json!({}))).unwrap();
         for ctype in [Some("text/plain"), None] {
@@ -265,7 +265,7 @@ async fn refusals_and_request_ids() {
         .unwrap();
     assert_eq!(v["faults"], json!([]), "no fault was created: {v}");
 
-    // ----- B22: x-request-id on every response.
+    // ----- x-request-id on every response.
     // (a) echoed on a plain answer, (b) on a stream, (c) on an error.
     let a = format!("abc-{tag}-a");
     let (s, _, v, echoed) = post_id(&chat_url, &chat(json!({})), &a).await;
@@ -331,7 +331,7 @@ async fn refusals_and_request_ids() {
         "the error's id is logged"
     );
     // Nothing logged carries the 8,000-character value, and no refused request reached a
-    // worker (B19: "no worker saw the request").
+    // worker ("no worker saw the request").
     assert!(logs.all().iter().all(|l| !l.contains(&huge[..200])));
     assert!(
         worker_lines(&logs, &format!("b19-{tag}")).is_empty(),

@@ -1,4 +1,4 @@
-//! Log-probabilities with alternatives (issue 33 item 6) on the real model: chat
+//! Log-probabilities with alternatives on the real model: chat
 //! `top_logprobs` and completions `logprobs: N`, streamed and not. The alternatives come from
 //! the logits the worker sampled from, so they agree with the chosen token's logprob (greedy:
 //! the chosen token is the first alternative, with the same logprob), they are ordered, they
@@ -261,7 +261,7 @@ fn same_top(a: &serde_json::Map<String, Value>, b: &serde_json::Map<String, Valu
     }
 }
 
-/// Echo on `/v1/completions` (issue 33 item 6), what evaluation harnesses send: the prompt's
+/// Echo on `/v1/completions`, what evaluation harnesses send: the prompt's
 /// tokens scored by the model — the first `null`, each later one log P(token | the tokens
 /// before it) with its alternatives, exactly what a completion of the prompt's prefix gives
 /// for its next token — with `max_tokens: 0` (the prompt alone) or followed by the completion,

@@ -1,4 +1,4 @@
-//! The gateway's `/metrics` agree exactly with what the API returned (issue 32, item 4): a
+//! The gateway's `/metrics` agree exactly with what the API returned: a
 //! mix of plain and chat completions, streams with `include_usage`, `n` > 1, one stream
 //! migrated by killing its replica, one stream its client abandons, and bad requests (400,
 //! 404) against a simulated cluster; every counter's delta equals the sum of the `usage` the

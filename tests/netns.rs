@@ -1,4 +1,4 @@
-//! Beyond one host (issue 31): nodes in separate network namespaces, each with its own private
+//! Beyond one host: nodes in separate network namespaces, each with its own private
 //! address on a bridge the test makes (a veth pair per namespace), as separate hosts on one
 //! network would be. A gateway node and three worker nodes (one prefill, two decode) join over
 //! the bridge; requests are routed and served, every prompt's KV moving from the prefill

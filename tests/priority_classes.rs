@@ -1,4 +1,4 @@
-//! Priority classes (issue 33, item 4) on a live simulated fleet (`flotilla up --engine sim`,
+//! Priority classes on a live simulated fleet (`flotilla up --engine sim`,
 //! `priority.classes` interactive 512 : batch 128): a class is named by header or body field
 //! and checked at the door (unknown, malformed or conflicting → 400 naming it, in each route's
 //! error shape, and nothing is placed); requests are counted per class; and with

@@ -154,7 +154,7 @@ fn assert_one_sound_stream(s: &Stream, max_tokens: u64) {
 /// B11 (1) and (2): kill the serving worker's node after 50 tokens, then the new serving
 /// worker after 120; the client sees one seamless stream equal to the reference.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b11_a_stream_migrates_twice_without_a_seam() {
+async fn a_stream_migrates_twice_without_a_seam() {
     let c = Cluster::start_with(
         4,
         &["--chaos"],
@@ -184,7 +184,7 @@ async fn b11_a_stream_migrates_twice_without_a_seam() {
 /// B11 with sampling: a seeded `temperature > 0` stream resumes its draws where it left off,
 /// so even a sampled stream is identical after migrating (here: its replica killed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b11_a_seeded_sampled_stream_migrates_identically() {
+async fn a_seeded_sampled_stream_migrates_identically() {
     let c = Cluster::start_with(3, &["--chaos"], &["worker.kv_blocks=128"]);
     wait_routable(&c, 2).await;
     let url = c.url("/v1/chat/completions");
@@ -212,7 +212,7 @@ async fn b11_a_seeded_sampled_stream_migrates_identically() {
 /// B15 (1): a hung engine is detected within the step timeout, its replica leaves routing and
 /// restarts, and the request on it migrates and completes; counters say so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b15_a_hung_engine_is_detected_and_its_request_migrates() {
+async fn a_hung_engine_is_detected_and_its_request_migrates() {
     let c = Cluster::start_with(
         3,
         &["--chaos"],
@@ -268,7 +268,7 @@ async fn b15_a_hung_engine_is_detected_and_its_request_migrates() {
 
 /// B15 (2): the engine of the only worker killed: its replica restarts and serves again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b15_a_killed_engine_restarts_its_replica() {
+async fn a_killed_engine_restarts_its_replica() {
     let c = Cluster::start_with(2, &["--chaos"], &["worker.kv_blocks=128"]);
     wait_routable(&c, 1).await;
     assert_eq!(health(&c).await.0, 200);
@@ -290,7 +290,7 @@ async fn b15_a_killed_engine_restarts_its_replica() {
 /// B15 (3): with every worker gone, `/health` is 503 (`not_ready`) and requests are refused
 /// cleanly with 503.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b15_health_is_503_with_no_worker() {
+async fn health_is_503_with_no_worker() {
     let c = Cluster::start_with(2, &["--no-restart"], &["worker.kv_blocks=128"]);
     wait_routable(&c, 1).await;
     let pid = node_pid(&c, "node-1").await;
@@ -305,11 +305,11 @@ async fn b15_health_is_503_with_no_worker() {
     assert_eq!(s, 503, "{t}");
 }
 
-/// B16: SIGTERM drains a worker node — it leaves routing at once, its streams finish
+/// SIGTERM drains a worker node — it leaves routing at once, its streams finish
 /// normally, new requests go elsewhere with no 5xx, and the process exits; with a short grace
 /// period the streams still running migrate and finish unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b16_sigterm_drains_a_worker_node() {
+async fn sigterm_drains_a_worker_node() {
     let c = Cluster::start_with(
         3,
         &[],
@@ -373,7 +373,7 @@ async fn b16_sigterm_drains_a_worker_node() {
 /// B16 variant: a grace period shorter than the streams: what still runs at the deadline
 /// migrates and finishes unchanged; none is cut off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b16_a_short_grace_migrates_the_rest() {
+async fn a_short_grace_migrates_the_rest() {
     let c = Cluster::start_with(3, &[], &["worker.kv_blocks=256", "node.drain_grace_ms=300"]);
     wait_routable(&c, 2).await;
     let url = c.url("/v1/chat/completions");
@@ -408,11 +408,11 @@ async fn b16_a_short_grace_migrates_the_rest() {
     );
 }
 
-/// B17: a panic in a worker's actor reaches its supervisor (the replica restarts, the panic
+/// A panic in a worker's actor reaches its supervisor (the replica restarts, the panic
 /// and the restart are counted), a panic in a bare task is counted and logged, and killing
 /// the gateway's HTTP actor restarts it — traffic to healthy workers sees no 5xx throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b17_panics_are_contained_and_counted() {
+async fn panics_are_contained_and_counted() {
     let c = Cluster::start_with(3, &["--chaos"], &["worker.kv_blocks=128"]);
     wait_routable(&c, 2).await;
     let counters = |f: &Value, node: &str| {

@@ -81,10 +81,10 @@ async fn a_shared_prefix_lands_on_its_holder() {
     assert_eq!(d.len(), 4, "round_robin visits every worker: {d:?}");
 }
 
-/// B13: one hot 2k-token prefix, many clients on the chat and completions routes: load wins
+/// One hot 2k-token prefix, many clients on the chat and completions routes: load wins
 /// over cache — no worker serves more than half — and every in-flight count returns to 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b13_a_hot_prefix_still_spreads_over_workers() {
+async fn a_hot_prefix_still_spreads_over_workers() {
     let c = FleetOptions::new(4)
         .set("worker.kv_blocks=4096")
         .start()
@@ -128,7 +128,7 @@ async fn b13_a_hot_prefix_still_spreads_over_workers() {
 /// B12 with the KV-aware router: the worker holding the hottest prefix dies abruptly; once
 /// its session drops it is never chosen again, and requests sharing the prefix all succeed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b12_a_dead_prefix_holder_is_never_chosen() {
+async fn a_dead_prefix_holder_is_never_chosen() {
     let c = Cluster::start_with(4, &["--engine", "sim", "--no-restart"], &[]);
     wait_routable(&c, 3).await;
     let p = prefix("hot", 700);
@@ -331,7 +331,7 @@ async fn a_measured_cpu_profile_drives_a_sim_fleet() {
 /// B12 variant: the router's node is cut off from membership, a worker dies during the cut;
 /// after healing, the router has the smaller pool and never picks the dead worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b12_a_worker_lost_during_a_partition_is_dropped_after_healing() {
+async fn a_worker_lost_during_a_partition_is_dropped_after_healing() {
     let c = Cluster::start_with(4, &["--engine", "sim", "--no-restart", "--chaos"], &[]);
     wait_routable(&c, 3).await;
     let pid = node_pid(&c, "node-2").await;
@@ -377,7 +377,7 @@ async fn b12_a_worker_lost_during_a_partition_is_dropped_after_healing() {
 /// B13 variant: one worker ten times slower; requests with no cached prefix anywhere go to
 /// workers with little load, so the slow one gets the least.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b13_a_slow_worker_gets_the_least_new_work() {
+async fn a_slow_worker_gets_the_least_new_work() {
     let c = FleetOptions::new(4).chaos().start().await;
     wait_routable(&c, 4).await;
     let r = reqwest::Client::new()

@@ -93,7 +93,7 @@ async fn golden_answers_and_models() {
     let v2: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v2["choices"][0]["text"], want_text);
 
-    // B07: one BOS and the system prompt once — the chat route's prompt_tokens equals an
+    // One BOS and the system prompt once — the chat route's prompt_tokens equals an
     // offline count (template + tokenizer, no extra special tokens), and the same text sent
     // to /v1/completions counts the same.
     let fe = flotilla::request_plane::frontend::Frontend::load(
@@ -361,7 +361,7 @@ async fn stop_strings_and_validation_errors() {
         &["worker.kv_blocks=128", "worker.max_model_len_tokens=512"],
     );
     let comp = c.url("/v1/completions");
-    // B06: stream == non-stream, no stop string in the output, ends with "stop".
+    // Stream == non-stream, no stop string in the output, ends with "stop".
     for (prompt, stop) in [
         ("Here is the English alphabet: ABC", "DEFGHIJ"),
         ("Count: 1, 2, 3, 4,", " 7"),
@@ -453,7 +453,7 @@ async fn stop_strings_and_validation_errors() {
         assert!(!all.contains(frag), "{all:?}");
     }
 
-    // B08: max_tokens edge cases and context overflow (context 512).
+    // Max_tokens edge cases and context overflow (context 512).
     let chat_url = c.url("/v1/chat/completions");
     for (val, param) in [
         (json!(0), "max_tokens"),
@@ -509,7 +509,7 @@ async fn stop_strings_and_validation_errors() {
     assert_eq!(s, 400);
     assert!(ctype.starts_with("application/json"));
 
-    // B09: broken, mistyped, unknown model, oversized — then a valid request still works.
+    // Broken, mistyped, unknown model, oversized — then a valid request still works.
     let (s, ctype, _) = post_raw(
         &chat_url,
         br#"{"model":"x","messages":[{"role":"user","content":"hi"}], x}"#.to_vec(),

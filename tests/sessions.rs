@@ -1,4 +1,4 @@
-//! Sessions that stick (issue 33, item 3) on a simulated fleet (`flotilla up --engine sim`):
+//! Sessions that stick on a simulated fleet (`flotilla up --engine sim`):
 //! two gateway + router nodes over four workers. The turns of a session keyed by
 //! `x-session-id` land on one worker whichever gateway (and so router replica) places them,
 //! where requests without a key spread; a session whose worker saturates (its queued prefill

@@ -1,4 +1,4 @@
-//! The simulator against a live fleet, kept short for CI (issue 28, "Faithful"): the same
+//! The simulator against a live fleet, kept short for CI: the same
 //! workload through `flotilla up --engine sim` (3 node processes, 4 replicas, actors and
 //! loopback TCP) with `flotilla bench`, and through `flotilla sim` with the same fleet,
 //! profile and prompts. The full comparison, with its figures, is `scripts/sim-fidelity.sh`

@@ -417,7 +417,7 @@ impl flotilla::transport::DeviceAccess for FakeDevice {
     }
 }
 
-/// Device memory (issue 14, item 4): a region of CUDA kind that this UCX cannot map is
+/// Device memory: a region of CUDA kind that this UCX cannot map is
 /// registered anyway and served over TCP, every run staged through its copies, in both
 /// directions; UCX (where it runs) never gets its address. The fake device's "address" is
 /// unmapped, so any dereference of it would crash the test.

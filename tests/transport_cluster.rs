@@ -166,7 +166,7 @@ fn cached(v: &Value) -> u64 {
         .unwrap_or(0)
 }
 
-/// Peer pulls on real processes and the real model (issue 30, G4): with a pull credit of 1 a
+/// Peer pulls on real processes and the real model (G4): with a pull credit of 1 a
 /// worker lacking a prompt's prefix costs the router what its holder does, so consecutive
 /// requests take turns; the one placed on the other worker pulls the 18 leading blocks over
 /// TCP instead of recomputing them — the same greedy text as the cold run, and the pulled

@@ -1,4 +1,4 @@
-//! Each worker speaking for itself (issue 13, item 4): a replica's own OpenAI face
+//! Each worker speaking for itself: a replica's own OpenAI face
 //! (`worker.http`) and its KV events in vLLM's wire format (`worker.kv_events_addr`), on an
 //! in-process simulated fleet of two replicas — what SGLang's and vLLM's routers need to route
 //! over Flotilla workers.

@@ -70,7 +70,7 @@ pub fn planner_may_act(nodes: &[NodeView]) -> bool {
 /// Scale from zero: whether an admitted request waits for a worker to start (at most
 /// `cold_start_timeout`, `gateway.cold_start_timeout_ms`) instead of going to the router
 /// now — when no worker serves the model and a planner that acts is in the fleet. Without
-/// such a planner a fleet with no worker refuses at once (case B15), as the router decides.
+/// such a planner a fleet with no worker refuses at once, as the router decides.
 /// The live gateway (`actors/gateway/serve.rs`) and the simulator ask this.
 pub fn waits_for_capacity(
     nodes: &[NodeView],

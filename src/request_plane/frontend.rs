@@ -83,7 +83,7 @@ impl Frontend {
     }
 
     /// The token ids of each prompt of a request, in order: one for a chat or a single
-    /// prompt, one per item of a list of prompts (`/v1/completions`, case B23).
+    /// prompt, one per item of a list of prompts (`/v1/completions`).
     ///
     /// # Errors
     /// As [`Self::prompt_ids`]; an out-of-vocabulary id in a list names its prompt

@@ -1232,7 +1232,7 @@ mod tests {
         )]));
         // A planner node before its first decision may act (a request right after start).
         assert!(planner_may_act(&[node(planner.clone(), Up, None)]));
-        // No planner, or a planner node that is down: refuse at once (B15).
+        // No planner, or a planner node that is down: refuse at once.
         assert!(!planner_may_act(&[node(vec![NodeRole::Gateway], Up, None)]));
         assert!(!planner_may_act(&[node(
             planner,

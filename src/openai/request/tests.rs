@@ -110,7 +110,7 @@ fn full_chat_request() {
     assert_eq!(json, json!({"role": "system", "content": "be brief"}));
 }
 
-/// B23: a list of prompts, each answered on its own; the bad lists are 400s naming `prompt`.
+/// A list of prompts, each answered on its own; the bad lists are 400s naming `prompt`.
 #[test]
 fn completion_prompt_lists() {
     let req = completion(json!({"prompt": ["a", "b", "c"], "n": 2})).unwrap();
