@@ -20,6 +20,18 @@
 /// (`--gateway` or `FLOTILLA_GATEWAY`): `flotilla up`'s default address.
 pub const DEFAULT_GATEWAY: &str = "http://127.0.0.1:8080";
 
+/// Parses `--gateway` / `FLOTILLA_GATEWAY`: an empty value (`export FLOTILLA_GATEWAY=`) means
+/// [`DEFAULT_GATEWAY`], as if unset, instead of an address ""; anything else is kept as given
+/// (`host:port` or a URL), trimmed.
+pub fn gateway_arg(s: &str) -> Result<String, std::convert::Infallible> {
+    let s = s.trim();
+    Ok(if s.is_empty() {
+        DEFAULT_GATEWAY.to_string()
+    } else {
+        s.to_string()
+    })
+}
+
 pub mod bench;
 pub mod chaos;
 pub mod client;
@@ -34,3 +46,28 @@ pub mod soak;
 pub mod status;
 pub mod transport;
 pub mod up;
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        chaos: super::chaos::ChaosArgs,
+    }
+
+    #[test]
+    fn an_empty_gateway_means_the_default_one() {
+        for (given, want) in [
+            ("", super::DEFAULT_GATEWAY),
+            ("  ", super::DEFAULT_GATEWAY),
+            ("10.0.0.1:8080", "10.0.0.1:8080"),
+            ("http://h:1 ", "http://h:1"),
+        ] {
+            let cli = Cli::try_parse_from(["flotilla", "--gateway", given, "list"])
+                .unwrap_or_else(|e| panic!("{given:?}: {e}"));
+            assert_eq!(cli.chaos.gateway, want, "{given:?}");
+        }
+    }
+}

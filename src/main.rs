@@ -167,7 +167,8 @@ struct StatusArgs {
     #[arg(
         long,
         env = "FLOTILLA_GATEWAY",
-        default_value = flotilla::cli::DEFAULT_GATEWAY
+        default_value = flotilla::cli::DEFAULT_GATEWAY,
+        value_parser = flotilla::cli::gateway_arg
     )]
     gateway: String,
     /// Print the raw JSON of `/v1/fleet`.

@@ -10,6 +10,7 @@ pub struct ChaosArgs {
         long,
         env = "FLOTILLA_GATEWAY",
         default_value = crate::cli::DEFAULT_GATEWAY,
+        value_parser = crate::cli::gateway_arg,
         global = true
     )]
     pub gateway: String,

@@ -35,7 +35,12 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 #[derive(Args, Debug)]
 pub struct ReconcileArgs {
     /// Gateway whose `/v1/fleet` carries the planner's decisions.
-    #[arg(long, env = "FLOTILLA_GATEWAY", default_value = crate::cli::DEFAULT_GATEWAY)]
+    #[arg(
+        long,
+        env = "FLOTILLA_GATEWAY",
+        default_value = crate::cli::DEFAULT_GATEWAY,
+        value_parser = crate::cli::gateway_arg
+    )]
     pub gateway: String,
     /// A pool's workload, `POOL=KIND/NAME` (pool: aggregated, prefill or decode; kind:
     /// statefulset or deployment), repeatable. Pools without one are left alone.

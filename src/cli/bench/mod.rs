@@ -128,7 +128,8 @@ pub struct BenchArgs {
     #[arg(
         long,
         env = "FLOTILLA_GATEWAY",
-        default_value = "http://127.0.0.1:8080"
+        default_value = crate::cli::DEFAULT_GATEWAY,
+        value_parser = crate::cli::gateway_arg
     )]
     pub gateway: String,
     /// Run the workload once per value: `policy=round_robin,kv` (only `policy`).
