@@ -1,4 +1,4 @@
-"""An OpenAI client that fails over between Flotilla gateways (README, "Several gateways").
+"""An OpenAI client that fails over between Flotilla gateways (docs/fleet.md, "Several gateways").
 
 Any gateway serves any request. Each gateway gets the `openai` client's own retries (connection
 errors, timeouts, 408/409/429/5xx, with back-off); when they are spent, a connection error, a
