@@ -727,7 +727,22 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
     if let Some(dir) = &a.workload.out {
         write_outputs(dir, &runs, &samples, &per_request)?;
     }
+    let failed: Vec<&str> = per_request
+        .iter()
+        .filter(|(_, results)| every_request_failed(results))
+        .map(|(label, _)| label.as_str())
+        .collect();
+    ensure!(
+        failed.is_empty(),
+        "every request failed in {} (the first error is above): nothing was measured",
+        failed.join(", ")
+    );
     Ok(())
+}
+
+/// A run none of whose requests succeeded: its figures measure nothing, and `bench` fails.
+fn every_request_failed(results: &[metrics::RequestResult]) -> bool {
+    !results.is_empty() && results.iter().all(|r| !r.ok)
 }
 
 /// Print the first error of a run, if any, so a misconfiguration shows at once.
@@ -752,6 +767,24 @@ mod tests {
         let mut v = vec!["bench"];
         v.extend_from_slice(args);
         Cli::try_parse_from(v).map(|c| c.bench.workload)
+    }
+
+    #[test]
+    fn a_run_whose_every_request_failed_fails_the_bench() {
+        let ok = metrics::RequestResult {
+            ok: true,
+            ..Default::default()
+        };
+        let failed = metrics::RequestResult {
+            error: Some("connection refused".into()),
+            ..Default::default()
+        };
+        assert!(every_request_failed(&[failed.clone(), failed.clone()]));
+        assert!(!every_request_failed(&[failed, ok]));
+        assert!(
+            !every_request_failed(&[]),
+            "an empty run is refused before it starts"
+        );
     }
 
     #[test]
