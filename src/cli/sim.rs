@@ -795,6 +795,18 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
     }
     let faults = parse_faults(&a)?;
     let rates = parse_rates(&a)?;
+    // An impossible fleet is refused before the trace is read (reading one takes seconds).
+    for v in variants(&a, "the workload")? {
+        let config =
+            load_config(&a, v.set.as_deref()).with_context(|| format!("run {}", v.label))?;
+        spec(
+            &a,
+            config,
+            v.workers,
+            v.planner.unwrap_or(a.planner),
+            &faults,
+        )?;
+    }
     let workload = load_workload(&a.workload)?;
     ensure!(
         workload.requests() > 0,
@@ -1075,4 +1087,29 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
         bail!("no request succeeded in any run");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        sim: super::SimArgs,
+    }
+
+    #[test]
+    fn an_empty_fleet_is_refused_before_the_trace_is_read() {
+        // Not a trace at all: reading it first would fail on the trace, not on the fleet.
+        let not_a_trace = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+        let cli =
+            Cli::try_parse_from(["sim", "--trace", not_a_trace, "--workers", "0"]).expect("flags");
+        let e = super::run(cli.sim).expect_err("a fleet without workers");
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains("--workers: the fleet needs at least one worker"),
+            "{msg}"
+        );
+    }
 }
