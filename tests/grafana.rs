@@ -22,14 +22,6 @@ use std::time::Duration;
 /// The dashboard's queried metrics that a live scrape may lack for want of an event, and why.
 const CONDITIONAL: &[(&str, &str)] = &[
     (
-        "flotilla_worker_kv_peer_pulls_total",
-        "rendered only for workers that pulled or exported a prefix (G4)",
-    ),
-    (
-        "flotilla_worker_kv_peer_pull_blocks_total",
-        "rendered only for workers that pulled or exported a prefix (G4)",
-    ),
-    (
         "flotilla_planner_desired_replicas",
         "set by a node with the planner role, once it leads and decides",
     ),

@@ -237,9 +237,9 @@ fn peer_pull_metrics(workers: &[&WorkerView]) -> String {
         ("moot", |c| c.moot),
         ("exported", |c| c.exported),
     ];
+    // Every worker's series, at 0 before its first pull: a dashboard shows 0, not "no data".
     let pulling: Vec<(String, crate::kv::PeerPullCounters)> = workers
         .iter()
-        .filter(|w| !w.kv_peer_pulls.is_zero())
         .map(|w| (escape(&w.id), w.kv_peer_pulls))
         .collect();
     let mut out = String::new();
@@ -281,9 +281,11 @@ fn peer_pull_metrics(workers: &[&WorkerView]) -> String {
 fn tier_metrics(workers: &[&WorkerView]) -> String {
     use std::fmt::Write;
     type Counter = (&'static str, fn(&crate::kv::TierCounters) -> u64);
+    // Every worker's series (0 on a worker without lower tiers, or before its first copy): a
+    // dashboard shows 0, not "no data".
     let tiered: Vec<(String, crate::kv::TierUsage)> = workers
         .iter()
-        .filter_map(|w| w.kv_tiers.map(|t| (escape(&w.id), t)))
+        .map(|w| (escape(&w.id), w.kv_tiers.unwrap_or_default()))
         .collect();
     let mut out = String::new();
     if tiered.is_empty() {
@@ -478,7 +480,10 @@ mod tests {
         assert!(!text.contains("a/replica-1"), "{text}");
         assert!(!text.contains("b/replica-0"), "{text}");
         assert!(worker_gauges(&[]).is_empty());
-        assert!(!text.contains("kv_tier"), "no tiers, no tier metrics");
+        assert!(
+            text.contains("flotilla_worker_kv_tier_blocks{worker=\"a/replica-0\",tier=\"disk\"} 0"),
+            "no tiers: the tier series at 0, {text}"
+        );
     }
 
     #[test]
@@ -587,7 +592,10 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }
-        assert!(!text.contains("kv_tier_blocks{worker=\"a/replica-0\""));
+        assert!(
+            text.contains("flotilla_worker_kv_tier_blocks{worker=\"a/replica-0\",tier=\"host\"} 0"),
+            "a worker without tiers at 0: {text}"
+        );
     }
 
     #[test]
@@ -598,8 +606,10 @@ mod tests {
             &[("a/replica-0", 0), ("a/replica-1", 0)],
         )];
         assert!(
-            !worker_gauges(&nodes).contains("peer_pull"),
-            "none, no lines"
+            worker_gauges(&nodes).contains(
+                "flotilla_worker_kv_peer_pulls_total{worker=\"a/replica-0\",outcome=\"asked\"} 0"
+            ),
+            "no pull yet: the series at 0"
         );
         nodes[0].workers[1].kv_peer_pulls = crate::kv::PeerPullCounters {
             asked: 3,
@@ -618,7 +628,9 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }
-        assert!(!text.contains("peer_pulls_total{worker=\"a/replica-0\""));
+        assert!(text.contains(
+            "flotilla_worker_kv_peer_pulls_total{worker=\"a/replica-0\",outcome=\"pulled\"} 0"
+        ));
         assert_eq!(
             text.matches("# TYPE flotilla_worker_kv_peer_pulls_total counter")
                 .count(),
