@@ -129,8 +129,10 @@ pub struct SimArgs {
     /// `router.share_load` (default) they count each other's placements.
     #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub routers: usize,
-    /// Kill worker WORKER at AT_S seconds of simulated time: `AT_S:WORKER` (repeatable).
-    /// Workers are numbered from 0: the aggregated ones, then prefill, then decode.
+    /// Kill worker WORKER at AT_S seconds of simulated time: `AT_S:WORKER` (repeatable;
+    /// `--kill 3:2` kills worker 2 at 3 s). Workers are numbered from 0: the aggregated ones,
+    /// then prefill, then decode; worker `i` is `sim-i/replica-0` in the records, and the run's
+    /// summary lists every fault injected.
     #[arg(long, value_name = "AT_S:WORKER")]
     pub kill: Vec<String>,
     /// Hang worker WORKER's engine from FROM_S to UNTIL_S: `FROM_S-UNTIL_S:WORKER` (repeatable;
@@ -963,6 +965,20 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
             outcome.leftovers,
             outcome.counters.index_mismatches,
         );
+        if !faults.is_empty() {
+            const SHOWN: usize = 8;
+            let mut list: Vec<String> =
+                faults.iter().take(SHOWN).map(ToString::to_string).collect();
+            if faults.len() > SHOWN {
+                list.push(format!("… and {} more", faults.len() - SHOWN));
+            }
+            eprintln!(
+                "[{}] faults injected ({}): {}",
+                v.label,
+                faults.len(),
+                list.join("; ")
+            );
+        }
         let t = &outcome.counters.kv_tiers;
         if t.offloads + t.offload_drops > 0 {
             eprintln!(

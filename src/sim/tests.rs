@@ -945,3 +945,21 @@ fn the_lowest_class_is_shed_first() {
         "the lower class was not shed first"
     );
 }
+
+#[test]
+fn a_fault_says_which_worker_and_when() {
+    let kill = SimFault::Kill {
+        at: Duration::from_secs(3),
+        worker: 2,
+    };
+    assert_eq!(kill.to_string(), "kill worker 2 (sim-2/replica-0) at 3.0 s");
+    let hang = SimFault::Hang {
+        from: Duration::from_millis(1500),
+        until: Duration::from_secs(4),
+        worker: 0,
+    };
+    assert_eq!(
+        hang.to_string(),
+        "hang worker 0 (sim-0/replica-0) from 1.5 s to 4.0 s"
+    );
+}

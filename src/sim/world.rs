@@ -200,6 +200,51 @@ pub enum SimFault {
     },
 }
 
+/// What a run's summary says of a fault: `kill worker 2 (sim-2/replica-0) at 3.0 s`. Workers
+/// are numbered from 0 (aggregated, then prefill, then decode); worker `i` is `sim-i/replica-0`
+/// in the run's records.
+impl std::fmt::Display for SimFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = |d: &Duration| d.as_secs_f64();
+        match self {
+            SimFault::Kill { at, worker } => write!(
+                f,
+                "kill worker {worker} (sim-{worker}/replica-0) at {:.1} s",
+                s(at)
+            ),
+            SimFault::DropKvEvents { from, until } => write!(
+                f,
+                "drop every worker's KV events from {:.1} s to {:.1} s",
+                s(from),
+                s(until)
+            ),
+            SimFault::Slow {
+                from,
+                until,
+                worker,
+                delay,
+            } => write!(
+                f,
+                "slow worker {worker} (sim-{worker}/replica-0) by {} ms a step from {:.1} s to \
+                 {:.1} s",
+                delay.as_millis(),
+                s(from),
+                s(until)
+            ),
+            SimFault::Hang {
+                from,
+                until,
+                worker,
+            } => write!(
+                f,
+                "hang worker {worker} (sim-{worker}/replica-0) from {:.1} s to {:.1} s",
+                s(from),
+                s(until)
+            ),
+        }
+    }
+}
+
 impl SimFault {
     /// The worker a fault names, if it names one.
     pub fn worker(&self) -> Option<usize> {
