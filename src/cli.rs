@@ -20,6 +20,18 @@
 /// (`--gateway` or `FLOTILLA_GATEWAY`): `flotilla up`'s default address.
 pub const DEFAULT_GATEWAY: &str = "http://127.0.0.1:8080";
 
+/// Writes `text` to `out` (standard output) and flushes it; a reader that closed the pipe
+/// early (`flotilla status --json | head`) is not an error: `println!` would panic there.
+///
+/// # Errors
+/// Any other write error.
+pub fn print_out(out: &mut impl std::io::Write, text: &str) -> std::io::Result<()> {
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r,
+    }
+}
+
 /// Parses `--gateway` / `FLOTILLA_GATEWAY`: an empty value (`export FLOTILLA_GATEWAY=`) means
 /// [`DEFAULT_GATEWAY`], as if unset, instead of an address ""; anything else is kept as given
 /// (`host:port` or a URL), trimmed.
@@ -55,6 +67,34 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         chaos: super::chaos::ChaosArgs,
+    }
+
+    /// A writer whose reader has gone, after `room` bytes.
+    struct ClosedAfter {
+        room: usize,
+    }
+
+    impl std::io::Write for ClosedAfter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.room == 0 {
+                return Err(std::io::ErrorKind::BrokenPipe.into());
+            }
+            let n = buf.len().min(self.room);
+            self.room -= n;
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_reader_that_stops_early_is_not_an_error() {
+        let text = "line\n".repeat(1000);
+        super::print_out(&mut ClosedAfter { room: 10 }, &text).expect("a closed pipe is fine");
+        let mut all = Vec::new();
+        super::print_out(&mut all, &text).expect("written");
+        assert_eq!(all, text.as_bytes());
     }
 
     #[test]

@@ -451,11 +451,12 @@ async fn run(
                     return Ok(std::process::ExitCode::SUCCESS);
                 }
                 let (fleet, raw) = flotilla::cli::status::fetch(&a.gateway).await?;
-                if a.json {
-                    println!("{}", serde_json::to_string_pretty(&raw)?);
+                let text = if a.json {
+                    format!("{}\n", serde_json::to_string_pretty(&raw)?)
                 } else {
-                    print!("{}", flotilla::cli::status::render(&fleet));
-                }
+                    flotilla::cli::status::render(&fleet)
+                };
+                flotilla::cli::print_out(&mut std::io::stdout().lock(), &text)?;
                 Ok(std::process::ExitCode::SUCCESS)
             }
             .await
