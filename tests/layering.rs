@@ -32,7 +32,7 @@ const EXCEPTIONS: &[(&str, &str, &str)] = &[
     (
         "sim",
         "actors",
-        "the router's placement (RouterState) and the fleet's stats board become pure cores in the request plane",
+        "the router's placement (RouterState, RouterArgs, DisaggRouting, WorkerSource) becomes a pure core in the request plane",
     ),
     (
         "sim",

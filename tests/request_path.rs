@@ -16,7 +16,6 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flotilla::actors::discovery::set_worker_stats;
 use flotilla::actors::router::{DisaggRouting, RouterArgs, RouterState, WorkerSource};
 use flotilla::control::discovery::membership::{NodeState, NodeView, WorkerView};
 use flotilla::kv::BlockPool;
@@ -219,7 +218,7 @@ impl Fleet {
                     state: "running".into(),
                     ..WorkerView::default()
                 };
-                set_worker_stats(&mut view, &w.stats());
+                w.stats().apply_to(&mut view);
                 NodeView {
                     id: NodeId::new(id.as_str().split('/').next().unwrap()),
                     addr: String::new(),

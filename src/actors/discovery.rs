@@ -29,7 +29,7 @@ use crate::runtime::role::NodeRole;
 use crate::runtime::wire::Wire;
 use membership::{
     ActorView, Leases, Membership, MembershipEvent, NodeInfo, NodeState, NodeView, Superseded,
-    WorkerHealth, WorkerView,
+    WorkerView,
 };
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::{NodeServerMessage, RactorClusterMessage};
@@ -259,36 +259,8 @@ fn fill_worker_stats(workers: &mut [WorkerView], board: &crate::worker::schedule
         let Some(st) = board.get(&crate::runtime::ids::WorkerId::new(w.id.clone())) else {
             continue;
         };
-        set_worker_stats(w, &st);
+        st.apply_to(w);
     }
-}
-
-/// A worker's view from its scheduler's published stats (pure: what Discovery does for each
-/// local worker, and what a driver without actors does to feed admission).
-pub fn set_worker_stats(w: &mut WorkerView, st: &crate::worker::scheduler::SchedulerStats) {
-    w.running = st.running;
-    w.waiting = st.waiting;
-    w.in_flight = st.running + st.waiting;
-    w.kv_blocks_used = st.kv_blocks_used;
-    w.kv_blocks_total = st.kv_blocks_total;
-    w.health = match st.health {
-        crate::worker::scheduler::Health::Ready => WorkerHealth::Ready,
-        crate::worker::scheduler::Health::Draining => WorkerHealth::Draining,
-        crate::worker::scheduler::Health::Unhealthy => WorkerHealth::Unhealthy,
-    };
-    w.role = Some(st.role);
-    w.kv_held = st.held;
-    w.kv_pulls_pending = st.pulls_pending;
-    w.kv_blocks_pulled = st.blocks_pulled;
-    w.kv_pull_fallbacks = st.pull_fallbacks;
-    w.kv_peer_pulls = st.peer_pulls;
-    w.prefill_wait_ms = st.prefill_wait_ms.map(|ms| ms.round() as u64);
-    w.prefill_tokens_per_s = st.prefill_tokens_per_s.map(|r| r.round().max(1.0) as u64);
-    w.kv_tiers = st.kv_tiers;
-    w.prompt_tokens = st.prompt_tokens;
-    w.cached_tokens = st.cached_tokens;
-    w.generated_tokens = st.generated_tokens;
-    w.kv_transfer_bytes = st.kv_transfer_bytes;
 }
 
 /// List the actors of this node's tree (from its root supervisor) and its workers.

@@ -16,7 +16,6 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::actors::discovery::set_worker_stats;
 use crate::actors::router::{DisaggRouting, RouterArgs, RouterState, WorkerSource};
 use crate::control::discovery::membership::{NodeState, NodeView, WorkerView};
 use crate::control::planner::{
@@ -1729,7 +1728,7 @@ impl<'w> SimFleet<'w> {
             }
             w.view_dirty = false;
             if let Some(core) = &w.core {
-                set_worker_stats(&mut view.workers[0], &core.stats());
+                core.stats().apply_to(&mut view.workers[0]);
             }
         }
     }

@@ -213,6 +213,37 @@ pub struct SchedulerStats {
     pub kv_transfer_bytes: u64,
 }
 
+impl SchedulerStats {
+    /// A worker's view in the fleet view, from these stats (what Discovery does for each local
+    /// worker, and what a driver without actors — the simulator — does to feed admission).
+    pub fn apply_to(&self, w: &mut crate::control::discovery::membership::WorkerView) {
+        use crate::control::discovery::membership::WorkerHealth;
+        w.running = self.running;
+        w.waiting = self.waiting;
+        w.in_flight = self.running + self.waiting;
+        w.kv_blocks_used = self.kv_blocks_used;
+        w.kv_blocks_total = self.kv_blocks_total;
+        w.health = match self.health {
+            Health::Ready => WorkerHealth::Ready,
+            Health::Draining => WorkerHealth::Draining,
+            Health::Unhealthy => WorkerHealth::Unhealthy,
+        };
+        w.role = Some(self.role);
+        w.kv_held = self.held;
+        w.kv_pulls_pending = self.pulls_pending;
+        w.kv_blocks_pulled = self.blocks_pulled;
+        w.kv_pull_fallbacks = self.pull_fallbacks;
+        w.kv_peer_pulls = self.peer_pulls;
+        w.prefill_wait_ms = self.prefill_wait_ms.map(|ms| ms.round() as u64);
+        w.prefill_tokens_per_s = self.prefill_tokens_per_s.map(|r| r.round().max(1.0) as u64);
+        w.kv_tiers = self.kv_tiers;
+        w.prompt_tokens = self.prompt_tokens;
+        w.cached_tokens = self.cached_tokens;
+        w.generated_tokens = self.generated_tokens;
+        w.kv_transfer_bytes = self.kv_transfer_bytes;
+    }
+}
+
 /// A replica's side of peer pulls: what a pull costs before any was measured, and how long the
 /// holder may take to pin.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -519,7 +519,7 @@ mod tests {
             kv_transfer_bytes: 4096,
             ..Default::default()
         };
-        crate::actors::discovery::set_worker_stats(&mut nodes[0].workers[0], &st);
+        st.apply_to(&mut nodes[0].workers[0]);
         let json = serde_json::to_string(&nodes[0]).expect("json");
         nodes[0] = serde_json::from_str(&json).expect("view");
         assert!(
