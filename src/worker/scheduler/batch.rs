@@ -331,16 +331,6 @@ impl StallLimit {
         }
         n
     }
-
-    /// Counts a chunk that the limit does not cut (a resumed stream's, see
-    /// [`SeqRequest::resumed`]) in the step, so that later chunks see it.
-    fn take(&mut self, start: usize, n: usize) -> usize {
-        if n > 0 {
-            self.shape.add(start, n);
-            self.prefill += n;
-        }
-        n
-    }
 }
 
 /// The per-replica batch former (see the module doc).
@@ -536,11 +526,9 @@ impl SchedulerCore {
             }
             let mut chunk = (e.prefill_len - e.num_computed).min(budget);
             if let Some(limit) = stall.as_mut() {
-                chunk = if e.resumed {
-                    limit.take(e.num_computed, chunk)
-                } else {
-                    limit.chunk(e.num_computed, chunk, 0)
-                };
+                // A resumed stream's chunk is not cut (at least all of it), but counted.
+                let at_least = if e.resumed { chunk } else { 0 };
+                chunk = limit.chunk(e.num_computed, chunk, at_least);
                 if chunk == 0 {
                     break;
                 }
@@ -616,11 +604,8 @@ impl SchedulerCore {
             }
             let mut chunk = (e.prefill_len - e.num_computed).min(budget);
             if let Some(limit) = stall.as_mut() {
-                chunk = if e.resumed {
-                    limit.take(e.num_computed, chunk)
-                } else {
-                    limit.chunk(e.num_computed, chunk, 1)
-                };
+                let at_least = if e.resumed { chunk } else { 1 };
+                chunk = limit.chunk(e.num_computed, chunk, at_least);
             }
             entries.push(self.entry(s, chunk, Some(alloc.cached_tokens)));
             budget -= chunk;
