@@ -797,19 +797,28 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
     }
     let faults = parse_faults(&a)?;
     let rates = parse_rates(&a)?;
-    // An impossible fleet is refused before the trace is read (reading one takes seconds).
-    for v in variants(&a, "the workload")? {
-        let config =
-            load_config(&a, v.set.as_deref()).with_context(|| format!("run {}", v.label))?;
-        spec(
-            &a,
-            config,
-            v.workers,
-            v.planner.unwrap_or(a.planner),
-            &faults,
-        )?;
-    }
+    // Every run's configuration and fleet, checked before the trace is read (reading one
+    // takes seconds): an impossible fleet is refused at once.
+    let mut variants = variants(&a, "")?;
+    let fleets = variants
+        .iter()
+        .map(|v| {
+            let config =
+                load_config(&a, v.set.as_deref()).with_context(|| format!("run {}", v.label))?;
+            spec(
+                &a,
+                config,
+                v.workers,
+                v.planner.unwrap_or(a.planner),
+                &faults,
+            )
+        })
+        .collect::<anyhow::Result<Vec<SimSpec>>>()?;
     let workload = load_workload(&a.workload)?;
+    if a.compare.is_none() {
+        // The only run is named after its workload.
+        variants[0].label = workload.name.clone();
+    }
     ensure!(
         workload.requests() > 0,
         "the workload {} is empty",
@@ -864,13 +873,10 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
     let ideal = workload::ideal_rate(&ideal_table);
     eprintln!("{}", describe_workload(&workload, ideal, &a.workload, salt));
 
-    // Check every run's configuration and fleet before the first one starts.
-    let variants = variants(&a, &workload.name)?;
+    // Check every run against the arrivals before the first one starts.
     let mut specs = Vec::with_capacity(variants.len());
     let mut run_faults = Vec::with_capacity(variants.len());
-    for v in &variants {
-        let config =
-            load_config(&a, v.set.as_deref()).with_context(|| format!("run {}", v.label))?;
+    for (v, mut s) in variants.iter().zip(fleets) {
         let choice = v.planner.unwrap_or(a.planner);
         let rates = FaultRates {
             kill: v.kill_rate.unwrap_or(rates.kill),
@@ -884,7 +890,6 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
                 choice.name()
             );
         }
-        let mut s = spec(&a, config, v.workers, choice, &faults)?;
         s.routers = v.routers.unwrap_or(a.routers);
         let mut these = faults.clone();
         if rates.any() {
