@@ -66,19 +66,10 @@ pub enum TransportError {
     /// Chaos dropped the transfer (`drop_kv_transfer`) or a partition cuts the peer off.
     #[error("injected fault: {0}")]
     Injected(String),
-    /// The two pools' geometries differ, or a block is out of range.
-    #[error("layout: {0}")]
-    Layout(String),
-    /// A byte range leaves its region.
-    #[error("range {offset}+{len} leaves a region of {region} bytes")]
-    OutOfRange {
-        /// Offset (bytes).
-        offset: u64,
-        /// Length (bytes).
-        len: u64,
-        /// Region size (bytes).
-        region: u64,
-    },
+    /// The memory refused: the two pools' geometries differ, a block or a byte range is out
+    /// of its region, or a staged copy failed ([`MemoryError`]).
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
     /// The local region named is not registered here.
     #[error("no local region {0}")]
     UnknownLocal(String),
@@ -98,24 +89,6 @@ pub enum TransportError {
         /// Its kind (`AddrInUse`: the port is taken).
         kind: std::io::ErrorKind,
     },
-}
-
-impl From<MemoryError> for TransportError {
-    fn from(e: MemoryError) -> Self {
-        match e {
-            MemoryError::Layout(m) => Self::Layout(m),
-            MemoryError::OutOfRange {
-                offset,
-                len,
-                region,
-            } => Self::OutOfRange {
-                offset,
-                len,
-                region,
-            },
-            MemoryError::Backend(m) => Self::Backend(m),
-        }
-    }
 }
 
 /// Which backend moves the bytes.
@@ -380,10 +353,10 @@ impl Transport {
     /// memory. Give it to the engine, then [`Transport::register`] it.
     ///
     /// # Errors
-    /// [`TransportError::Layout`] / [`TransportError::Backend`] when it cannot be allocated.
+    /// [`MemoryError::Layout`] (as [`TransportError::Memory`]) when it cannot be allocated.
     pub async fn allocate(&self, layout: KvLayout) -> Result<Arc<KvMemory>, TransportError> {
         let len = usize::try_from(layout.region_bytes())
-            .map_err(|_| TransportError::Layout("region too large".into()))?;
+            .map_err(|_| MemoryError::Layout("region too large".into()))?;
         if let Some(u) = &self.ucx {
             match u.allocate(len).await {
                 Ok(m) => return Ok(Arc::new(m)),
@@ -400,7 +373,8 @@ impl Transport {
     /// descriptor.
     ///
     /// # Errors
-    /// [`TransportError::Layout`] when `memory` is smaller than `layout` says;
+    /// [`MemoryError::Layout`] (as [`TransportError::Memory`]) when `memory` is smaller than
+    /// `layout` says;
     /// [`TransportError::Backend`] when UCX refuses the registration.
     pub async fn register(
         &self,
@@ -409,11 +383,12 @@ impl Transport {
         memory: Arc<KvMemory>,
     ) -> Result<RegionDescriptor, TransportError> {
         if (memory.len() as u64) < layout.region_bytes() {
-            return Err(TransportError::Layout(format!(
+            return Err(MemoryError::Layout(format!(
                 "{owner}: {} bytes registered for a {}-byte layout",
                 memory.len(),
                 layout.region_bytes()
-            )));
+            ))
+            .into());
         }
         let ucx = match (&self.ucx, memory.preregistered()) {
             (Some(u), Some(pre)) if pre.instance == u.instance() => Some((
@@ -541,7 +516,7 @@ impl Transport {
     ///
     /// # Errors
     /// [`TransportError::Stale`] when a newer epoch of the source is known;
-    /// [`TransportError::UnknownLocal`], [`TransportError::Layout`] for a bad request;
+    /// [`TransportError::UnknownLocal`], [`TransportError::Memory`] for a bad request;
     /// [`TransportError::Injected`] for a chaos drop or partition; the backend's errors
     /// ([`TransportError::Peer`], [`TransportError::Timeout`], …) otherwise.
     pub async fn pull(&self, req: PullRequest) -> Result<PullStats, TransportError> {

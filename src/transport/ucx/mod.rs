@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use tokio::sync::oneshot;
 
-use super::{KvMemory, MemoryKind, Preregistered, Segment};
+use super::{KvMemory, MemoryError, MemoryKind, Preregistered, Segment};
 use super::{TransportError, UcxRemote};
 use sys::*;
 
@@ -249,7 +249,7 @@ impl Ucx {
     ///
     /// # Errors
     /// [`TransportError::Peer`] when the peer fails or is unreachable;
-    /// [`TransportError::Timeout`] past `deadline`; [`TransportError::OutOfRange`] when a
+    /// [`TransportError::Timeout`] past `deadline`; [`MemoryError::OutOfRange`] when a
     /// segment leaves `local`.
     pub async fn get(
         &self,
@@ -264,11 +264,12 @@ impl Ucx {
                 .checked_add(s.len)
                 .is_none_or(|e| e > local.len() as u64)
         }) {
-            return Err(TransportError::OutOfRange {
+            return Err(MemoryError::OutOfRange {
                 offset: s.local,
                 len: s.len,
                 region: local.len() as u64,
-            });
+            }
+            .into());
         }
         let (reply, rx) = oneshot::channel();
         self.send(Cmd::Get {
