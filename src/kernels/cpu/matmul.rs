@@ -767,7 +767,6 @@ mod tests {
     #[test]
     fn the_crossover_is_measured_on_this_machine_within_bounds() {
         let c = find_crossover(isa());
-        eprintln!("crossover: {c}");
         assert!(
             (Q_PATH_MAX_M + 1..=GEMM_MIN_M_MAX).contains(&c.gemm_min_m),
             "{c}"
