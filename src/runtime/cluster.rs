@@ -452,11 +452,20 @@ async fn open_session_listening_on(
     })
 }
 
+/// How many handshakes in a row a seed must close before authenticating for [`join_any`] to
+/// call it a refused cookie. A wrong cookie closes every one; a right one is closed now and
+/// then too: the seed's session asks its NodeServer whether the handshake may go on and
+/// gives up after 500 ms (ractor_cluster 0.16, `NodeSession::handle_auth`), which a loaded
+/// host misses (seen in CI: a node of `flotilla up` exited with "does --cookie match" while
+/// the suite ran beside it).
+const AUTH_ATTEMPTS: u32 = 3;
+
 /// Join through any of `seeds`, retrying refused connections (a seed may still be starting)
-/// until `timeout`. An authentication failure is final.
+/// until `timeout`. A seed that closes [`AUTH_ATTEMPTS`] handshakes in a row before they
+/// authenticate refuses the cookie: that is final.
 ///
 /// # Errors
-/// [`ClusterError::AuthFailed`] at once on a refused cookie;
+/// [`ClusterError::AuthFailed`] on a refused cookie;
 /// [`ClusterError::Unreachable`] when no seed answers within `timeout`.
 pub async fn join_any(
     server: &ActorRef<NodeServerMessage>,
@@ -466,6 +475,7 @@ pub async fn join_any(
     let deadline = tokio::time::Instant::now() + timeout;
     let mut last_error = String::from("no seed given");
     let mut backoff = Duration::from_millis(50);
+    let mut closed_before_auth = 0;
     loop {
         for seed in seeds {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -474,7 +484,14 @@ pub async fn join_any(
             }
             match join(server, seed, left.min(Duration::from_secs(5))).await {
                 Ok(()) => return Ok(()),
-                Err(e @ ClusterError::AuthFailed { .. }) => return Err(e),
+                Err(e @ ClusterError::AuthFailed { .. }) => {
+                    closed_before_auth += 1;
+                    if closed_before_auth >= AUTH_ATTEMPTS {
+                        return Err(e);
+                    }
+                    tracing::info!(%seed, attempt = closed_before_auth, "the seed closed the handshake before authenticating; trying again");
+                    last_error = e.to_string();
+                }
                 // The cause, not a second "could not join" around it.
                 Err(ClusterError::Unreachable { last_error: e, .. }) => last_error = e,
                 Err(e) => last_error = e.to_string(),
