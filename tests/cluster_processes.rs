@@ -287,10 +287,16 @@ async fn a_node_back_from_a_pause_under_a_taken_name_exits_and_the_new_one_keeps
 
     kill(old_pid, Signal::SIGCONT).unwrap();
     let woke = Instant::now();
-    let status = tokio::time::timeout(Duration::from_secs(30), old.wait())
-        .await
-        .expect("the old beta exits within 30 s of waking up")
-        .unwrap();
+    let Ok(status) = tokio::time::timeout(Duration::from_secs(30), old.wait()).await else {
+        let log = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap_or_default();
+        panic!(
+            "the old beta did not exit within 30 s of waking up\n--- old beta:\n{}\n--- new beta:\n{}\n--- seed:\n{}",
+            log("old.err"),
+            log("new.err"),
+            log("seed.err")
+        );
+    };
+    let status = status.unwrap();
     let exited = woke.elapsed();
     let err = std::fs::read_to_string(&old_err).unwrap();
     assert_eq!(status.code(), Some(2), "stderr: {err}");

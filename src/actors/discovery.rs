@@ -241,6 +241,54 @@ fn tell_superseded(s: &Superseded) {
     }
 }
 
+/// How long a re-dial waits for its session to become ready (or be refused).
+const REDIAL_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a gateway gets to answer `GET /v1/fleet` for [`check_name_taken`].
+const FLEET_ASK: Duration = Duration::from_secs(2);
+
+/// A seed refused this node's session before it authenticated: after this node was away past
+/// the liveness timeout, that is what happens when another node has taken its name (the seed
+/// keeps the session it has under the name; which of two sessions under one name ractor_cluster
+/// keeps is decided by a random number per connection, so the refusals can go on for good).
+/// No heartbeat of this node reaches the seed then, so no peer can tell it
+/// ([`tell_superseded`]): it asks the gateways it knew (`GET /v1/fleet`, plain HTTP, no
+/// session needed) and tells itself when one of them shows a newer incarnation of its name
+/// at another address.
+async fn check_name_taken(stale: &NodeInfo, gateways: &[String], me: &ActorRef<DiscoveryMsg>) {
+    #[derive(serde::Deserialize)]
+    struct Fleet {
+        nodes: Vec<NodeView>,
+    }
+    let Ok(http) = reqwest::Client::builder()
+        .timeout(FLEET_ASK)
+        .no_proxy()
+        .build()
+    else {
+        return;
+    };
+    for g in gateways {
+        let fleet = match http.get(format!("http://{g}/v1/fleet")).send().await {
+            Ok(r) => r.json::<Fleet>().await,
+            Err(e) => Err(e),
+        };
+        match fleet {
+            Ok(f) => {
+                if let Some(s) = stale.superseded_in(&f.nodes) {
+                    if let Err(e) = me.cast(DiscoveryMsg::Superseded(Wire::encode(&s))) {
+                        tracing::debug!(error = %e, "discovery gone before it learned it was superseded");
+                    }
+                    return;
+                }
+                tracing::debug!(gateway = %g, "no newer holder of this node's name in the gateway's fleet view");
+            }
+            Err(e) => {
+                tracing::debug!(gateway = %g, error = %e, "could not read a gateway's fleet view")
+            }
+        }
+    }
+}
+
 /// Fill each local worker's load from what its scheduler last published (no call: a busy
 /// scheduler in a long step keeps its last figures, never zeros that would tell admission and
 /// the router a busy worker is idle). A worker whose scheduler is not running (restarting)
@@ -545,6 +593,12 @@ impl Actor for Discovery {
                     .skip(1) // this node
                     .filter_map(|v| Some((v.id.as_str().to_owned(), v.addr.parse().ok()?)))
                     .collect();
+                // Where to ask who holds this node's name when a seed refuses it.
+                let gateways: Vec<String> = view
+                    .iter()
+                    .skip(1)
+                    .filter_map(|v| v.http_addr.clone())
+                    .collect();
                 for s in [NodeState::Up, NodeState::Suspect, NodeState::Down] {
                     let n = view.iter().filter(|v| v.state == s).count();
                     let label = format!("{s:?}").to_lowercase();
@@ -564,6 +618,7 @@ impl Actor for Discovery {
                     state.last_rejoin = Some(now);
                     let server = state.args.server.clone();
                     let seeds = state.args.seeds.clone();
+                    let stale = Arc::new(state.membership.me().clone());
                     tokio::spawn(async move {
                         let sessions = crate::runtime::cluster::peer_names(&server).await;
                         let connected: std::collections::HashSet<std::net::SocketAddr> = peers
@@ -582,11 +637,22 @@ impl Actor for Discovery {
                             }
                             // Each on its own: an unreachable seed does not hold up the next.
                             let server = server.clone();
+                            let (gateways, stale, me) =
+                                (gateways.clone(), stale.clone(), myself.clone());
                             tokio::spawn(async move {
-                                if let Err(e) =
-                                    ractor_cluster::client_connect(&server, seed.as_str()).await
+                                match crate::runtime::cluster::join(&server, &seed, REDIAL_WAIT)
+                                    .await
                                 {
-                                    tracing::debug!(seed = %seed, error = %e, "re-dial failed");
+                                    Ok(()) => {}
+                                    Err(crate::runtime::cluster::ClusterError::AuthFailed {
+                                        ..
+                                    }) => {
+                                        tracing::debug!(seed = %seed, "re-dial refused before authentication");
+                                        check_name_taken(&stale, &gateways, &me).await;
+                                    }
+                                    Err(e) => {
+                                        tracing::debug!(seed = %seed, error = %e, "re-dial failed");
+                                    }
                                 }
                             });
                         }

@@ -140,10 +140,10 @@ pub enum NodeExit {
     /// The root supervisor exceeded its restart budget.
     Escalated,
     /// This node was away (paused, or cut off) past the liveness timeout, and another node
-    /// took its name meanwhile: a peer told it so when it came back, and it stopped (without
-    /// a drain: the cluster had already moved its work). Its session had displaced the new
-    /// node's on the peers it reached; the new node re-dials its seeds and is whole again
-    /// once this one is gone.
+    /// took its name meanwhile: a peer told it so when it came back, or a gateway's fleet view
+    /// showed it the newer holder when the seeds refused its sessions; it stopped (without a
+    /// drain: the cluster had already moved its work). Where its session had displaced the
+    /// new node's, the new node re-dials its seeds and is whole again once this one is gone.
     Superseded(Box<crate::control::discovery::membership::Superseded>),
 }
 

@@ -14,8 +14,10 @@
 //!
 //! A namesake that appears later (a node paused or cut off past the liveness timeout is down
 //! to the others, so a new node may take its name) is caught when the old one comes back:
-//! its heartbeat's older incarnation makes a peer tell it to exit
-//! ([`MembershipEvent::Superseded`](crate::control::discovery::membership::MembershipEvent::Superseded)).
+//! either its heartbeat's older incarnation makes a peer tell it to exit
+//! ([`MembershipEvent::Superseded`](crate::control::discovery::membership::MembershipEvent::Superseded)),
+//! or, when the seeds keep the new one's session and refuse its own, a gateway's fleet view
+//! shows it the newer holder of its name (`actors::discovery`'s re-dial).
 //! Two nodes started under one name at the same moment: one joins, the other's handshake is
 //! closed and it reports the cookie error.
 

@@ -248,6 +248,32 @@ pub struct Superseded {
     pub by_pid: u32,
 }
 
+impl NodeInfo {
+    /// A peer's fleet view, read while this node cannot get a session (its re-dials refused):
+    /// the incarnation that holds this node's name there, when it is a newer one at another
+    /// address and not down. The peers then refuse this node's sessions because they keep the
+    /// newer one's under the same name, so no heartbeat of this node reaches them to answer
+    /// with [`MembershipEvent::Superseded`].
+    pub fn superseded_in(&self, fleet: &[NodeView]) -> Option<Superseded> {
+        fleet
+            .iter()
+            .find(|n| {
+                n.id == self.id
+                    && n.addr != self.addr
+                    && n.incarnation > self.incarnation
+                    && n.state != NodeState::Down
+            })
+            .map(|n| Superseded {
+                node: self.id.clone(),
+                stale_addr: self.addr.clone(),
+                stale_incarnation: self.incarnation,
+                by_addr: n.addr.clone(),
+                by_incarnation: n.incarnation,
+                by_pid: n.pid,
+            })
+    }
+}
+
 /// Lease durations.
 #[derive(Clone, Copy, Debug)]
 pub struct Leases {

@@ -114,6 +114,47 @@ fn an_old_incarnation_elsewhere_is_superseded_not_news() {
 }
 
 #[test]
+fn a_stale_node_finds_its_name_taken_in_a_peers_view() {
+    let t0 = Instant::now();
+    // The seed's table: "a" at :1 went down, a new "a" at :2 holds the name.
+    let mut seed = Membership::new(info("seed", 1), leases());
+    seed.on_heartbeat(info("a", 5), t0);
+    seed.tick(t0 + Duration::from_secs(5));
+    let mut newer = info("a", 9);
+    newer.addr = "127.0.0.1:2".into();
+    newer.pid = 42;
+    seed.on_heartbeat(newer, t0 + Duration::from_secs(6));
+    let view = seed.view(t0 + Duration::from_secs(6));
+
+    let stale = info("a", 5);
+    assert_eq!(
+        stale.superseded_in(&view),
+        Some(Superseded {
+            node: NodeId::new("a"),
+            stale_addr: "127.0.0.1:1".into(),
+            stale_incarnation: 5,
+            by_addr: "127.0.0.1:2".into(),
+            by_incarnation: 9,
+            by_pid: 42,
+        })
+    );
+    // Not a clash: this incarnation itself, a newer one at this address (a restart), an
+    // older one elsewhere, or a newer one that is down.
+    assert_eq!(info("a", 9).superseded_in(&view), None);
+    let mut restarted = info("a", 5);
+    restarted.addr = "127.0.0.1:2".into();
+    assert_eq!(restarted.superseded_in(&view), None);
+    assert_eq!(info("a", 10).superseded_in(&view), None);
+    seed.tick(t0 + Duration::from_secs(10));
+    let later = seed.view(t0 + Duration::from_secs(10));
+    assert_eq!(
+        later.iter().find(|n| n.id.as_str() == "a").map(|n| n.state),
+        Some(NodeState::Down)
+    );
+    assert_eq!(stale.superseded_in(&later), None);
+}
+
+#[test]
 fn session_loss_makes_suspect_at_once() {
     let t0 = Instant::now();
     let mut m = Membership::new(info("me", 1), leases());
