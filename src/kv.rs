@@ -86,7 +86,9 @@ mod tests;
 #[cfg(test)]
 mod tier_tests;
 
-pub use events::{EventError, EventReplay, KvEvent, KvEventData, SnapshotBlock, StoredBlock, Tier};
+pub use events::{
+    EventError, EventReplay, KvEvent, KvEventData, KvSnapshot, SnapshotBlock, StoredBlock, Tier,
+};
 pub use eviction::EvictionPolicy;
 pub use hash::{ROOT_PARENT_SEQ_HASH, block_hash, block_hashes, sequence_hash};
 pub use lease::SeqLease;

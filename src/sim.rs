@@ -7,7 +7,7 @@
 //! per heartbeat as Discovery publishes it), the request core
 //! ([`RequestCore`](crate::request_plane::request::RequestCore): placement, migration,
 //! hand-off, give-up), the router's state
-//! ([`RouterState`](crate::actors::router::RouterState): prefix index fed by the workers' KV
+//! ([`RouterCore`](crate::request_plane::router::core::RouterCore): prefix index fed by the workers' KV
 //! events, active load, policy), the worker core
 //! ([`WorkerCore`](crate::worker::scheduler::WorkerCore) with its batch former and
 //! [`BlockPool`](crate::kv::BlockPool)) and the sim engine's step model

@@ -1,6 +1,6 @@
 //! The whole request path with no actor, no task and no socket, on one `ManualClock`: gateway
 //! admission (`Admission`), the request core (`RequestCore`, around `Migration`), the router's
-//! state (`RouterState`: prefix index fed by the workers' KV events, active load), the worker
+//! state (`RouterCore`: prefix index fed by the workers' KV events, active load), the worker
 //! core (`WorkerCore`) with its batch former (`SchedulerCore`) and block pool (`BlockPool`).
 //! Engine steps take the time the simulated engine's profile says (`SimProfile`, the published
 //! vLLM-on-H100 fit), paid by advancing the manual clock: a small discrete-event loop, the
@@ -16,7 +16,6 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flotilla::actors::router::{DisaggRouting, RouterArgs, RouterState, WorkerSource};
 use flotilla::control::discovery::membership::{NodeState, NodeView, WorkerView};
 use flotilla::kv::BlockPool;
 use flotilla::request_plane::admission::{Admission, AdmissionVerdict};
@@ -25,6 +24,9 @@ use flotilla::request_plane::events::FleetEventKind;
 use flotilla::request_plane::migration::MigrationPolicy;
 use flotilla::request_plane::protocol::{OwnerStatus, SubmitRequest, TokenEventKind};
 use flotilla::request_plane::request::{RequestCore, RequestCoreConfig, RequestEffect};
+use flotilla::request_plane::router::core::{
+    DisaggRouting, RouterCore, RouterCoreArgs, WorkerSource,
+};
 use flotilla::request_plane::router::policy::SelectorConfig;
 use flotilla::runtime::clock::{Clock, Instant, ManualClock, SharedClock};
 use flotilla::runtime::ids::{NodeId, RequestId, WorkerId};
@@ -91,7 +93,7 @@ struct Fleet {
     clock: ManualClock,
     shared: SharedClock,
     groups: Arc<Groups>,
-    router: RouterState,
+    router: RouterCore,
     workers: BTreeMap<WorkerId, WorkerCore>,
     /// Steps in flight: when each ends, on which worker, what it returns.
     steps: Vec<(Instant, WorkerId, StepResult)>,
@@ -111,7 +113,7 @@ impl Fleet {
         let clock = ManualClock::new();
         let shared: SharedClock = Arc::new(clock.clone());
         let groups = Arc::new(Groups::default());
-        let router = RouterState::new(RouterArgs {
+        let router = RouterCore::new(RouterCoreArgs {
             config: SelectorConfig {
                 block_size: BLOCK as u32,
                 ..SelectorConfig::default()
@@ -120,8 +122,6 @@ impl Fleet {
             workers: groups.clone(),
             disagg: DisaggRouting::default(),
             queues: None,
-            bus: Default::default(),
-            relay: None,
             share_load: true,
             sessions: Default::default(),
         })

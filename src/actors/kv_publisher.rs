@@ -20,11 +20,12 @@ use std::collections::HashMap;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
 
+pub use crate::kv::KvSnapshot;
 use crate::kv::events::parents_first;
 use crate::kv::faults::KvEventFaults;
 use crate::kv::vllm::{VllmBatch, from_flotilla};
 use crate::kv::zmq::ZmqPublisher;
-use crate::kv::{EventReplay, KvEvent, KvEventData, SnapshotBlock, Tier};
+use crate::kv::{EventReplay, KvEvent, KvEventData, Tier};
 use crate::runtime::ids::{EventId, SequenceHash, WorkerId};
 use crate::runtime::wire::Wire;
 use std::net::SocketAddr;
@@ -43,20 +44,6 @@ pub enum KvEventsMsg {
     /// One worker's snapshot, to the relay whose router asked for it
     /// ([`KvPublisherMsg::SnapshotFor`]; cast).
     Snapshot(Wire<KvSnapshot>),
-}
-
-/// Every registered block of a worker, as of `last_event`.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct KvSnapshot {
-    /// Worker.
-    pub worker: WorkerId,
-    /// Last event applied (`None` before the first).
-    pub last_event: Option<EventId>,
-    /// Registered blocks (G1), parents before children.
-    pub blocks: Vec<SnapshotBlock>,
-    /// The blocks of each lower tier (G2, G3) the worker holds, parents before children.
-    #[serde(default)]
-    pub lower: Vec<(Tier, Vec<SnapshotBlock>)>,
 }
 
 /// Messages of the [`KvEventPublisher`].

@@ -64,6 +64,20 @@ pub struct SnapshotBlock {
     pub block_hash: BlockHash,
 }
 
+/// Every registered block of a worker, as of `last_event`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KvSnapshot {
+    /// Worker.
+    pub worker: WorkerId,
+    /// Last event applied (`None` before the first).
+    pub last_event: Option<EventId>,
+    /// Registered blocks (G1), parents before children.
+    pub blocks: Vec<SnapshotBlock>,
+    /// The blocks of each lower tier (G2, G3) the worker holds, parents before children.
+    #[serde(default)]
+    pub lower: Vec<(Tier, Vec<SnapshotBlock>)>,
+}
+
 /// Errors of event consumers.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EventError {

@@ -8,7 +8,7 @@
 //! the offending field.
 
 use crate::actors::gateway::conn::ConnLimits;
-use crate::actors::router::DisaggRouting;
+use crate::request_plane::router::core::DisaggRouting;
 pub use crate::runtime::role::NodeRole;
 #[doc(no_inline)]
 pub use crate::worker::external::ExternalWorkerConfig;

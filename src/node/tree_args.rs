@@ -9,7 +9,7 @@ use crate::actors::gateway::routes::GatewayShared;
 use crate::actors::gateway::state::ChaosController;
 use crate::actors::gateway::state::FaceInfo;
 use crate::actors::gateway::state::Serving;
-use crate::actors::router::RouterArgs;
+use crate::actors::router::{ProcessGroups, RouterArgs, RouterCoreArgs};
 use crate::control::discovery::membership::Leases;
 use crate::node::context::NodeContext;
 use crate::request_plane::token_sink::SinkRegistry;
@@ -153,17 +153,19 @@ fn discovery(ctx: &NodeContext) -> DiscoveryArgs {
 
 /// The router's placement policy (on the system clock and the live schedulers' group).
 fn router(ctx: &NodeContext) -> RouterArgs {
-    let mut args = RouterArgs::new(ctx.config.selector_config());
-    args.disagg = (&ctx.config.disagg).into();
+    let mut core = RouterCoreArgs::new(ctx.config.selector_config(), Arc::new(ProcessGroups));
+    core.disagg = (&ctx.config.disagg).into();
     // Only a gateway on this node with a TTFT target reads them (admission.rs).
-    args.queues = (ctx.config.has_role(NodeRole::Gateway)
+    core.queues = (ctx.config.has_role(NodeRole::Gateway)
         && ctx.config.gateway.ttft_target_ms.is_some())
     .then(|| ctx.prefill_queues.clone());
-    args.bus = ctx.events.clone();
-    args.relay = Some(ctx.name("kv_event_relay"));
-    args.share_load = ctx.config.router.share_load;
-    args.sessions = ctx.config.session_table();
-    args
+    core.share_load = ctx.config.router.share_load;
+    core.sessions = ctx.config.session_table();
+    RouterArgs {
+        core,
+        bus: ctx.events.clone(),
+        relay: Some(ctx.name("kv_event_relay")),
+    }
 }
 
 /// The gateway's serving state, admission, migration policy and HTTP limits.

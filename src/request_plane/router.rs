@@ -12,8 +12,13 @@
 //! - `sync.rs` — [`sync::LoadChange`]: what routers tell each other of their load
 //!   (`router.share_load`).
 //!
+//! - `core.rs` — [`core::RouterCore`]: the placement itself over all of the above (sessions,
+//!   conditional disaggregation, the other routers' load), on an injected clock and list of
+//!   workers.
+//!
 //! The actor that drives them is [`crate::actors::router`].
 
+pub mod core;
 pub mod index;
 pub mod load;
 pub mod policy;

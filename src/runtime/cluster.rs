@@ -461,7 +461,7 @@ async fn open_session_listening_on(
 const AUTH_ATTEMPTS: u32 = 3;
 
 /// Join through any of `seeds`, retrying refused connections (a seed may still be starting)
-/// until `timeout`. A seed that closes [`AUTH_ATTEMPTS`] handshakes in a row before they
+/// until `timeout`. A seed that closes `AUTH_ATTEMPTS` (3) handshakes in a row before they
 /// authenticate refuses the cookie: that is final.
 ///
 /// # Errors

@@ -270,7 +270,7 @@ fn idle_workers_cost_nothing() {
 fn the_simulator_shares_the_live_decision_code() {
     let src = include_str!("world.rs");
     for shared in [
-        "RouterState::new(",
+        "RouterCore::new(",
         ".place(route)",
         "RequestCore::new(",
         "WorkerCore::new(",

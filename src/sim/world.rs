@@ -16,7 +16,6 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::actors::router::{DisaggRouting, RouterArgs, RouterState, WorkerSource};
 use crate::control::discovery::membership::{NodeState, NodeView, WorkerView};
 use crate::control::planner::{
     CapacityProfile, Decision, Forecast, Planner, PlannerMode, PoolCount, ViewReader,
@@ -31,6 +30,7 @@ use crate::request_plane::protocol::{
     OwnerStatus, RemoteKv, SubmitRequest, TokenEvent, TokenEventKind,
 };
 use crate::request_plane::request::{RequestCore, RequestCoreConfig, RequestEffect};
+use crate::request_plane::router::core::{DisaggRouting, RouterCore, RouterCoreArgs, WorkerSource};
 use crate::runtime::clock::{Clock, Instant, ManualClock, SharedClock};
 use crate::runtime::ids::{NodeId, RequestId, WorkerId};
 use crate::runtime::role::{Role, role_group};
@@ -611,7 +611,7 @@ pub struct SimFleet<'w> {
     heap: BinaryHeap<Scheduled>,
     seq: u64,
     groups: Arc<Groups>,
-    routers: Vec<RouterState>,
+    routers: Vec<RouterCore>,
     workers: Vec<SimWorker>,
     index: HashMap<WorkerId, usize>,
     engine: SimEngineArgs,
@@ -664,14 +664,13 @@ impl<'w> SimFleet<'w> {
         let groups = Arc::new(Groups::default());
         let c = &spec.config;
         anyhow::ensure!(spec.routers >= 1, "--routers: at least one router");
-        let mut router_args = RouterArgs::new(c.selector_config());
+        let mut router_args = RouterCoreArgs::new(c.selector_config(), groups.clone());
         router_args.clock = shared.clone();
-        router_args.workers = groups.clone();
         router_args.disagg = DisaggRouting::from(&c.disagg);
         router_args.share_load = c.router.share_load;
         router_args.sessions = c.session_table();
         let routers = (0..spec.routers)
-            .map(|_| RouterState::new(router_args.clone()))
+            .map(|_| RouterCore::new(router_args.clone()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| anyhow::anyhow!("configuration: router: {e}"))?;
         let mut routers = routers;
@@ -957,7 +956,7 @@ impl<'w> SimFleet<'w> {
                 self.out.records.push(rec);
             }
         }
-        self.out.leftovers.placed = self.routers.iter().map(RouterState::placed).sum();
+        self.out.leftovers.placed = self.routers.iter().map(RouterCore::placed).sum();
         self.out.leftovers.listening = self.listening.len();
         for w in &self.workers {
             if let Some(core) = &w.core {
