@@ -219,6 +219,12 @@ async fn the_fleet_page_follows_a_live_cluster_under_load_and_chaos() {
     .await;
     assert_eq!(text(&c, "nodes-up").await, "3");
     assert_eq!(text(&c, "workers-ready").await, "2");
+    // The restarts card counts actor and node restarts, and says how many of each.
+    assert_eq!(text(&c, "restarts").await, "0");
+    assert_eq!(
+        eval(&c, "document.getElementById('restarts').title").await,
+        "0 actor restarts, 0 node restarts"
+    );
     assert_eq!(
         eval(&c, "document.getElementById('chaos-section').hidden").await,
         false,
@@ -383,6 +389,22 @@ async fn the_fleet_page_follows_a_live_cluster_under_load_and_chaos() {
     )
     .await;
     assert_eq!(health, "unreachable", "its worker is shown unreachable");
+    // A page loaded now starts with the recent past: the fault installed earlier is in its
+    // event log at once (replayed from the gateway's history: no fault comes after the reload).
+    c.goto(&cluster.url("/")).await.expect("the page reloads");
+    poll_until(
+        Duration::from_secs(10),
+        "the earlier fault in a fresh page's event log",
+        || async {
+            let n = eval(
+                &c,
+                "document.querySelectorAll('#events li[data-event=fault_installed]').length",
+            )
+            .await;
+            (n.as_u64().unwrap_or(0) >= 1).then_some(())
+        },
+    )
+    .await;
     let errors = console_errors(&c).await;
     assert!(errors.is_empty(), "console errors: {errors:?}");
     for l in load {

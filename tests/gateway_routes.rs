@@ -20,6 +20,7 @@ fn shared(discovery_name: &str) -> Arc<GatewayShared> {
         prefill_queues: Default::default(),
         face: None,
         bus: Default::default(),
+        page_history: Default::default(),
     })
 }
 

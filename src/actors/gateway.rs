@@ -147,6 +147,10 @@ impl Actor for HttpGateway {
                 }
             });
         }
+        if args.shared.face.is_none() {
+            // The fleet page's history, kept from the start (page.rs).
+            tokio::spawn(page::record(args.shared.clone(), cancel.clone()));
+        }
         let app = routes::app(args.shared.clone());
         let token = cancel.clone();
         let limits = args.limits;

@@ -213,6 +213,7 @@ fn gateway(ctx: &NodeContext) -> GatewayParts {
         prefill_queues: ctx.prefill_queues.clone(),
         face: None,
         bus: ctx.events.clone(),
+        page_history: Default::default(),
     });
     let faces = faces(ctx, &shared);
     let http = ctx.config.has_role(NodeRole::Gateway).then(|| GatewayArgs {
@@ -259,6 +260,7 @@ fn faces(ctx: &NodeContext, gateway: &Arc<GatewayShared>) -> Vec<(u32, GatewayAr
                 fleet: gateway.fleet.clone(),
                 prefill_queues: gateway.prefill_queues.clone(),
                 bus: gateway.bus.clone(),
+                page_history: Default::default(),
                 face: Some(Arc::new(FaceInfo {
                     worker,
                     block_size: w.block_size_tokens,

@@ -13,6 +13,11 @@
 //!   router's cost terms, hand-offs, migrations, give-ups, workers and nodes coming and going,
 //!   and — relayed by Discovery from every node — faults and role changes).
 //!
+//! A page that connects first gets the last minutes of both ([`PageHistory`]: up to
+//! [`HISTORY_VIEWS`] frames and [`HISTORY_EVENTS`] events, recorded by [`record`] while the
+//! gateway runs, whether a page is open or not), so its charts and event log start full on
+//! every load rather than empty.
+//!
 //! No actor is called: the stream reads the published view (a `watch`) and the bus (a
 //! `broadcast`). The page's chaos buttons use the chaos API itself (`/chaos/faults`, with its
 //! loopback / Origin / token checks); they show only when the API is on.
@@ -39,6 +44,71 @@ pub const VIEW_MIN_GAP: Duration = Duration::from_millis(500);
 pub const VIEW_MAX_GAP: Duration = Duration::from_secs(2);
 /// Shortest window the rates and percentiles cover (the page's tiles say 5 s).
 pub const RATE_WINDOW: Duration = Duration::from_secs(5);
+/// `view` frames a page gets when it connects: as many as its charts keep (`page.js`,
+/// `HISTORY`), 2–5 minutes at a frame every 0.5–2 s.
+pub const HISTORY_VIEWS: usize = 150;
+/// `fleet` events a page gets when it connects: as many as its event log keeps (`page.js`,
+/// `MAX_EVENTS`).
+pub const HISTORY_EVENTS: usize = 200;
+
+/// The page stream's recent past (see the module doc); shared by the gateway's routes.
+#[derive(Clone, Debug, Default)]
+pub struct PageHistory(Arc<std::sync::Mutex<History>>);
+
+#[derive(Debug, Default)]
+struct History {
+    views: std::collections::VecDeque<String>,
+    events: std::collections::VecDeque<String>,
+}
+
+impl PageHistory {
+    fn lock(&self) -> std::sync::MutexGuard<'_, History> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Keep one record of the stream (`view` or `fleet`), dropping the oldest past the bound.
+    pub fn push(&self, kind: FeedKind, data: String) {
+        let mut h = self.lock();
+        let (q, bound) = match kind {
+            FeedKind::View => (&mut h.views, HISTORY_VIEWS),
+            FeedKind::Fleet => (&mut h.events, HISTORY_EVENTS),
+        };
+        q.push_back(data);
+        while q.len() > bound {
+            q.pop_front();
+        }
+    }
+
+    /// What a connecting page gets first: the frames, then the events, each oldest first.
+    pub fn replay(&self) -> Vec<(FeedKind, String)> {
+        let h = self.lock();
+        h.views
+            .iter()
+            .map(|d| (FeedKind::View, d.clone()))
+            .chain(h.events.iter().map(|d| (FeedKind::Fleet, d.clone())))
+            .collect()
+    }
+}
+
+/// The two kinds of records of the page's stream (the SSE `event:` names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FeedKind {
+    /// A fleet view frame ([`frame`]).
+    View,
+    /// A fleet event.
+    Fleet,
+}
+
+impl FeedKind {
+    fn name(self) -> &'static str {
+        match self {
+            Self::View => "view",
+            Self::Fleet => "fleet",
+        }
+    }
+}
 
 /// The page's routes (no control API here: its buttons call `/chaos/*`).
 pub fn routes() -> axum::Router<Arc<GatewayShared>> {
@@ -194,14 +264,46 @@ pub fn frame(
     })
 }
 
-/// `GET /v1/fleet/live`: the page's stream (see the module docs). Ends when the gateway
-/// stops.
+/// `GET /v1/fleet/live`: the page's stream (see the module docs): the recorded history, then
+/// the live records. Ends when the gateway stops.
 async fn live(State(s): State<Arc<GatewayShared>>) -> Response {
+    use futures::StreamExt;
+    // Subscribed before the history is read: a record may come twice, never not at all.
+    let live = feed(s.clone());
+    let past = futures::stream::iter(s.page_history.replay());
+    let events = past
+        .chain(live)
+        .map(|(kind, data)| Ok::<_, Infallible>(Event::default().event(kind.name()).data(data)));
+    axum::response::Sse::new(events)
+        .keep_alive(crate::openai::sse::keep_alive(Duration::from_secs(15)))
+        .into_response()
+}
+
+/// Records the page's stream into `shared.page_history` until `stop` is cancelled (the
+/// gateway stops): started with the gateway, so a page's first load has a past too.
+pub async fn record(shared: Arc<GatewayShared>, stop: tokio_util::sync::CancellationToken) {
+    use futures::StreamExt;
+    let history = shared.page_history.clone();
+    let mut records = std::pin::pin!(feed(shared));
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            next = records.next() => match next {
+                Some((kind, data)) => history.push(kind, data),
+                None => break,
+            },
+        }
+    }
+}
+
+/// The page's live records: `view` frames of the published fleet view and `fleet` events of
+/// the bus, as `(kind, JSON)`. Subscribes at once; ends when the view or the bus closes.
+fn feed(s: Arc<GatewayShared>) -> impl futures::Stream<Item = (FeedKind, String)> {
     use tokio::sync::broadcast::error::RecvError;
     let mut view = s.fleet.subscribe();
     let mut bus = s.bus.subscribe();
-    let shared = s.clone();
-    let events = async_stream::stream! {
+    let shared = s;
+    async_stream::stream! {
         let mut reader = ViewReader::default();
         let mut rates = FleetSignals::default();
         let mut generated = GeneratedTokens::default();
@@ -221,11 +323,11 @@ async fn live(State(s): State<Arc<GatewayShared>>) -> Response {
                 }
                 ev = bus.recv() => match ev {
                     Ok(ev) => match serde_json::to_string(&ev) {
-                        Ok(data) => yield Ok::<_, Infallible>(Event::default().event("fleet").data(data)),
+                        Ok(data) => yield (FeedKind::Fleet, data),
                         Err(e) => tracing::warn!(error = %e, "fleet event not encodable"),
                     },
                     Err(RecvError::Lagged(missed)) => {
-                        yield Ok(Event::default().event("fleet").data(json!({"event": "lagged", "missed": missed}).to_string()));
+                        yield (FeedKind::Fleet, json!({"event": "lagged", "missed": missed}).to_string());
                     }
                     Err(RecvError::Closed) => break,
                 },
@@ -269,14 +371,11 @@ async fn live(State(s): State<Arc<GatewayShared>>) -> Response {
                 in_flight: shared.serving.as_ref().map_or(0, |v| v.registry.len()),
             };
             let data = frame(at_ms, &nodes, &rates, token_rate, &facts).to_string();
-            yield Ok(Event::default().event("view").data(data));
+            yield (FeedKind::View, data);
             last_sent = Some(now);
             dirty = false;
         }
-    };
-    axum::response::Sse::new(events)
-        .keep_alive(crate::openai::sse::keep_alive(Duration::from_secs(15)))
-        .into_response()
+    }
 }
 
 #[cfg(test)]
@@ -307,6 +406,7 @@ mod tests {
             actors: vec![],
             counters: NodeCounters {
                 migrations,
+                node_restarts: 1,
                 ..Default::default()
             },
             signals: Some(crate::runtime::signals::GatewaySignals {
@@ -348,6 +448,10 @@ mod tests {
             "the down node's 5 are not summed"
         );
         assert_eq!(f["totals"]["shed"], 6);
+        assert_eq!(
+            f["totals"]["node_restarts"], 2,
+            "the page's restarts card adds them"
+        );
         assert_eq!(f["totals"]["workers"], 2);
         assert_eq!(f["totals"]["nodes_up"], 2);
         assert_eq!(f["rates"]["request_rate"], 12.5);
@@ -388,6 +492,35 @@ mod tests {
             "a restarted worker"
         );
         assert_eq!(g.read(&with(&[("b", 9)])), 4, "a worker gone");
+    }
+
+    /// The history keeps the newest frames and events up to their bounds and replays the
+    /// frames first, each kind oldest first.
+    #[test]
+    fn the_history_keeps_the_newest_records_up_to_its_bounds() {
+        let h = PageHistory::default();
+        for k in 0..HISTORY_VIEWS + 3 {
+            h.push(FeedKind::View, format!("v{k}"));
+        }
+        h.push(FeedKind::Fleet, "e0".into());
+        h.push(FeedKind::Fleet, "e1".into());
+        let r = h.replay();
+        assert_eq!(r.len(), HISTORY_VIEWS + 2);
+        assert_eq!(
+            r[0],
+            (FeedKind::View, "v3".to_owned()),
+            "the oldest three dropped"
+        );
+        assert_eq!(
+            r[HISTORY_VIEWS - 1],
+            (FeedKind::View, format!("v{}", HISTORY_VIEWS + 2))
+        );
+        assert_eq!(r[HISTORY_VIEWS], (FeedKind::Fleet, "e0".to_owned()));
+        assert_eq!(r[HISTORY_VIEWS + 1], (FeedKind::Fleet, "e1".to_owned()));
+        for k in 0..HISTORY_EVENTS + 1 {
+            h.push(FeedKind::Fleet, format!("f{k}"));
+        }
+        assert_eq!(h.replay().len(), HISTORY_VIEWS + HISTORY_EVENTS);
     }
 
     /// The assets are the ones built in, each with its type; the page names its script.

@@ -48,6 +48,9 @@ pub struct GatewayShared {
     pub face: Option<Arc<FaceInfo>>,
     /// This node's fleet event bus, streamed by `GET /v1/fleet/events`.
     pub bus: crate::request_plane::events::EventBus,
+    /// The fleet page stream's recent past, replayed to a page when it connects
+    /// (`page.rs`; recorded by the gateway actor while it runs).
+    pub page_history: super::page::PageHistory,
 }
 
 impl GatewayShared {

@@ -71,14 +71,18 @@
     $("kv-use").textContent = fmt(100 * (r.kv_usage || 0), 0) + " %";
     const t = view.totals;
     $("migrations").textContent = t.migrations;
-    $("restarts").textContent = t.restarts;
+    // Actor restarts (supervisors) and node restarts (`flotilla up` starting a node again): a
+    // restarted node's own actor count starts from zero, its restart is counted by the launcher.
+    const restarts = (x) => (x.restarts || 0) + (x.node_restarts || 0);
+    $("restarts").textContent = restarts(t);
+    $("restarts").title = (t.restarts || 0) + " actor restarts, " + (t.node_restarts || 0) + " node restarts";
     $("panics").textContent = t.panics;
     $("shed").textContent = t.shed;
     const prev = state.last || t;
     state.series.push({
       t: view.at_ms, req: r.request_rate || 0, tok: tokRate || 0,
       ttft50: r.ttft_p50_ms, ttft99: r.ttft_p99_ms, itl50: r.itl_p50_ms, itl99: r.itl_p99_ms,
-      mig: Math.max(0, t.migrations - prev.migrations), rst: Math.max(0, t.restarts - prev.restarts),
+      mig: Math.max(0, t.migrations - prev.migrations), rst: Math.max(0, restarts(t) - restarts(prev)),
       pan: Math.max(0, t.panics - prev.panics), shed: Math.max(0, t.shed - prev.shed),
     });
     state.last = t;
