@@ -11,6 +11,8 @@
 //! - `admission.rs` — [`admission::Admission`]: whether the gateway sheds a request before
 //!   any work is done (busy workers, predicted TTFT, in-flight cap).
 //! - `frontend.rs` — the model's face: tokenizer, chat template, context length.
+//! - `choice.rs` — [`choice::ChoiceText`]: one choice's token events turned into the text,
+//!   logprobs and ids its client sees (detokenizer, stop strings, echo).
 //! - `migration.rs` — [`migration::Migration`]: when a request whose worker was lost
 //!   migrates again, waits for a worker or is given up.
 //! - `request.rs` — [`request::RequestCore`]: one request from placement to its last token
@@ -24,6 +26,7 @@
 //! - `token_sink.rs` — [`token_sink::SinkRegistry`]: a node's in-flight requests' receivers.
 
 pub mod admission;
+pub mod choice;
 pub mod error;
 pub mod events;
 pub mod frontend;

@@ -43,17 +43,16 @@ use wire::{Api, StreamOut};
 
 mod wire;
 use crate::actors::request::{Job, Request, RequestArgs, RequestMsg};
-use crate::openai::detok::IncrementalDetokenizer;
 use crate::openai::error::{ApiError, ErrorKind};
 use crate::openai::request::{Input, RequestKind, check_model, model_not_found};
 use crate::openai::response::{
     self, ChoiceOutput, FinishReason, ResponseMeta, TokenLogprob, Usage,
 };
 use crate::openai::sse;
-use crate::openai::stop::StopMatcher;
 use crate::request_plane::admission::{
     AdmissionVerdict, has_worker, planner_may_act, waits_for_capacity,
 };
+use crate::request_plane::choice::{ChoiceSpec, ChoiceText, Produced};
 use crate::request_plane::error::{RequestError, ShedReason};
 use crate::request_plane::frontend::TokRef;
 use crate::request_plane::priority::{CLASS_HEADER, ClassError, Resolved};
@@ -336,231 +335,45 @@ impl Drop for CancelGuard {
     }
 }
 
-/// One choice's decoding state.
+/// One choice: its output (the request plane's [`ChoiceText`]) and its timing.
 struct Choice {
-    detok: IncrementalDetokenizer<TokRef>,
-    stop: StopMatcher,
-    tokenizer: TokRef,
-    want_logprobs: bool,
-    /// `return_token_ids`: the ids go out with the text.
-    want_ids: bool,
-    completion_tokens: u32,
-    cached_tokens: u32,
-    finish: Option<FinishReason>,
-    /// The stop string that ended it, if one did.
-    stop_sequence: Option<String>,
+    text: ChoiceText,
     /// When the request was received.
     t0: Instant,
     /// When the previous token arrived.
     last: Option<Instant>,
-    /// Logprobs of tokens whose text the stop matcher still holds back.
-    held_logprobs: Vec<TokenLogprob>,
     /// This node's counters (the planner's signals: TTFT, ITL).
     stats: Arc<NodeStats>,
-    /// The workers that admitted it, in order (more than one after a migration).
-    workers: Vec<String>,
-    /// The prompt it answers (its index in the request's list; 0 for a single prompt).
-    prompt: usize,
     /// Its priority class, if classes are configured (per-class metrics).
     class: Option<Arc<str>>,
-    /// `echo`: the prompt, sent before the first token's text (with its logprobs once they
-    /// have all come); `None` without echo or once sent.
-    echo: Option<Echo>,
-    /// `echo` with `max_tokens: 0`: the one token the worker samples is dropped, and the
-    /// choice ends with `length`.
-    prompt_only: bool,
-}
-
-/// An echoed prompt waiting to be sent.
-struct Echo {
-    /// Its text: the prompt string as received (a token-id prompt: its decoded ids).
-    text: String,
-    /// Its token ids.
-    ids: Vec<u32>,
-    /// Its tokens' logprobs so far (the first one `None`), when the request wants logprobs.
-    logprobs: Option<Vec<TokenLogprob>>,
-}
-
-impl Echo {
-    /// The prompt `ids` (text `text`) to echo; with `logprobs`, its first token listed
-    /// already (it has no logprob).
-    fn new(text: String, ids: Vec<u32>, logprobs: bool, tok: &TokRef) -> Self {
-        let logprobs = logprobs.then(|| {
-            ids.first()
-                .map(|&t| TokenLogprob {
-                    token: tok.0.decode(&[t], false).unwrap_or_default(),
-                    logprob: None,
-                    top: Vec::new(),
-                })
-                .into_iter()
-                .collect()
-        });
-        Self {
-            text,
-            ids,
-            logprobs,
-        }
-    }
-
-    /// Whether every prompt token's logprob has come (or none are wanted).
-    fn complete(&self) -> bool {
-        self.logprobs
-            .as_ref()
-            .is_none_or(|l| l.len() >= self.ids.len())
-    }
-}
-
-/// What one event produced for the client.
-#[derive(Default)]
-struct Produced {
-    text: String,
-    logprobs: Vec<TokenLogprob>,
-    /// The event's token id (with `return_token_ids`).
-    token_ids: Vec<u32>,
 }
 
 impl Choice {
+    /// One token event: the choice's output, with each counted token timed (TTFT for the
+    /// first, ITL after).
     fn on_event(&mut self, ev: TokenEventKind) -> Result<Produced, ApiError> {
-        let mut out = Produced {
-            text: String::new(),
-            logprobs: Vec::new(),
-            token_ids: Vec::new(),
-        };
-        match ev {
-            TokenEventKind::Admitted {
-                cached_tokens,
-                worker,
-            } => {
-                // Counted in `flotilla_prefix_hit_tokens_total` at the request's end, once per
-                // request as `usage` reports it (not here, once per choice). A migrated choice
-                // is admitted again elsewhere: its usage keeps the first admission's.
-                if self.workers.is_empty() {
-                    self.cached_tokens = cached_tokens;
-                }
-                if self.workers.last().is_none_or(|w| *w != worker.as_str()) {
-                    self.workers.push(worker.to_string());
-                }
-            }
-            TokenEventKind::Failed { message, status } => {
-                return Err(RequestError::from_failed(message, status).into());
-            }
-            TokenEventKind::Lost { reason } => {
-                return Err(RequestError::Lost(reason).into());
-            }
-            // Consumed by the Request actor; never reaches a handler.
-            TokenEventKind::HandOff(_) => {}
-            TokenEventKind::Prompt { first, logprobs } => {
-                let text = |id: u32| self.tokenizer.0.decode(&[id], false).unwrap_or_default();
-                if let Some(echo) = self.echo.as_mut()
-                    && let Some(have) = echo.logprobs.as_mut()
-                {
-                    // The Request passes each position once, in order.
-                    for (i, (lp, top)) in logprobs.into_iter().enumerate() {
-                        let pos = first as usize + i;
-                        if pos != have.len() {
-                            continue;
-                        }
-                        let Some(&id) = echo.ids.get(pos) else { break };
-                        have.push(TokenLogprob {
-                            token: text(id),
-                            logprob: Some(lp),
-                            top: top.into_iter().map(|(t, lp)| (text(t), lp)).collect(),
-                        });
+        let out = self.text.on_event(ev)?;
+        if out.counted {
+            let now = Instant::now();
+            match self.last {
+                None => {
+                    let d = now - self.t0;
+                    metrics::histogram!("flotilla_ttft_seconds").record(d.as_secs_f64());
+                    if let Some(c) = &self.class {
+                        metrics::histogram!("flotilla_class_ttft_seconds", "class" => c.to_string())
+                            .record(d.as_secs_f64());
                     }
+                    self.stats.signals().first_token(d.as_secs_f64() * 1000.0);
                 }
-                if self.echo.as_ref().is_some_and(Echo::complete) {
-                    self.echo_into(&mut out);
+                Some(prev) => {
+                    let d = now - prev;
+                    metrics::histogram!("flotilla_itl_seconds").record(d.as_secs_f64());
+                    self.stats.signals().next_token(d.as_secs_f64() * 1000.0);
                 }
             }
-            TokenEventKind::Token {
-                id,
-                logprob,
-                finish,
-                top,
-                ..
-            } => {
-                if self.finish.is_some() {
-                    return Ok(out);
-                }
-                // The echoed prompt goes first (its logprobs are all here: the worker sends
-                // them before the first token).
-                self.echo_into(&mut out);
-                if self.prompt_only {
-                    self.finish = Some(FinishReason::Length);
-                    return Ok(out);
-                }
-                let echoed = std::mem::take(&mut out);
-                let now = Instant::now();
-                match self.last {
-                    None => {
-                        let d = now - self.t0;
-                        metrics::histogram!("flotilla_ttft_seconds").record(d.as_secs_f64());
-                        if let Some(c) = &self.class {
-                            metrics::histogram!("flotilla_class_ttft_seconds", "class" => c.to_string())
-                                .record(d.as_secs_f64());
-                        }
-                        self.stats.signals().first_token(d.as_secs_f64() * 1000.0);
-                    }
-                    Some(prev) => {
-                        let d = now - prev;
-                        metrics::histogram!("flotilla_itl_seconds").record(d.as_secs_f64());
-                        self.stats.signals().next_token(d.as_secs_f64() * 1000.0);
-                    }
-                }
-                self.last = Some(now);
-                self.completion_tokens += 1;
-                if self.want_ids {
-                    out.token_ids.push(id);
-                }
-                let mut piece = self.detok.step(id)?;
-                if finish.is_some() {
-                    piece.push_str(&self.detok.finish()?);
-                }
-                if self.want_logprobs {
-                    let text = |id: u32| self.tokenizer.0.decode(&[id], false).unwrap_or_default();
-                    self.held_logprobs.push(TokenLogprob {
-                        token: text(id),
-                        logprob: Some(logprob),
-                        top: top.into_iter().map(|(t, lp)| (text(t), lp)).collect(),
-                    });
-                }
-                let step = self.stop.feed(&piece);
-                out.text = step.release;
-                if step.stopped.is_some() {
-                    self.finish = Some(FinishReason::Stop);
-                    self.stop_sequence = step.stopped;
-                    // Tokens whose text is (part of) the stop match are never shown.
-                    self.held_logprobs.clear();
-                } else if let Some(f) = finish {
-                    out.text.push_str(&self.stop.finish());
-                    self.finish = Some(f);
-                }
-                // A token's logprob goes out with its text: not while the text is held back.
-                if self.finish.is_some() || self.stop.held().is_empty() {
-                    out.logprobs.append(&mut self.held_logprobs);
-                }
-                out.prepend(echoed);
-            }
+            self.last = Some(now);
         }
         Ok(out)
-    }
-
-    /// The echoed prompt (its text and logprobs), once, into `out`.
-    fn echo_into(&mut self, out: &mut Produced) {
-        if let Some(echo) = self.echo.take() {
-            out.text.push_str(&echo.text);
-            out.logprobs.extend(echo.logprobs.unwrap_or_default());
-        }
-    }
-}
-
-impl Produced {
-    /// `first`'s text, logprobs and ids before this one's.
-    fn prepend(&mut self, mut first: Produced) {
-        first.text.push_str(&self.text);
-        first.logprobs.append(&mut self.logprobs);
-        first.token_ids.append(&mut self.token_ids);
-        *self = first;
     }
 }
 
@@ -736,33 +549,28 @@ async fn start(
             guard
                 .0
                 .push(spawn_choice(serving, &s.stats, policy, job, i, merged_tx.clone()).await?);
-            let tok = TokRef(fe.tokenizer.clone());
-            let echo = req.echo.then(|| {
-                let text = match req.input.prompts().get(p) {
-                    Some(Input::Text(t)) => t.clone(),
-                    _ => tok.0.decode(prompt, false).unwrap_or_default(),
-                };
-                Echo::new(text, prompt.clone(), req.logprobs.is_some(), &tok)
-            });
+            let echo_text = match req.input.prompts().get(p) {
+                Some(Input::Text(t)) => Some(t.as_str()),
+                _ => None,
+            };
+            let text = ChoiceText::new(
+                TokRef(fe.tokenizer.clone()),
+                ChoiceSpec {
+                    prompt_ids: prompt,
+                    prompt: p,
+                    echo: req.echo.then_some(echo_text),
+                    stop: &req.stop,
+                    logprobs: req.logprobs.is_some(),
+                    token_ids: req.return_token_ids,
+                    prompt_only: req.prompt_only(),
+                },
+            );
             choices.push(Choice {
-                detok: IncrementalDetokenizer::with_context(tok.clone(), prompt),
-                stop: StopMatcher::new(&req.stop),
-                tokenizer: tok,
-                want_logprobs: req.logprobs.is_some(),
-                want_ids: req.return_token_ids,
-                completion_tokens: 0,
-                cached_tokens: 0,
-                finish: None,
-                stop_sequence: None,
+                text,
                 t0,
                 last: None,
-                held_logprobs: Vec::new(),
                 stats: s.stats.clone(),
-                workers: Vec::new(),
-                prompt: p,
                 class: class_name.clone(),
-                echo,
-                prompt_only: req.prompt_only(),
             });
             s.stats.signals().arrived(prompt.len() as u64);
         }
@@ -824,7 +632,7 @@ async fn start(
 fn usage_of(st: &Started) -> Usage {
     Usage {
         prompt_tokens: st.prompt_tokens.iter().sum(),
-        completion_tokens: st.choices.iter().map(|c| c.completion_tokens).sum(),
+        completion_tokens: st.choices.iter().map(|c| c.text.completion_tokens).sum(),
         cached_tokens: cached_per_prompt(st).iter().map(|(_, c)| c).sum(),
     }
 }
@@ -837,11 +645,11 @@ fn cached_per_prompt(st: &Started) -> Vec<(&str, u32)> {
         .iter()
         .enumerate()
         .map(|(p, &len)| {
-            let first = st.choices.iter().find(|c| c.prompt == p);
+            let first = st.choices.iter().find(|c| c.text.prompt == p);
             let worker = first
-                .and_then(|c| c.workers.first())
+                .and_then(|c| c.text.workers.first())
                 .map_or("-", String::as_str);
-            (worker, first.map_or(0, |c| c.cached_tokens).min(len))
+            (worker, first.map_or(0, |c| c.text.cached_tokens).min(len))
         })
         .collect()
 }
@@ -849,7 +657,7 @@ fn cached_per_prompt(st: &Started) -> Vec<(&str, u32)> {
 /// The workers of every choice, comma-separated, each once, in order (`-`: none).
 fn workers_of(st: &Started) -> String {
     let mut all: Vec<&str> = Vec::new();
-    for w in st.choices.iter().flat_map(|c| &c.workers) {
+    for w in st.choices.iter().flat_map(|c| &c.text.workers) {
         if !all.contains(&w.as_str()) {
             all.push(w);
         }
@@ -918,9 +726,10 @@ impl Started {
             }
         }
         for c in &self.choices {
-            c.stats
-                .signals()
-                .finished(u64::from(c.completion_tokens), u64::from(c.cached_tokens));
+            c.stats.signals().finished(
+                u64::from(c.text.completion_tokens),
+                u64::from(c.text.cached_tokens),
+            );
         }
     }
 }
@@ -943,7 +752,10 @@ async fn collect(mut st: Started) -> Response {
             st.record("ok", 200);
             let body = match (st.api, outputs.first()) {
                 (Api::Messages, Some(out)) => {
-                    let stop = st.choices.first().and_then(|c| c.stop_sequence.as_deref());
+                    let stop = st
+                        .choices
+                        .first()
+                        .and_then(|c| c.text.stop_sequence.as_deref());
                     anthropic::response::message_body(
                         &st.meta.id,
                         &st.meta.model,
@@ -974,7 +786,7 @@ async fn collect_choices(st: &mut Started) -> Result<Vec<ChoiceOutput>, ApiError
     let mut ids: Vec<Vec<u32>> = vec![Vec::new(); n];
     let mut queue = std::mem::take(&mut st.pending);
     loop {
-        if st.choices.iter().all(|c| c.finish.is_some()) {
+        if st.choices.iter().all(|c| c.text.finish.is_some()) {
             break;
         }
         let (i, ev) = if queue.is_empty() {
@@ -984,7 +796,7 @@ async fn collect_choices(st: &mut Started) -> Result<Vec<ChoiceOutput>, ApiError
         };
         let p = st.choices[i as usize].on_event(ev)?;
         let c = &st.choices[i as usize];
-        if c.finish.is_some()
+        if c.text.finish.is_some()
             && let Some(r) = st.guard.0.get(i as usize)
         {
             let _ = r.cast(RequestMsg::Cancel); // a stop string may have ended it early
@@ -999,9 +811,9 @@ async fn collect_choices(st: &mut Started) -> Result<Vec<ChoiceOutput>, ApiError
         .enumerate()
         .map(|(i, c)| ChoiceOutput {
             text: std::mem::take(&mut texts[i]),
-            finish_reason: c.finish.unwrap_or(FinishReason::Stop),
-            logprobs: c.want_logprobs.then(|| std::mem::take(&mut lps[i])),
-            token_ids: c.want_ids.then(|| std::mem::take(&mut ids[i])),
+            finish_reason: c.text.finish.unwrap_or(FinishReason::Stop),
+            logprobs: c.text.want_logprobs.then(|| std::mem::take(&mut lps[i])),
+            token_ids: c.text.want_ids.then(|| std::mem::take(&mut ids[i])),
         })
         .collect();
     Ok(outputs)
@@ -1029,7 +841,7 @@ fn stream(st: Started, keep_alive: Duration) -> Response {
             yield Ok(record);
         }
         loop {
-            if st.choices.iter().all(|c| c.finish.is_some()) {
+            if st.choices.iter().all(|c| c.text.finish.is_some()) {
                 break;
             }
             let next = if queue.is_empty() {
@@ -1053,7 +865,7 @@ fn stream(st: Started, keep_alive: Duration) -> Response {
             if let Some(record) = out.produced(i, &p) {
                 yield Ok(record);
             }
-            if st.choices[i as usize].finish.is_some() {
+            if st.choices[i as usize].text.finish.is_some() {
                 if let Some(r) = st.guard.0.get(i as usize) {
                     let _ = r.cast(RequestMsg::Cancel);
                 }

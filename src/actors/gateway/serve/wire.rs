@@ -102,7 +102,7 @@ impl StreamOut {
                     st.choices.len() as u32,
                     st.include_usage,
                 );
-                if st.choices.first().is_some_and(|c| c.want_ids) {
+                if st.choices.first().is_some_and(|c| c.text.want_ids) {
                     StreamOut::OpenAi(state.with_token_ids())
                 } else {
                     StreamOut::OpenAi(state)
@@ -139,13 +139,13 @@ impl StreamOut {
 
     /// Choice `i` finished: OpenAI's finish chunk; Anthropic's ending is kept for `close`.
     pub(super) fn finished(&mut self, i: u32, c: &Choice) -> Option<axum::response::sse::Event> {
-        let reason = c.finish?;
+        let reason = c.text.finish?;
         match self {
             StreamOut::OpenAi(state) => state.finish(i, reason).map(|c| sse::chunk(&c)),
             StreamOut::Anthropic { ending, .. } => {
                 *ending = Some(anthropic::response::Ending::of(
                     reason,
-                    c.stop_sequence.as_deref(),
+                    c.text.stop_sequence.as_deref(),
                 ));
                 None
             }
