@@ -26,6 +26,21 @@ use crate::openai::error::{ApiError, ErrorKind};
 #[cfg(test)]
 mod tests;
 
+/// GPT-2's byte-to-char map, as the byte-level pre-tokenizer uses it: the vocabulary of the
+/// byte-level tokenizers the tests build.
+#[cfg(test)]
+pub(crate) fn byte_char(b: u8) -> char {
+    let printable = |b: u8| {
+        (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+    };
+    if printable(b) {
+        char::from(b)
+    } else {
+        let n = (0..b).filter(|&x| !printable(x)).count() as u32;
+        char::from_u32(256 + n).expect("a char")
+    }
+}
+
 /// Prompt tokens used as decoding context by [`IncrementalDetokenizer::with_context`].
 pub const CONTEXT_TOKENS: usize = 5;
 

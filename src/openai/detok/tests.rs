@@ -8,20 +8,6 @@ use super::*;
 
 const SPECIAL: &str = "<|im_end|>";
 
-fn printable(b: u8) -> bool {
-    (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
-}
-
-/// GPT-2's byte-to-char map, as the byte-level pre-tokenizer uses it.
-fn byte_char(b: u8) -> char {
-    if printable(b) {
-        char::from(b)
-    } else {
-        let n = (0..b).filter(|&x| !printable(x)).count() as u32;
-        char::from_u32(256 + n).unwrap()
-    }
-}
-
 /// A byte-level BPE with all 256 bytes, merges that build `é` whole and split `日`, `本` and
 /// `🎉` into multi-byte pieces, and one special token.
 fn tokenizer() -> Tokenizer {

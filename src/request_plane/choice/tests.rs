@@ -5,20 +5,8 @@ use tokenizers::models::bpe::{BPE, Vocab};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 
 use super::*;
+use crate::openai::detok::byte_char;
 use crate::runtime::ids::WorkerId;
-
-/// GPT-2's byte-to-char map, as the byte-level pre-tokenizer uses it.
-fn byte_char(b: u8) -> char {
-    let printable = |b: u8| {
-        (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
-    };
-    if printable(b) {
-        char::from(b)
-    } else {
-        let n = (0..b).filter(|&x| !printable(x)).count() as u32;
-        char::from_u32(256 + n).unwrap()
-    }
-}
 
 /// A byte-level tokenizer without merges: token id = byte.
 fn tokenizer() -> TokRef {

@@ -75,17 +75,28 @@ fn down_node_comes_back_and_restart_is_news() {
     );
 }
 
+/// The newer "a": incarnation 9 at address :2, pid 42.
+fn newer_a() -> NodeInfo {
+    let mut newer = info("a", 9);
+    newer.addr = "127.0.0.1:2".into();
+    newer.pid = 42;
+    newer
+}
+
+/// In `m`'s table, "a" (incarnation 5, at :1) is heard at `t0` and goes down; at `t0` + 6 s
+/// [`newer_a`] is heard: returns that heartbeat's events.
+fn a_went_down_and_newer_took_its_name(m: &mut Membership, t0: Instant) -> Vec<MembershipEvent> {
+    m.on_heartbeat(info("a", 5), t0);
+    m.tick(t0 + Duration::from_secs(5));
+    m.on_heartbeat(newer_a(), t0 + Duration::from_secs(6))
+}
+
 #[test]
 fn an_old_incarnation_elsewhere_is_superseded_not_news() {
     let t0 = Instant::now();
     let mut m = Membership::new(info("me", 1), leases());
-    // "a" at address :1 went down; a new "a" at :2 took the name.
-    m.on_heartbeat(info("a", 5), t0);
-    m.tick(t0 + Duration::from_secs(5));
-    let mut newer = info("a", 9);
-    newer.addr = "127.0.0.1:2".into();
-    newer.pid = 42;
-    let ev = m.on_heartbeat(newer.clone(), t0 + Duration::from_secs(6));
+    let newer = newer_a();
+    let ev = a_went_down_and_newer_took_its_name(&mut m, t0);
     assert_eq!(ev, vec![MembershipEvent::NodeUp(Box::new(newer.clone()))]);
     // The old one comes back: reported, and the table keeps the newer one.
     let ev = m.on_heartbeat(info("a", 5), t0 + Duration::from_secs(7));
@@ -118,12 +129,7 @@ fn a_stale_node_finds_its_name_taken_in_a_peers_view() {
     let t0 = Instant::now();
     // The seed's table: "a" at :1 went down, a new "a" at :2 holds the name.
     let mut seed = Membership::new(info("seed", 1), leases());
-    seed.on_heartbeat(info("a", 5), t0);
-    seed.tick(t0 + Duration::from_secs(5));
-    let mut newer = info("a", 9);
-    newer.addr = "127.0.0.1:2".into();
-    newer.pid = 42;
-    seed.on_heartbeat(newer, t0 + Duration::from_secs(6));
+    a_went_down_and_newer_took_its_name(&mut seed, t0);
     let view = seed.view(t0 + Duration::from_secs(6));
 
     let stale = info("a", 5);
