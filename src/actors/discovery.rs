@@ -6,7 +6,11 @@
 //! `cluster.heartbeat_interval_ms`, and keeps the [`Membership`] table whose leases decide
 //! `up` → `suspect` → `down` (`cluster.liveness_timeout_ms`). Changes are published on the
 //! node's [`MembershipEvent`] broadcast channel. Every [`REJOIN_INTERVAL`] it re-dials the
-//! seeds it has no session with.
+//! seeds it has no session with (one re-dial per seed at a time). A re-dial refused before it
+//! authenticates, after this node was away, may mean another node holds its name: it then
+//! asks the gateways it has known for their fleet view over HTTP and exits if one shows a
+//! newer incarnation of its name elsewhere ([`check_name_taken`]). Incarnations are process
+//! start times, compared across hosts: that assumes clocks in step to well under a restart.
 //!
 //! # The published fleet view
 //! Discovery also publishes the fleet view, this node first, into the node's [`FleetView`]
@@ -133,6 +137,13 @@ pub struct DiscoveryState {
     relay: Option<JoinHandle<()>>,
     tick_no: u64,
     last_rejoin: Option<crate::runtime::clock::Instant>,
+    /// Every gateway this node has known (node → the address to ask), kept past the
+    /// membership table's retention: a node back from a long pause asks them who holds its
+    /// name ([`check_name_taken`]).
+    gateways: std::collections::BTreeMap<NodeId, String>,
+    /// Seeds being re-dialled now: a re-dial waits up to [`REDIAL_WAIT`], longer than the
+    /// re-dial interval, and one at a time per seed.
+    redialing: Arc<Mutex<std::collections::HashSet<String>>>,
     /// This node's vote on the planner lease. It starts refusing every grant for one lease
     /// (a vote granted before a restart has run out by then), since it is not kept on disk.
     voter: crate::control::leadership::Voter,
@@ -247,6 +258,20 @@ const REDIAL_WAIT: Duration = Duration::from_secs(5);
 /// How long a gateway gets to answer `GET /v1/fleet` for [`check_name_taken`].
 const FLEET_ASK: Duration = Duration::from_secs(2);
 
+/// The address to ask `v`'s gateway at (`host:port` of its HTTP listener), if it has one;
+/// a wildcard listener (`0.0.0.0:8080`, as a Kubernetes pod binds) is asked at the node's
+/// cluster address's host.
+fn gateway_address(v: &NodeView) -> Option<String> {
+    let http = v.http_addr.as_deref()?;
+    match http.parse::<std::net::SocketAddr>() {
+        Ok(a) if a.ip().is_unspecified() => {
+            let host = v.addr.parse::<std::net::SocketAddr>().ok()?.ip();
+            Some(std::net::SocketAddr::new(host, a.port()).to_string())
+        }
+        _ => Some(http.to_owned()),
+    }
+}
+
 /// A seed refused this node's session before it authenticated: after this node was away past
 /// the liveness timeout, that is what happens when another node has taken its name (the seed
 /// keeps the session it has under the name; which of two sessions under one name ractor_cluster
@@ -254,8 +279,13 @@ const FLEET_ASK: Duration = Duration::from_secs(2);
 /// No heartbeat of this node reaches the seed then, so no peer can tell it
 /// ([`tell_superseded`]): it asks the gateways it knew (`GET /v1/fleet`, plain HTTP, no
 /// session needed) and tells itself when one of them shows a newer incarnation of its name
-/// at another address.
-async fn check_name_taken(stale: &NodeInfo, gateways: &[String], me: &ActorRef<DiscoveryMsg>) {
+/// at another address. The answer counts only from the gateway this node knew at that address
+/// (its view lists itself first): an address reused by something else says nothing.
+async fn check_name_taken(
+    stale: &NodeInfo,
+    gateways: &[(NodeId, String)],
+    me: &ActorRef<DiscoveryMsg>,
+) {
     #[derive(serde::Deserialize)]
     struct Fleet {
         nodes: Vec<NodeView>,
@@ -267,12 +297,15 @@ async fn check_name_taken(stale: &NodeInfo, gateways: &[String], me: &ActorRef<D
     else {
         return;
     };
-    for g in gateways {
+    for (id, g) in gateways {
         let fleet = match http.get(format!("http://{g}/v1/fleet")).send().await {
             Ok(r) => r.json::<Fleet>().await,
             Err(e) => Err(e),
         };
         match fleet {
+            Ok(f) if f.nodes.first().is_none_or(|n| n.id != *id) => {
+                tracing::debug!(gateway = %g, expected = %id, "another node answers at a gateway's address");
+            }
             Ok(f) => {
                 if let Some(s) = stale.superseded_in(&f.nodes) {
                     if let Err(e) = me.cast(DiscoveryMsg::Superseded(Wire::encode(&s))) {
@@ -398,6 +431,8 @@ impl Actor for Discovery {
             tick_no: 0,
             // The node joins its seeds itself at start; re-dialling begins one interval later.
             last_rejoin: Some(state_clock_now),
+            gateways: Default::default(),
+            redialing: Default::default(),
         };
         // A first view at once (this node alone), before the actors started after this one.
         state.publish_view(state_clock_now);
@@ -594,11 +629,11 @@ impl Actor for Discovery {
                     .filter_map(|v| Some((v.id.as_str().to_owned(), v.addr.parse().ok()?)))
                     .collect();
                 // Where to ask who holds this node's name when a seed refuses it.
-                let gateways: Vec<String> = view
-                    .iter()
-                    .skip(1)
-                    .filter_map(|v| v.http_addr.clone())
-                    .collect();
+                for v in view.iter().skip(1) {
+                    if let Some(h) = gateway_address(v) {
+                        state.gateways.insert(v.id.clone(), h);
+                    }
+                }
                 for s in [NodeState::Up, NodeState::Suspect, NodeState::Down] {
                     let n = view.iter().filter(|v| v.state == s).count();
                     let label = format!("{s:?}").to_lowercase();
@@ -618,7 +653,19 @@ impl Actor for Discovery {
                     state.last_rejoin = Some(now);
                     let server = state.args.server.clone();
                     let seeds = state.args.seeds.clone();
-                    let stale = Arc::new(state.membership.me().clone());
+                    let gateways: Arc<Vec<(NodeId, String)>> = Arc::new(
+                        state
+                            .gateways
+                            .iter()
+                            .map(|(id, h)| (id.clone(), h.clone()))
+                            .collect(),
+                    );
+                    let stale = Arc::new(NodeInfo {
+                        actors: Vec::new(),
+                        workers: Vec::new(),
+                        ..state.membership.me().clone()
+                    });
+                    let redialing = state.redialing.clone();
                     tokio::spawn(async move {
                         let sessions = crate::runtime::cluster::peer_names(&server).await;
                         let connected: std::collections::HashSet<std::net::SocketAddr> = peers
@@ -635,14 +682,30 @@ impl Actor for Discovery {
                             if !at.is_empty() && at.iter().any(|a| connected.contains(a)) {
                                 continue; // connected to it already
                             }
+                            if !redialing
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .insert(seed.clone())
+                            {
+                                continue; // the last re-dial has not ended
+                            }
                             // Each on its own: an unreachable seed does not hold up the next.
                             let server = server.clone();
-                            let (gateways, stale, me) =
-                                (gateways.clone(), stale.clone(), myself.clone());
+                            let (gateways, stale, me, redialing) = (
+                                gateways.clone(),
+                                stale.clone(),
+                                myself.clone(),
+                                redialing.clone(),
+                            );
                             tokio::spawn(async move {
-                                match crate::runtime::cluster::join(&server, &seed, REDIAL_WAIT)
-                                    .await
-                                {
+                                let result =
+                                    crate::runtime::cluster::join(&server, &seed, REDIAL_WAIT)
+                                        .await;
+                                redialing
+                                    .lock()
+                                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                    .remove(&seed);
+                                match result {
                                     Ok(()) => {}
                                     Err(crate::runtime::cluster::ClusterError::AuthFailed {
                                         ..

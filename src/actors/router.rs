@@ -24,7 +24,7 @@
 //! gone, and a restarted replica starts from an empty cache. Placements never released (a
 //! gateway that died) expire after [`LEASE_TTL_MS`]. The placement log lines (`placed`, with
 //! the cost terms) are written here, under [`PLACEMENT_TARGET`].
-//!
+
 pub use crate::request_plane::router::core::{
     DisaggRouting, LEASE_TTL_MS, RESYNC_RETRY_MS, RouterCore, RouterCoreArgs, WorkerSource,
 };

@@ -492,9 +492,16 @@ pub async fn join_any(
                     tracing::info!(%seed, attempt = closed_before_auth, "the seed closed the handshake before authenticating; trying again");
                     last_error = e.to_string();
                 }
-                // The cause, not a second "could not join" around it.
-                Err(ClusterError::Unreachable { last_error: e, .. }) => last_error = e,
-                Err(e) => last_error = e.to_string(),
+                // The cause, not a second "could not join" around it; a seed that did not
+                // answer breaks a run of refusals.
+                Err(ClusterError::Unreachable { last_error: e, .. }) => {
+                    closed_before_auth = 0;
+                    last_error = e;
+                }
+                Err(e) => {
+                    closed_before_auth = 0;
+                    last_error = e.to_string();
+                }
             }
         }
         if tokio::time::Instant::now() >= deadline {
@@ -503,6 +510,10 @@ pub async fn join_any(
                 timeout_ms: timeout.as_millis() as u64,
                 last_error,
             });
+        }
+        // After a refusal, at least the seed's session-check time before the next try.
+        if closed_before_auth > 0 {
+            backoff = backoff.max(Duration::from_millis(500));
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_millis(500));

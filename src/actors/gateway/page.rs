@@ -13,10 +13,11 @@
 //!   router's cost terms, hand-offs, migrations, give-ups, workers and nodes coming and going,
 //!   and — relayed by Discovery from every node — faults and role changes).
 //!
-//! A page that connects first gets the last minutes of both ([`PageHistory`]: up to
-//! [`HISTORY_VIEWS`] frames and [`HISTORY_EVENTS`] events, recorded by [`record`] while the
-//! gateway runs, whether a page is open or not), so its charts and event log start full on
-//! every load rather than empty.
+//! A page that connects first gets the recent past of both ([`PageHistory`]: up to
+//! [`HISTORY_VIEWS`] frames, [`HISTORY_EVENTS`] events and, apart, [`HISTORY_PLACEMENTS`]
+//! placements, recorded by [`record`] while the gateway runs, whether a page is open or not),
+//! so its charts and event log start full on every load rather than empty; a page starts
+//! over from it on every (re)connection.
 //!
 //! No actor is called: the stream reads the published view (a `watch`) and the bus (a
 //! `broadcast`). The page's chaos buttons use the chaos API itself (`/chaos/faults`, with its
@@ -47,9 +48,13 @@ pub const RATE_WINDOW: Duration = Duration::from_secs(5);
 /// `view` frames a page gets when it connects: as many as its charts keep (`page.js`,
 /// `HISTORY`), 2–5 minutes at a frame every 0.5–2 s.
 pub const HISTORY_VIEWS: usize = 150;
-/// `fleet` events a page gets when it connects: as many as its event log keeps (`page.js`,
-/// `MAX_EVENTS`).
+/// `fleet` events a page gets when it connects, placements aside: as many as its event log
+/// keeps (`page.js`, `MAX_EVENTS`; the log leaves placements out).
 pub const HISTORY_EVENTS: usize = 200;
+/// `placed` events a page gets when it connects (its decisions table and its heat strip over
+/// 30 s); kept apart, so that a busy fleet's placements do not push the faults, migrations
+/// and give-ups out of the history.
+pub const HISTORY_PLACEMENTS: usize = 200;
 
 /// The page stream's recent past (see the module doc); shared by the gateway's routes.
 #[derive(Clone, Debug, Default)]
@@ -59,6 +64,7 @@ pub struct PageHistory(Arc<std::sync::Mutex<History>>);
 struct History {
     views: std::collections::VecDeque<String>,
     events: std::collections::VecDeque<String>,
+    placements: std::collections::VecDeque<String>,
 }
 
 impl PageHistory {
@@ -68,12 +74,15 @@ impl PageHistory {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Keep one record of the stream (`view` or `fleet`), dropping the oldest past the bound.
+    /// Keep one record of the stream, dropping the oldest of its kind past the bound. A
+    /// `lagged` record is the recorder's own, not the fleet's: not kept.
     pub fn push(&self, kind: FeedKind, data: String) {
         let mut h = self.lock();
         let (q, bound) = match kind {
             FeedKind::View => (&mut h.views, HISTORY_VIEWS),
             FeedKind::Fleet => (&mut h.events, HISTORY_EVENTS),
+            FeedKind::Placed => (&mut h.placements, HISTORY_PLACEMENTS),
+            FeedKind::Lagged => return,
         };
         q.push_back(data);
         while q.len() > bound {
@@ -81,31 +90,37 @@ impl PageHistory {
         }
     }
 
-    /// What a connecting page gets first: the frames, then the events, each oldest first.
+    /// What a connecting page gets first: the frames, the events, then the placements, each
+    /// oldest first.
     pub fn replay(&self) -> Vec<(FeedKind, String)> {
         let h = self.lock();
         h.views
             .iter()
             .map(|d| (FeedKind::View, d.clone()))
             .chain(h.events.iter().map(|d| (FeedKind::Fleet, d.clone())))
+            .chain(h.placements.iter().map(|d| (FeedKind::Placed, d.clone())))
             .collect()
     }
 }
 
-/// The two kinds of records of the page's stream (the SSE `event:` names).
+/// The kinds of records of the page's stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FeedKind {
-    /// A fleet view frame ([`frame`]).
+    /// A fleet view frame ([`frame`]; SSE `event: view`).
     View,
-    /// A fleet event.
+    /// A fleet event other than a placement (`event: fleet`).
     Fleet,
+    /// A `placed` fleet event (`event: fleet`).
+    Placed,
+    /// `{"event":"lagged"}`: this stream fell behind the bus (`event: fleet`).
+    Lagged,
 }
 
 impl FeedKind {
     fn name(self) -> &'static str {
         match self {
             Self::View => "view",
-            Self::Fleet => "fleet",
+            Self::Fleet | Self::Placed | Self::Lagged => "fleet",
         }
     }
 }
@@ -323,11 +338,14 @@ fn feed(s: Arc<GatewayShared>) -> impl futures::Stream<Item = (FeedKind, String)
                 }
                 ev = bus.recv() => match ev {
                     Ok(ev) => match serde_json::to_string(&ev) {
-                        Ok(data) => yield (FeedKind::Fleet, data),
+                        Ok(data) => {
+                            let placed = matches!(ev.kind, crate::request_plane::events::FleetEventKind::Placed { .. });
+                            yield (if placed { FeedKind::Placed } else { FeedKind::Fleet }, data);
+                        }
                         Err(e) => tracing::warn!(error = %e, "fleet event not encodable"),
                     },
                     Err(RecvError::Lagged(missed)) => {
-                        yield (FeedKind::Fleet, json!({"event": "lagged", "missed": missed}).to_string());
+                        yield (FeedKind::Lagged, json!({"event": "lagged", "missed": missed}).to_string());
                     }
                     Err(RecvError::Closed) => break,
                 },
@@ -503,9 +521,11 @@ mod tests {
             h.push(FeedKind::View, format!("v{k}"));
         }
         h.push(FeedKind::Fleet, "e0".into());
+        h.push(FeedKind::Placed, "p0".into());
+        h.push(FeedKind::Lagged, "lagged".into());
         h.push(FeedKind::Fleet, "e1".into());
         let r = h.replay();
-        assert_eq!(r.len(), HISTORY_VIEWS + 2);
+        assert_eq!(r.len(), HISTORY_VIEWS + 3, "a lagged record is not kept");
         assert_eq!(
             r[0],
             (FeedKind::View, "v3".to_owned()),
@@ -517,10 +537,14 @@ mod tests {
         );
         assert_eq!(r[HISTORY_VIEWS], (FeedKind::Fleet, "e0".to_owned()));
         assert_eq!(r[HISTORY_VIEWS + 1], (FeedKind::Fleet, "e1".to_owned()));
-        for k in 0..HISTORY_EVENTS + 1 {
-            h.push(FeedKind::Fleet, format!("f{k}"));
+        assert_eq!(r[HISTORY_VIEWS + 2], (FeedKind::Placed, "p0".to_owned()));
+        // Placements have their own bound: however many come, the other events stay.
+        for k in 0..HISTORY_PLACEMENTS + 5 {
+            h.push(FeedKind::Placed, format!("p{k}"));
         }
-        assert_eq!(h.replay().len(), HISTORY_VIEWS + HISTORY_EVENTS);
+        let r = h.replay();
+        assert_eq!(r.len(), HISTORY_VIEWS + 2 + HISTORY_PLACEMENTS);
+        assert!(r.contains(&(FeedKind::Fleet, "e0".to_owned())));
     }
 
     /// The assets are the ones built in, each with its type; the page names its script.

@@ -23,8 +23,8 @@
 //! `/metrics` counts the request once with those sums.
 //!
 //! Per choice, tokens go through the incremental detokenizer, then the stop-string matcher
-//! (text that might start a stop string is held back, never sent); a stop-string match cancels
-//! the request at its worker. Documented choices: `completion_tokens` counts every token the
+//! (text that might start a stop string is held back, never sent: `request_plane/choice.rs`,
+//! pure); a stop-string match cancels the request at its worker. Documented choices: `completion_tokens` counts every token the
 //! model generated for the choice, including the end-of-sequence token and the token that
 //! completed a stop string; `logprobs` carry the chosen token's logprob and, with
 //! `top_logprobs` (chat) / `logprobs: N` (completions), its worker's N most likely tokens at

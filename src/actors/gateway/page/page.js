@@ -239,7 +239,7 @@
   }
   function onFleet(e) {
     if (e.event === "placed") {
-      state.placements.push({ t: Date.now(), worker: e.worker });
+      state.placements.push({ t: e.at_ms || Date.now(), worker: e.worker });
       const t = e.terms;
       addRow("decisions", el("tr", { "data-request": e.request },
         el("td", {}, time(e.at_ms)), el("td", { class: "rid", title: "gateway id " + e.request }, rid(e)), el("th", { scope: "row" }, e.worker),
@@ -266,7 +266,7 @@
       // the decode attempt's `placed` names the client's id; the hand-off only the gateway's
       if (state.handoffs.size > 1000) state.handoffs.delete(state.handoffs.keys().next().value);
     }
-    if (e.event === "fault_installed" || e.event === "fault_cleared") loadFaults();
+    if (e.event === "fault_installed" || e.event === "fault_cleared") faultsSoon();
     logEvent(e);
   }
 
@@ -281,6 +281,11 @@
   function canCallChaos() {
     const v = state.view;
     return v && v.chaos.enabled && (!v.chaos.token || $("chaos-token").value);
+  }
+  // One listing for a burst of fault events (the history replayed on connect has many).
+  let faultsTimer = null;
+  function faultsSoon() {
+    if (faultsTimer === null) faultsTimer = setTimeout(() => { faultsTimer = null; loadFaults(); }, 200);
   }
   async function loadFaults() {
     if (!canCallChaos()) return;
@@ -396,10 +401,20 @@
   $("chaos-token").addEventListener("change", loadFaults);
 
   // ---- the stream ----
+  // Every (re)connection starts with the gateway's recent history: start over from it.
+  function reset() {
+    state.series = [];
+    state.last = null;
+    state.lastLatency = null;
+    state.placements = [];
+    state.handoffs.clear();
+    $("events").replaceChildren();
+    for (const t of ["decisions", "transfers"]) $(t).tBodies[0].replaceChildren();
+  }
   function connect() {
     const conn = $("conn");
     const es = new EventSource("/v1/fleet/live");
-    es.addEventListener("open", () => { conn.textContent = "live"; conn.dataset.state = "open"; });
+    es.addEventListener("open", () => { conn.textContent = "live"; conn.dataset.state = "open"; reset(); });
     es.addEventListener("view", (m) => onView(JSON.parse(m.data)));
     es.addEventListener("fleet", (m) => onFleet(JSON.parse(m.data)));
     es.addEventListener("error", () => { conn.textContent = "reconnecting…"; conn.dataset.state = "lost"; });

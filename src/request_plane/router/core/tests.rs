@@ -526,3 +526,37 @@ fn disaggregation_off_never_hands_off() {
     let p = r.route(long(1, 5000), r.now_ms()).unwrap().unwrap();
     assert_eq!((p.worker.as_str(), p.hand_off), ("d", false));
 }
+
+/// A live worker the index does not know is wanted for a snapshot at the next tick, once per
+/// [`RESYNC_RETRY_MS`] until its snapshot comes; a worker that leaves is no longer wanted.
+#[test]
+fn snapshots_are_wanted_for_unknown_workers_and_asked_again_when_lost() {
+    let (mut r, clock, workers) = router(Policy::LeastLoaded);
+    workers.set(&["a", "b"], &["a", "b"]);
+    r.tick();
+    assert_eq!(r.take_snapshot_requests(), ws(&["a", "b"]));
+    r.tick();
+    assert!(
+        r.take_snapshot_requests().is_empty(),
+        "asked, not due again yet"
+    );
+    clock.advance(Duration::from_millis(RESYNC_RETRY_MS));
+    r.tick();
+    r.worker_left(&WorkerId::new("b"));
+    assert_eq!(
+        r.take_snapshot_requests(),
+        ws(&["a"]),
+        "asked again; b left"
+    );
+    // a's snapshot comes: known now, not wanted again.
+    r.snapshot(KvSnapshot {
+        worker: WorkerId::new("a"),
+        last_event: Some(EventId(3)),
+        blocks: Vec::new(),
+        lower: Vec::new(),
+    });
+    workers.set(&["a"], &["a"]);
+    clock.advance(Duration::from_millis(RESYNC_RETRY_MS));
+    r.tick();
+    assert!(r.take_snapshot_requests().is_empty());
+}
