@@ -50,7 +50,7 @@ pub struct GatewayShared {
     pub bus: crate::request_plane::events::EventBus,
     /// The fleet page stream's recent past, replayed to a page when it connects
     /// (`page.rs`; recorded by the gateway actor while it runs).
-    pub page_history: super::page::PageHistory,
+    pub page_history: super::page::history::PageHistory,
 }
 
 impl GatewayShared {

@@ -300,7 +300,13 @@
       $("chaos-msg").textContent = "listing faults failed: " + err;
     }
   }
+  let faultsShown = null;
   function renderFaults() {
+    // Rows are rebuilt only when the faults changed: a row its Clear button is being clicked
+    // on must not be replaced by an identical one.
+    const key = JSON.stringify([...state.faults.values()].map((f) => [f.id, f.spec, f.hit]));
+    if (key === faultsShown) return;
+    faultsShown = key;
     fill($("faults").tBodies[0], [...state.faults.values()].map((f) => {
       const b = el("button", { type: "button", class: "clear", "aria-label": "clear fault " + f.id }, "Clear");
       b.addEventListener("click", () => clearFault(f.id));
