@@ -7,6 +7,8 @@
 //! - `outbox.rs` — [`Outbox`]: token events queued per owner, when an owner is gone.
 //! - `fill.rs` — [`KvFill`]: the blocks a chaos `fill_kv` fault holds, beside the core.
 //! - `step_model.rs` — [`StepTimeModel`]: step time from the step's shape, fitted online.
+//! - `worker_core.rs` — [`WorkerCore`]: the replica's whole scheduling state machine (one
+//!   record per sequence, the pull and peer-pull sub-cores, the steps), driven by the actor.
 //! - `tests.rs` — unit tests, preemption equivalence, seeded random workload.
 //!
 //! The actor that drives them is [`crate::actors::scheduler`]; this module also holds what the
