@@ -30,6 +30,7 @@ pub mod choice;
 pub mod error;
 pub mod events;
 pub mod frontend;
+pub mod intake;
 pub mod migration;
 pub mod priority;
 pub mod protocol;

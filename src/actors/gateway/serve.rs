@@ -6,12 +6,14 @@
 //! completion, and its message, events and errors are rendered by `anthropic::response` and
 //! `anthropic::error`.
 //!
-//! Order of work for one request: admission control (`admission.rs`, pure, on the published
-//! fleet view) → read the body (413 past `gateway.max_body_bytes`, without
-//! buffering more) → parse and validate (`openai::request`) → check the model (404) →
-//! tokenize (`frontend.rs`) → check the context (400) → one Request actor per choice → wait
-//! for each choice's first event, so that a refusal (no worker: 503; can never fit: 400) is
-//! an HTTP status before any stream header → stream or collect.
+//! Order of work for one request, the intake's named stages (`request_plane/intake.rs` lists
+//! them; the HTTP ones are `serve/intake.rs`): **parse** (admission on a class named by header
+//! first, then the body: 413 past `gateway.max_body_bytes`, without buffering more; the API's
+//! adapter) → **validate** (class, model 404, routing header, session) → **admit** (admission
+//! control, `admission.rs`, on the published fleet view) → **tokenize** (`frontend.rs`; the
+//! context, 400) → **place** (one Request actor per choice) → wait for each choice's first
+//! event, so that a refusal (no worker: 503; can never fit: 400) is an HTTP status before any
+//! stream header → stream or collect.
 //!
 //! A list of prompts on `/v1/completions` is one request of prompts × `n` choices,
 //! prompt-major (`index = prompt_index × n + j`): every prompt is tokenized and checked against
@@ -41,288 +43,35 @@ use super::state::{GatewayShared, Serving};
 use crate::anthropic;
 use wire::{Api, StreamOut};
 
+mod intake;
 mod wire;
+
 use crate::actors::request::{Job, Request, RequestArgs, RequestMsg};
-use crate::openai::error::{ApiError, ErrorKind};
+use crate::openai::error::ApiError;
 use crate::openai::request::{Input, RequestKind, check_model, model_not_found};
 use crate::openai::response::{
     self, ChoiceOutput, FinishReason, ResponseMeta, TokenLogprob, Usage,
 };
 use crate::openai::sse;
-use crate::request_plane::admission::{
-    AdmissionVerdict, has_worker, planner_may_act, waits_for_capacity,
-};
 use crate::request_plane::choice::{ChoiceSpec, ChoiceText, Produced};
-use crate::request_plane::error::{RequestError, ShedReason};
+use crate::request_plane::error::RequestError;
 use crate::request_plane::frontend::TokRef;
-use crate::request_plane::priority::{CLASS_HEADER, ClassError, Resolved};
+use crate::request_plane::intake::{Placement, submissions};
 use crate::request_plane::protocol::TokenEventKind;
 use crate::request_plane::router::policy::Policy;
-use crate::runtime::ids::RequestId;
 use crate::runtime::resilience::NodeStats;
 use crate::runtime::supervision::{ChildSpec, Restart, Shutdown, SupervisorMsg};
-use crate::worker::engine::SamplingParams;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, header};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response, Sse};
+pub(super) use intake::read_body;
 use ractor::ActorRef;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-
-/// Admission control on this node's flag, this gateway's requests in flight, the fleet view
-/// Discovery last published and the prefill queues this node's router published (when one
-/// runs here): no call to any actor.
-fn admit(
-    s: &GatewayShared,
-    serving: &Serving,
-    class: Option<&Resolved>,
-) -> Result<(), RequestError> {
-    let fleet = s.fleet.latest();
-    let queues = s.prefill_queues.latest();
-    // A worker's face queues at its engine like a single server: only draining and the
-    // in-flight cap shed there.
-    let fleet = if serving.pin.is_some() {
-        Some(&[][..])
-    } else {
-        fleet.as_deref()
-    };
-    match serving.admission.decide_for(
-        s.stats.draining(),
-        serving.registry.len(),
-        fleet,
-        queues.as_deref(),
-        class.map(|c| c.level),
-    ) {
-        AdmissionVerdict::Admit => Ok(()),
-        AdmissionVerdict::Shed {
-            reason,
-            retry_after_s,
-        } => {
-            metrics::counter!("flotilla_shed_total", "reason" => reason.as_str()).increment(1);
-            if let Some(c) = class {
-                metrics::counter!("flotilla_class_shed_total", "class" => c.tag.name.clone())
-                    .increment(1);
-            }
-            if reason != crate::request_plane::error::ShedReason::Draining {
-                // Demand the fleet could not take: the planner counts it (a draining
-                // gateway's refusals go to another gateway and are counted there).
-                s.stats.signals().shed();
-            }
-            Err(RequestError::Overloaded {
-                reason,
-                retry_after_s,
-            })
-        }
-        AdmissionVerdict::NoFleetView => Err(RequestError::MembershipUnavailable),
-    }
-}
-
-/// Scale from zero: when no worker serves the model and a planner that acts is in the fleet
-/// ([`planner_may_act`]), wait (counted in this gateway's `waiting_for_capacity`, which the
-/// planner reads) until one comes up, at most `gateway.cold_start_timeout_ms`; past it, 503
-/// with `Retry-After`. Without such a planner, or at a worker's own face, no wait.
-async fn wait_for_capacity(s: &GatewayShared, serving: &Serving) -> Result<(), RequestError> {
-    let Some(fleet) = s.fleet.latest() else {
-        return Ok(());
-    };
-    // Only a planner that acts brings a worker up: without one, a fleet with no worker
-    // refuses at once with a 503 instead of waiting, as admission and the router decide.
-    if serving.pin.is_some()
-        || !waits_for_capacity(&fleet, planner_may_act(&fleet), serving.cold_start_timeout)
-    {
-        return Ok(());
-    }
-    let started = Instant::now();
-    let _waiting = s.stats.signals().wait_for_capacity();
-    let mut view = s.fleet.subscribe();
-    tracing::info!(
-        timeout_ms = serving.cold_start_timeout.as_millis() as u64,
-        "no worker serves the model: the request waits for one to start"
-    );
-    loop {
-        let (up, planner) = match view.borrow_and_update().as_deref() {
-            None => (true, true),
-            Some(f) => (has_worker(f), planner_may_act(f)),
-        };
-        if !planner {
-            // The planner turned out advisory, or left: nothing will start a worker.
-            return Ok(());
-        }
-        if up {
-            let waited = started.elapsed();
-            metrics::histogram!("flotilla_cold_start_wait_seconds").record(waited.as_secs_f64());
-            tracing::info!(
-                waited_ms = waited.as_millis() as u64,
-                "a worker came up: the waiting request goes on"
-            );
-            return Ok(());
-        }
-        let left = serving.cold_start_timeout.saturating_sub(started.elapsed());
-        if left.is_zero() || !matches!(tokio::time::timeout(left, view.changed()).await, Ok(Ok(())))
-        {
-            let waited_ms = started.elapsed().as_millis() as u64;
-            let reason = ShedReason::ColdStart { waited_ms };
-            metrics::counter!("flotilla_shed_total", "reason" => reason.as_str()).increment(1);
-            s.stats.signals().shed();
-            return Err(RequestError::Overloaded {
-                reason,
-                retry_after_s: 5,
-            });
-        }
-    }
-}
-
-/// The priority class named by the `x-priority-class` header, if any (a value that is not
-/// visible ASCII, or the header given twice, is refused as a malformed name).
-fn class_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
-    let mut values = headers.get_all(CLASS_HEADER).iter();
-    let Some(v) = values.next() else {
-        return Ok(None);
-    };
-    let malformed = || {
-        class_error(ClassError::Malformed {
-            source_name: CLASS_HEADER,
-        })
-    };
-    if values.next().is_some() {
-        let mut e = malformed();
-        e.message = format!("{CLASS_HEADER}: the header is given more than once");
-        return Err(e);
-    }
-    v.to_str().map(Some).map_err(|_| malformed())
-}
-
-/// A refusal of a request's class names the class (the shed reason knows only its rank).
-fn name_class(e: RequestError, class: Option<&Resolved>) -> ApiError {
-    let by_class = matches!(
-        e,
-        RequestError::Overloaded {
-            reason: ShedReason::PriorityClass { .. },
-            ..
-        }
-    );
-    let mut api = ApiError::from(e);
-    if let Some(c) = class.filter(|_| by_class) {
-        api.message = format!("priority class {:?}: {}", c.tag.name, api.message);
-    }
-    api
-}
-
-fn class_error(e: ClassError) -> ApiError {
-    ApiError::new(ErrorKind::InvalidRequest, e.to_string())
-        .param(e.param())
-        .code("invalid_priority_class")
-}
-
-/// The routing policy asked for by the `x-flotilla-route-policy` header, if any.
-fn route_policy(headers: &HeaderMap) -> Result<Option<Policy>, ApiError> {
-    let Some(v) = headers.get(crate::actors::router::POLICY_HEADER) else {
-        return Ok(None);
-    };
-    v.to_str()
-        .ok()
-        .and_then(|s| s.trim().parse::<Policy>().ok())
-        .map(Some)
-        .ok_or_else(|| {
-            ApiError::new(
-                ErrorKind::InvalidRequest,
-                format!(
-                    "header {}: expected one of kv, least_loaded, round_robin, random",
-                    crate::actors::router::POLICY_HEADER
-                ),
-            )
-        })
-}
-
-/// Read a whole body: 413 past `limit` bytes (without buffering more), 408 when it is not
-/// complete within `deadline` (a total deadline, not an inactivity timeout, so a client that
-/// trickles bytes cannot hold the request open either). A body with a `Content-Encoding` arrives
-/// here decoded (`edge/encoding.rs`): `limit` counts decoded bytes, and a body that does not
-/// decode is a 400 naming its encoding.
-pub(super) async fn read_body(
-    headers: &HeaderMap,
-    body: Body,
-    limit: usize,
-    deadline: Duration,
-) -> Result<axum::body::Bytes, ApiError> {
-    let too_large = || {
-        ApiError::new(
-            ErrorKind::PayloadTooLarge,
-            format!("request body exceeds the limit of {limit} bytes"),
-        )
-    };
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|n| n > limit) {
-        return Err(too_large());
-    }
-    match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
-        Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(e)) if is_length_limit(&e) => Err(too_large()),
-        Ok(Err(e)) => match decode_error(&e) {
-            Some(d) => {
-                tracing::debug!(error = %d, "request body not decodable");
-                let detail: String = d.source.to_string().chars().take(200).collect();
-                let coding = d.coding.as_str();
-                Err(ApiError::new(
-                    ErrorKind::InvalidRequest,
-                    format!(
-                        "the request body is not valid {coding} data (Content-Encoding: \
-                         {coding}): {detail}"
-                    ),
-                )
-                .code("invalid_content_encoding"))
-            }
-            None => {
-                tracing::debug!(error = %e, "request body unreadable");
-                Err(ApiError::new(
-                    ErrorKind::InvalidRequest,
-                    "the request body could not be read",
-                ))
-            }
-        },
-        Err(_) => {
-            metrics::counter!("flotilla_http_body_timeouts_total").increment(1);
-            Err(ApiError::new(
-                ErrorKind::RequestTimeout,
-                format!(
-                    "the request body was not received within {} ms",
-                    deadline.as_millis()
-                ),
-            ))
-        }
-    }
-}
-
-/// The decoding error inside a body error, if it is one.
-fn decode_error(e: &axum::Error) -> Option<&super::edge::encoding::DecodeError> {
-    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = src {
-        if let Some(d) = err.downcast_ref::<super::edge::encoding::DecodeError>() {
-            return Some(d);
-        }
-        src = err.source();
-    }
-    None
-}
-
-/// Whether a body error is `to_bytes`'s length limit.
-fn is_length_limit(e: &axum::Error) -> bool {
-    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = src {
-        if err.is::<http_body_util::LengthLimitError>() {
-            return true;
-        }
-        src = err.source();
-    }
-    false
-}
 
 /// Cancels every choice still running when dropped (client gone, error, or done).
 struct CancelGuard(Vec<ActorRef<RequestMsg>>);
@@ -446,6 +195,8 @@ async fn spawn_choice(
     Ok(cell.into())
 }
 
+/// The intake, stage by stage (`request_plane/intake.rs` lists them): parse → validate →
+/// admit → tokenize → place, then each choice's first event.
 async fn start(
     s: &GatewayShared,
     api: Api,
@@ -455,125 +206,67 @@ async fn start(
     let kind = api.kind();
     let t0 = Instant::now();
     let serving = s.serving.as_ref().ok_or(RequestError::NoModel)?;
-    // A class named in the header is judged before the body is read. Without the header the
-    // class is known only once the body is parsed (its `priority_class`, or the default):
-    // judged first as the highest class would be, then as its own.
-    let header_class = class_header(headers)?;
-    let pre_class = match header_class {
-        Some(h) => serving
-            .priority
-            .resolve(Some(h), None)
-            .map_err(class_error)?,
-        None => None,
-    };
-    admit(s, serving, pre_class.as_ref()).map_err(|e| name_class(e, pre_class.as_ref()))?;
-    let bytes = read_body(headers, body, s.max_body_bytes, s.request_body_timeout).await?;
-    let req = api.parse(&bytes)?;
-    let class = serving
-        .priority
-        .resolve(header_class, req.priority_class.as_deref())
-        .map_err(class_error)?;
-    if header_class.is_none() && class.is_some() {
-        admit(s, serving, class.as_ref()).map_err(|e| name_class(e, class.as_ref()))?;
-    }
+    let parsed = intake::parse(s, serving, api, headers, body).await?;
+    let valid = intake::validate(serving, api, headers, parsed)?;
+    intake::admit(s, serving, &valid)?;
     let fe = &serving.frontend;
-    check_model(&req.model, &[fe.model_id.as_str()])?;
-    let policy = route_policy(headers)?;
-    let user_field = match api {
-        Api::Messages => "metadata.user_id",
-        _ => "user",
-    };
-    let session = serving
-        .sessions
-        .key(headers, req.user.as_deref(), user_field)?;
-    let prompts = fe.prompts_ids(&req)?;
-    let batch = prompts.len() > 1;
-    let max_tokens = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            req.check_context(p.len(), fe.context_len).map_err(|mut e| {
-                if batch {
-                    e.message = format!("prompt[{i}]: {}", e.message);
-                }
-                e
-            })
-        })
-        .collect::<Result<Vec<u32>, ApiError>>()?;
-    wait_for_capacity(s, serving).await?;
-    let total = prompts.len() as u64 * u64::from(req.n);
+    let tok = crate::request_plane::intake::tokenize(fe, &valid.req)?;
+    intake::wait_for_capacity(s, serving).await?;
+    let intake::Valid {
+        req,
+        class,
+        policy,
+        session,
+        ..
+    } = valid;
+    let total = tok.prompts.len() as u64 * u64::from(req.n);
     let first_id = serving.next_id.fetch_add(total, Ordering::Relaxed);
+    let placement = Placement {
+        reply_to: serving.node.clone(),
+        owner_incarnation: serving.incarnation,
+        waiting_since_ms: serving.clock.wall_ms(),
+        first_id,
+        trace_id: super::edge::request_id(headers),
+        // The `request` span (current here) as the trace the router and workers join.
+        traceparent: crate::runtime::otlp::current_traceparent(),
+        class: class.as_ref().map(|c| c.tag.clone()),
+        session,
+    };
     let (merged_tx, rx) = mpsc::unbounded_channel();
     let mut guard = CancelGuard(Vec::new());
     let mut choices = Vec::new();
     let class_name: Option<Arc<str>> = class.as_ref().map(|c| Arc::from(c.tag.name.as_str()));
-    // The `request` span (current here) as the trace the router and workers join.
-    let traceparent = crate::runtime::otlp::current_traceparent();
-    for (p, prompt) in prompts.iter().enumerate() {
-        for j in 0..req.n {
-            // Prompt-major: choice j of prompt p is index p × n + j.
-            let i = p as u32 * req.n + j;
-            let sp = &req.sampling;
-            let job = Job {
-                reply_to: serving.node.clone(),
-                owner_incarnation: serving.incarnation,
-                waiting_since_ms: serving.clock.wall_ms(),
-                request: RequestId(first_id + u64::from(i)),
-                prompt: prompt.clone(),
-                max_tokens: max_tokens[p],
-                sampling: SamplingParams {
-                    temperature: sp.temperature,
-                    top_p: sp.top_p,
-                    top_k: sp.top_k.unwrap_or(0) as usize,
-                    seed: sp.seed.map(|x| x.wrapping_add(u64::from(j))),
-                    offset: 0,
-                    logprobs: req.logprobs.is_some(),
-                    top_logprobs: req.logprobs.unwrap_or(0),
-                    // Echo with logprobs: the worker scores the prompt.
-                    echo_tokens: if req.echo && req.logprobs.is_some() {
-                        u32::try_from(prompt.len()).unwrap_or(u32::MAX)
-                    } else {
-                        0
-                    },
-                },
-                stop_token_ids: vec![],
-                ignore_eos: req.ignore_eos,
-                trace_id: super::edge::request_id(headers),
-                traceparent: traceparent.clone(),
-                hand_off: false,
-                remote_kv: None,
-                fetch: None,
-                class: class.as_ref().map(|c| c.tag.clone()),
-                session: session.clone(),
-            };
-            guard
-                .0
-                .push(spawn_choice(serving, &s.stats, policy, job, i, merged_tx.clone()).await?);
-            let echo_text = match req.input.prompts().get(p) {
-                Some(Input::Text(t)) => Some(t.as_str()),
-                _ => None,
-            };
-            let text = ChoiceText::new(
-                TokRef(fe.tokenizer.clone()),
-                ChoiceSpec {
-                    prompt_ids: prompt,
-                    prompt: p,
-                    echo: req.echo.then_some(echo_text),
-                    stop: &req.stop,
-                    logprobs: req.logprobs.is_some(),
-                    token_ids: req.return_token_ids,
-                    prompt_only: req.prompt_only(),
-                },
-            );
-            choices.push(Choice {
-                text,
-                t0,
-                last: None,
-                stats: s.stats.clone(),
-                class: class_name.clone(),
-            });
-            s.stats.signals().arrived(prompt.len() as u64);
-        }
+    for plan in submissions(&req, &tok, &placement) {
+        let p = plan.prompt;
+        let prompt_len = plan.submit.prompt.len() as u64;
+        let tx = merged_tx.clone();
+        guard
+            .0
+            .push(spawn_choice(serving, &s.stats, policy, plan.submit, plan.index, tx).await?);
+        let echo_text = match req.input.prompts().get(p) {
+            Some(Input::Text(t)) => Some(t.as_str()),
+            _ => None,
+        };
+        let text = ChoiceText::new(
+            TokRef(fe.tokenizer.clone()),
+            ChoiceSpec {
+                prompt_ids: &tok.prompts[p],
+                prompt: p,
+                echo: req.echo.then_some(echo_text),
+                stop: &req.stop,
+                logprobs: req.logprobs.is_some(),
+                token_ids: req.return_token_ids,
+                prompt_only: req.prompt_only(),
+            },
+        );
+        choices.push(Choice {
+            text,
+            t0,
+            last: None,
+            stats: s.stats.clone(),
+            class: class_name.clone(),
+        });
+        s.stats.signals().arrived(prompt_len);
     }
     drop(merged_tx);
     let unique = format!("{}-{first_id}", serving.node);
@@ -593,7 +286,7 @@ async fn start(
                 .unwrap_or_default(),
             model: fe.model_id.clone(),
         },
-        prompt_tokens: prompts.iter().map(|p| p.len() as u32).collect(),
+        prompt_tokens: tok.prompt_tokens(),
         choices,
         rx,
         pending: Vec::new(),
@@ -993,63 +686,4 @@ pub async fn model(State(s): State<Arc<GatewayShared>>, Path(id): Path<String>) 
 /// Requests in flight on this gateway.
 pub fn in_flight(serving: &Serving) -> usize {
     serving.registry.len()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::planner_may_act;
-    use crate::control::discovery::membership::{NodeState, NodeView};
-    use crate::control::planner::{PlannerMode, PlannerView};
-    use crate::runtime::role::NodeRole;
-
-    fn node(roles: Vec<NodeRole>, state: NodeState, mode: Option<PlannerMode>) -> NodeView {
-        NodeView {
-            id: crate::runtime::ids::NodeId::new("node-0"),
-            addr: String::new(),
-            http_addr: None,
-            roles,
-            pid: 0,
-            incarnation: 1,
-            state,
-            last_seen_ms: 0,
-            workers: vec![],
-            actors: vec![],
-            counters: Default::default(),
-            signals: None,
-            planner: mode.map(|mode| PlannerView {
-                mode,
-                interval_s: 10.0,
-                capacity: String::new(),
-                decisions: vec![],
-                leadership: None,
-            }),
-            regions: vec![],
-        }
-    }
-
-    #[test]
-    fn a_request_waits_for_capacity_only_while_a_planner_may_act() {
-        use NodeState::{Down, Up};
-        let planner = vec![NodeRole::Gateway, NodeRole::Planner];
-        // Published, acting: wait. Published, advisory: nothing will start a worker.
-        assert!(planner_may_act(&[node(
-            planner.clone(),
-            Up,
-            Some(PlannerMode::Act)
-        )]));
-        assert!(!planner_may_act(&[node(
-            planner.clone(),
-            Up,
-            Some(PlannerMode::Advisory)
-        )]));
-        // A planner node before its first decision may act (a request right after start).
-        assert!(planner_may_act(&[node(planner.clone(), Up, None)]));
-        // No planner, or a planner node that is down: refuse at once.
-        assert!(!planner_may_act(&[node(vec![NodeRole::Gateway], Up, None)]));
-        assert!(!planner_may_act(&[node(
-            planner,
-            Down,
-            Some(PlannerMode::Act)
-        )]));
-    }
 }
