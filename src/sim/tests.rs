@@ -268,7 +268,19 @@ fn idle_workers_cost_nothing() {
 /// admission rule, a batch former, a step-time model) fails here.
 #[test]
 fn the_simulator_shares_the_live_decision_code() {
-    let src = include_str!("world.rs");
+    // The simulated fleet is world.rs and its files under world/, all read.
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/sim");
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(format!("{dir}/world"))
+        .expect("src/sim/world/")
+        .map(|e| e.expect("a file of src/sim/world/").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+        .collect();
+    files.sort();
+    files.insert(0, format!("{dir}/world.rs").into());
+    let src: String = files
+        .iter()
+        .map(|p| std::fs::read_to_string(p).expect("a file of the simulated fleet"))
+        .collect();
     for shared in [
         "RouterCore::new(",
         ".place(route)",
