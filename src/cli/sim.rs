@@ -59,6 +59,11 @@
 //! prefill pool without a decode pool, a kill naming a worker that does not exist) or an
 //! invalid configuration value is refused before the run, naming the flag or key; a request
 //! that no worker can hold is reported failed (400 from the worker), never waited on.
+//!
+//! **Files**: this one holds the options, the `--compare` variants, each run's configuration
+//! and fleet (the code that reads [`Config`]) and the driver ([`run`]); `bench_workload.rs` the
+//! bench workload as the simulator reads it, `faults.rs` the fault flags, `summary.rs` what a
+//! run's records become (the bench's results, `sim.json`, the fleet-cost table).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -67,24 +72,26 @@ use anyhow::{Context, bail, ensure};
 use figment::Figment;
 use figment::providers::Serialized;
 
-use crate::cli::bench::driver::chat_salt_prefix;
 use crate::cli::bench::metrics::{self, RequestResult, RunContext, Slo};
-use crate::cli::bench::workload::{Prompt, Workload};
 use crate::cli::bench::{
-    WorkloadArgs, arrival_order, arrival_plan, describe_workload, load_workload, report, synth,
-    workload, write_outputs,
+    WorkloadArgs, arrival_order, arrival_plan, describe_workload, load_workload, report, workload,
+    write_outputs,
 };
-use crate::control::planner::cost_per_million_in_slo;
-use crate::model::chat_template::ChatMessage;
 use crate::node::config::Config;
 use crate::request_plane::frontend::Frontend;
 use crate::runtime::role::Role;
 use crate::sim::world::{MAX_SIM_S, SimPlannerKind, SimPlannerSpec, sim_time, static_peak};
-use crate::sim::{
-    Arrivals, FaultRates, ModelFacts, SimFault, SimFleet, SimOutcome, SimRecord, SimSpec, SimTurn,
-    SimWorkload,
-};
+use crate::sim::{Arrivals, FaultRates, ModelFacts, SimFault, SimFleet, SimOutcome, SimSpec};
 use crate::worker::engine::sim::SimProfile;
+
+mod bench_workload;
+mod faults;
+mod summary;
+
+pub use bench_workload::BenchWorkload;
+pub use faults::{parse_faults, parse_rates};
+pub use summary::{PlanSummary, to_result};
+use summary::{SimSummary, plan_summary, plan_table};
 
 /// Options of `flotilla sim`.
 #[derive(Clone, Debug, clap::Args)]
@@ -201,243 +208,6 @@ impl PlannerChoice {
         <Self as clap::ValueEnum>::from_str(v, true)
             .map_err(|_| anyhow::anyhow!("{v:?}: expected off, on, oracle or peak"))
     }
-}
-
-/// A `flotilla bench` workload as the simulator reads it: token-id prompts under one salt;
-/// chat prompts (ShareGPT) rendered once, before the run, through the gateway's own
-/// [`Frontend::chat_ids`] (the model's chat template and tokenizer), with the same salted
-/// system message `flotilla bench` sends.
-pub struct BenchWorkload<'a> {
-    pub workload: &'a Workload,
-    pub salt: u64,
-    /// Chat turns' token ids, `[session][turn]` (empty for a token-id workload).
-    chat: Vec<Vec<Vec<u32>>>,
-    /// `--classes`: session `i`'s priority class (`metrics::class_of`).
-    pub classes: Vec<String>,
-}
-
-impl<'a> BenchWorkload<'a> {
-    /// The workload under `salt`; a chat workload needs the model's `frontend`.
-    ///
-    /// # Errors
-    /// A chat workload without a frontend, or a conversation the chat template rejects
-    /// (named).
-    pub fn new(
-        workload: &'a Workload,
-        salt: u64,
-        frontend: Option<&Frontend>,
-    ) -> anyhow::Result<Self> {
-        let chat_turns = workload
-            .sessions
-            .iter()
-            .flat_map(|s| &s.turns)
-            .any(|t| matches!(t.prompt, Prompt::Chat { .. }));
-        let mut chat = Vec::new();
-        if chat_turns {
-            let frontend = frontend.context("a chat workload needs the model's chat template")?;
-            let prefix = chat_salt_prefix(salt);
-            for (i, s) in workload.sessions.iter().enumerate() {
-                let mut turns = Vec::with_capacity(s.turns.len());
-                for (k, t) in s.turns.iter().enumerate() {
-                    let ids = match &t.prompt {
-                        Prompt::Chat { conv, turn } => {
-                            let msgs: Vec<ChatMessage> = conv
-                                .messages(*turn, &prefix)
-                                .into_iter()
-                                .map(|(role, content)| ChatMessage {
-                                    role: role.to_owned(),
-                                    content,
-                                })
-                                .collect();
-                            frontend.chat_ids(&msgs).map_err(|e| {
-                                anyhow::anyhow!("session {i}, turn {k}: {}", e.message)
-                            })?
-                        }
-                        Prompt::Tokens(segs) => synth::token_ids(segs, salt),
-                    };
-                    turns.push(ids);
-                }
-                chat.push(turns);
-            }
-        }
-        Ok(Self {
-            workload,
-            salt,
-            chat,
-            classes: Vec::new(),
-        })
-    }
-}
-
-impl SimWorkload for BenchWorkload<'_> {
-    fn sessions(&self) -> usize {
-        self.workload.sessions.len()
-    }
-
-    fn turns(&self, i: usize) -> usize {
-        self.workload.sessions.get(i).map_or(0, |s| s.turns.len())
-    }
-
-    fn class(&self, i: usize) -> Option<&str> {
-        metrics::class_of(&self.classes, i)
-    }
-
-    fn turn(&self, i: usize, k: usize) -> SimTurn {
-        let t = &self.workload.sessions[i].turns[k];
-        let prompt = match (&t.prompt, self.chat.get(i).and_then(|s| s.get(k))) {
-            (_, Some(ids)) => ids.clone(),
-            (Prompt::Tokens(segs), None) => synth::token_ids(segs, self.salt),
-            // `new` renders every chat turn.
-            (Prompt::Chat { .. }, None) => Vec::new(),
-        };
-        SimTurn {
-            prompt,
-            max_tokens: t.max_tokens,
-        }
-    }
-
-    fn session_key(&self, i: usize) -> Option<String> {
-        self.workload.sessions.get(i).and_then(|s| s.key.clone())
-    }
-}
-
-/// `--kill`, `--hang`, `--slow` and `--drop-kv-events`.
-///
-/// # Errors
-/// A malformed value, named.
-pub fn parse_faults(a: &SimArgs) -> anyhow::Result<Vec<SimFault>> {
-    let secs = |flag: &str, v: &str| -> anyhow::Result<Duration> {
-        let s: f64 = v
-            .trim()
-            .parse()
-            .with_context(|| format!("{flag}: {v:?} is not a number of seconds"))?;
-        sim_time(s).with_context(|| {
-            format!("{flag}: {v:?} must be a finite number of seconds from 0 to {MAX_SIM_S:e}")
-        })
-    };
-    // `FROM_S-UNTIL_S`; the separator is the first '-' after the first character (so that a
-    // negative FROM_S is reported as such).
-    let window = |flag: &str, w: &str| -> anyhow::Result<(Duration, Duration)> {
-        let (from, until) = w
-            .char_indices()
-            .skip(1)
-            .find(|&(_, c)| c == '-')
-            .map(|(i, _)| (&w[..i], &w[i + 1..]))
-            .with_context(|| format!("{flag} {w}: expected FROM_S-UNTIL_S"))?;
-        let (from, until) = (secs(flag, from)?, secs(flag, until)?);
-        ensure!(from < until, "{flag} {w}: the window ends before it starts");
-        Ok((from, until))
-    };
-    let index = |flag: &str, all: &str, v: &str| -> anyhow::Result<usize> {
-        v.trim()
-            .parse()
-            .with_context(|| format!("{flag} {all}: {v:?} is not a worker index"))
-    };
-    let mut out = Vec::new();
-    for k in &a.kill {
-        let (at, worker) = k
-            .split_once(':')
-            .with_context(|| format!("--kill {k}: expected AT_S:WORKER, e.g. 5:0"))?;
-        out.push(SimFault::Kill {
-            at: secs("--kill", at)?,
-            worker: index("--kill", k, worker)?,
-        });
-    }
-    for h in &a.hang {
-        let (w, worker) = h
-            .split_once(':')
-            .with_context(|| format!("--hang {h}: expected FROM_S-UNTIL_S:WORKER, e.g. 5-40:0"))?;
-        let (from, until) = window("--hang", w)?;
-        out.push(SimFault::Hang {
-            from,
-            until,
-            worker: index("--hang", h, worker)?,
-        });
-    }
-    for sl in &a.slow {
-        let parts: Vec<&str> = sl.split(':').collect();
-        let [w, worker, delay] = parts[..] else {
-            bail!("--slow {sl}: expected FROM_S-UNTIL_S:WORKER:DELAY_MS, e.g. 5-20:0:50");
-        };
-        let (from, until) = window("--slow", w)?;
-        let ms: f64 = delay
-            .trim()
-            .parse()
-            .with_context(|| format!("--slow {sl}: {delay:?} is not a number of ms"))?;
-        let delay = sim_time(ms / 1000.0)
-            .with_context(|| format!("--slow {sl}: the delay must be a finite number of ms ≥ 0"))?;
-        out.push(SimFault::Slow {
-            from,
-            until,
-            worker: index("--slow", sl, worker)?,
-            delay,
-        });
-    }
-    if let Some(d) = &a.drop_kv_events {
-        let (from, until) = window("--drop-kv-events", d)?;
-        out.push(SimFault::DropKvEvents { from, until });
-    }
-    Ok(out)
-}
-
-/// `--kill-rate`, `--hang-rate`, `--slow-rate` and `--drop-kv-events-rate`.
-///
-/// # Errors
-/// A malformed value, named.
-pub fn parse_rates(a: &SimArgs) -> anyhow::Result<FaultRates> {
-    let rate = |flag: &str, v: &str| -> anyhow::Result<f64> {
-        let r: f64 = v
-            .trim()
-            .parse()
-            .with_context(|| format!("{flag}: {v:?} is not a rate"))?;
-        ensure!(
-            r.is_finite() && r >= 0.0,
-            "{flag}: {v:?} must be a finite rate ≥ 0"
-        );
-        Ok(r)
-    };
-    let span = |flag: &str, v: &str, unit_s: f64| -> anyhow::Result<Duration> {
-        let x: f64 = v
-            .trim()
-            .parse()
-            .with_context(|| format!("{flag}: {v:?} is not a number"))?;
-        sim_time(x * unit_s).with_context(|| format!("{flag}: {v:?} is out of range"))
-    };
-    let window = |flag: &str, v: &str| -> anyhow::Result<(f64, Duration)> {
-        let (r, d) = v
-            .split_once(':')
-            .with_context(|| format!("{flag} {v}: expected RATE:DURATION_S, e.g. 6:10"))?;
-        let d = span(flag, d, 1.0)?;
-        ensure!(!d.is_zero(), "{flag} {v}: the duration must be > 0");
-        Ok((rate(flag, r)?, d))
-    };
-    let slow = match &a.slow_rate {
-        None => None,
-        Some(v) => {
-            let parts: Vec<&str> = v.split(':').collect();
-            let [r, d, ms] = parts[..] else {
-                bail!(
-                    "--slow-rate {v}: expected PER_WORKER_HOUR:DURATION_S:DELAY_MS, e.g. 6:10:50"
-                );
-            };
-            let (r, d) = window("--slow-rate", &format!("{r}:{d}"))?;
-            Some((r, d, span("--slow-rate", ms, 1e-3)?))
-        }
-    };
-    Ok(FaultRates {
-        kill: rate("--kill-rate", &a.kill_rate.to_string())?,
-        hang: a
-            .hang_rate
-            .as_deref()
-            .map(|v| window("--hang-rate", v))
-            .transpose()?,
-        slow,
-        drop_kv_events: a
-            .drop_kv_events_rate
-            .as_deref()
-            .map(|v| window("--drop-kv-events-rate", v))
-            .transpose()?,
-    })
 }
 
 /// One run of a `--compare` (or the only one): its label and what it changes.
@@ -653,135 +423,6 @@ fn spec(
         routers: a.routers,
         restart_delay: (a.restart_ms > 0).then(|| Duration::from_millis(a.restart_ms)),
     })
-}
-
-/// A simulated request's record as the bench's result.
-pub fn to_result(r: &SimRecord, ideal: &[Vec<(u64, u64)>]) -> RequestResult {
-    RequestResult {
-        session: r.session,
-        turn: r.turn,
-        sent_s: r.sent_s,
-        ideal_cached_tokens: ideal
-            .get(r.session)
-            .and_then(|t| t.get(r.turn))
-            .map_or(0, |x| x.0),
-        ok: r.ok,
-        error: r.error.clone(),
-        ttft_ms: r.ttft_ms,
-        e2e_ms: r.e2e_ms,
-        itl_ms: r.itl_ms.clone(),
-        output_tokens: r.output_tokens,
-        prompt_tokens: Some(r.prompt_tokens),
-        cached_tokens: r.cached_tokens,
-    }
-}
-
-/// Per run: what `sim.json` keeps.
-#[derive(serde::Serialize)]
-struct SimSummary<'a> {
-    label: &'a str,
-    workers: usize,
-    prefill: usize,
-    decode: usize,
-    simulated_s: f64,
-    wall_s: f64,
-    simulated_s_per_wall_s: f64,
-    counters: &'a crate::sim::SimCounters,
-    leftovers: &'a crate::sim::SimLeftovers,
-    planner: &'a PlanSummary,
-}
-
-/// What a run's fleet cost and what it served within the SLOs.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct PlanSummary {
-    pub label: String,
-    /// Whether a planner was in the loop.
-    pub planned: bool,
-    /// Replica-seconds, all pools.
-    pub replica_seconds: f64,
-    /// Per pool.
-    pub replica_seconds_by_pool: Vec<(Role, f64)>,
-    /// `replica_seconds ÷` the simulated span.
-    pub mean_replicas: f64,
-    /// Most replicas at once, all pools.
-    pub peak_replicas: u32,
-    /// Planner decisions, and those that changed a pool.
-    pub decisions: usize,
-    pub changes: usize,
-    /// Share of requests meeting the SLOs.
-    pub slo_attainment: f64,
-    /// Output tokens of the requests meeting the SLOs.
-    pub tokens_in_slo: u64,
-    /// The fleet's cost (`planner.<pool>.dollars_per_hour`) per million output tokens
-    /// served within the SLOs.
-    pub cost_per_million_in_slo: Option<f64>,
-}
-
-fn plan_summary(
-    label: &str,
-    cfg: &crate::control::planner::PlannerConfig,
-    outcome: &SimOutcome,
-    results: &[RequestResult],
-    slo: Slo,
-    span: f64,
-    planned: bool,
-) -> PlanSummary {
-    let replica_seconds: f64 = outcome.replica_seconds.iter().map(|(_, s)| s).sum();
-    let met: Vec<&RequestResult> = results.iter().filter(|r| slo.met_by(r)).collect();
-    let tokens_in_slo: u64 = met.iter().map(|r| r.output_tokens).sum();
-    PlanSummary {
-        label: label.to_owned(),
-        planned,
-        replica_seconds,
-        replica_seconds_by_pool: outcome.replica_seconds.clone(),
-        mean_replicas: replica_seconds / span.max(1e-9),
-        peak_replicas: outcome.peak_replicas.iter().map(|(_, n)| n).sum(),
-        decisions: outcome.decisions.len(),
-        changes: outcome
-            .decisions
-            .iter()
-            .filter(|d| d.pools.iter().any(|p| p.desired != p.actual))
-            .count(),
-        slo_attainment: if results.is_empty() {
-            0.0
-        } else {
-            met.len() as f64 / results.len() as f64
-        },
-        tokens_in_slo,
-        cost_per_million_in_slo: cost_per_million_in_slo(
-            cfg,
-            &outcome.replica_seconds,
-            tokens_in_slo,
-        ),
-    }
-}
-
-/// The fleet-cost table: one row per run, replica-seconds also as a ratio to the first run.
-fn plan_table(plans: &[PlanSummary]) -> String {
-    let mut out = String::from(
-        "| run | SLO met | replica-s | ÷ first | mean replicas | peak | changes | cost / M tokens in SLO |\n\
-         |---|---|---|---|---|---|---|---|\n",
-    );
-    let first = plans.first().map_or(0.0, |p| p.replica_seconds);
-    for p in plans {
-        out.push_str(&format!(
-            "| {} | {:.2} % | {:.0} | {:.2} | {:.2} | {} | {} | {} |\n",
-            p.label,
-            p.slo_attainment * 100.0,
-            p.replica_seconds,
-            if first > 0.0 {
-                p.replica_seconds / first
-            } else {
-                0.0
-            },
-            p.mean_replicas,
-            p.peak_replicas,
-            p.changes,
-            p.cost_per_million_in_slo
-                .map_or("-".to_string(), |c| format!("{c:.3}")),
-        ));
-    }
-    out
 }
 
 /// Run `flotilla sim`.
@@ -1111,26 +752,4 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        sim: super::SimArgs,
-    }
-
-    #[test]
-    fn an_empty_fleet_is_refused_before_the_trace_is_read() {
-        // Not a trace at all: reading it first would fail on the trace, not on the fleet.
-        let not_a_trace = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
-        let cli =
-            Cli::try_parse_from(["sim", "--trace", not_a_trace, "--workers", "0"]).expect("flags");
-        let e = super::run(cli.sim).expect_err("a fleet without workers");
-        let msg = format!("{e:#}");
-        assert!(
-            msg.contains("--workers: the fleet needs at least one worker"),
-            "{msg}"
-        );
-    }
-}
+mod tests;
