@@ -129,6 +129,13 @@
 //! Hashing: sequence hashes are already XXH3 outputs, so the maps use foldhash's fast hasher
 //! ([`FastMap`]) instead of SipHash. It is not HashDoS-resistant; inputs come from our own
 //! workers and gateways.
+//!
+//! # Files
+//!
+//! This file holds the index itself (its events, resyncs, workers and slots); `tree.rs` the
+//! tree and the operations that keep it canonical, `holders.rs` a node's holder list (packed
+//! `slot << 4 | tiers`, three inline), `overlap.rs` the query ([`PrefixIndex::overlaps`], its
+//! walk, [`Overlaps`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -136,8 +143,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::kv::events::{KvEvent, KvEventData, SnapshotBlock, Tier};
 use crate::runtime::ids::{EventId, SequenceHash, WorkerId};
 
+mod holders;
+mod overlap;
 mod tree;
 
+use holders::{Holders, MAX_SLOTS, TIER_MASK, pack, slot_of};
+pub use overlap::Overlaps;
 use tree::{Loc, Node, NodeId};
 
 /// Events buffered per pending worker before further ones are ignored.
@@ -215,164 +226,6 @@ const fn tier_bit(tier: Tier) -> u8 {
         Tier::Host => 2,
         Tier::Disk => 4,
         Tier::Remote => 8,
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Holders: sorted packed `slot << 4 | tiers`, three inline
-
-const TIER_BITS: u32 = 4;
-const TIER_MASK: u32 = (1 << TIER_BITS) - 1;
-/// Slots must fit in the 28 bits above the tier bits.
-const MAX_SLOTS: usize = 1 << (32 - TIER_BITS);
-const INLINE_HOLDERS: usize = 3;
-
-#[inline]
-const fn pack(slot: u32, tiers: u8) -> u32 {
-    (slot << TIER_BITS) | tiers as u32
-}
-
-#[inline]
-const fn slot_of(holder: u32) -> u32 {
-    holder >> TIER_BITS
-}
-
-#[derive(Debug, Clone)]
-enum Holders {
-    Inline {
-        len: u8,
-        items: [u32; INLINE_HOLDERS],
-    },
-    Spilled(Box<Spilled>),
-}
-
-/// More than [`INLINE_HOLDERS`] holders: the sorted list, plus a bitset of their slots so the
-/// walk compares large sets a word (64 workers) at a time.
-#[derive(Debug, Clone, Default)]
-struct Spilled {
-    list: Vec<u32>,
-    bits: Vec<u64>,
-}
-
-impl Spilled {
-    fn set_bit(&mut self, slot: u32, on: bool) {
-        let (word, bit) = (slot as usize / 64, slot % 64);
-        if on {
-            if self.bits.len() <= word {
-                self.bits.resize(word + 1, 0);
-            }
-            self.bits[word] |= 1 << bit;
-        } else if let Some(x) = self.bits.get_mut(word) {
-            *x &= !(1 << bit);
-        }
-    }
-
-    #[inline]
-    fn has(&self, slot: u32) -> bool {
-        let word = self.bits.get(slot as usize / 64).copied().unwrap_or(0);
-        word & (1 << (slot % 64)) != 0
-    }
-
-    /// Whether every slot here is set in `bits` (a bitset at least as long).
-    #[inline]
-    fn subset_of(&self, bits: &[u64]) -> bool {
-        debug_assert!(self.bits.len() <= bits.len());
-        let outside = self
-            .bits
-            .iter()
-            .zip(bits)
-            .fold(0, |acc, (n, a)| acc | (n & !a));
-        outside == 0
-    }
-}
-
-impl Holders {
-    const fn new() -> Self {
-        Holders::Inline {
-            len: 0,
-            items: [0; INLINE_HOLDERS],
-        }
-    }
-
-    #[inline]
-    fn as_slice(&self) -> &[u32] {
-        match self {
-            Holders::Inline { len, items } => &items[..usize::from(*len)],
-            Holders::Spilled(s) => &s.list,
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.as_slice().is_empty()
-    }
-
-    /// Position of `slot`, or where it would be inserted.
-    fn find(&self, slot: u32) -> Result<usize, usize> {
-        self.as_slice().binary_search_by_key(&slot, |h| slot_of(*h))
-    }
-
-    /// Replaces the holder at `i` by one with the same slot (other tiers).
-    fn set_at(&mut self, i: usize, holder: u32) {
-        match self {
-            Holders::Inline { items, .. } => items[i] = holder,
-            Holders::Spilled(s) => s.list[i] = holder,
-        }
-    }
-
-    fn insert_at(&mut self, i: usize, holder: u32) {
-        match self {
-            Holders::Inline { len, items } if usize::from(*len) < INLINE_HOLDERS => {
-                let n = usize::from(*len);
-                items.copy_within(i..n, i + 1);
-                items[i] = holder;
-                *len += 1;
-            }
-            Holders::Inline { items, .. } => {
-                let mut list = Vec::with_capacity(INLINE_HOLDERS * 2);
-                list.extend_from_slice(items);
-                list.insert(i, holder);
-                let mut spilled = Spilled {
-                    list,
-                    bits: Vec::new(),
-                };
-                for k in 0..spilled.list.len() {
-                    spilled.set_bit(slot_of(spilled.list[k]), true);
-                }
-                *self = Holders::Spilled(Box::new(spilled));
-            }
-            Holders::Spilled(s) => {
-                s.list.insert(i, holder);
-                s.set_bit(slot_of(holder), true);
-            }
-        }
-    }
-
-    fn remove_at(&mut self, i: usize) {
-        match self {
-            Holders::Inline { len, items } => {
-                let n = usize::from(*len);
-                items.copy_within(i + 1..n, i);
-                *len -= 1;
-            }
-            Holders::Spilled(s) => {
-                let holder = s.list.remove(i);
-                s.set_bit(slot_of(holder), false);
-                // Back inline once well below the threshold (one of slack against flapping).
-                if s.list.len() < INLINE_HOLDERS {
-                    let mut items = [0; INLINE_HOLDERS];
-                    items[..s.list.len()].copy_from_slice(&s.list);
-                    let len = s.list.len() as u8;
-                    *self = Holders::Inline { len, items };
-                }
-            }
-        }
-    }
-
-    /// Union of the holders' tier bits.
-    fn tier_union(&self) -> u8 {
-        let slice = self.as_slice();
-        let bits = slice.iter().fold(0, |acc, h| acc | (h & TIER_MASK));
-        bits as u8
     }
 }
 
@@ -635,54 +488,6 @@ impl PrefixIndex {
 
     // --- queries -----------------------------------------------------------------------------
 
-    /// Leading blocks of the request (`hashes`: its full blocks' sequence hashes, in order)
-    /// held by each worker, any tier.
-    pub fn overlaps(&self, hashes: &[SequenceHash]) -> Overlaps<'_> {
-        self.overlaps_in(hashes, TierSet::ALL)
-    }
-
-    /// Like [`PrefixIndex::overlaps`], counting only copies in `tiers`.
-    pub fn overlaps_in(&self, hashes: &[SequenceHash], tiers: TierSet) -> Overlaps<'_> {
-        let first = hashes.first().and_then(|h| self.roots.get(h));
-        let Some(mut loc) = first.map(|id| Loc {
-            node: *id,
-            pos: self.node(*id).base,
-        }) else {
-            // Nothing matches: no scratch at all.
-            return Overlaps {
-                index: self,
-                scores: Vec::new(),
-            };
-        };
-        let mut walk = Walk::new(self.slots.len(), tiers);
-        let mut depth = 0;
-        loop {
-            let node = self.node(loc.node);
-            let off = node.offset(loc.pos);
-            // ≥ 1: the map sent `hashes[depth]` to this block.
-            let run = common_prefix(&node.blocks[off..], &hashes[depth..]);
-            if !walk.step(node, run as u32) {
-                break;
-            }
-            depth += run;
-            // A branch starts at the end of a node only, so the next block is a node's head
-            // (after a mismatch inside the node, no head carries on the request).
-            match hashes.get(depth).and_then(|h| self.heads.get(h)) {
-                Some(next) => {
-                    loc = Loc {
-                        node: *next,
-                        pos: self.node(*next).base,
-                    }
-                }
-                None => break,
-            }
-        }
-        Overlaps {
-            index: self,
-            scores: walk.finish(),
-        }
-    }
-
     /// Distinct blocks held by at least one worker.
     pub fn num_blocks(&self) -> usize {
         self.held_blocks
@@ -926,162 +731,6 @@ fn buffer(pending: &mut Pending, ev: &KvEvent, max: usize) -> ApplyOutcome {
     ApplyOutcome::Buffered
 }
 
-/// Length of the common prefix of `a` and `b`, eight hashes at a time.
-#[inline]
-fn common_prefix(a: &[SequenceHash], b: &[SequenceHash]) -> usize {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut i = 0;
-    while i + 8 <= n {
-        let diff = a[i..i + 8]
-            .iter()
-            .zip(&b[i..i + 8])
-            .fold(0, |acc, (x, y)| acc | (x.0 ^ y.0));
-        if diff != 0 {
-            break;
-        }
-        i += 8;
-    }
-    while i < n && a[i] == b[i] {
-        i += 1;
-    }
-    i
-}
-
-/// One overlap walk: the workers still matching after `depth` blocks.
-struct Walk {
-    filter: u32,
-    depth: u32,
-    /// Slots still matching, sorted, and as a bitset.
-    active: Vec<u32>,
-    active_bits: Vec<u64>,
-    next: Vec<u32>,
-    /// Final overlap by slot, written when a worker drops out (or at the end).
-    scores: Vec<u32>,
-}
-
-impl Walk {
-    fn new(slots: usize, tiers: TierSet) -> Self {
-        Walk {
-            filter: u32::from(tiers.0),
-            depth: 0,
-            active: Vec::new(),
-            active_bits: vec![0; slots.div_ceil(64)],
-            next: Vec::new(),
-            scores: vec![0; slots],
-        }
-    }
-
-    /// Takes the next node met, whose next `run` blocks the request matches; `false` once no
-    /// worker is left.
-    #[inline]
-    fn step(&mut self, node: &Node, run: u32) -> bool {
-        let filter = self.filter;
-        if self.depth == 0 {
-            let qualifying = node.holders.as_slice().iter().filter(|x| *x & filter != 0);
-            self.active.extend(qualifying.map(|x| slot_of(*x)));
-            self.sync_bits();
-        } else if !self.unchanged(node) {
-            let (depth, scores) = (self.depth, &mut self.scores);
-            intersect(&self.active, node, filter, &mut self.next, |s| {
-                scores[s as usize] = depth;
-            });
-            std::mem::swap(&mut self.active, &mut self.next);
-            self.next.clear();
-            self.sync_bits();
-        }
-        if self.active.is_empty() {
-            return false;
-        }
-        self.depth += run;
-        true
-    }
-
-    /// Whether every holder of `node` qualifies and the holders are exactly the active
-    /// workers: then the active set carries over unchanged.
-    #[inline]
-    fn unchanged(&self, node: &Node) -> bool {
-        let holders = node.holders.as_slice();
-        if u32::from(node.tiers_any) & !self.filter != 0 || holders.len() != self.active.len() {
-            return false;
-        }
-        match &node.holders {
-            // Equal sizes and holders ⊆ active: equal sets.
-            Holders::Spilled(s) => s.subset_of(&self.active_bits),
-            Holders::Inline { .. } => same_slots(holders, &self.active),
-        }
-    }
-
-    fn sync_bits(&mut self) {
-        self.active_bits.fill(0);
-        for s in &self.active {
-            self.active_bits[*s as usize / 64] |= 1 << (s % 64);
-        }
-    }
-
-    fn finish(mut self) -> Vec<u32> {
-        for s in &self.active {
-            self.scores[*s as usize] = self.depth;
-        }
-        self.scores
-    }
-}
-
-/// Whether the holders' slots are exactly `active` (both sorted).
-#[inline]
-fn same_slots(holders: &[u32], active: &[u32]) -> bool {
-    holders.len() == active.len()
-        && holders
-            .iter()
-            .zip(active)
-            .fold(0, |acc, (h, a)| acc | (slot_of(*h) ^ a))
-            == 0
-}
-
-/// `next = active ∩ {qualifying holders of node}`; `dropped(slot)` for every active slot left
-/// out.
-#[inline]
-fn intersect(
-    active: &[u32],
-    node: &Node,
-    filter: u32,
-    next: &mut Vec<u32>,
-    mut dropped: impl FnMut(u32),
-) {
-    let holders = node.holders.as_slice();
-    let all_qualify = u32::from(node.tiers_any) & !filter == 0;
-    if let (Holders::Spilled(s), true) = (&node.holders, all_qualify) {
-        for a in active {
-            if s.has(*a) {
-                next.push(*a);
-            } else {
-                dropped(*a);
-            }
-        }
-        return;
-    }
-    if active.len() * 8 < holders.len() {
-        for a in active {
-            match holders.binary_search_by_key(a, |h| slot_of(*h)) {
-                Ok(i) if holders[i] & filter != 0 => next.push(*a),
-                _ => dropped(*a),
-            }
-        }
-        return;
-    }
-    let mut j = 0;
-    for a in active {
-        while j < holders.len() && slot_of(holders[j]) < *a {
-            j += 1;
-        }
-        if j < holders.len() && slot_of(holders[j]) == *a && holders[j] & filter != 0 {
-            next.push(*a);
-        } else {
-            dropped(*a);
-        }
-    }
-}
-
 /// A value no other call returns in this process: epochs of different tables never collide,
 /// so a slot cached against one table cannot pass for a slot of another.
 pub(crate) fn fresh_epoch() -> u64 {
@@ -1092,49 +741,6 @@ pub(crate) fn fresh_epoch() -> u64 {
 /// A worker's slot in a [`PrefixIndex`] (see [`PrefixIndex::slot`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct WorkerSlot(u32);
-
-/// Result of [`PrefixIndex::overlaps`]: leading blocks held, per worker.
-#[derive(Debug, Clone)]
-pub struct Overlaps<'a> {
-    index: &'a PrefixIndex,
-    /// By slot.
-    scores: Vec<u32>,
-}
-
-impl<'a> Overlaps<'a> {
-    /// Leading blocks `worker` holds (0 if none or unknown).
-    pub fn get(&self, worker: &WorkerId) -> u32 {
-        let slot = self.index.by_id.get(worker);
-        slot.and_then(|s| self.scores.get(*s as usize).copied())
-            .unwrap_or(0)
-    }
-
-    /// Leading blocks the worker in `slot` holds (`slot` from the same index and epoch).
-    #[inline]
-    pub fn at(&self, slot: WorkerSlot) -> u32 {
-        self.scores.get(slot.0 as usize).copied().unwrap_or(0)
-    }
-
-    /// Workers with a non-zero overlap, in slot order.
-    pub fn iter(&self) -> impl Iterator<Item = (&'a WorkerId, u32)> + '_ {
-        let index = self.index;
-        self.scores
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| **n > 0)
-            .filter_map(move |(slot, n)| index.slots[slot].as_ref().map(|e| (&e.id, *n)))
-    }
-
-    /// The largest overlap (0 if none).
-    pub fn max(&self) -> u32 {
-        self.scores.iter().copied().max().unwrap_or(0)
-    }
-
-    /// Owned copy of the non-zero overlaps.
-    pub fn to_map(&self) -> HashMap<WorkerId, u32> {
-        self.iter().map(|(w, n)| (w.clone(), n)).collect()
-    }
-}
 
 #[cfg(test)]
 mod tests;
