@@ -216,6 +216,7 @@ impl Fleet {
             job,
             registry: self.sinks.clone(),
             events: tx,
+            choice: 0,
             ids: Arc::new(AtomicU64::new(100)),
             migration: MigrationPolicy::default(),
             clock: flotilla::runtime::clock::system(),
@@ -230,7 +231,7 @@ impl Fleet {
         let (req, handle) = Actor::spawn(None, Request, args).await.expect("request");
         let mut seen = Vec::new();
         let over = tokio::time::timeout(Duration::from_secs(20), async {
-            while let Some(ev) = rx.recv().await {
+            while let Some((_, ev)) = rx.recv().await {
                 match ev {
                     TokenEventKind::Token { id, finish, .. } => {
                         seen.push(id);

@@ -88,8 +88,11 @@ pub struct RequestArgs {
     pub job: Job,
     /// This node's sink registry.
     pub registry: SinkRegistry,
-    /// Where events go (the HTTP handler).
-    pub events: mpsc::UnboundedSender<TokenEventKind>,
+    /// Where events go (the HTTP handler's one channel for all of a request's choices),
+    /// each tagged with `choice`.
+    pub events: mpsc::UnboundedSender<(u32, TokenEventKind)>,
+    /// This choice's index in its request (prompt-major).
+    pub choice: u32,
     /// The gateway's request id counter (each migration attempt takes a fresh id).
     pub ids: Arc<AtomicU64>,
     /// When to migrate, wait or give up.
@@ -246,7 +249,7 @@ impl RequestState {
                 }
             }
             RequestEffect::Deliver(ev) => {
-                if self.args.events.send(ev).is_err() {
+                if self.args.events.send((self.args.choice, ev)).is_err() {
                     self.core.handler_gone();
                 }
             }

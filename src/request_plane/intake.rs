@@ -6,9 +6,11 @@
 //! 1. **parse** — the body, read within its limits, into the neutral [`GenerationRequest`] by
 //!    the API's adapter (`openai::request` for chat and completions, `anthropic::request` for
 //!    Messages);
-//! 2. **validate** — the model (404), the priority class, the routing-policy header, the
-//!    session key (400 naming the field or header);
-//! 3. **admit** — admission control on the published fleet view (`admission.rs`: 429/503);
+//! 2. **admit** — the priority class (400 when unknown), then admission control on the
+//!    published fleet view (`admission.rs`: 429/503), before anything else is spent on the
+//!    request (a class named by header was judged before the body was even read);
+//! 3. **validate** — the model (404), the routing-policy header, the session key (400
+//!    naming the field or header);
 //! 4. **tokenize** — [`tokenize`]: every prompt's ids, each checked against the context
 //!    before any choice starts (a refusal names `prompt[i]` in a batch);
 //! 5. **place** — [`submissions`]: one [`SubmitRequest`] per choice, prompt-major, which the
@@ -71,7 +73,8 @@ fn fit_context(
         .collect()
 }
 
-/// What every choice's submission shares: who owns it, its ids, its trace, class and session.
+/// What every choice's submission shares: who owns it, its ids, its arrival (one for all the
+/// choices of a request), its trace, class and session.
 #[derive(Clone, Debug)]
 pub struct Placement {
     /// The gateway node and its incarnation (the sequences' owner).

@@ -9,9 +9,9 @@
 //! Order of work for one request, the intake's named stages (`request_plane/intake.rs` lists
 //! them; the HTTP ones are `serve/intake.rs`): **parse** (admission on a class named by header
 //! first, then the body: 413 past `gateway.max_body_bytes`, without buffering more; the API's
-//! adapter) → **validate** (class, model 404, routing header, session) → **admit** (admission
-//! control, `admission.rs`, on the published fleet view) → **tokenize** (`frontend.rs`; the
-//! context, 400) → **place** (one Request actor per choice) → wait for each choice's first
+//! adapter) → **admit** (the class; admission control, `admission.rs`, on the published fleet
+//! view) → **validate** (model 404, routing header, session) → **tokenize** (`frontend.rs`;
+//! the context, 400) → **place** (one Request actor per choice) → wait for each choice's first
 //! event, so that a refusal (no worker: 503; can never fit: 400) is an HTTP status before any
 //! stream header → stream or collect.
 //!
@@ -157,19 +157,13 @@ async fn spawn_choice(
     let sup: ActorRef<SupervisorMsg> = ractor::registry::where_is(serving.request_sup.clone())
         .ok_or(RequestError::GatewayRestarting)?
         .into();
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(ev) = rx.recv().await {
-            if merged.send((index, ev)).is_err() {
-                break;
-            }
-        }
-    });
     let name = format!("{}/request-{}", serving.node, job.request);
     let args = RequestArgs {
         job: job.clone(),
         registry: serving.registry.clone(),
-        events: tx,
+        // Straight into the handler's channel: no relay task between.
+        events: merged,
+        choice: index,
         ids: serving.next_id.clone(),
         migration: serving.migration,
         clock: serving.clock.clone(),
@@ -195,8 +189,8 @@ async fn spawn_choice(
     Ok(cell.into())
 }
 
-/// The intake, stage by stage (`request_plane/intake.rs` lists them): parse → validate →
-/// admit → tokenize → place, then each choice's first event.
+/// The intake, stage by stage (`request_plane/intake.rs` lists them): parse → admit →
+/// validate → tokenize → place, then each choice's first event.
 async fn start(
     s: &GatewayShared,
     api: Api,
@@ -207,8 +201,8 @@ async fn start(
     let t0 = Instant::now();
     let serving = s.serving.as_ref().ok_or(RequestError::NoModel)?;
     let parsed = intake::parse(s, serving, api, headers, body).await?;
-    let valid = intake::validate(serving, api, headers, parsed)?;
-    intake::admit(s, serving, &valid)?;
+    let admitted = intake::admit(s, serving, headers, parsed)?;
+    let valid = intake::validate(serving, api, headers, admitted)?;
     let fe = &serving.frontend;
     let tok = crate::request_plane::intake::tokenize(fe, &valid.req)?;
     intake::wait_for_capacity(s, serving).await?;

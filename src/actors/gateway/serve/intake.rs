@@ -1,7 +1,7 @@
-//! The gateway's intake stages on the HTTP side: **parse** (read the body within its limits,
-//! then the API's adapter), **validate** (model, priority class, routing-policy header,
-//! session), **admit** (admission control on the published fleet view, and scale-from-zero's
-//! wait for a worker). The pure stages — tokenize, and the submissions that place each choice
+//! The gateway's intake stages on the HTTP side: **parse** (admission on a class named by
+//! header, then the body read within its limits and the API's adapter), **admit** (the
+//! request's class; admission control on the published fleet view), **validate** (model,
+//! routing-policy header, session), and scale-from-zero's wait for a worker before placing. The pure stages — tokenize, and the submissions that place each choice
 //! — are `request_plane/intake.rs`, whose doc lists all five in order.
 
 use super::super::state::{GatewayShared, Serving};
@@ -52,33 +52,53 @@ pub(super) async fn parse(
     })
 }
 
-/// A request that passed **validate**.
-pub(super) struct Valid {
+/// A request that passed **admit**: the neutral request and its class.
+pub(super) struct Admitted {
     pub req: GenerationRequest,
     /// Its priority class (the header's, else the body's `priority_class`, else the default).
     pub class: Option<Resolved>,
-    /// Whether admission has yet to judge it under that class.
-    class_unjudged: bool,
+}
+
+/// **admit**: the request's class is resolved (400 `invalid_priority_class`), and a class
+/// known only from the body is judged again as its own (before the body was read it was
+/// judged as the highest class would be: [`parse`]). Admission comes before the remaining
+/// checks, so that an overloaded fleet sheds a request before anything else is spent on it.
+pub(super) fn admit(
+    s: &GatewayShared,
+    serving: &Serving,
+    headers: &HeaderMap,
+    p: Parsed,
+) -> Result<Admitted, ApiError> {
+    let named = class_header(headers)?;
+    let class = serving
+        .priority
+        .resolve(named, p.req.priority_class.as_deref())
+        .map_err(class_error)?;
+    if !p.header_named && class.is_some() {
+        admit_class(s, serving, class.as_ref())?;
+    }
+    Ok(Admitted { req: p.req, class })
+}
+
+/// A request that passed **validate**.
+pub(super) struct Valid {
+    pub req: GenerationRequest,
+    pub class: Option<Resolved>,
     /// The routing policy asked for by `x-flotilla-route-policy`.
     pub policy: Option<Policy>,
     /// Its session key (a configured header, or the body's user field when configured).
     pub session: Option<String>,
 }
 
-/// **validate**: the class (400 `invalid_priority_class`), the model (404), the routing
-/// policy header and the session key (400 naming the header or field).
+/// **validate**: the model (404), the routing policy header and the session key (400 naming
+/// the header or field).
 pub(super) fn validate(
     serving: &Serving,
     api: Api,
     headers: &HeaderMap,
-    p: Parsed,
+    a: Admitted,
 ) -> Result<Valid, ApiError> {
-    let named = class_header(headers)?;
-    let class = serving
-        .priority
-        .resolve(named, p.req.priority_class.as_deref())
-        .map_err(class_error)?;
-    check_model(&p.req.model, &[serving.frontend.model_id.as_str()])?;
+    check_model(&a.req.model, &[serving.frontend.model_id.as_str()])?;
     let policy = route_policy(headers)?;
     let user_field = match api {
         Api::Messages => "metadata.user_id",
@@ -86,23 +106,13 @@ pub(super) fn validate(
     };
     let session = serving
         .sessions
-        .key(headers, p.req.user.as_deref(), user_field)?;
+        .key(headers, a.req.user.as_deref(), user_field)?;
     Ok(Valid {
-        class_unjudged: !p.header_named && class.is_some(),
-        req: p.req,
-        class,
+        req: a.req,
+        class: a.class,
         policy,
         session,
     })
-}
-
-/// **admit**: a request whose class was known only from its body is judged again as its own
-/// class (before it, as the highest class would be: [`parse`]).
-pub(super) fn admit(s: &GatewayShared, serving: &Serving, v: &Valid) -> Result<(), ApiError> {
-    if v.class_unjudged {
-        admit_class(s, serving, v.class.as_ref())?;
-    }
-    Ok(())
 }
 
 /// Admission under `class`; a refusal of the class names it.
