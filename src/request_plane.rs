@@ -8,6 +8,8 @@
 //!   fails, with one mapping to HTTP status and the OpenAI error body.
 //! - `events.rs` — [`events::EventBus`]: the fleet's event bus (placements, hand-offs,
 //!   migrations, faults, role changes, workers and nodes coming and going).
+//! - `gateway.rs` — [`gateway::GatewayConfig`]: the `[gateway]` section (HTTP edge,
+//!   admission, migration bounds, the wait for capacity, session keys) and its checks.
 //! - `admission.rs` — [`admission::Admission`]: whether the gateway sheds a request before
 //!   any work is done (busy workers, predicted TTFT, in-flight cap).
 //! - `frontend.rs` — the model's face: tokenizer, chat template, context length.
@@ -30,6 +32,7 @@ pub mod choice;
 pub mod error;
 pub mod events;
 pub mod frontend;
+pub mod gateway;
 pub mod intake;
 pub mod migration;
 pub mod priority;

@@ -2,6 +2,8 @@
 //! time, payloads between nodes, metrics, ports and resilience counters. It imports no plane;
 //! the node process and its configuration (the composition root) are in [`crate::node`].
 //! - `cluster.rs` — the `ractor_cluster` NodeServer, joining, cookie errors.
+//! - `config.rs` — [`config::ConfigError`], what every plane's configuration section answers
+//!   its check with (the sections are in their planes, the tree in `node/config.rs`).
 //! - `ids.rs` — newtypes: node, worker, request, sequence and event ids.
 //! - `clock.rs` — injected time (`SystemClock`, `ManualClock`).
 //! - `wire.rs` — MessagePack payloads between nodes.
@@ -14,6 +16,7 @@
 
 pub mod clock;
 pub mod cluster;
+pub mod config;
 pub mod ids;
 pub mod metrics;
 pub mod otlp;

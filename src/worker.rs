@@ -6,6 +6,9 @@
 //!   ([`SchedulerCore`], `batch.rs`), the step watchdog (`watchdog.rs`), the per-owner outbox
 //!   of token events (`outbox.rs`), the step-time model (`step_model.rs`) and the chaos
 //!   `fill_kv` holder of blocks (`fill.rs`).
+//! - `config.rs` — [`config::WorkerConfig`]: the `[worker]` section (replicas, engine and
+//!   backend, KV pool and tiers, batch limits, watchdog, peer pulls, the sim engine's models,
+//!   faces) and its checks.
 //! - `engine.rs` — the [`StepEngine`] trait: the real transformer (`engine/transformer.rs`),
 //!   the simulated engine (`engine/sim.rs`), and the chaos filter that wraps either
 //!   (`engine/chaos.rs`).
@@ -21,6 +24,7 @@
 //! [`SchedulerCore`]: scheduler::SchedulerCore
 //! [`StepEngine`]: engine::StepEngine
 
+pub mod config;
 pub mod engine;
 mod error;
 pub mod external;

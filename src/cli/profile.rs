@@ -361,7 +361,7 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
             .join(", "),
         a.out.display()
     );
-    let limits = crate::node::config::WorkerConfig::default();
+    let limits = crate::worker::config::WorkerConfig::default();
     let capacity = profile.capacity(
         1.0,
         a.num_blocks * BLOCK,

@@ -400,7 +400,7 @@ fn slot_roles(
 /// the still idle machine (`None`: sim engines, or `FLOTILLA_GEMM_MIN_M` already set, which
 /// the nodes inherit).
 async fn cpu_crossover(config: &crate::node::config::Config) -> Option<usize> {
-    if config.worker.engine != crate::node::config::EngineKind::Cpu
+    if config.worker.engine != crate::worker::config::EngineKind::Cpu
         || std::env::var_os("FLOTILLA_GEMM_MIN_M").is_some()
     {
         return None;

@@ -1,5 +1,7 @@
 //! Membership and the fleet view: the pure part of the control plane's discovery.
 //!
+//! - `config.rs` — [`config::ClusterConfig`]: the `[cluster]` section (heartbeats, suspicion,
+//!   liveness, frame size) and its checks.
 //! - `membership.rs` — [`membership::Membership`]: the lease table (`up` → `suspect` →
 //!   `down`), node and worker views, the heartbeat payload.
 //! - [`FleetView`] — the fleet view a node's Discovery actor publishes and hot paths read
@@ -8,6 +10,7 @@
 //!
 //! The actor that drives them is [`crate::actors::discovery`].
 
+pub mod config;
 pub mod membership;
 
 use crate::runtime::role::NodeRole;

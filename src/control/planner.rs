@@ -49,6 +49,7 @@ pub use forecast::{ForecastKind, Forecaster};
 pub use policy::{Action, Decision, Forecast, Planner, PoolDecision};
 pub use signals::{FleetSignals, PoolCount, ViewReader};
 
+use crate::runtime::config::ConfigError;
 use crate::runtime::role::Role;
 use serde::{Deserialize, Serialize};
 
@@ -192,9 +193,10 @@ impl PlannerConfig {
     /// Check ranges.
     ///
     /// # Errors
-    /// The first field out of range, named (`planner.<field>`), and why.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        let bad = |f: &str, m: &str| Err((format!("planner.{f}"), m.to_string()));
+    /// [`ConfigError::Invalid`]: the first field out of range, named (`planner.<field>`),
+    /// and why.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |f: &str, m: &str| Err(ConfigError::invalid(format!("planner.{f}"), m));
         let secs = [
             ("interval_s", self.interval_s),
             ("cooldown_s", self.cooldown_s),
@@ -242,18 +244,21 @@ impl PlannerConfig {
             ("decode", self.decode),
         ] {
             if b.max == 0 {
-                return Err((format!("planner.{name}.max"), "must be at least 1".into()));
+                return Err(ConfigError::invalid(
+                    format!("planner.{name}.max"),
+                    "must be at least 1",
+                ));
             }
             if b.min > b.max {
-                return Err((
+                return Err(ConfigError::invalid(
                     format!("planner.{name}.min"),
                     format!("must not exceed planner.{name}.max ({} > {})", b.min, b.max),
                 ));
             }
             if !(b.dollars_per_hour.is_finite() && b.dollars_per_hour >= 0.0) {
-                return Err((
+                return Err(ConfigError::invalid(
                     format!("planner.{name}.dollars_per_hour"),
-                    "must be a number ≥ 0".into(),
+                    "must be a number ≥ 0",
                 ));
             }
         }

@@ -93,7 +93,7 @@ fn engine_device(config: &Config) -> Result<(crate::kernels::Device, usize), Nod
     use crate::kernels::{Device, cuda};
     let w = &config.worker;
     if !config.has_role(crate::runtime::role::NodeRole::Worker)
-        || w.engine != crate::node::config::EngineKind::Cpu
+        || w.engine != crate::worker::config::EngineKind::Cpu
     {
         return Ok((Device::Cpu, 0));
     }
@@ -206,8 +206,8 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         None
     };
     let sim_profile = match config.worker.engine {
-        crate::node::config::EngineKind::Cpu => None,
-        crate::node::config::EngineKind::Sim => Some(match &config.worker.sim_profile {
+        crate::worker::config::EngineKind::Cpu => None,
+        crate::worker::config::EngineKind::Sim => Some(match &config.worker.sim_profile {
             Some(p) => crate::worker::engine::sim::SimProfile::load(p)
                 .map_err(|e| NodeError::Tree(e.to_string()))?,
             None => Default::default(),

@@ -243,7 +243,7 @@ fn faces(ctx: &NodeContext, gateway: &Arc<GatewayShared>) -> Vec<(u32, GatewayAr
         .map(|k| {
             let worker = WorkerId::new(ctx.name(&format!("replica-{k}")));
             let ends = ctx.endpoints.entry(worker.as_str());
-            let addr = crate::node::config::WorkerConfig::replica_addr(base, k);
+            let addr = crate::worker::config::WorkerConfig::replica_addr(base, k);
             let serving = Arc::new(Serving {
                 pin: Some(worker.clone()),
                 ..serving.as_ref().clone()
@@ -329,7 +329,7 @@ fn replica(ctx: &NodeContext, k: u32, flags: SupervisorFlags) -> Option<ReplicaP
         kv_events: w
             .kv_events_addr
             .map(|base| crate::actors::kv_publisher::VllmEventsConfig {
-                addr: crate::node::config::WorkerConfig::replica_addr(base, k),
+                addr: crate::worker::config::WorkerConfig::replica_addr(base, k),
                 block_size: w.block_size_tokens as u32,
                 layout: w.kv_events_layout,
                 bound: ctx

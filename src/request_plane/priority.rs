@@ -47,6 +47,7 @@
 //! refusal that holds for every class stays 503. A class's `ttft_target_ms` replaces
 //! `gateway.ttft_target_ms` for its requests.
 
+use crate::runtime::config::ConfigError;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 
@@ -177,12 +178,12 @@ impl PriorityConfig {
     /// Check names (unique, well formed), quanta (≥ 1), targets (≥ 1) and the default.
     ///
     /// # Errors
-    /// The dotted field and what is wrong.
-    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+    /// [`ConfigError::Invalid`]: the dotted field and what is wrong.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let mut seen = std::collections::BTreeSet::new();
         for c in &self.classes {
             if !well_formed(&c.name) {
-                return Err((
+                return Err(ConfigError::invalid(
                     "priority.classes",
                     format!(
                         "name {:?}: 1 to {MAX_CLASS_NAME_LEN} visible ASCII characters",
@@ -191,16 +192,19 @@ impl PriorityConfig {
                 ));
             }
             if !seen.insert(c.name.as_str()) {
-                return Err(("priority.classes", format!("{:?} appears twice", c.name)));
+                return Err(ConfigError::invalid(
+                    "priority.classes",
+                    format!("{:?} appears twice", c.name),
+                ));
             }
             if c.quantum == 0 {
-                return Err((
+                return Err(ConfigError::invalid(
                     "priority.classes",
                     format!("{}: quantum must be at least 1", c.name),
                 ));
             }
             if c.ttft_target_ms == Some(0) {
-                return Err((
+                return Err(ConfigError::invalid(
                     "priority.classes",
                     format!("{}: ttft_target_ms must be at least 1", c.name),
                 ));
@@ -209,7 +213,7 @@ impl PriorityConfig {
         if let Some(d) = &self.default
             && !self.classes.iter().any(|c| &c.name == d)
         {
-            return Err((
+            return Err(ConfigError::invalid(
                 "priority.default",
                 format!("{d:?} is not one of priority.classes"),
             ));
@@ -492,13 +496,13 @@ mod tests {
     fn validation_names_the_field() {
         let mut p = classes();
         p.default = Some("gold".into());
-        assert_eq!(p.validate().unwrap_err().0, "priority.default");
+        assert_eq!(p.validate().unwrap_err().field(), Some("priority.default"));
         let mut p = classes();
         p.classes[1].quantum = 0;
-        assert!(p.validate().unwrap_err().1.contains("quantum"));
+        assert!(p.validate().unwrap_err().to_string().contains("quantum"));
         let mut p = classes();
         p.classes[1].name = "interactive".into();
-        assert!(p.validate().unwrap_err().1.contains("twice"));
+        assert!(p.validate().unwrap_err().to_string().contains("twice"));
     }
 
     #[test]

@@ -12,12 +12,15 @@
 //! - `sync.rs` — [`sync::LoadChange`]: what routers tell each other of their load
 //!   (`router.share_load`).
 //!
+//! - `config.rs` — [`config::RouterConfig`]: the `[router]` section (policy, weights,
+//!   sessions, peer pulls, `external_workers`) and its checks.
 //! - `core.rs` — [`core::RouterCore`]: the placement itself over all of the above (sessions,
 //!   conditional disaggregation, the other routers' load), on an injected clock and list of
 //!   workers.
 //!
 //! The actor that drives them is [`crate::actors::router`].
 
+pub mod config;
 pub mod core;
 pub mod index;
 pub mod load;

@@ -579,7 +579,7 @@ mod tests {
 
     #[test]
     fn each_level_has_its_own_budget_and_a_crash_loop_escalates_sooner() {
-        let s = crate::node::config::Config::default().supervision;
+        let s = crate::supervisors::config::SupervisionConfig::default();
         let node = (s.node_max_restarts, Duration::from_millis(s.node_period_ms));
         let inner = (s.max_restarts, Duration::from_millis(s.period_ms));
         for b in [inner, REPLICA_BUDGET, ROUTER_BUDGET, REQUEST_BUDGET] {

@@ -67,7 +67,6 @@
 use crate::kv::vllm::Translator;
 use crate::request_plane::protocol::{FinishReason, SubmitRequest, TokenEventKind};
 use crate::runtime::ids::WorkerId;
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -84,25 +83,9 @@ pub const KV_USAGE_SCALE: usize = 1_000;
 /// How long connecting to the engine may take before a request is handed back.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// One external engine (`[[router.external_workers]]`).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ExternalWorkerConfig {
-    /// Name, unique among this node's external workers: the worker id is `<node>/<name>`.
-    pub name: String,
-    /// The engine's OpenAI-compatible base URL, `http://` only, e.g. `http://10.0.0.7:8000`
-    /// (it must serve
-    /// `POST /v1/completions` with token-id prompts and vLLM's `return_token_ids`, and
-    /// `GET /health`).
-    pub url: String,
-    /// Its vLLM-format KV event socket (ZMQ PUB), e.g. `tcp://10.0.0.7:5557`; without one
-    /// the router places on this engine by load only.
-    #[serde(default)]
-    pub kv_events: Option<String>,
-    /// The model name to send; default: the first id of the engine's `GET /v1/models`.
-    #[serde(default)]
-    pub model: Option<String>,
-}
+/// One external engine (`[[router.external_workers]]`): part of the router's section, so
+/// defined with it in the request plane.
+pub use crate::request_plane::router::config::ExternalWorkerConfig;
 
 /// What an external engine's actor is started with.
 #[derive(Clone, Debug)]

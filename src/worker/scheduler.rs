@@ -2,6 +2,8 @@
 //! beside it (step watchdog, outbox, step-time model).
 //!
 //! Files:
+//! - `config.rs` — the `[scheduler]` and `[disagg]` sections ([`config::SchedulerSection`],
+//!   [`config::DisaggConfig`]) and their checks.
 //! - `batch.rs` — [`SchedulerCore`], its config, requests, batches, updates and errors.
 //! - `watchdog.rs` — [`StepWatchdog`]: step and canary deadlines, whether the engine hung.
 //! - `outbox.rs` — [`Outbox`]: token events queued per owner, when an owner is gone.
@@ -81,6 +83,7 @@
 //! at once; its cached blocks stay reusable.
 
 mod batch;
+pub mod config;
 mod fill;
 mod outbox;
 mod step_model;

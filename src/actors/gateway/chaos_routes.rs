@@ -22,6 +22,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// The `[chaos]` section: the chaos API (fault injection), off by default. Whether a gateway
+/// beyond loopback may serve it without a token is a rule across sections, checked by the
+/// node's configuration (`chaos.token`).
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ChaosConfig {
+    /// Serve `/chaos/faults` on the gateway.
+    pub enabled: bool,
+    /// Bearer token the chaos routes require; mandatory when the gateway listens beyond
+    /// loopback.
+    pub token: Option<String>,
+}
+
 /// How long the API waits for a node to confirm a fault installed or cleared (ms).
 pub const ACK_TIMEOUT_MS: u64 = 2_000;
 /// Largest fault description accepted (bytes); beyond, 413 in the OpenAI error shape.

@@ -17,6 +17,7 @@
 //! connections finish their in-flight responses (hyper graceful shutdown); aborting the task
 //! aborts every connection.
 
+use crate::request_plane::gateway::GatewayConfig;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -40,6 +41,16 @@ pub struct ConnLimits {
     pub idle_timeout: Duration,
     /// `gateway.max_connections`.
     pub max_connections: usize,
+}
+
+impl From<&GatewayConfig> for ConnLimits {
+    fn from(g: &GatewayConfig) -> Self {
+        Self {
+            header_timeout: Duration::from_millis(g.request_header_timeout_ms),
+            idle_timeout: Duration::from_millis(g.idle_timeout_ms),
+            max_connections: g.max_connections,
+        }
+    }
 }
 
 /// Keeps `flotilla_http_connections_open` up to date for one connection.

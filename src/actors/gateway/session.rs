@@ -19,19 +19,9 @@ use axum::http::{HeaderMap, HeaderName};
 
 use crate::openai::error::{ApiError, ErrorKind};
 
-/// Headers read for a session key unless configured (`gateway.session_headers`), in order:
-/// - `x-session-id`: the generic one (vLLM's router `consistent_hash` policy reads it first;
-///   OpenCode sends it, `packages/opencode/src/session/llm/request.ts`);
-/// - `x-session-affinity`: OpenCode sends it beside `x-session-id` with the same value;
-/// - `x-claude-code-session-id`: Claude Code's session UUID, sent on every API request;
-/// - `session_id`: the OpenAI Codex CLI's conversation id (`codex-rs`, sent on every
-///   Responses request; an underscore is a legal header-name character).
-pub const DEFAULT_SESSION_HEADERS: [&str; 4] = [
-    "x-session-id",
-    "x-session-affinity",
-    "x-claude-code-session-id",
-    "session_id",
-];
+/// Headers read for a session key unless configured (`gateway.session_headers`): the
+/// `[gateway]` section's default, defined with it in the request plane.
+pub use crate::request_plane::gateway::DEFAULT_SESSION_HEADERS;
 
 /// Longest session key (bytes).
 pub const MAX_SESSION_KEY_LEN: usize = 256;

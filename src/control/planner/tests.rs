@@ -440,8 +440,8 @@ fn the_config_refuses_bad_values_by_name() {
         let mut c = PlannerConfig::default();
         c.decode.max = 8;
         edit(&mut c);
-        let (f, why) = c.validate().unwrap_err();
-        assert_eq!(f, field, "{why}");
+        let err = c.validate().unwrap_err();
+        assert_eq!(err.field(), Some(field), "{err}");
     }
     PlannerConfig::default().validate().unwrap();
 }

@@ -73,19 +73,6 @@ fn flags_override_file() {
 }
 
 #[test]
-fn inconsistent_timeouts_name_the_field() {
-    let err = Config::load(
-        None,
-        serde_json::json!({"node": {"cookie": "x"}, "cluster": {"liveness_timeout_ms": 10}}),
-    )
-    .unwrap_err();
-    assert!(
-        err.to_string().contains("cluster.liveness_timeout_ms"),
-        "{err}"
-    );
-}
-
-#[test]
 fn unknown_fields_are_rejected() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("f.toml");
@@ -117,18 +104,6 @@ fn dotted_key_overrides() {
 }
 
 #[test]
-fn the_decode_stall_limit_defaults_on_and_zero_turns_it_off() {
-    let cfg = Config::load(None, with_cookie()).unwrap();
-    assert_eq!(cfg.scheduler.max_decode_stall_ms, 200);
-    let mut o = with_cookie();
-    o["scheduler"] = serde_json::json!({"max_decode_stall_ms": 0});
-    assert_eq!(
-        Config::load(None, o).unwrap().scheduler.max_decode_stall_ms,
-        0
-    );
-}
-
-#[test]
 fn the_kv_events_layout_is_map_unless_set_to_array() {
     use crate::kv::vllm::EventLayout;
     use figment::Figment;
@@ -143,33 +118,6 @@ fn the_kv_events_layout_is_map_unless_set_to_array() {
         .merge(Serialized::default("worker.kv_events_layout", "tuple"));
     let err = Config::load_with(None, bad).unwrap_err();
     assert!(err.to_string().contains("kv_events_layout"), "{err}");
-}
-
-#[test]
-fn settings_that_would_do_nothing_are_refused_naming_the_other() {
-    use figment::Figment;
-    use figment::providers::Serialized;
-    let load = |pairs: &[(&str, &str)]| {
-        let mut o = Figment::from(Serialized::default("node.cookie", "a"));
-        for (k, v) in pairs {
-            o = o.merge(Serialized::default(k, v));
-        }
-        Config::load_with(None, o)
-    };
-    let err = load(&[("worker.engine", "sim"), ("worker.backend", "cuda")]).unwrap_err();
-    assert!(
-        err.to_string().contains("worker.backend") && err.to_string().contains("sim"),
-        "{err}"
-    );
-    let err = load(&[("worker.backend", "cpu"), ("worker.cuda_gemm", "bf16")]).unwrap_err();
-    assert!(
-        err.to_string().contains("worker.cuda_gemm") && err.to_string().contains("cpu"),
-        "{err}"
-    );
-    // What does act is accepted.
-    load(&[("worker.engine", "sim"), ("worker.backend", "cpu")]).unwrap();
-    load(&[("worker.backend", "auto"), ("worker.cuda_gemm", "bf16")]).unwrap();
-    load(&[("worker.backend", "cuda"), ("worker.cuda_gemm", "bf16")]).unwrap();
 }
 
 #[test]

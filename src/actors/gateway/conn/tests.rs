@@ -20,7 +20,7 @@ fn the_over_cap_answer_is_a_well_formed_503_in_the_openai_shape() {
 
 #[test]
 fn limits_come_from_the_gateway_config() {
-    let g = crate::node::config::GatewayConfig {
+    let g = crate::request_plane::gateway::GatewayConfig {
         request_header_timeout_ms: 1_500,
         idle_timeout_ms: 2_500,
         max_connections: 7,
@@ -30,7 +30,7 @@ fn limits_come_from_the_gateway_config() {
     assert_eq!(l.header_timeout, Duration::from_millis(1_500));
     assert_eq!(l.idle_timeout, Duration::from_millis(2_500));
     assert_eq!(l.max_connections, 7);
-    let d = crate::node::config::GatewayConfig::default();
+    let d = crate::request_plane::gateway::GatewayConfig::default();
     for ms in [
         d.request_header_timeout_ms,
         d.request_body_timeout_ms,
