@@ -12,9 +12,10 @@
 //! ([`WorkerCore`](crate::worker::scheduler::WorkerCore) with its batch former and
 //! [`BlockPool`](crate::kv::BlockPool)) and the sim engine's step model
 //! ([`model_step`](crate::worker::engine::sim::model_step), the profile the live
-//! `--engine sim` fleet runs). The configuration is the live one ([`Config`], `--set
-//! key=value`), read through the same methods (`Config::admission`, `migration_policy`,
-//! `scheduler_config`, `selector_config`, `sim_transfer`).
+//! `--engine sim` fleet runs). The configuration is the live one (`--set key=value`): the
+//! planes' own sections ([`SimConfig`]), read through the same section methods the live
+//! composition root uses (`admission`, `migration_policy`, `scheduler_config`,
+//! `selector_config`, `sim_transfer`).
 //!
 //! **What is modelled, and what is not.** Time passes only in engine steps (the profile's
 //! time ÷ `worker.sim_speedup`), KV pulls (the modelled transfer), the delay of token events
@@ -58,14 +59,14 @@
 //! at the end [`world::SimLeftovers`] counts what is left placed, live, pinned or listened
 //! for (all 0 in a correct run; the tests hold it).
 
+pub mod config;
 pub mod faults;
 pub mod world;
 
 #[cfg(test)]
 mod tests;
 
-#[cfg(doc)]
-use crate::node::config::Config;
+pub use config::SimConfig;
 pub use faults::FaultRates;
 pub use world::{
     Arrivals, ModelFacts, SimCounters, SimFault, SimFleet, SimLeftovers, SimOutcome, SimRecord,

@@ -28,11 +28,7 @@ const PURE: &[&str] = &[
 const ABOVE_PURE: &[&str] = &["actors", "supervisors", "node", "cli"];
 
 /// Arrows the card forbids that the code still has: (from, to, what removes it).
-const EXCEPTIONS: &[(&str, &str, &str)] = &[(
-    "sim",
-    "node",
-    "each plane owns its configuration section; sim reads the sections, not the node's Config",
-)];
+const EXCEPTIONS: &[(&str, &str, &str)] = &[];
 
 /// One `crate::X` (or root-climbing `super::…::X`) use: the file, its line, the module named.
 #[derive(Debug, Clone)]

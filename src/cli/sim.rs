@@ -412,7 +412,7 @@ fn spec(
     };
     Ok(SimSpec {
         planner,
-        config,
+        config: crate::sim::SimConfig::from(&config),
         workers,
         prefill,
         decode,

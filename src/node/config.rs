@@ -323,5 +323,22 @@ impl Config {
     }
 }
 
+/// The sections a simulated fleet reads, as this configuration gives them (`flotilla sim`
+/// loads the node's configuration: `--config`, the environment, `--set`).
+impl From<&Config> for crate::sim::SimConfig {
+    fn from(c: &Config) -> Self {
+        Self {
+            cluster: c.cluster.clone(),
+            gateway: c.gateway.clone(),
+            worker: c.worker.clone(),
+            router: c.router.clone(),
+            scheduler: c.scheduler.clone(),
+            disagg: c.disagg.clone(),
+            planner: c.planner.clone(),
+            priority: c.priority.clone(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::node::config::Config;
+use crate::sim::SimConfig;
 use crate::worker::engine::sim::SimProfile;
 
 /// Sessions of token-id turns, given in full.
@@ -27,7 +27,7 @@ fn prompt(seed: u32, len: usize) -> Vec<u32> {
 
 fn spec(workers: usize) -> SimSpec {
     SimSpec {
-        config: Config::default(),
+        config: SimConfig::default(),
         workers,
         prefill: 0,
         decode: 0,

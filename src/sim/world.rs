@@ -30,13 +30,13 @@ use std::time::Duration;
 use crate::control::discovery::membership::{NodeState, NodeView, WorkerView};
 use crate::control::planner::{CapacityProfile, Planner, ViewReader};
 use crate::kv::TierConfig;
-use crate::node::config::Config;
 use crate::request_plane::admission::Admission;
 use crate::request_plane::router::core::{DisaggRouting, RouterCore, RouterCoreArgs};
 use crate::runtime::clock::{Clock, Instant, ManualClock, SharedClock};
 use crate::runtime::ids::{NodeId, RequestId, WorkerId};
 use crate::runtime::role::Role;
 use crate::runtime::signals::GatewayCounters;
+use crate::sim::SimConfig;
 use crate::worker::engine::sim::{SimEngineArgs, SimProfile};
 use crate::worker::scheduler::{DisaggWorker, InjectedFaults, SimTierLinks, WorkerCoreConfig};
 
@@ -89,7 +89,7 @@ pub struct ModelFacts {
 #[derive(Clone, Debug)]
 pub struct SimSpec {
     /// The fleet's configuration, as `flotilla up --set …` would give it.
-    pub config: Config,
+    pub config: SimConfig,
     /// Aggregated workers (0 with `prefill` and `decode`).
     pub workers: usize,
     /// Disaggregated: prefill workers…
