@@ -4,6 +4,8 @@
 //! - `status.rs` — `flotilla status`: the fleet view from a gateway, once or `--watch`ed.
 //! - `generate.rs` — `flotilla generate`: the engine in-process, no cluster.
 //! - `chaos.rs` — `flotilla chaos`: a client of the gateway's chaos API.
+//! - `config.rs` — `flotilla config --reference`: the configuration reference (every key, its
+//!   type, default, unit and doc), generated from the configuration types.
 //! - `bench/` — `flotilla bench`: replay a trace or dataset, report latency, goodput, prefix hits;
 //!   a progress bar while it runs; charts of the latencies (`bench/charts.rs`, plotters).
 //! - `plot.rs` — `flotilla plot`: runs (live and simulated) side by side on one figure.
@@ -47,6 +49,7 @@ pub fn gateway_arg(s: &str) -> Result<String, std::convert::Infallible> {
 pub mod bench;
 pub mod chaos;
 pub mod client;
+pub mod config;
 pub mod cuda;
 pub mod generate;
 pub mod plot;

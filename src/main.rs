@@ -70,6 +70,9 @@ enum Cmd {
     Reconcile(flotilla::cli::reconcile::ReconcileArgs),
     /// Report which CUDA libraries load and compile the GPU kernels with NVRTC (no GPU needed).
     Cuda(flotilla::cli::cuda::CudaArgs),
+    /// Print the configuration reference (`--reference`: every key, its type, default, unit
+    /// and doc, as Markdown), generated from the configuration types.
+    Config(flotilla::cli::config::ConfigArgs),
 }
 
 #[derive(Args)]
@@ -425,6 +428,7 @@ async fn run(
             .and_then(|r| r)
             .map(|_| std::process::ExitCode::SUCCESS),
         Cmd::Plot(a) => flotilla::cli::plot::run(a).map(|_| std::process::ExitCode::SUCCESS),
+        Cmd::Config(a) => flotilla::cli::config::run(&a).map(|_| std::process::ExitCode::SUCCESS),
         Cmd::Bench(a) => flotilla::cli::bench::run(a)
             .await
             .map(|_| std::process::ExitCode::SUCCESS),

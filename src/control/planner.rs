@@ -54,7 +54,9 @@ use crate::runtime::role::Role;
 use serde::{Deserialize, Serialize};
 
 /// `planner.mode`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum PlannerMode {
     /// Carry out the decisions.
@@ -65,7 +67,9 @@ pub enum PlannerMode {
 }
 
 /// `planner.manual`: what a count changed outside the planner becomes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ManualPolicy {
     /// A grown count is the pool's floor for `planner.adopt_s` (a shrunk one is reported:
@@ -77,12 +81,14 @@ pub enum ManualPolicy {
 }
 
 /// One pool's bounds and price.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct PoolBounds {
     /// Fewest replicas (0: the pool may scale to zero).
+    #[schemars(extend("x-unit" = "replicas"))]
     pub min: u32,
     /// Most replicas.
+    #[schemars(extend("x-unit" = "replicas"))]
     pub max: u32,
     /// Price of one replica for an hour (any currency; default 1, so costs read in
     /// replica-hours).
@@ -100,7 +106,7 @@ impl Default for PoolBounds {
 }
 
 /// The `[planner]` section.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct PlannerConfig {
     /// `act` or `advisory`.
@@ -123,6 +129,7 @@ pub struct PlannerConfig {
     /// Seasonal naive: intervals per season (360: one hour of 10 s intervals).
     pub season_intervals: usize,
     /// Margin on the forecast rate (0.1: plan for 10 % more).
+    #[schemars(extend("x-unit" = "fraction"))]
     pub headroom: f64,
     /// Calm intervals in a row before a scale-down.
     pub scale_down_intervals: u32,

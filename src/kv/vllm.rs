@@ -167,7 +167,17 @@ fn event_value(ev: &VllmEvent, layout: EventLayout) -> Value {
 }
 
 /// How events are laid out in a published batch (`worker.kv_events_layout`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum EventLayout {
     /// Each event a map tagged by `"type"` (what `vllm-router` 0.1.17 and Dynamo's ZMQ

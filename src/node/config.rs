@@ -37,7 +37,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 /// The whole configuration.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// This node.
@@ -69,7 +69,7 @@ pub struct Config {
 }
 
 /// This node's identity and place in the cluster.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct NodeConfig {
     /// Node name, unique in the cluster; defaults to `node@<listen_addr>`.
@@ -339,6 +339,8 @@ impl From<&Config> for crate::sim::SimConfig {
         }
     }
 }
+
+pub mod reference;
 
 #[cfg(test)]
 mod tests;

@@ -24,7 +24,7 @@ pub const DEFAULT_SESSION_HEADERS: [&str; 4] = [
 ];
 
 /// HTTP gateway.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct GatewayConfig {
     /// HTTP listen address (port 0 picks a free port, reported in the node's ready line).
@@ -34,13 +34,16 @@ pub struct GatewayConfig {
     /// Interval of SSE keep-alive comments while a stream waits for tokens.
     pub keep_alive_ms: u64,
     /// Admission: a worker is busy when this fraction of its KV blocks is in use…
+    #[schemars(extend("x-unit" = "fraction"))]
     pub busy_kv_ratio: f64,
     /// …or when this many sequences wait for admission on it. When every live worker is
     /// busy, new requests get 503 with `Retry-After` before any work is done.
+    #[schemars(extend("x-unit" = "sequences"))]
     pub busy_waiting: usize,
     /// Admission: most choices in flight on this gateway; beyond, 503.
+    #[schemars(extend("x-unit" = "choices"))]
     pub max_in_flight: usize,
-    /// Admission that predicts (`gateway/admission.rs`): a TTFT target (ms). When every
+    /// Admission that predicts (`request_plane/admission.rs`): a TTFT target (ms). When every
     /// worker's predicted wait before a new request's prefill starts (its queued prompt
     /// tokens through its measured step-time model, or the wait of its oldest request not yet
     /// admitted, whichever is longer, as of the last heartbeat) exceeds it, the
@@ -71,6 +74,7 @@ pub struct GatewayConfig {
     pub idle_timeout_ms: u64,
     /// Most open client connections; beyond, a new connection gets a 503 and is closed
     /// (`flotilla_http_connections_open`, `flotilla_http_connections_refused_total`).
+    #[schemars(extend("x-unit" = "connections"))]
     pub max_connections: usize,
     /// A request that finds no worker serving the model while a planner in mode `act` is in
     /// the fleet (a pool scaled to zero) waits up to this many ms for one to come up — the

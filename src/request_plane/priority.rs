@@ -59,12 +59,13 @@ pub const CLASS_FIELD: &str = "priority_class";
 pub const MAX_CLASS_NAME_LEN: usize = 64;
 
 /// One configured class.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PriorityClass {
     /// Its name, as requests give it.
     pub name: String,
     /// Its weight: uncached prompt tokens it may have admitted per round (≥ 1).
+    #[schemars(extend("x-unit" = "tokens"))]
     pub quantum: u32,
     /// Its TTFT target (ms), replacing `gateway.ttft_target_ms` for its requests.
     #[serde(default)]
@@ -72,7 +73,7 @@ pub struct PriorityClass {
 }
 
 /// `priority.*`: the classes, highest first, and the class of a request that names none.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct PriorityConfig {
     /// Highest first; empty: one class for all, first come first served.

@@ -21,7 +21,19 @@ use std::fmt;
 use std::str::FromStr;
 
 /// What a node runs; roles select the branches of the supervision tree.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum NodeRole {
     /// The HTTP gateway (OpenAI API, health, metrics, fleet status).
@@ -72,7 +84,9 @@ impl FromStr for NodeRole {
 }
 
 /// A replica's role (`worker.role`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// Prefill and decode here.

@@ -8,7 +8,7 @@ use crate::runtime::config::ConfigError;
 use serde::{Deserialize, Serialize};
 
 /// Restart budgets (see `runtime::supervision::SupervisorFlags`).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct SupervisionConfig {
     /// The node supervisor's budget: more restarts than this within `node_period_ms` and

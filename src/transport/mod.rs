@@ -92,7 +92,9 @@ pub enum TransportError {
 }
 
 /// Which backend moves the bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum BackendChoice {
     /// UCX when it loads, else TCP.
@@ -124,7 +126,7 @@ impl std::fmt::Display for Backend {
 }
 
 /// `[transport]` configuration.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct TransportConfig {
     /// `auto`, `ucx` or `tcp`.

@@ -10,10 +10,11 @@ use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// Worker nodes: replicas and their engines.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct WorkerConfig {
     /// Replicas per worker node.
+    #[schemars(extend("x-unit" = "replicas"))]
     pub replicas: u32,
     /// Model file (GGUF) or Hugging Face directory; `None`: `FLOTILLA_MODEL`, else
     /// `models/smollm2-135m-instruct-q4_1.gguf` (what `make model` fetches).
@@ -37,6 +38,7 @@ pub struct WorkerConfig {
     pub kv_disk_min_hits: u32,
     /// Offload copies (G1 → G2, G2 → G3) in flight per replica at most; a block registered
     /// beyond that is not offloaded (`flotilla_kv_offload_drops_total`).
+    #[schemars(extend("x-unit" = "copies"))]
     pub kv_offload_in_flight: usize,
     /// Peer pulls (G4): act on the router's fetch hints — pull a prompt's leading blocks from
     /// the worker holding them in G1 when the pull is estimated cheaper than the prefill
@@ -85,7 +87,7 @@ pub struct WorkerConfig {
     /// The sim engine's step times are divided by this.
     pub sim_speedup: f64,
     /// The replicas' role in disaggregated serving: `aggregated`, `prefill` or `decode`
-    /// (`request_plane/role.rs`).
+    /// (`runtime/role.rs`).
     pub role: crate::runtime::role::Role,
     /// Of this node's replicas, the first this many are `prefill` whatever `role` says (a
     /// mixed node: e.g. a simulated fleet of 16 replicas in one process with 4 prefill ones).
@@ -104,7 +106,7 @@ pub struct WorkerConfig {
     /// Sim engine: host ↔ disk bandwidth of G3, GB/s (default 5: one PCIe 4.0 NVMe drive's
     /// sequential rate, ~7 GB/s read, less for writes).
     pub sim_disk_gbps: f64,
-    /// Each replica's own OpenAI-compatible HTTP face (`request_plane/gateway/face.rs`), so
+    /// Each replica's own OpenAI-compatible HTTP face (`actors/gateway/face.rs`), so
     /// that other routers (SGLang's, vLLM's) can route over Flotilla workers: replica `k`
     /// listens on this address with port + k (port 0: a free port each, listed in
     /// `/v1/fleet` as the worker's `http_addr`). `None`: no face.
@@ -149,7 +151,9 @@ impl WorkerConfig {
 }
 
 /// Which engine a replica runs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum EngineKind {
     /// The real model (on the CPU or a GPU: `worker.backend`).

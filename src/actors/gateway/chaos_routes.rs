@@ -25,7 +25,9 @@ use std::time::Duration;
 /// The `[chaos]` section: the chaos API (fault injection), off by default. Whether a gateway
 /// beyond loopback may serve it without a token is a rule across sections, checked by the
 /// node's configuration (`chaos.token`).
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+#[derive(
+    Clone, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq, schemars::JsonSchema,
+)]
 #[serde(default, deny_unknown_fields)]
 pub struct ChaosConfig {
     /// Serve `/chaos/faults` on the gateway.

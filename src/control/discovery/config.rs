@@ -12,7 +12,7 @@ use std::time::Duration;
 /// after `liveness_timeout_ms` it is *down*: subscribers are told and its workers leave
 /// routing. With the defaults a killed node is declared down at most 3 s + one heartbeat
 /// interval after its last heartbeat.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterConfig {
     /// Interval between heartbeats sent to every peer.

@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 
 /// Which forecast the planner uses (`planner.forecast`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ForecastKind {
     /// Mean of the last `planner.window_intervals` values.

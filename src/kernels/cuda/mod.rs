@@ -295,7 +295,17 @@ pub fn device_count() -> usize {
 }
 
 /// `worker.backend`: where the real engine runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum BackendChoice {
     /// CUDA when the driver and a way to get the kernels (NVRTC, or PTX in

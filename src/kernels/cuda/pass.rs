@@ -21,7 +21,17 @@ use crate::kv::memory::LeasedHost;
 use crate::kv::memory::{DeviceAccess, MemoryKind, MemoryLease};
 
 /// How prefill matrix products (more rows than one decode GEMV takes) are computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum GemmPrecision {
     /// f32 weights (dequantised once at load) and activations, f32 accumulation (cuBLAS

@@ -8,7 +8,7 @@ use crate::runtime::config::ConfigError;
 use serde::{Deserialize, Serialize};
 
 /// Request placement (see `request_plane/router/policy.rs` for the cost formula and its source).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouterConfig {
     /// `kv` (prefix overlap against load), `least_loaded`, `round_robin` or `random`; a
@@ -57,6 +57,7 @@ pub struct RouterConfig {
     pub session_max_queued_tokens: u64,
     /// Sessions the router remembers (default 100 000); a new one past it evicts the least
     /// recently placed. Shared by every router (`router/policy/session.rs`).
+    #[schemars(extend("x-unit" = "sessions"))]
     pub session_capacity: usize,
     /// A session not placed for this long is forgotten (ms, default 1 800 000: 30 minutes).
     pub session_ttl_ms: u64,
@@ -92,7 +93,7 @@ impl Default for RouterConfig {
 }
 
 /// One external engine (`[[router.external_workers]]`).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExternalWorkerConfig {
     /// Name, unique among this node's external workers: the worker id is `<node>/<name>`.

@@ -9,7 +9,7 @@ use crate::worker::scheduler::DisaggWorker;
 use serde::{Deserialize, Serialize};
 
 /// Batch forming on each replica (the batch limits themselves are in `worker`).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct SchedulerSection {
     /// Stall-free batching (Sarathi-Serve, Agrawal et al., OSDI 2024): a step that carries
@@ -47,7 +47,7 @@ impl Default for SchedulerSection {
 
 /// Disaggregated prefill and decode: when a request goes to a prefill worker first, and how
 /// long its KV waits there.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct DisaggConfig {
     /// A request placed on a decode worker is prefilled remotely when the part of its prompt

@@ -28,7 +28,9 @@ pub const DEFAULT_BALANCE_REQUESTS: u32 = 4;
 pub const DEFAULT_SESSION_MAX_QUEUED_TOKENS: u64 = 256;
 
 /// How the router picks a worker.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Policy {
     /// Lowest KV cost (prefix reuse against load), see the module docs.
