@@ -408,7 +408,7 @@ fn toml_text(v: &Value) -> String {
 fn bytes_text(n: u64) -> Option<String> {
     [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")]
         .iter()
-        .find(|(unit, _)| n >= *unit && n % unit == 0)
+        .find(|(unit, _)| n >= *unit && n.is_multiple_of(*unit))
         .map(|(unit, name)| format!("{} {name}", n / unit))
 }
 
@@ -416,7 +416,7 @@ fn bytes_text(n: u64) -> Option<String> {
 fn ms_text(n: u64) -> Option<String> {
     [(3_600_000, "h"), (60_000, "min"), (1_000, "s")]
         .iter()
-        .find(|(unit, _)| n >= *unit && n % unit == 0)
+        .find(|(unit, _)| n >= *unit && n.is_multiple_of(*unit))
         .map(|(unit, name)| format!("{} {name}", n / unit))
 }
 
