@@ -320,7 +320,7 @@ fn the_simulator_shares_the_live_decision_code() {
         assert!(!src.contains(own), "the simulator defines its own `{own}`");
     }
     assert!(
-        include_str!("../actors/gateway/serve.rs").contains("waits_for_capacity("),
+        include_str!("../actors/gateway/serve/intake.rs").contains("waits_for_capacity("),
         "the live gateway no longer asks waits_for_capacity"
     );
     let live = include_str!("../node/tree_args.rs");
