@@ -201,7 +201,7 @@ async fn start(
     let t0 = Instant::now();
     let serving = s.serving.as_ref().ok_or(RequestError::NoModel)?;
     let parsed = intake::parse(s, serving, api, headers, body).await?;
-    let admitted = intake::admit(s, serving, headers, parsed)?;
+    let admitted = intake::admit(s, serving, parsed)?;
     let valid = intake::validate(serving, api, headers, admitted)?;
     let fe = &serving.frontend;
     let tok = crate::request_plane::intake::tokenize(fe, &valid.req)?;

@@ -18,11 +18,11 @@ use axum::body::Body;
 use axum::http::{HeaderMap, header};
 use std::time::{Duration, Instant};
 
-/// A request that passed **parse**: the neutral request, and whether the
-/// `x-priority-class` header named its class (admission judged it before the body was read).
+/// A request that passed **parse**: the neutral request, and the class the
+/// `x-priority-class` header named, if any (admission judged it before the body was read).
 pub(super) struct Parsed {
     pub req: GenerationRequest,
-    header_named: bool,
+    header: Option<String>,
 }
 
 /// **parse**: a class named in the header is judged (admitted) before the body is read; then
@@ -48,7 +48,7 @@ pub(super) async fn parse(
     let req = api.parse(&bytes)?;
     Ok(Parsed {
         req,
-        header_named: named.is_some(),
+        header: named.map(str::to_owned),
     })
 }
 
@@ -63,18 +63,12 @@ pub(super) struct Admitted {
 /// known only from the body is judged again as its own (before the body was read it was
 /// judged as the highest class would be: [`parse`]). Admission comes before the remaining
 /// checks, so that an overloaded fleet sheds a request before anything else is spent on it.
-pub(super) fn admit(
-    s: &GatewayShared,
-    serving: &Serving,
-    headers: &HeaderMap,
-    p: Parsed,
-) -> Result<Admitted, ApiError> {
-    let named = class_header(headers)?;
+pub(super) fn admit(s: &GatewayShared, serving: &Serving, p: Parsed) -> Result<Admitted, ApiError> {
     let class = serving
         .priority
-        .resolve(named, p.req.priority_class.as_deref())
+        .resolve(p.header.as_deref(), p.req.priority_class.as_deref())
         .map_err(class_error)?;
-    if !p.header_named && class.is_some() {
+    if p.header.is_none() && class.is_some() {
         admit_class(s, serving, class.as_ref())?;
     }
     Ok(Admitted { req: p.req, class })

@@ -158,6 +158,7 @@ impl WorkerCore {
             let index = s.emitted;
             s.emitted += 1;
             s.state = SeqState::Decoding;
+            let (to, request) = (s.owner.clone(), s.request);
             self.generated_tokens += 1;
             let finish = u.finished;
             let (logprob, top) = logprobs.remove(&u.seq).unwrap_or((0.0, Vec::new()));
@@ -168,7 +169,7 @@ impl WorkerCore {
                 index,
                 top,
             };
-            self.emit_to(u.seq, token);
+            self.emit(&to, request, token);
             if let Some(h) = u.handed_off {
                 self.hand_off(u.seq, &h.blocks, h.tokens, region());
                 continue;

@@ -62,7 +62,8 @@ fn core(clock: &ManualClock, role: Role) -> WorkerCore {
     )
 }
 
-fn job(id: u64, max_tokens: u32) -> SubmitRequest {
+/// A request of a 10-token prompt from gateway `gw` (also the sub-cores' tests').
+pub(super) fn job(id: u64, max_tokens: u32) -> SubmitRequest {
     SubmitRequest {
         request: RequestId(id),
         reply_to: NodeId::new("gw"),

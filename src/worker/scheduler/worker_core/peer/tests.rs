@@ -1,5 +1,6 @@
 use super::*;
 use crate::runtime::ids::{NodeId, RequestId};
+use crate::worker::scheduler::worker_core::tests::job;
 
 const BS: usize = 4;
 
@@ -105,22 +106,8 @@ fn a_hint_is_acted_on_only_for_whole_blocks_to_gain_and_a_pull_cheaper_than_the_
 fn an_asked_submission_waits_until_its_answer_or_its_owner_goes() {
     let mut p = peers("a/r0");
     let req = |id: u64, node: &str| SubmitRequest {
-        request: RequestId(id),
         reply_to: NodeId::new(node),
-        prompt: toks(9, 1),
-        max_tokens: 4,
-        sampling: Default::default(),
-        stop_token_ids: vec![],
-        ignore_eos: true,
-        owner_incarnation: 1,
-        waiting_since_ms: 0,
-        trace_id: None,
-        traceparent: None,
-        hand_off: false,
-        remote_kv: None,
-        fetch: None,
-        class: None,
-        session: None,
+        ..job(id, 4)
     };
     let key = |id: u64, node: &str| (NodeId::new(node), RequestId(id));
     p.ask(key(1, "gw1"), req(1, "gw1"), WorkerId::new("b/r0"));
